@@ -1,0 +1,44 @@
+"""jailbox's jail: rootless Linux sandboxes with an init inside.
+
+Public names are imported lazily so the launcher and the in-jail init, which import child-side
+modules of this package, never pay for pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "AsyncSandbox",
+    "ExecResult",
+    "Mount",
+    "NetworkPolicy",
+    "Sandbox",
+    "SandboxConfig",
+    "errors",
+]
+
+_LAZY = {
+    "AsyncSandbox": "sandbox.aio",
+    "ExecResult": "sandbox.results",
+    "Mount": "sandbox.config",
+    "NetworkPolicy": "sandbox.config",
+    "Sandbox": "sandbox.sandbox",
+    "SandboxConfig": "sandbox.config",
+}
+
+if TYPE_CHECKING:
+    from sandbox.aio import AsyncSandbox
+    from sandbox.config import Mount, NetworkPolicy, SandboxConfig
+    from sandbox.results import ExecResult
+    from sandbox.sandbox import Sandbox
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name == "errors":
+        return importlib.import_module("sandbox.errors")
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'sandbox' has no attribute {name!r}")

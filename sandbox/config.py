@@ -1,0 +1,171 @@
+"""Sandbox configuration: pydantic models, validated before any process is forked."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_size(value: int | str) -> int:
+    """``"512M"``, ``"2G"``, ``"1.5g"``, ``"64KiB"`` or an int of bytes."""
+    if isinstance(value, bool):
+        raise ValueError("size must be a number of bytes or a string like '512M'")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("size must be positive")
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(value).lower())
+    if not m:
+        raise ValueError(f"cannot read size {value!r}: use bytes or a number with K, M, G or T")
+    size = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if size <= 0:
+        raise ValueError("size must be positive")
+    return size
+
+
+def jail_path(value: str) -> str:
+    """An absolute, normalised path inside the jail."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ValueError(f"{value!r} must be an absolute path inside the jail")
+    if "\0" in value:
+        raise ValueError("path contains a NUL byte")
+    if ".." in value.split("/"):
+        raise ValueError(f"{value!r} must not contain '..'")
+    return posixpath.normpath(value)
+
+
+class Mount(BaseModel):
+    """Bind a host path into the jail: ``Mount("./data", "/testbed/input")`` (read-only by default)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    src: Path
+    dst: str
+    readonly: bool = True
+
+    def __init__(self, src: Any = None, dst: Any = None, readonly: bool = True, **kw: Any) -> None:
+        if src is not None:
+            kw["src"] = src
+        if dst is not None:
+            kw["dst"] = dst
+        kw.setdefault("readonly", readonly)
+        super().__init__(**kw)
+
+    @field_validator("src")
+    @classmethod
+    def _src_exists(cls, v: Path) -> Path:
+        v = v.expanduser().absolute()
+        if not v.exists():
+            raise ValueError(f"mount source {v} does not exist")
+        return v
+
+    @field_validator("dst")
+    @classmethod
+    def _dst_path(cls, v: str) -> str:
+        v = jail_path(v)
+        if v == "/":
+            raise ValueError("cannot mount over the jail's root")
+        return v
+
+    @classmethod
+    def parse(cls, spec: str) -> Mount:
+        """The CLI form ``SRC:DST[:ro|rw]``."""
+        parts = spec.split(":")
+        mode = "ro"
+        if len(parts) == 3:
+            mode = parts.pop()
+        if len(parts) != 2 or mode not in ("ro", "rw"):
+            raise ValueError(f"bind {spec!r}: expected SRC:DST[:ro|rw]")
+        return cls(parts[0], parts[1], readonly=mode == "ro")
+
+
+class NetworkPolicy(BaseModel):
+    """Where the jail may connect. ``none``: own namespace, loopback only; ``host``: unconfined."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["none", "host"] = "none"
+
+
+class SandboxConfig(BaseModel):
+    """Everything that shapes a jail. Unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    rootfs: str = Field("host", description='"host" (host /usr etc. read-only) or a root filesystem directory')
+    mounts: list[Mount] = Field(default_factory=list)
+    network: NetworkPolicy = Field(default_factory=NetworkPolicy)
+    hostname: str = "sandbox"
+    workdir: str = "/testbed"
+    env: dict[str, str] = Field(default_factory=dict, description="added to every command's clean environment")
+    upper: Literal["disk", "tmpfs"] = Field("disk", description="where the writable layer lives")
+    tmpfs_size: int = Field(1 << 30, description="size cap of a tmpfs writable layer")
+    userns: bool = Field(True, description="False (root only) runs without a user namespace")
+    idmap: Literal["auto", "single", "full"] = Field("auto", description="full: all subordinate ids (apt, pip)")
+    keep_caps: bool = Field(False, description="commands keep the jail's capabilities")
+    output_limit: int = Field(1 << 20, description="bytes kept per stream per exec (head and tail)")
+    setup_timeout: float = Field(30.0, gt=0)
+    state_dir: Path | None = Field(None, description="default $JAILBOX_STATE_DIR or ~/.local/state/jailbox")
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _network(cls, v: Any) -> Any:
+        return {"mode": v} if isinstance(v, str) else v
+
+    @field_validator("hostname")
+    @classmethod
+    def _hostname(cls, v: str) -> str:
+        if not _HOSTNAME.match(v):
+            raise ValueError(f"{v!r} is not a valid hostname (letters, digits, '-', at most 63)")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str) -> str:
+        v = jail_path(v)
+        if v in ("/", "/proc", "/dev", "/sys", "/tmp"):
+            raise ValueError(f"workdir {v} is reserved")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env(v)
+
+    @field_validator("tmpfs_size", "output_limit", mode="before")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        return parse_size(v)
+
+    @field_validator("rootfs")
+    @classmethod
+    def _rootfs(cls, v: str) -> str:
+        if v != "host" and not v.strip():
+            raise ValueError('rootfs must be "host" or a directory path')
+        return v
+
+    @model_validator(mode="after")
+    def _distinct_mounts(self) -> SandboxConfig:
+        seen = set()
+        for m in self.mounts:
+            if m.dst in seen:
+                raise ValueError(f"two mounts target {m.dst}")
+            seen.add(m.dst)
+        return self
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    for k, val in env.items():
+        if not _ENV_NAME.match(k):
+            raise ValueError(f"environment variable name {k!r} is invalid")
+        if "\0" in val:
+            raise ValueError(f"environment variable {k} contains a NUL byte")
+    return env

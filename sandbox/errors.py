@@ -1,0 +1,43 @@
+"""Every exception jailbox raises, in one place.
+
+Each message says what failed and, where the cause is the host's configuration, the exact
+command or setting that fixes it.
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(Exception):
+    """Base class of all jailbox errors."""
+
+
+class ConfigError(SandboxError, ValueError):
+    """A configuration value is invalid or names something that does not exist."""
+
+
+class RootfsNotFound(ConfigError):
+    """The root filesystem directory does not exist or is not a directory."""
+
+
+class KernelRefused(SandboxError):
+    """The kernel (or a security module) refused a namespace, mount or id-map step."""
+
+
+class SandboxSetupError(SandboxError):
+    """Building the jail failed for a reason other than a kernel refusal."""
+
+
+class SandboxClosed(SandboxError):
+    """The sandbox was closed, or its init died, before or during the call."""
+
+
+class ProtocolError(SandboxError):
+    """The jail's init sent something malformed, oversized or unexpected."""
+
+
+class ExecError(SandboxError):
+    """A command could not be started or supervised (not: the command failed)."""
+
+
+class SandboxFileError(SandboxError, OSError):
+    """A file operation inside the jail failed; ``errno`` and ``filename`` say which and where."""

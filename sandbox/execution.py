@@ -1,0 +1,277 @@
+"""Host side of one command: pipes, bounded capture, timeout, and the two drivers (sync, asyncio).
+
+The host creates the command's pipes and hands their far ends to the init with the request, so
+output flows from the command straight to this process: the init never copies a byte. The exit
+status arrives on a reply socket private to this command. When the command's own process has
+exited, what is already in the pipes is read and whatever still holds them open (a background
+server started with ``&``) has them handed to the init, which drains them so that process never
+dies of SIGPIPE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import time
+from collections.abc import Callable
+
+from sandbox.capture import Capture
+from sandbox.channel import Channel, parse_reply
+from sandbox.errors import ExecError, SandboxClosed
+from sandbox.messages import Exit
+from sandbox.results import ExecResult
+
+Callback = Callable[[bytes], None]
+KILL_GRACE = 10.0
+CHUNK = 1 << 16
+
+
+class ExecRun:
+    """One command in flight. Drivers call ``on_ready(fd)`` and watch ``readers``/``writers``."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        request: dict,
+        stdin: bytes | None,
+        limit: int,
+        on_stdout: Callback | None = None,
+        on_stderr: Callback | None = None,
+    ) -> None:
+        self.channel = channel
+        self.exec_id = request["id"]
+        self.limit = limit
+        self.callbacks = {}
+        self.captures: dict[int, Capture] = {}
+        self.exit: Exit | None = None
+        self.timed_out = False
+        self.killed = False
+        self.stdin = memoryview(stdin) if stdin else None
+        close_after_send: list[int] = []
+        mine: list[int] = []
+        try:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            mine.append(out_r)
+            close_after_send.append(out_w)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            mine.append(err_r)
+            close_after_send.append(err_w)
+            if stdin:
+                in_r, in_w = os.pipe2(os.O_CLOEXEC)
+                mine.append(in_w)
+                os.set_blocking(in_w, False)
+            else:
+                in_r, in_w = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), -1
+            close_after_send.append(in_r)
+            for fd in (out_r, err_r):
+                os.set_blocking(fd, False)
+            self.started = time.monotonic()
+            self.reply = channel.open_call(request, [in_r, out_w, err_w])
+        except BaseException:
+            for fd in mine:
+                os.close(fd)
+            raise
+        finally:
+            for fd in close_after_send:
+                os.close(fd)
+        self.out_r, self.err_r, self.in_w = out_r, err_r, in_w
+        self.captures = {out_r: Capture(limit), err_r: Capture(limit)}
+        self.callbacks = {out_r: on_stdout, err_r: on_stderr}
+        self.readers = {out_r, err_r, self.reply.fileno()}
+        self.writers = {in_w} if in_w >= 0 else set()
+
+    @property
+    def done(self) -> bool:
+        return self.exit is not None
+
+    def on_ready(self, fd: int) -> None:
+        if fd == self.reply.fileno():
+            self._status()
+        elif fd == self.in_w:
+            self._write_stdin()
+        elif fd in self.captures:
+            self._read(fd, until_blocked=False)
+
+    def _status(self) -> None:
+        self.readers.discard(self.reply.fileno())
+        try:
+            self.exit, _ = parse_reply(self.reply, Exit, 0, None)
+        except SandboxClosed:
+            raise SandboxClosed("the sandbox died while a command was running") from None
+        self.elapsed = time.monotonic() - self.started
+
+    def _read(self, fd: int, until_blocked: bool) -> bool:
+        """Read what is there; True once the pipe is at EOF."""
+        while True:
+            try:
+                data = os.read(fd, CHUNK)
+            except BlockingIOError:
+                return False
+            if not data:
+                self.readers.discard(fd)
+                return True
+            self.captures[fd].feed(data)
+            callback = self.callbacks.get(fd)
+            if callback is not None:
+                callback(data)
+            if not until_blocked:
+                return False
+
+    def _write_stdin(self) -> None:
+        assert self.stdin is not None
+        try:
+            written = os.write(self.in_w, self.stdin[:CHUNK])
+            self.stdin = self.stdin[written:]
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            self.stdin = self.stdin[:0]
+        if not self.stdin:
+            self.writers.discard(self.in_w)
+            os.close(self.in_w)
+            self.in_w = -1
+
+    def kill(self) -> None:
+        self.timed_out = True
+        if not self.killed:
+            self.killed = True
+            self.channel.send({"op": "kill", "id": self.exec_id})
+
+    def abandon(self) -> None:
+        """Release everything without a result (the sandbox died or the caller was cancelled)."""
+        if self.reply.fileno() >= 0:
+            self.reply.close()
+        for fd in (self.out_r, self.err_r, self.in_w):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.out_r = self.err_r = self.in_w = -1
+
+    def finish(self) -> ExecResult:
+        assert self.exit is not None
+        leftovers = []
+        for fd in (self.out_r, self.err_r):
+            if fd in self.readers and not self._read(fd, until_blocked=True):
+                leftovers.append(fd)
+        if leftovers:
+            try:
+                self.channel.send({"op": "drain"}, leftovers)
+            except SandboxClosed:
+                pass
+        (out, out_drop), (err, err_drop) = self.captures[self.out_r].result(), self.captures[self.err_r].result()
+        self.abandon()
+        return ExecResult(
+            exit_code=self.exit.exit,
+            signal=self.exit.signal,
+            stdout_bytes=out,
+            stderr_bytes=err,
+            stdout_dropped=out_drop,
+            stderr_dropped=err_drop,
+            output_limit=self.limit,
+            timed_out=self.timed_out,
+            wall_time=self.elapsed,
+        )
+
+
+def run_sync(run: ExecRun, timeout: float | None) -> ExecResult:
+    poller = select.poll()
+    watched: dict[int, int] = {}
+    deadline = None if timeout is None else run.started + timeout
+    try:
+        while not run.done:
+            _sync_watch(poller, watched, run)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                if run.killed:
+                    raise ExecError("the sandbox's init did not stop a timed-out command")
+                run.kill()
+                deadline = now + KILL_GRACE
+            wait = -1 if deadline is None else max(0, int((deadline - now) * 1000) + 1)
+            try:
+                events = poller.poll(wait)
+            except InterruptedError:
+                continue
+            for fd, _ in events:
+                run.on_ready(fd)
+        return run.finish()
+    except BaseException:
+        run.abandon()
+        raise
+
+
+def _sync_watch(poller: select.poll, watched: dict[int, int], run: ExecRun) -> None:
+    wanted = {fd: select.POLLIN for fd in run.readers} | {fd: select.POLLOUT for fd in run.writers}
+    for fd in list(watched):
+        if fd not in wanted:
+            poller.unregister(fd)
+            del watched[fd]
+    for fd, mask in wanted.items():
+        if fd not in watched:
+            poller.register(fd, mask)
+            watched[fd] = mask
+
+
+async def run_async(run: ExecRun, timeout: float | None) -> ExecResult:
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+    readers: set[int] = set()
+    writers: set[int] = set()
+    error: list[BaseException] = []
+
+    def ready(fd: int) -> None:
+        try:
+            run.on_ready(fd)
+        except BaseException as exc:  # surface in the awaiting task, not the loop's handler
+            error.append(exc)
+        sync()
+        wake.set()
+
+    def sync() -> None:
+        for fd in readers - run.readers:
+            loop.remove_reader(fd)
+        for fd in run.readers - readers:
+            loop.add_reader(fd, ready, fd)
+        for fd in writers - run.writers:
+            loop.remove_writer(fd)
+        for fd in run.writers - writers:
+            loop.add_writer(fd, ready, fd)
+        readers.clear()
+        readers.update(run.readers)
+        writers.clear()
+        writers.update(run.writers)
+
+    deadline = None if timeout is None else run.started + timeout
+    try:
+        sync()
+        while not run.done and not error:
+            wake.clear()
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                if run.killed:
+                    raise ExecError("the sandbox's init did not stop a timed-out command")
+                run.kill()
+                deadline = now + KILL_GRACE
+            try:
+                await asyncio.wait_for(wake.wait(), None if deadline is None else max(0.0, deadline - now))
+            except asyncio.TimeoutError:
+                pass
+        if error:
+            raise error[0]
+        for fd in readers:
+            loop.remove_reader(fd)
+        for fd in writers:
+            loop.remove_writer(fd)
+        readers.clear()
+        writers.clear()
+        return run.finish()
+    except BaseException:
+        for fd in readers:
+            loop.remove_reader(fd)
+        for fd in writers:
+            loop.remove_writer(fd)
+        run.abandon()
+        raise
+

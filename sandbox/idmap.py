@@ -1,0 +1,73 @@
+"""Which host ids a jail's user namespace maps, decided on the host before forking.
+
+Rootless: the caller's uid becomes 0 inside. With ``/etc/subuid`` + ``/etc/subgid`` entries and
+the setuid ``newuidmap``/``newgidmap`` helpers, ids 1..N map to the subordinate range too, so
+programs that switch ids (apt's ``_apt``, pip building as ``nobody``) work.
+As root: an identity map of the first 65536 ids, so trees built by root stay writable.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import pwd
+import shutil
+
+from sandbox.errors import ConfigError
+
+ROOT_RANGE = 65536
+
+
+def _subordinate(path: str, uid: int) -> tuple[int, int] | None:
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = getpass.getuser()
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.strip().split(":")
+                if len(parts) == 3 and parts[0] in (name, str(uid)) and parts[2].isdigit():
+                    return int(parts[1]), int(parts[2])
+    except OSError:
+        return None
+    return None
+
+
+def full_range_available() -> bool:
+    uid = os.getuid()
+    return (
+        uid == 0
+        or (
+            shutil.which("newuidmap", path="/usr/bin:/bin") is not None
+            and shutil.which("newgidmap", path="/usr/bin:/bin") is not None
+            and _subordinate("/etc/subuid", uid) is not None
+            and _subordinate("/etc/subgid", uid) is not None
+        )
+    )
+
+
+def plan(mode: str) -> dict:
+    """The map the launcher writes: ``{"uid_map", "gid_map", "helper", "deny_setgroups"}``."""
+    uid, gid = os.getuid(), os.getgid()
+    if uid == 0:
+        count = ROOT_RANGE if mode != "single" else 1
+        line = f"0 0 {count}\n"
+        return {"uid_map": line, "gid_map": line, "helper": False, "deny_setgroups": False}
+    full = mode == "full" or (mode == "auto" and full_range_available())
+    if not full:
+        return {"uid_map": f"0 {uid} 1\n", "gid_map": f"0 {gid} 1\n", "helper": False, "deny_setgroups": True}
+    sub_u = _subordinate("/etc/subuid", uid)
+    sub_g = _subordinate("/etc/subgid", uid)
+    if not (sub_u and sub_g) or not full_range_available():
+        raise ConfigError(
+            "idmap='full' needs newuidmap/newgidmap and entries for this user in /etc/subuid and "
+            f"/etc/subgid; fix: apt-get install uidmap && usermod --add-subuids 100000-165535 "
+            f"--add-subgids 100000-165535 {getpass.getuser()}"
+        )
+    return {
+        "uid_map": f"0 {uid} 1 1 {sub_u[0]} {sub_u[1]}",
+        "gid_map": f"0 {gid} 1 1 {sub_g[0]} {sub_g[1]}",
+        "helper": True,
+        "deny_setgroups": False,
+    }

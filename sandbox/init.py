@@ -1,0 +1,331 @@
+"""Child side: pid 1 of a jail.
+
+Forked from the launcher with every module it needs already imported, so it runs after
+``pivot_root`` without reading a single file of the host's Python. It serves requests from the
+host over one seqpacket control socket, forks commands, reaps every orphan, and drains the
+output pipes of background processes so they never die of SIGPIPE. Nothing here trusts the
+jail; the host does not trust this process either (untrusted code may have replaced it).
+
+Each command's process tree carries a timer-slack tag (inherited across fork and exec, untouched
+by ordinary programs) so a timeout can find and kill daemonised grandchildren that left the tree.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import select
+import signal
+import socket
+import stat
+import struct
+import termios
+
+from sandbox import linux as L
+from sandbox import mounts, wire
+
+MAX_WALK_ENTRIES = 500_000
+SLACK_BASE = 50_000
+LOOPBACK_FLAGS = 0x1 | 0x40  # IFF_UP | IFF_RUNNING
+
+
+def boot(spec: dict, ctl: socket.socket, lifeline: int, parent_alive: int) -> None:
+    """Build the jail, tie its life to the launcher, report ready, then serve forever."""
+    try:
+        mounts.build(spec)
+        L.sethostname(spec["hostname"])
+        if spec["network"] == "none":
+            _loopback_up()
+        _await_eof(parent_alive)
+        L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if select.select([lifeline], [], [], 0)[0]:
+            os._exit(1)
+        L.prctl(L.PR_SET_DUMPABLE, 0)
+    except BaseException as exc:
+        message = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+        wire.send(ctl, {"error": message, "errno": getattr(exc, "errno", 0) or 0})
+        os._exit(1)
+    wire.send(ctl, {"ready": True})
+    Init(ctl, spec).serve()
+
+
+def _await_eof(fd: int) -> None:
+    while os.read(fd, 64):
+        pass
+    os.close(fd)
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifr = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, 0x8913, ifr))[1]  # SIOCGIFFLAGS
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | LOOPBACK_FLAGS))  # SIOCSIFFLAGS
+
+
+class Init:
+    def __init__(self, ctl: socket.socket, spec: dict) -> None:
+        self.ctl = ctl
+        self.keep_caps = spec["keep_caps"]
+        self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+        self.execs: dict[int, tuple[socket.socket, int]] = {}  # pid -> (reply socket, tag)
+        self.tags: dict[int, int] = {}  # exec id -> tag
+        self.drains: set[int] = set()
+        self.poll = select.poll()
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.poll.register(ctl.fileno(), select.POLLIN)
+        self.poll.register(self.wake_r, select.POLLIN)
+
+    def serve(self) -> None:
+        handlers = {
+            "exec": self.op_exec,
+            "kill": self.op_kill,
+            "drain": self.op_drain,
+            "open": self.op_open,
+            "stat": self.op_stat,
+            "mkdir": self.op_mkdir,
+            "walk": self.op_walk,
+            "symlink": self.op_symlink,
+        }
+        while True:
+            for fd, _ in self._poll():
+                if fd == self.wake_r:
+                    self._reap()
+                elif fd in self.drains:
+                    self._drain(fd)
+                else:
+                    self._request(handlers)
+
+    def _poll(self) -> list[tuple[int, int]]:
+        try:
+            return self.poll.poll()
+        except InterruptedError:
+            return []
+
+    def _request(self, handlers: dict) -> None:
+        try:
+            msg = wire.recv(self.ctl, max_fds=4)
+        except (OSError, wire.WireError):
+            os._exit(2)
+        if msg is None:
+            os._exit(0)
+        req, fds = msg
+        reply = socket.socket(fileno=fds.pop()) if fds else None
+        try:
+            handlers[req["op"]](req, fds, reply)
+        except OSError as exc:
+            self._answer(reply, {"ok": False, "errno": exc.errno or 0, "error": exc.strerror or str(exc)})
+        except Exception as exc:  # a bug here must not take the jail down
+            self._answer(reply, {"ok": False, "errno": 0, "error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if reply is not None and req.get("op") != "exec":
+                reply.close()
+
+    @staticmethod
+    def _answer(reply: socket.socket | None, obj: dict, fds: list[int] = ()) -> None:  # type: ignore[assignment]
+        if reply is None:
+            return
+        try:
+            wire.send(reply, obj, fds)
+        except OSError:
+            pass
+
+    # --- commands -----------------------------------------------------------------------------
+
+    def op_exec(self, req: dict, fds: list[int], reply: socket.socket) -> None:
+        argv = [self.shell, "-c", req["shell"]] if "shell" in req else req["argv"]
+        tag = SLACK_BASE + 1 + req["id"] % 100_000
+        pid = os.fork()
+        if pid == 0:
+            self._child(argv, req, fds, tag)
+        self.execs[pid] = (reply, tag)
+        self.tags[req["id"]] = tag
+
+    def _child(self, argv: list[str], req: dict, fds: list[int], tag: int) -> None:
+        what = "start"
+        try:
+            os.setsid()
+            L.prctl(L.PR_SET_TIMERSLACK, tag)
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            for target, fd in enumerate(fds[:3]):
+                os.dup2(fd, target)
+            if req.get("tty"):
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            os.closerange(3, 1 << 20)
+            what = f"cd {req['cwd']}"
+            os.chdir(req["cwd"])
+            L.drop_capabilities(self.keep_caps)
+            L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
+            what = f"exec {argv[0]}"
+            os.execve(_which(argv[0], req["env"].get("PATH", "")), argv, req["env"])
+        except OSError as exc:
+            os.write(2, f"jailbox: {what}: {exc.strerror}\n".encode(errors="replace"))
+            os._exit(127 if exc.errno == errno.ENOENT else 126)
+        finally:
+            os._exit(127)
+
+    def op_kill(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
+        tag = self.tags.get(req["id"])
+        if tag is not None:
+            for pid, (_, ptag) in list(self.execs.items()):
+                if ptag == tag:
+                    _kill(pid)
+            for _ in range(100):
+                if not self._kill_tagged(tag):
+                    break
+        self._answer(reply, {"ok": True})
+
+    @staticmethod
+    def _kill_tagged(tag: int) -> int:
+        found = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or name == "1":
+                continue
+            try:
+                with open(f"/proc/{name}/timerslack_ns", "rb") as f:
+                    if int(f.read()) != tag:
+                        continue
+            except (OSError, ValueError):
+                continue
+            found += 1
+            _kill(int(name))
+        return found
+
+    def op_drain(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
+        """Adopt output pipes of finished commands whose background children still write."""
+        while fds:
+            fd = fds.pop()
+            os.set_blocking(fd, False)
+            self.drains.add(fd)
+            self.poll.register(fd, select.POLLIN)
+
+    def _drain(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.poll.unregister(fd)
+            self.drains.discard(fd)
+            os.close(fd)
+
+    def _reap(self) -> None:
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            entry = self.execs.pop(pid, None)
+            if entry is None:
+                continue
+            reply, _ = entry
+            if os.WIFSIGNALED(status):
+                self._answer(reply, {"exit": 128 + os.WTERMSIG(status), "signal": os.WTERMSIG(status)})
+            else:
+                self._answer(reply, {"exit": os.waitstatus_to_exitcode(status), "signal": None})
+            reply.close()
+
+    # --- files --------------------------------------------------------------------------------
+
+    def op_open(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
+        path = req["path"]
+        if req["write"]:
+            if req.get("parents"):
+                os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, req.get("mode") or 0o644)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "Is a directory")
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "Not a regular file")
+            os.set_blocking(fd, True)
+            if req["write"]:
+                os.ftruncate(fd, 0)
+                if req.get("mode") is not None:
+                    os.fchmod(fd, req["mode"])
+            self._answer(reply, {"ok": True, "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)}, [fd])
+        finally:
+            os.close(fd)
+
+    def op_stat(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
+        st = os.stat(req["path"])
+        self._answer(reply, {"ok": True, "type": _kind(st.st_mode), "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)})
+
+    def op_mkdir(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
+        os.makedirs(req["path"], exist_ok=True)
+        if req.get("mode") is not None:
+            os.chmod(req["path"], req["mode"])
+        self._answer(reply, {"ok": True})
+
+    def op_symlink(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
+        if os.path.lexists(req["path"]) and not os.path.isdir(req["path"]):
+            os.unlink(req["path"])
+        os.symlink(req["target"], req["path"])
+        self._answer(reply, {"ok": True})
+
+    def op_walk(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
+        """List a tree without following symlinks: [relpath, kind, mode, size, link target]."""
+        entries: list[list] = []
+        stack = [""]
+        top = req["path"].rstrip("/") or "/"
+        while stack:
+            rel = stack.pop()
+            with os.scandir(f"{top}/{rel}" if rel else top) as it:
+                for entry in it:
+                    st = entry.stat(follow_symlinks=False)
+                    sub = f"{rel}/{entry.name}" if rel else entry.name
+                    kind = _kind(st.st_mode)
+                    target = os.readlink(entry.path) if kind == "link" else None
+                    entries.append([sub, kind, stat.S_IMODE(st.st_mode), st.st_size, target])
+                    if kind == "dir":
+                        stack.append(sub)
+                    if len(entries) > MAX_WALK_ENTRIES:
+                        raise OSError(errno.EFBIG, f"more than {MAX_WALK_ENTRIES} entries")
+        self._answer(reply, {"ok": True, "entries": entries})
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "link"
+    return "other"
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _which(name: str, path: str) -> str:
+    if "/" in name:
+        return name
+    for d in path.split(":"):
+        candidate = f"{d or '.'}/{name}"
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(errno.ENOENT, "command not found")

@@ -1,0 +1,82 @@
+"""Host side of the launcher: start it once per process, ask it for jails.
+
+Requests from any number of threads go over one seqpacket socket; each carries its own reply
+socket, so there is no lock on the request path and no reader thread.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from sandbox import wire
+from sandbox.errors import SandboxSetupError
+
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[3]); from sandbox.zygote import main; main(int(sys.argv[1]), int(sys.argv[2]))"
+)
+_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+REPLY_TIMEOUT = 60.0
+
+
+class Launcher:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen | None = None
+        self._pid = 0
+
+    def _ensure(self) -> socket.socket:
+        with self._lock:
+            alive = self._proc is not None and self._proc.poll() is None
+            if self._sock is None or not alive or self._pid != os.getpid():
+                self._start()
+            assert self._sock is not None
+            return self._sock
+
+    def _start(self) -> None:
+        if self._sock is not None and self._pid == os.getpid():
+            self._sock.close()
+        mine, theirs = wire.seqpacket_pair()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _BOOT, str(theirs.fileno()), str(os.getpid()), _PACKAGE_PARENT],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+        )
+        theirs.close()
+        self._sock = mine
+        self._pid = os.getpid()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def request(self, req: dict, max_fds: int = 2) -> tuple[dict, list[int]]:
+        sock = self._ensure()
+        mine, theirs = wire.seqpacket_pair()
+        with mine:
+            try:
+                wire.send(sock, req, [theirs.fileno()])
+            except OSError as exc:
+                raise SandboxSetupError(f"the jailbox launcher is gone: {exc}") from exc
+            finally:
+                theirs.close()
+            if not select.select([mine], [], [], REPLY_TIMEOUT)[0]:
+                raise SandboxSetupError("the jailbox launcher did not answer in time")
+            try:
+                msg = wire.recv(mine, max_fds=max_fds)
+            except wire.WireError as exc:
+                raise SandboxSetupError(f"bad reply from the jailbox launcher: {exc}") from exc
+        if msg is None:
+            raise SandboxSetupError("the jailbox launcher closed the request without an answer")
+        return msg
+
+
+LAUNCHER = Launcher()

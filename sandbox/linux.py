@@ -1,0 +1,140 @@
+"""Thin ctypes wrappers for the Linux calls the standard library lacks.
+
+Stdlib only: this module is imported by the launcher and the in-jail init, which run with
+``python -I -S`` and must not touch site-packages. Every wrapper raises ``OSError`` with errno
+and a short description of what was attempted, so a refused step names itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import struct
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_TIMERSLACK = 29
+PR_CAPBSET_DROP = 24
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+RESOLVE_IN_ROOT = 0x10
+RESOLVE_NO_MAGICLINKS = 0x02
+
+_SYSCALLS = {
+    "x86_64": {"pivot_root": 155, "capset": 126, "openat2": 437, "mount_setattr": 442},
+    "aarch64": {"pivot_root": 41, "capset": 91, "openat2": 437, "mount_setattr": 442},
+}
+_NR = _SYSCALLS.get(platform.machine(), _SYSCALLS["x86_64"])
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+_libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def _b(path: str | None) -> bytes | None:
+    return None if path is None else os.fsencode(path)
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    what = f"mount {fstype or 'bind'} {source or ''} on {target}"
+    _check(_libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)), what)
+
+
+def umount2(target: str, flags: int) -> None:
+    _check(_libc.umount2(_b(target), flags), f"umount {target}")
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    _check(_libc.syscall(_NR["pivot_root"], _b(new_root), _b(put_old)), "pivot_root")
+
+
+def sethostname(name: str) -> None:
+    raw = name.encode()
+    _check(_libc.sethostname(raw, len(raw)), "sethostname")
+
+
+def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
+    return _check(_libc.prctl(option, arg2, arg3, arg4, arg5), f"prctl({option})")
+
+
+def make_readonly(path: str) -> None:
+    """Make a mount and everything under it read-only (mount_setattr keeps locked flags intact)."""
+    attr = struct.pack("QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0)
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    fd = -100  # AT_FDCWD
+    res = _libc.syscall(_NR["mount_setattr"], fd, _b(path), AT_RECURSIVE, buf, len(attr))
+    _check(res, f"read-only remount of {path}")
+
+
+def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
+    """openat2(RESOLVE_IN_ROOT): symlinks in ``path`` resolve inside ``root_fd``, never above it."""
+    how = struct.pack("QQQ", flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    buf = ctypes.create_string_buffer(how, len(how))
+    res = _libc.syscall(_NR["openat2"], root_fd, _b(path), buf, len(how))
+    return _check(res, f"open {path}")
+
+
+def drop_capabilities(keep: bool) -> None:
+    """Empty the bounding, ambient and process sets unless ``keep``; exec as uid 0 then gains none."""
+    if keep:
+        return
+    last = int(CAP_LAST_CAP)
+    for cap in range(last + 1):
+        try:
+            prctl(PR_CAPBSET_DROP, cap)
+        except OSError:
+            pass
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    header = struct.pack("Ii", 0x20080522, 0)
+    data = bytes(24)
+    _check(_libc.syscall(_NR["capset"], header, data), "capset")
+
+
+def _read_cap_last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except OSError:
+        return 40
+
+
+CAP_LAST_CAP = _read_cap_last_cap()

@@ -1,0 +1,61 @@
+"""Messages that come out of a jail, validated before the host acts on them.
+
+The init runs inside the jail and untrusted code may have taken it over, so every field is
+typed and bounded here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Text = Annotated[str, Field(max_length=4096)]
+JailPath = Annotated[str, Field(max_length=4096)]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Ready(_Msg):
+    ready: Literal[True] | None = None
+    error: Text | None = None
+    errno: int = 0
+
+
+class Exit(_Msg):
+    exit: int = Field(ge=-255, le=511)
+    signal: int | None = Field(None, ge=1, le=128)
+
+
+class Failure(_Msg):
+    ok: Literal[False]
+    errno: int = Field(0, ge=0, le=4096)
+    error: Text = ""
+
+
+class Done(_Msg):
+    ok: Literal[True]
+
+
+class Opened(_Msg):
+    ok: Literal[True]
+    size: int = Field(ge=0)
+    mode: int = Field(ge=0, le=0o7777)
+
+
+class Stat(_Msg):
+    ok: Literal[True]
+    type: Literal["file", "dir", "link", "other"]
+    size: int = Field(ge=0)
+    mode: int = Field(ge=0, le=0o7777)
+
+
+Entry = tuple[JailPath, Literal["file", "dir", "link", "other"], Annotated[int, Field(ge=0, le=0o7777)],
+              Annotated[int, Field(ge=0)], JailPath | None]
+
+
+class Walk(_Msg):
+    ok: Literal[True]
+    entries: list[Entry] = Field(max_length=500_001)

@@ -1,0 +1,161 @@
+"""Child side: assemble the jail's filesystem and pivot into it.
+
+Runs inside the new user and mount namespaces, before any untrusted code. The lower layer may be a
+pulled image full of hostile symlinks, so every mount point is resolved with
+``openat2(RESOLVE_IN_ROOT)`` and created component by component inside the new root.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sandbox import linux as L
+
+# Docker's default masked and read-only /proc and /sys paths.
+MASKED_PATHS = (
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+)
+READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_LINKS = {
+    "fd": "/proc/self/fd",
+    "stdin": "/proc/self/fd/0",
+    "stdout": "/proc/self/fd/1",
+    "stderr": "/proc/self/fd/2",
+    "ptmx": "pts/ptmx",
+}
+
+
+def build(spec: dict) -> None:
+    """Mount the whole jail under ``<dir>/root`` and pivot_root into it."""
+    L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
+    base = spec["dir"]
+    root = base + "/root"
+    rw = base + "/rw"
+    if spec["upper"] == "tmpfs":
+        L.mount("tmpfs", rw, "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={spec['tmpfs_size']},mode=0755")
+    for sub in ("upper", "work"):
+        os.makedirs(f"{rw}/{sub}", exist_ok=True)
+    _write_generated(f"{rw}/upper", spec["generated"])
+    L.mount(spec["lower"], base + "/lower", None, L.MS_BIND | L.MS_REC)
+    L.mount(
+        "overlay",
+        root,
+        "overlay",
+        0,
+        f"lowerdir={base}/lower,upperdir={rw}/upper,workdir={rw}/work",
+    )
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for bind in spec["system_binds"]:
+            _bind(root_fd, bind)
+        _mount_proc(root_fd)
+        _mount_sys(root_fd)
+        _mount_dev(root_fd)
+        tmp = _mountpoint(root_fd, "/tmp", True)
+        L.mount("tmpfs", tmp, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=1777")
+        os.chmod(_mountpoint(root_fd, spec["workdir"], True), 0o755)
+        for bind in spec["user_binds"]:
+            _bind(root_fd, bind)
+    finally:
+        os.close(root_fd)
+    os.chdir(root)
+    L.pivot_root(".", ".")
+    L.umount2(".", L.MNT_DETACH)
+    os.chdir("/")
+
+
+def _write_generated(upper: str, files: dict[str, str]) -> None:
+    for rel, content in files.items():
+        path = f"{upper}/{rel}"
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(content)
+
+
+def _mountpoint(root_fd: int, path: str, is_dir: bool) -> str:
+    """Create ``path`` inside the root if missing; return its real host-side path."""
+    parts = [p for p in path.split("/") if p]
+    fd = os.dup(root_fd)
+    try:
+        for i, name in enumerate(parts):
+            want_dir = is_dir or i < len(parts) - 1
+            try:
+                nfd = L.open_in_root(root_fd, "/".join(parts[: i + 1]), os.O_PATH)
+            except FileNotFoundError:
+                if want_dir:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                else:
+                    os.close(os.open(name, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=fd))
+                nfd = L.open_in_root(root_fd, "/".join(parts[: i + 1]), os.O_PATH)
+            os.close(fd)
+            fd = nfd
+        return os.readlink(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
+def _bind(root_fd: int, bind: dict) -> None:
+    target = _mountpoint(root_fd, bind["dst"], bind["is_dir"])
+    L.mount(bind["src"], target, None, L.MS_BIND | L.MS_REC)
+    if bind["readonly"]:
+        L.make_readonly(target)
+
+
+def _mount_proc(root_fd: int) -> None:
+    proc = _mountpoint(root_fd, "/proc", True)
+    L.mount("proc", proc, "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+    for path in READONLY_PATHS:
+        target = proc + path[len("/proc") :]
+        if os.path.exists(target):
+            L.mount(target, target, None, L.MS_BIND | L.MS_REC)
+            L.make_readonly(target)
+    _mask(proc, "/proc")
+
+
+def _mount_sys(root_fd: int) -> None:
+    """A fresh read-only sysfs where the kernel allows it (own netns), else a read-only bind."""
+    target = _mountpoint(root_fd, "/sys", True)
+    try:
+        L.mount("sysfs", target, "sysfs", L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+    except PermissionError:
+        L.mount("/sys", target, None, L.MS_BIND | L.MS_REC)
+        L.make_readonly(target)
+    _mask(target, "/sys")
+
+
+def _mask(mounted_at: str, prefix: str) -> None:
+    for path in MASKED_PATHS:
+        if not path.startswith(prefix + "/"):
+            continue
+        target = mounted_at + path[len(prefix) :]
+        if os.path.isdir(target) and not os.path.islink(target):
+            L.mount("tmpfs", target, "tmpfs", L.MS_RDONLY, "size=0")
+        elif os.path.exists(target):
+            L.mount("/dev/null", target, None, L.MS_BIND)
+
+
+def _mount_dev(root_fd: int) -> None:
+    dev = _mountpoint(root_fd, "/dev", True)
+    L.mount("tmpfs", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k")
+    for name in DEVICES:
+        node = f"{dev}/{name}"
+        os.close(os.open(node, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o666))
+        L.mount("/dev/" + name, node, None, L.MS_BIND)
+    os.mkdir(dev + "/pts", 0o755)
+    L.mount("devpts", dev + "/pts", "devpts", L.MS_NOSUID | L.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    os.mkdir(dev + "/shm", 0o1777)
+    L.mount("tmpfs", dev + "/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=1777")
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, f"{dev}/{name}")

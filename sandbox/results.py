@@ -1,0 +1,52 @@
+"""What an exec returns."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, computed_field
+
+
+def decode(data: bytes, head: int, dropped: int) -> str:
+    """UTF-8 with replacement; a note marks where the middle of a capped stream was dropped."""
+    if not dropped:
+        return data.decode("utf-8", errors="replace")
+    first = data[:head].decode("utf-8", errors="replace")
+    last = data[head:].decode("utf-8", errors="replace")
+    return f"{first}\n[... {dropped} bytes dropped by jailbox's output limit ...]\n{last}"
+
+
+class ExecResult(BaseModel):
+    """Outcome of one command. ``stdout``/``stderr`` are text; the ``*_bytes`` fields are exact."""
+
+    model_config = ConfigDict(frozen=True)
+
+    exit_code: int
+    signal: int | None = None
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    output_limit: int = 1 << 20
+    timed_out: bool = False
+    wall_time: float = 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def stdout(self) -> str:
+        return decode(self.stdout_bytes, self.output_limit // 2, self.stdout_dropped)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def stderr(self) -> str:
+        return decode(self.stderr_bytes, self.output_limit // 2, self.stderr_dropped)
+
+    @property
+    def stdout_truncated(self) -> bool:
+        return self.stdout_dropped > 0
+
+    @property
+    def stderr_truncated(self) -> bool:
+        return self.stderr_dropped > 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out

@@ -1,0 +1,76 @@
+"""Per-user state directory: skeletons and one directory per live sandbox.
+
+Each sandbox directory holds ``meta.json`` (owner pid and start time, init pid) so
+``jailbox cleanup`` can tell a live sandbox from the remains of a crashed host process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+
+import psutil
+
+
+def state_dir(override: Path | None = None) -> Path:
+    if override is not None:
+        base = Path(override)
+    elif os.environ.get("JAILBOX_STATE_DIR"):
+        base = Path(os.environ["JAILBOX_STATE_DIR"])
+    else:
+        xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+        base = Path(xdg) / "jailbox"
+    (base / "sandboxes").mkdir(parents=True, exist_ok=True, mode=0o700)
+    return base
+
+
+def process_start(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def write_meta(sandbox_dir: Path, **fields: object) -> None:
+    tmp = sandbox_dir / "meta.json.tmp"
+    tmp.write_text(json.dumps({"created": time.time(), **fields}))
+    os.replace(tmp, sandbox_dir / "meta.json")
+
+
+def read_meta(sandbox_dir: Path) -> dict:
+    try:
+        meta = json.loads((sandbox_dir / "meta.json").read_text())
+        return meta if isinstance(meta, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def owner_alive(meta: dict) -> bool:
+    pid, start = meta.get("host_pid"), meta.get("host_start")
+    if not isinstance(pid, int):
+        return False
+    current = process_start(pid)
+    return current is not None and start is not None and abs(current - start) < 1.0
+
+
+def force_rmtree(path: Path) -> None:
+    """rmtree that also enters directories the jail left without write or search permission."""
+
+    def fix(func, p, exc):  # noqa: ANN001 - shutil's callback signature
+        parent = os.path.dirname(p)
+        try:
+            os.chmod(parent, stat.S_IRWXU)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, stat.S_IRWXU)
+                shutil.rmtree(p, onerror=fix)
+            else:
+                func(p)
+        except FileNotFoundError:
+            pass
+
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, onerror=fix)

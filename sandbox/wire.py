@@ -1,0 +1,101 @@
+"""Message framing between host, launcher and in-jail init.
+
+One JSON object per ``SOCK_SEQPACKET`` message, file descriptors riding along with SCM_RIGHTS.
+Seqpacket keeps message boundaries and makes each send atomic, so several threads can share one
+control socket without a framing lock and without a demultiplexer: every request carries its own
+reply socket. Payloads above ``INLINE_MAX`` travel in a sealed memfd so no size limit comes from the
+socket buffer. The receiver bounds everything: bytes, descriptors, nesting.
+
+Stdlib only (runs inside the launcher and the init).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+INLINE_MAX = 48 * 1024
+RECV_BUF = 64 * 1024
+MEMFD_KEY = "_memfd"
+
+
+class WireError(Exception):
+    """A peer sent something that is not a well-formed, bounded message."""
+
+
+def seqpacket_pair() -> tuple[socket.socket, socket.socket]:
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+def send(sock: socket.socket, obj: dict, fds: list[int] | tuple[int, ...] = ()) -> None:
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    fds = list(fds)
+    memfd = -1
+    if len(data) > INLINE_MAX:
+        memfd = os.memfd_create("jailbox-msg", os.MFD_CLOEXEC)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(memfd, view) :]
+        fds.append(memfd)
+        data = json.dumps({MEMFD_KEY: len(data)}).encode()
+    try:
+        if fds:
+            socket.send_fds(sock, [data], fds)
+        else:
+            sock.sendall(data)
+    finally:
+        if memfd >= 0:
+            os.close(memfd)
+
+
+def recv(sock: socket.socket, max_fds: int = 4, max_bytes: int = 16 * 1024 * 1024) -> tuple[dict, list[int]] | None:
+    """Receive one message; ``None`` on orderly EOF. Extra or malformed input raises ``WireError``."""
+    data, fds, flags, _ = socket.recv_fds(sock, RECV_BUF, max_fds + 1)
+    if not data and not fds:
+        return None
+    try:
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            raise WireError("message or descriptors truncated")
+        obj = _decode(data)
+        if MEMFD_KEY in obj:
+            if not fds:
+                raise WireError("large message without its memfd")
+            memfd = fds.pop()
+            try:
+                obj = _decode(_read_memfd(memfd, obj[MEMFD_KEY], max_bytes))
+            finally:
+                os.close(memfd)
+        if len(fds) > max_fds:
+            raise WireError(f"too many descriptors ({len(fds)})")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return obj, fds
+
+
+def _read_memfd(fd: int, size: object, max_bytes: int) -> bytes:
+    if not isinstance(size, int) or not 0 <= size <= max_bytes:
+        raise WireError(f"large message of bad size {size!r} (limit {max_bytes})")
+    chunks = []
+    left = size
+    offset = 0
+    while left:
+        chunk = os.pread(fd, min(left, 1 << 20), offset)
+        if not chunk:
+            raise WireError("large message shorter than announced")
+        chunks.append(chunk)
+        left -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _decode(data: bytes) -> dict:
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise WireError(f"undecodable message: {exc}") from None
+    if not isinstance(obj, dict):
+        raise WireError("message is not an object")
+    return obj

@@ -1,0 +1,236 @@
+"""The launcher: a small single-threaded process that forks jails on request.
+
+Why a separate process: forking the caller (often multi-threaded, often big) is unsafe and slow,
+and a fresh interpreter per jail costs milliseconds. The launcher is started once per host
+process with ``python -I -S``, imports the child-side modules, freezes its heap, and then each jail
+costs two forks:
+
+    launcher --fork--> A: unshare(user); launcher writes A's id maps; unshare(mnt pid ipc uts cgroup [net])
+                       A --fork--> B: pid 1 of the new pid namespace, becomes the init
+                       A exits; B is re-parented to the launcher (a child subreaper)
+
+B then arms PR_SET_PDEATHSIG against the launcher, and the launcher exits as soon as the host
+process dies (a pidfd of it) or closes the control socket. The host talks to each init directly
+over a socketpair handed back here with SCM_RIGHTS, together with a pidfd of the init.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+from sandbox import init, linux as L, wire
+
+STEP_TIMEOUT = 10.0
+NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
+
+
+def main(ctl_fd: int, host_pid: int) -> None:
+    ctl = socket.socket(fileno=ctl_fd)
+    host = os.pidfd_open(host_pid)
+    if os.getppid() != host_pid:
+        os._exit(0)
+    L.prctl(L.PR_SET_CHILD_SUBREAPER, 1)
+    lifeline_r, lifeline_w = os.pipe()
+    os.set_inheritable(lifeline_r, True)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    launcher = Launcher(lifeline_r)
+    gc.collect()
+    gc.freeze()
+    poller = select.poll()
+    for fd in (ctl.fileno(), host, wake_r):
+        poller.register(fd, select.POLLIN)
+    while True:
+        try:
+            events = poller.poll()
+        except InterruptedError:
+            continue
+        for fd, _ in events:
+            if fd == host:
+                os._exit(0)
+            if fd == wake_r:
+                _reap(wake_r)
+                continue
+            msg = wire.recv(ctl, max_fds=1)
+            if msg is None:
+                os._exit(0)
+            launcher.handle(*msg)
+
+
+def _reap(wake_r: int) -> None:
+    try:
+        while os.read(wake_r, 4096):
+            pass
+    except BlockingIOError:
+        pass
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+class Launcher:
+    def __init__(self, lifeline: int) -> None:
+        self.lifeline = lifeline
+
+    def handle(self, req: dict, fds: list[int]) -> None:
+        reply = socket.socket(fileno=fds[0])
+        try:
+            if req["op"] == "create":
+                self.create(req["spec"], reply)
+            elif req["op"] == "rmtree":
+                self.rmtree(req["spec"], req["path"], reply)
+        except Exception as exc:
+            _send(reply, {"ok": False, "error": str(exc), "errno": getattr(exc, "errno", 0) or 0})
+        finally:
+            reply.close()
+
+    def _spawn_in_userns(self, spec: dict, body) -> tuple[socket.socket, int]:
+        """Fork A, let it unshare its user namespace, write its id maps. Returns (channel, pid)."""
+        mine, theirs = wire.seqpacket_pair()
+        userns = spec.get("userns", True)
+        pid = os.fork()
+        if pid == 0:
+            mine.close()
+            _child_a(theirs, body, userns)
+        theirs.close()
+        try:
+            first = _expect(mine)
+            if "error" in first:
+                raise OSError(first.get("errno", 0), first["error"])
+            if userns:
+                _write_maps(pid, spec["idmap"])
+            wire.send(mine, {"go": True})
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)
+            mine.close()
+            raise
+        return mine, pid
+
+    def create(self, spec: dict, reply: socket.socket) -> None:
+        host_end, jail_end = wire.seqpacket_pair()
+        lifeline = self.lifeline
+
+        def body(chan: socket.socket) -> None:
+            flags = NS_FLAGS | (L.CLONE_NEWNET if spec["network"] == "none" else 0)
+            L.unshare(flags)
+            alive_r, alive_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(alive_w)
+                chan.close()
+                _keep_only([jail_end.fileno(), lifeline, alive_r])
+                init.boot(spec, jail_end, lifeline, alive_r)
+                os._exit(0)
+            wire.send(chan, {"init_pid": pid})
+
+        try:
+            chan, _ = self._spawn_in_userns(spec, body)
+            with chan:
+                msg = _expect(chan)
+            if "error" in msg:
+                raise OSError(msg.get("errno", 0), msg["error"])
+            init_pid = int(msg["init_pid"])
+            pidfd = os.pidfd_open(init_pid)
+            try:
+                wire.send(reply, {"ok": True, "init_pid": init_pid}, [host_end.fileno(), pidfd])
+            finally:
+                os.close(pidfd)
+        finally:
+            host_end.close()
+            jail_end.close()
+
+    def rmtree(self, spec: dict, path: str, reply: socket.socket) -> None:
+        """Remove a tree whose files belong to subordinate ids, as root of a matching namespace."""
+
+        def body(chan: socket.socket) -> None:
+            shutil.rmtree(path, ignore_errors=True)
+            wire.send(chan, {"done": not os.path.lexists(path)})
+
+        chan, _ = self._spawn_in_userns(spec, body)
+        with chan:
+            msg = _expect(chan)
+        _send(reply, {"ok": bool(msg.get("done")), "error": msg.get("error", "")})
+
+
+def _child_a(chan: socket.socket, body, userns: bool) -> None:
+    try:
+        try:
+            if userns:
+                L.unshare(L.CLONE_NEWUSER)
+        except OSError as exc:
+            wire.send(chan, {"error": f"creating a user namespace: {exc.strerror}", "errno": exc.errno})
+            os._exit(1)
+        wire.send(chan, {"userns": True})
+        if _expect(chan) is None:
+            os._exit(1)
+        body(chan)
+    except BaseException as exc:
+        try:
+            wire.send(chan, {"error": str(exc), "errno": getattr(exc, "errno", 0) or 0})
+        except BaseException:
+            pass
+    finally:
+        os._exit(0)
+
+
+def _keep_only(fds: list[int]) -> None:
+    keep = sorted(set(fds))
+    for fd in keep:
+        os.set_inheritable(fd, True)
+    low = 3
+    for fd in keep:
+        if fd > low:
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
+
+
+def _expect(chan: socket.socket) -> dict:
+    ready, _, _ = select.select([chan], [], [], STEP_TIMEOUT)
+    if not ready:
+        raise TimeoutError("jail setup step timed out")
+    msg = wire.recv(chan, max_fds=0)
+    if msg is None:
+        raise OSError(0, "jail setup process exited early")
+    return msg[0]
+
+
+def _send(sock: socket.socket, obj: dict) -> None:
+    try:
+        wire.send(sock, obj)
+    except OSError:
+        pass
+
+
+def _write_maps(pid: int, idmap: dict) -> None:
+    if idmap["helper"]:
+        for tool, key in (("newuidmap", "uid_map"), ("newgidmap", "gid_map")):
+            args = [tool, str(pid)] + idmap[key].split()
+            res = subprocess.run(args, capture_output=True, text=True, check=False)
+            if res.returncode:
+                raise OSError(1, f"{tool} failed: {res.stderr.strip()}")
+        return
+    if idmap["deny_setgroups"]:
+        with open(f"/proc/{pid}/setgroups", "w") as f:
+            f.write("deny")
+    for key in ("uid_map", "gid_map"):
+        with open(f"/proc/{pid}/{key}", "w") as f:
+            f.write(idmap[key])
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
