@@ -26,7 +26,12 @@ class Channel:
         try:
             wire.send(self.sock, req, fds)
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
-            if isinstance(exc, OSError) and exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
+            if isinstance(exc, OSError) and exc.errno not in (
+                errno.EPIPE,
+                errno.ECONNRESET,
+                errno.EBADF,
+                errno.ENOTCONN,
+            ):
                 raise
             raise SandboxClosed("the sandbox is closed or its init died") from exc
 

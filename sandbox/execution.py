@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import select
+import socket
 import time
 from collections.abc import Callable
 
@@ -176,6 +177,22 @@ class ExecRun:
         )
 
 
+class TtyCommand:
+    """A command on a pty: the caller pumps the pty; readable ``fileno()`` means it has exited."""
+
+    def __init__(self, reply: socket.socket) -> None:
+        self.reply = reply
+
+    def fileno(self) -> int:
+        return self.reply.fileno()
+
+    def exit_code(self) -> int:
+        return parse_reply(self.reply, Exit, 0, None)[0].exit
+
+    def close(self) -> None:
+        self.reply.close()
+
+
 def run_sync(run: ExecRun, timeout: float | None) -> ExecResult:
     poller = select.poll()
     watched: dict[int, int] = {}
@@ -274,4 +291,3 @@ async def run_async(run: ExecRun, timeout: float | None) -> ExecResult:
             loop.remove_writer(fd)
         run.abandon()
         raise
-

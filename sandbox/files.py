@@ -54,7 +54,7 @@ def _open(channel: Channel, path: str, write: bool, mode: int | None = None) -> 
 
 
 def read_file(channel: Channel, path: str, max_bytes: int | None) -> bytes:
-    opened, fd = _open(channel, path, write=False)
+    _opened, fd = _open(channel, path, write=False)
     with os.fdopen(fd, "rb") as f:
         data = f.read() if max_bytes is None else f.read(max_bytes + 1)
     if max_bytes is not None and len(data) > max_bytes:
@@ -85,7 +85,8 @@ def put(channel: Channel, src: Path, dst: str) -> None:
                 if os.path.islink(host):
                     channel.call(
                         {"op": "symlink", "target": os.readlink(host), "path": posixpath.join(base, name)},
-                        Done, path=posixpath.join(base, name),
+                        Done,
+                        path=posixpath.join(base, name),
                     )
             for name in dirnames:
                 host = os.path.join(dirpath, name)

@@ -36,14 +36,11 @@ def _subordinate(path: str, uid: int) -> tuple[int, int] | None:
 
 def full_range_available() -> bool:
     uid = os.getuid()
-    return (
-        uid == 0
-        or (
-            shutil.which("newuidmap", path="/usr/bin:/bin") is not None
-            and shutil.which("newgidmap", path="/usr/bin:/bin") is not None
-            and _subordinate("/etc/subuid", uid) is not None
-            and _subordinate("/etc/subgid", uid) is not None
-        )
+    return uid == 0 or (
+        shutil.which("newuidmap", path="/usr/bin:/bin") is not None
+        and shutil.which("newgidmap", path="/usr/bin:/bin") is not None
+        and _subordinate("/etc/subuid", uid) is not None
+        and _subordinate("/etc/subgid", uid) is not None
     )
 
 

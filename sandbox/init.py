@@ -269,7 +269,9 @@ class Init:
 
     def op_stat(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
         st = os.stat(req["path"])
-        self._answer(reply, {"ok": True, "type": _kind(st.st_mode), "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)})
+        self._answer(
+            reply, {"ok": True, "type": _kind(st.st_mode), "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)}
+        )
 
     def op_mkdir(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
         os.makedirs(req["path"], exist_ok=True)

@@ -18,7 +18,8 @@ from sandbox import wire
 from sandbox.errors import SandboxSetupError
 
 _BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[3]); from sandbox.zygote import main; main(int(sys.argv[1]), int(sys.argv[2]))"
+    "import sys; sys.path.insert(0, sys.argv[3]); "
+    "from sandbox.zygote import main; main(int(sys.argv[1]), int(sys.argv[2]))"
 )
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 REPLY_TIMEOUT = 60.0

@@ -52,8 +52,13 @@ class Stat(_Msg):
     mode: int = Field(ge=0, le=0o7777)
 
 
-Entry = tuple[JailPath, Literal["file", "dir", "link", "other"], Annotated[int, Field(ge=0, le=0o7777)],
-              Annotated[int, Field(ge=0)], JailPath | None]
+Entry = tuple[
+    JailPath,
+    Literal["file", "dir", "link", "other"],
+    Annotated[int, Field(ge=0, le=0o7777)],
+    Annotated[int, Field(ge=0)],
+    JailPath | None,
+]
 
 
 class Walk(_Msg):

@@ -20,7 +20,7 @@ from sandbox.channel import Channel
 from sandbox.config import SandboxConfig, check_env, jail_path
 from sandbox.diagnose import explain
 from sandbox.errors import ConfigError, ExecError, ProtocolError, RootfsNotFound, SandboxClosed, SandboxSetupError
-from sandbox.execution import ExecRun, run_sync
+from sandbox.execution import ExecRun, TtyCommand, run_sync
 from sandbox.launcher import LAUNCHER
 from sandbox.messages import Ready
 from sandbox.results import ExecResult
@@ -116,8 +116,12 @@ class Sandbox:
             raise
         init_pid = int(reply["init_pid"])
         state.write_meta(
-            self.dir, host_pid=os.getpid(), host_start=state.process_start(os.getpid()), init_pid=init_pid,
-            init_start=state.process_start(init_pid), idmap=self._spec["idmap"],
+            self.dir,
+            host_pid=os.getpid(),
+            host_start=state.process_start(os.getpid()),
+            init_pid=init_pid,
+            init_start=state.process_start(init_pid),
+            idmap=self._spec["idmap"],
         )
         return sock, pidfd, init_pid
 
@@ -178,14 +182,18 @@ class Sandbox:
         run = self._begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr)
         return run_sync(run, timeout)
 
-    def exec_tty(self, argv: list[str], tty_fd: int, env: dict[str, str] | None = None) -> socket.socket:
-        """Start ``argv`` on the pty slave ``tty_fd``; returns the socket its exit status arrives on."""
+    def exec_tty(self, argv: list[str], tty_fd: int, env: dict[str, str] | None = None) -> TtyCommand:
+        """Start ``argv`` as session leader on the pty slave ``tty_fd`` (for interactive shells)."""
         self._check_open()
         request = {
-            "op": "exec", "id": next(self._ids), "argv": argv, "tty": True, "cwd": self.config.workdir,
+            "op": "exec",
+            "id": next(self._ids),
+            "argv": argv,
+            "tty": True,
+            "cwd": self.config.workdir,
             "env": {**BASE_ENV, **self.config.env, **check_env(dict(env or {}))},
         }
-        return self._channel.open_call(request, [tty_fd, tty_fd, tty_fd])
+        return TtyCommand(self._channel.open_call(request, [tty_fd, tty_fd, tty_fd]))
 
     # --- files --------------------------------------------------------------------------------
 

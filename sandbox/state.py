@@ -60,7 +60,7 @@ def owner_alive(meta: dict) -> bool:
 def force_rmtree(path: Path) -> None:
     """rmtree that also enters directories the jail left without write or search permission."""
 
-    def fix(func, p, exc):  # noqa: ANN001 - shutil's callback signature
+    def fix(func, p, exc) -> None:  # noqa: ANN001 - shutil's callback signature
         parent = os.path.dirname(p)
         try:
             os.chmod(parent, stat.S_IRWXU)
@@ -74,3 +74,29 @@ def force_rmtree(path: Path) -> None:
 
     if path.exists() or path.is_symlink():
         shutil.rmtree(path, onerror=fix)
+
+
+def cleanup(base: Path, force: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Kill and remove sandboxes whose host process is gone. Returns (removed, failed)."""
+    from sandbox.sandbox import remove_sandbox_dir
+
+    removed: list[Path] = []
+    failed: list[tuple[Path, str]] = []
+    for path in sorted((base / "sandboxes").iterdir()):
+        meta = read_meta(path)
+        if owner_alive(meta) and not force:
+            continue
+        init_pid = meta.get("init_pid")
+        if isinstance(init_pid, int) and meta.get("init_start") is not None:
+            start = process_start(init_pid)
+            if start is not None and abs(start - meta["init_start"]) < 1.0:
+                try:
+                    os.kill(init_pid, 9)
+                except OSError:
+                    pass
+        try:
+            remove_sandbox_dir(path, meta.get("idmap"))
+            removed.append(path)
+        except Exception as exc:  # report every leftover, keep going
+            failed.append((path, str(exc)))
+    return removed, failed

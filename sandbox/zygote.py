@@ -25,10 +25,13 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 
-from sandbox import init, linux as L, wire
+from sandbox import init, wire
+from sandbox import linux as L
 
 STEP_TIMEOUT = 10.0
+Body = Callable[[socket.socket], None]
 NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
 
 
@@ -38,7 +41,7 @@ def main(ctl_fd: int, host_pid: int) -> None:
     if os.getppid() != host_pid:
         os._exit(0)
     L.prctl(L.PR_SET_CHILD_SUBREAPER, 1)
-    lifeline_r, lifeline_w = os.pipe()
+    lifeline_r, _lifeline_w = os.pipe()
     os.set_inheritable(lifeline_r, True)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -57,13 +60,13 @@ def main(ctl_fd: int, host_pid: int) -> None:
             continue
         for fd, _ in events:
             if fd == host:
-                os._exit(0)
+                launcher.shutdown()
             if fd == wake_r:
                 _reap(wake_r)
                 continue
             msg = wire.recv(ctl, max_fds=1)
             if msg is None:
-                os._exit(0)
+                launcher.shutdown()
             launcher.handle(*msg)
 
 
@@ -85,6 +88,33 @@ def _reap(wake_r: int) -> None:
 class Launcher:
     def __init__(self, lifeline: int) -> None:
         self.lifeline = lifeline
+        self.jails: dict[str, tuple[int, dict]] = {}  # sandbox dir -> (init pid, spec)
+
+    def shutdown(self) -> None:
+        """The host process is gone: kill every jail it left and remove their state, then exit."""
+        for pid, _ in self.jails.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid, _ in self.jails.values():
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        for path, (_, spec) in self.jails.items():
+            if os.path.lexists(path):
+                shutil.rmtree(path, ignore_errors=True)
+            if os.path.lexists(path) and spec.get("userns", True):
+                try:
+                    self._rmtree_in_userns(spec, path)
+                except Exception:
+                    pass
+        os._exit(0)
+
+    def _forget_removed(self) -> None:
+        for path in [p for p in self.jails if not os.path.lexists(p)]:
+            del self.jails[path]
 
     def handle(self, req: dict, fds: list[int]) -> None:
         reply = socket.socket(fileno=fds[0])
@@ -98,7 +128,7 @@ class Launcher:
         finally:
             reply.close()
 
-    def _spawn_in_userns(self, spec: dict, body) -> tuple[socket.socket, int]:
+    def _spawn_in_userns(self, spec: dict, body: Body) -> tuple[socket.socket, int]:
         """Fork A, let it unshare its user namespace, write its id maps. Returns (channel, pid)."""
         mine, theirs = wire.seqpacket_pair()
         userns = spec.get("userns", True)
@@ -144,6 +174,9 @@ class Launcher:
             if "error" in msg:
                 raise OSError(msg.get("errno", 0), msg["error"])
             init_pid = int(msg["init_pid"])
+            if len(self.jails) > 64:
+                self._forget_removed()
+            self.jails[spec["dir"]] = (init_pid, spec)
             pidfd = os.pidfd_open(init_pid)
             try:
                 wire.send(reply, {"ok": True, "init_pid": init_pid}, [host_end.fileno(), pidfd])
@@ -154,6 +187,10 @@ class Launcher:
             jail_end.close()
 
     def rmtree(self, spec: dict, path: str, reply: socket.socket) -> None:
+        done = self._rmtree_in_userns(spec, path)
+        _send(reply, {"ok": done, "error": "" if done else f"{path} is still there"})
+
+    def _rmtree_in_userns(self, spec: dict, path: str) -> bool:
         """Remove a tree whose files belong to subordinate ids, as root of a matching namespace."""
 
         def body(chan: socket.socket) -> None:
@@ -163,10 +200,10 @@ class Launcher:
         chan, _ = self._spawn_in_userns(spec, body)
         with chan:
             msg = _expect(chan)
-        _send(reply, {"ok": bool(msg.get("done")), "error": msg.get("error", "")})
+        return bool(msg.get("done"))
 
 
-def _child_a(chan: socket.socket, body, userns: bool) -> None:
+def _child_a(chan: socket.socket, body: Body, userns: bool) -> None:
     try:
         try:
             if userns:
@@ -219,7 +256,7 @@ def _send(sock: socket.socket, obj: dict) -> None:
 def _write_maps(pid: int, idmap: dict) -> None:
     if idmap["helper"]:
         for tool, key in (("newuidmap", "uid_map"), ("newgidmap", "gid_map")):
-            args = [tool, str(pid)] + idmap[key].split()
+            args = [tool, str(pid), *idmap[key].split()]
             res = subprocess.run(args, capture_output=True, text=True, check=False)
             if res.returncode:
                 raise OSError(1, f"{tool} failed: {res.stderr.strip()}")

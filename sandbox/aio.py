@@ -1,0 +1,75 @@
+"""``AsyncSandbox``: the same jail for asyncio, never blocking the event loop.
+
+Commands are driven by the loop itself (``add_reader`` on the command's pipes and reply socket),
+so thousands can be in flight without a thread each; creation, teardown and file copies, which
+are bursts of blocking calls, run in the default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Any
+
+from sandbox.config import SandboxConfig
+from sandbox.errors import SandboxClosed
+from sandbox.execution import run_async
+from sandbox.results import ExecResult
+from sandbox.sandbox import Command, Sandbox
+
+
+class AsyncSandbox:
+    """``async with AsyncSandbox() as sb: await sb.exec("echo hi")``."""
+
+    def __init__(self, config: SandboxConfig | None = None, **options: Any) -> None:
+        self._config = config
+        self._options = options
+        self._sb: Sandbox | None = None
+
+    async def start(self) -> AsyncSandbox:
+        if self._sb is None:
+            self._sb = await asyncio.to_thread(Sandbox, self._config, **self._options)
+        return self
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sb is None:
+            raise SandboxClosed("the sandbox is not started; use 'async with' or await start()")
+        return self._sb
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        on_stdout: Callable[[bytes], None] | None = None,
+        on_stderr: Callable[[bytes], None] | None = None,
+    ) -> ExecResult:
+        run = self.sandbox._begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr)
+        return await run_async(run, timeout)
+
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        return await asyncio.to_thread(self.sandbox.read_file, path, max_bytes)
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        await asyncio.to_thread(self.sandbox.write_file, path, data, mode)
+
+    async def put(self, src: str | os.PathLike[str], dst: str) -> None:
+        await asyncio.to_thread(self.sandbox.put, src, dst)
+
+    async def get(self, src: str, dst: str | os.PathLike[str]) -> None:
+        await asyncio.to_thread(self.sandbox.get, src, dst)
+
+    async def close(self) -> None:
+        if self._sb is not None:
+            await asyncio.to_thread(self._sb.close)
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
