@@ -29,6 +29,7 @@ from sandbox import mounts, wire
 MAX_WALK_ENTRIES = 500_000
 SLACK_BASE = 50_000
 LOOPBACK_FLAGS = 0x1 | 0x40  # IFF_UP | IFF_RUNNING
+ONE_WAY = ("kill", "drain")  # requests that carry no reply socket
 
 
 def boot(spec: dict, ctl: socket.socket, lifeline: int, parent_alive: int) -> None:
@@ -114,8 +115,10 @@ class Init:
         if msg is None:
             os._exit(0)
         req, fds = msg
-        reply = socket.socket(fileno=fds.pop()) if fds else None
+        reply = None
         try:
+            if req.get("op") not in ONE_WAY and fds:
+                reply = socket.socket(fileno=fds.pop())
             handlers[req["op"]](req, fds, reply)
         except OSError as exc:
             self._answer(reply, {"ok": False, "errno": exc.errno or 0, "error": exc.strerror or str(exc)})

@@ -49,13 +49,10 @@ def build(spec: dict) -> None:
         os.makedirs(f"{rw}/{sub}", exist_ok=True)
     _write_generated(f"{rw}/upper", spec["generated"])
     L.mount(spec["lower"], base + "/lower", None, L.MS_BIND | L.MS_REC)
-    L.mount(
-        "overlay",
-        root,
-        "overlay",
-        0,
-        f"lowerdir={base}/lower,upperdir={rw}/upper,workdir={rw}/work",
-    )
+    options = f"lowerdir={base}/lower,upperdir={rw}/upper,workdir={rw}/work"
+    if spec["userns"]:
+        options += ",userxattr"  # trusted.* xattrs are out of reach in a user namespace
+    L.mount("overlay", root, "overlay", 0, options)
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for bind in spec["system_binds"]:
@@ -94,6 +91,8 @@ def _mountpoint(root_fd: int, path: str, is_dir: bool) -> str:
             try:
                 nfd = L.open_in_root(root_fd, "/".join(parts[: i + 1]), os.O_PATH)
             except FileNotFoundError:
+                if os.path.islink(f"/proc/self/fd/{fd}/{name}"):
+                    os.unlink(name, dir_fd=fd)  # a dangling link in the image: replace it in the overlay
                 if want_dir:
                     os.mkdir(name, 0o755, dir_fd=fd)
                 else:

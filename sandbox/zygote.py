@@ -62,7 +62,7 @@ def main(ctl_fd: int, host_pid: int) -> None:
             if fd == host:
                 launcher.shutdown()
             if fd == wake_r:
-                _reap(wake_r)
+                launcher.reap(wake_r)
                 continue
             msg = wire.recv(ctl, max_fds=1)
             if msg is None:
@@ -70,39 +70,40 @@ def main(ctl_fd: int, host_pid: int) -> None:
             launcher.handle(*msg)
 
 
-def _reap(wake_r: int) -> None:
-    try:
-        while os.read(wake_r, 4096):
-            pass
-    except BlockingIOError:
-        pass
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
 class Launcher:
     def __init__(self, lifeline: int) -> None:
         self.lifeline = lifeline
-        self.jails: dict[str, tuple[int, dict]] = {}  # sandbox dir -> (init pid, spec)
+        self.jails: dict[str, dict] = {}  # sandbox dir -> spec, for cleanup after the host dies
+        self.live: dict[int, str] = {}  # unreaped init pid -> sandbox dir (a reaped pid may be reused)
+
+    def reap(self, wake_r: int) -> None:
+        try:
+            while os.read(wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.live.pop(pid, None)
 
     def shutdown(self) -> None:
         """The host process is gone: kill every jail it left and remove their state, then exit."""
-        for pid, _ in self.jails.values():
+        for pid in self.live:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        for pid, _ in self.jails.values():
+        for pid in self.live:
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
-        for path, (_, spec) in self.jails.items():
+        for path, spec in self.jails.items():
             if os.path.lexists(path):
                 shutil.rmtree(path, ignore_errors=True)
             if os.path.lexists(path) and spec.get("userns", True):
@@ -176,7 +177,8 @@ class Launcher:
             init_pid = int(msg["init_pid"])
             if len(self.jails) > 64:
                 self._forget_removed()
-            self.jails[spec["dir"]] = (init_pid, spec)
+            self.jails[spec["dir"]] = spec
+            self.live[init_pid] = spec["dir"]
             pidfd = os.pidfd_open(init_pid)
             try:
                 wire.send(reply, {"ok": True, "init_pid": init_pid}, [host_end.fileno(), pidfd])

@@ -1,0 +1,125 @@
+"""Shared fixtures. Every test runs real jails on the real kernel, as whoever runs pytest."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandbox import Sandbox
+
+MINI_TOOLS = ("bash", "sh", "cat", "ls", "rm", "echo", "touch", "mkdir", "id", "ln", "readlink", "sleep", "env")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    is_root = os.getuid() == 0
+    for item in items:
+        if "root" in item.keywords and not is_root:
+            item.add_marker(pytest.mark.skip(reason="needs root; this run is unprivileged"))
+        if "rootless" in item.keywords and is_root:
+            item.add_marker(pytest.mark.skip(reason="needs an unprivileged user; this run is root"))
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test session gets its own state directory, so counts of leftovers are exact."""
+    base = tmp_path_factory.getbasetemp() / "state"
+    monkeypatch.setenv("JAILBOX_STATE_DIR", str(base))
+    return base
+
+
+@pytest.fixture
+def sb():
+    with Sandbox() as box:
+        yield box
+
+
+def _libs(binary: str) -> set[str]:
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=False).stdout
+    libs = set()
+    for line in out.splitlines():
+        parts = line.split()
+        for part in parts:
+            if part.startswith("/"):
+                libs.add(part)
+    return libs
+
+
+@pytest.fixture(scope="session")
+def mini_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small directory root filesystem: bash, a few coreutils and their libraries."""
+    root = tmp_path_factory.mktemp("minirootfs")
+    (root / "bin").mkdir()
+    (root / "etc").mkdir()
+    needed: set[str] = set()
+    for tool in MINI_TOOLS:
+        path = shutil.which(tool, path="/usr/bin:/bin")
+        assert path, f"{tool} missing on the host"
+        real = os.path.realpath(path)
+        shutil.copy2(real, root / "bin" / tool)
+        needed |= _libs(real)
+    for lib in needed:
+        target = root / lib.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath(lib), target)
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (root / "etc" / "shadow").write_text("jail-shadow-content\n")
+    (root / "etc" / "motd").write_text("original motd\n")
+    (root / "usr").mkdir(exist_ok=True)
+    os.symlink("../bin", root / "usr" / "bin")
+    return root
+
+
+class LoopbackServer:
+    """A TCP server on the host's 127.0.0.1 that answers every connection with a fixed line."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            with conn:
+                conn.sendall(b"host-secret-service\n")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def loopback_server():
+    server = LoopbackServer()
+    yield server
+    server.close()
+
+
+def jail_processes(init_pid: int) -> list[psutil.Process]:
+    """Host-side view of every process in the jail's pid namespace."""
+    try:
+        ns = os.readlink(f"/proc/{init_pid}/ns/pid")
+    except OSError:
+        return []
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.readlink(f"/proc/{proc.pid}/ns/pid") == ns:
+                found.append(proc)
+        except OSError:
+            continue
+    return found
