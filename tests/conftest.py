@@ -109,12 +109,8 @@ def loopback_server():
     server.close()
 
 
-def jail_processes(init_pid: int) -> list[psutil.Process]:
-    """Host-side view of every process in the jail's pid namespace."""
-    try:
-        ns = os.readlink(f"/proc/{init_pid}/ns/pid")
-    except OSError:
-        return []
+def jail_processes(ns: str) -> list[psutil.Process]:
+    """Host-side view of every process in a pid namespace (``readlink /proc/PID/ns/pid``)."""
     found = []
     for proc in psutil.process_iter():
         try:

@@ -38,7 +38,8 @@ def test_cwd_env_and_stdin(sb):
 
 def test_timeout_kills_setsid_and_double_forked_descendants(sb):
     r = sb.exec(
-        "setsid sleep 1001 & (setsid sh -c 'sleep 1002 &' &) ; (sleep 1003 &); nohup sleep 1004 >/dev/null 2>&1 & sleep 1005",
+        "setsid sleep 1001 & (setsid sh -c 'sleep 1002 &' &) ; (sleep 1003 &);"
+        "nohup sleep 1004 >/dev/null 2>&1 & sleep 1005",
         timeout=1,
     )
     assert r.timed_out and r.signal == 9

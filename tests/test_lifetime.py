@@ -1,0 +1,122 @@
+"""Nothing leaks: after close(), after SIGKILL of the host, over 200 sandboxes (acceptance point 4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from conftest import jail_processes
+
+from sandbox import Sandbox
+from sandbox.launcher import LAUNCHER
+from sandbox.state import cleanup
+
+CHILD = r"""
+import json, sys, time
+from sandbox import Sandbox
+from sandbox.launcher import LAUNCHER
+sb = Sandbox()
+sb.exec("sleep 1000 & setsid sleep 1001 &")
+print(json.dumps({"init": sb.init_pid, "ns": sb.exec("readlink /proc/self/ns/pid").stdout.strip(),
+                  "dir": str(sb.dir), "launcher": LAUNCHER.pid}), flush=True)
+time.sleep(1000)
+"""
+
+
+def _snapshot() -> dict:
+    me = psutil.Process()
+    return {
+        "processes": sorted(p.pid for p in me.children(recursive=True)),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "mounts": Path("/proc/self/mountinfo").read_text().count("\n"),
+    }
+
+
+def _wait_until(predicate, deadline: float = 30.0) -> bool:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _sandbox_dirs(state: Path) -> list[str]:
+    return sorted(p.name for p in (state / "sandboxes").iterdir())
+
+
+def test_close_leaves_no_process_mount_or_directory(_state_dir):
+    with Sandbox():
+        pass  # the launcher now exists: it belongs to the baseline
+    before = _snapshot()
+    sb = Sandbox()
+    sb.exec("sleep 1000 & setsid sleep 1001 & (sleep 1002 &)")
+    ns = sb.exec("readlink /proc/self/ns/pid").stdout.strip()
+    assert len(jail_processes(ns)) >= 3  # the init itself is not dumpable: only root sees its ns
+    assert sb.dir.exists()
+    assert _snapshot() != before
+    sb.close()
+    sb.close()  # idempotent
+    assert jail_processes(ns) == []
+    assert not psutil.pid_exists(sb.init_pid)
+    assert not sb.dir.exists()
+    assert _sandbox_dirs(_state_dir) == []
+    assert _snapshot() == before
+
+
+def test_sigkill_of_the_host_process_kills_and_removes_everything(_state_dir):
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent.parent)
+    )
+    info = json.loads(child.stdout.readline())
+    assert len(jail_processes(info["ns"])) >= 2
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert _wait_until(lambda: jail_processes(info["ns"]) == [])
+    assert _wait_until(
+        lambda: (
+            not psutil.pid_exists(info["launcher"]) or psutil.Process(info["launcher"]).status() == psutil.STATUS_ZOMBIE
+        )
+    )
+    assert _wait_until(lambda: not Path(info["dir"]).exists())
+
+
+def test_cleanup_removes_what_a_crashed_launcher_left(_state_dir):
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent.parent)
+    )
+    info = json.loads(child.stdout.readline())
+    os.kill(info["launcher"], signal.SIGKILL)  # no janitor left: the jail dies, its files stay
+    assert _wait_until(lambda: jail_processes(info["ns"]) == [])
+    child.kill()
+    child.wait()
+    assert Path(info["dir"]).exists()
+    removed, failed = cleanup(_state_dir)
+    assert failed == []
+    assert [str(p) for p in removed] == [info["dir"]]
+    assert not Path(info["dir"]).exists()
+
+
+def test_cleanup_leaves_live_sandboxes_alone(_state_dir):
+    with Sandbox() as sb:
+        removed, failed = cleanup(_state_dir)
+        assert removed == [] and failed == []
+        assert sb.exec("echo alive").stdout == "alive\n"
+
+
+def test_two_hundred_sandboxes_in_a_row_leave_counts_unchanged(_state_dir):
+    with Sandbox():
+        pass
+    before = _snapshot()
+    for i in range(200):
+        with Sandbox() as sb:
+            assert sb.exec(f"echo {i}").stdout == f"{i}\n"
+    assert _snapshot() == before
+    assert _sandbox_dirs(_state_dir) == []
+    assert LAUNCHER.pid in before["processes"]
