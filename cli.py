@@ -114,35 +114,31 @@ def shell(**jail: Any) -> None:
 
 
 def _interactive(sb: Sandbox) -> int:
-    master, slave = os.openpty()
     in_fd, out_fd = sys.stdin.fileno(), sys.stdout.fileno()
     interactive = os.isatty(in_fd)
+    command = sb.exec_tty(["/bin/sh", "-c", SHELL], env={"TERM": os.environ.get("TERM", "xterm")})
 
     def resize(*_: object) -> None:
         if interactive:
             size = fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8)
-            fcntl.ioctl(master, termios.TIOCSWINSZ, size)
+            fcntl.ioctl(command.master, termios.TIOCSWINSZ, size)
 
     resize()
-    env = {"TERM": os.environ.get("TERM", "xterm")}
-    command = sb.exec_tty(["/bin/sh", "-c", SHELL], slave, env=env)
-    os.close(slave)
     saved = termios.tcgetattr(in_fd) if interactive else None
     previous = signal.signal(signal.SIGWINCH, resize)
     try:
         if interactive:
-            tty.setraw(in_fd)
-        code = _pump(in_fd, out_fd, master, command)
+            tty.setraw(in_fd, termios.TCSADRAIN)  # keep typeahead
+        return _pump(in_fd, out_fd, command)
     finally:
         if saved is not None:
             termios.tcsetattr(in_fd, termios.TCSADRAIN, saved)
         signal.signal(signal.SIGWINCH, previous)
-        os.close(master)
         command.close()
-    return code
 
 
-def _pump(in_fd: int, out_fd: int, master: int, command: TtyCommand) -> int:
+def _pump(in_fd: int, out_fd: int, command: TtyCommand) -> int:
+    master = command.master
     watch = [in_fd, master, command.fileno()]
     while True:
         try:

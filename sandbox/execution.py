@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from sandbox.capture import Capture
 from sandbox.channel import Channel, parse_reply
-from sandbox.errors import ExecError, SandboxClosed
-from sandbox.messages import Exit
+from sandbox.errors import ExecError, ProtocolError, SandboxClosed
+from sandbox.messages import Exit, PtyOpened
 from sandbox.results import ExecResult
 
 Callback = Callable[[bytes], None]
@@ -178,10 +178,22 @@ class ExecRun:
 
 
 class TtyCommand:
-    """A command on a pty: the caller pumps the pty; readable ``fileno()`` means it has exited."""
+    """A command on a pty of the jail's devpts. The caller pumps ``master``; a readable ``fileno()``
+    means the command has exited."""
 
     def __init__(self, reply: socket.socket) -> None:
         self.reply = reply
+        try:
+            _, fds = parse_reply(reply, PtyOpened, 1, None)
+        except BaseException:
+            reply.close()
+            raise
+        if len(fds) != 1 or not os.isatty(fds[0]):
+            for fd in fds:
+                os.close(fd)
+            reply.close()
+            raise ProtocolError("the jail did not hand back a pty")
+        self.master = fds[0]
 
     def fileno(self) -> int:
         return self.reply.fileno()
@@ -191,6 +203,7 @@ class TtyCommand:
 
     def close(self) -> None:
         self.reply.close()
+        os.close(self.master)
 
 
 def run_sync(run: ExecRun, timeout: float | None) -> ExecResult:

@@ -144,9 +144,21 @@ class Init:
     def op_exec(self, req: dict, fds: list[int], reply: socket.socket) -> None:
         argv = [self.shell, "-c", req["shell"]] if "shell" in req else req["argv"]
         tag = SLACK_BASE + 1 + req["id"] % 100_000
-        pid = os.fork()
-        if pid == 0:
-            self._child(argv, req, fds, tag)
+        master = -1
+        if req.get("tty"):  # a pty of the jail's own devpts, so ttyname() works inside
+            master, slave = os.openpty()
+            fds[:] = [slave, slave, slave]
+        try:
+            pid = os.fork()
+            if pid == 0:
+                self._child(argv, req, fds, tag)
+            if master >= 0:
+                self._answer(reply, {"pty": True}, [master])
+        finally:
+            if master >= 0:
+                os.close(master)
+                os.close(fds[0])
+                fds.clear()
         self.execs[pid] = (reply, tag)
         self.tags[req["id"]] = tag
 

@@ -29,6 +29,10 @@ class Exit(_Msg):
     signal: int | None = Field(None, ge=1, le=128)
 
 
+class PtyOpened(_Msg):
+    pty: Literal[True]
+
+
 class Failure(_Msg):
     ok: Literal[False]
     errno: int = Field(0, ge=0, le=4096)

@@ -182,8 +182,8 @@ class Sandbox:
         run = self._begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr)
         return run_sync(run, timeout)
 
-    def exec_tty(self, argv: list[str], tty_fd: int, env: dict[str, str] | None = None) -> TtyCommand:
-        """Start ``argv`` as session leader on the pty slave ``tty_fd`` (for interactive shells)."""
+    def exec_tty(self, argv: list[str], env: dict[str, str] | None = None) -> TtyCommand:
+        """Start ``argv`` as session leader on a new pty inside the jail (for interactive shells)."""
         self._check_open()
         request = {
             "op": "exec",
@@ -193,7 +193,7 @@ class Sandbox:
             "cwd": self.config.workdir,
             "env": {**BASE_ENV, **self.config.env, **check_env(dict(env or {}))},
         }
-        return TtyCommand(self._channel.open_call(request, [tty_fd, tty_fd, tty_fd]))
+        return TtyCommand(self._channel.open_call(request))
 
     # --- files --------------------------------------------------------------------------------
 

@@ -1,0 +1,84 @@
+"""User namespaces and id maps, rootless and as root, and kernel refusals with their fixes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandbox import Sandbox
+from sandbox.errors import ConfigError
+from sandbox.idmap import full_range_available
+
+
+def _uid_map(sb: Sandbox) -> list[list[int]]:
+    return [[int(x) for x in line.split()] for line in sb.exec("cat /proc/self/uid_map").stdout.splitlines()]
+
+
+@pytest.mark.rootless
+def test_rootless_single_map_puts_the_caller_at_uid_0():
+    with Sandbox(idmap="single") as sb:
+        assert _uid_map(sb) == [[0, os.getuid(), 1]]
+        assert sb.exec("id -u; echo x > /testbed/f; stat -c %u /testbed/f").stdout == "0\n0\n"
+
+
+@pytest.mark.rootless
+def test_rootless_full_range_lets_programs_switch_ids():
+    if not full_range_available():
+        pytest.skip("this user has no /etc/subuid range or newuidmap is missing (CI provides both)")
+    with Sandbox(keep_caps=True) as sb:
+        rows = _uid_map(sb)
+        assert rows[0] == [0, os.getuid(), 1] and rows[1][0] == 1 and rows[1][2] >= 1000
+        r = sb.exec(
+            "mkdir /testbed/d && chown 1000:1000 /testbed/d && python3 -c 'import os; os.setgid(1000); "
+            'os.setuid(1000); open("/testbed/d/f", "w").write("x"); print(os.getuid())\''
+        )
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout == "1000\n"
+        box_dir = sb.dir
+    assert not box_dir.exists()  # files owned by subordinate ids were removed too
+
+
+@pytest.mark.rootless
+def test_rootless_userns_false_is_refused():
+    with pytest.raises(ConfigError, match="needs root"):
+        Sandbox(userns=False)
+
+
+@pytest.mark.root
+def test_root_uses_a_user_namespace_with_an_identity_map():
+    with Sandbox() as sb:
+        assert _uid_map(sb) == [[0, 0, 65536]]
+        ns_inside = sb.exec("readlink /proc/self/ns/user").stdout.strip()
+        assert ns_inside != os.readlink("/proc/self/ns/user")
+
+
+@pytest.mark.root
+def test_root_without_user_namespace_when_asked():
+    with Sandbox(userns=False) as sb:
+        assert sb.exec("readlink /proc/self/ns/user").stdout.strip() == os.readlink("/proc/self/ns/user")
+        r = sb.exec("cat /proc/self/status")
+        assert "NoNewPrivs:\t1" in r.stdout and "CapEff:\t0000000000000000" in r.stdout
+        assert sb.exec("touch /usr/x").exit_code != 0
+
+
+def test_kernel_refusal_names_the_sysctl_that_fixes_it():
+    """A real refusal: inside a user namespace whose own user-namespace limit is 0."""
+    script = (
+        "echo 0 > /proc/sys/user/max_user_namespaces && exec " + sys.executable + " -c '"
+        "from sandbox import Sandbox\nfrom sandbox.errors import KernelRefused\n"
+        "try:\n    Sandbox()\nexcept KernelRefused as exc:\n    print(exc)'"
+    )
+    r = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=60,
+    )
+    assert "sysctl -w user.max_user_namespaces=" in r.stdout, r.stderr
+    with Sandbox() as sb:
+        assert sb.exec("true").exit_code == 0
