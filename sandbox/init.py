@@ -70,7 +70,7 @@ class Init:
         self.ctl = ctl
         self.keep_caps = spec["keep_caps"]
         self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-        self.execs: dict[int, tuple[socket.socket, int]] = {}  # pid -> (reply socket, tag)
+        self.execs: dict[int, tuple[socket.socket, int]] = {}  # pid -> (reply socket, exec id)
         self.tags: dict[int, int] = {}  # exec id -> tag
         self.drains: set[int] = set()
         self.poll = select.poll()
@@ -159,7 +159,7 @@ class Init:
                 os.close(master)
                 os.close(fds[0])
                 fds.clear()
-        self.execs[pid] = (reply, tag)
+        self.execs[pid] = (reply, req["id"])
         self.tags[req["id"]] = tag
 
     def _child(self, argv: list[str], req: dict, fds: list[int], tag: int) -> None:
@@ -190,8 +190,8 @@ class Init:
     def op_kill(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
         tag = self.tags.get(req["id"])
         if tag is not None:
-            for pid, (_, ptag) in list(self.execs.items()):
-                if ptag == tag:
+            for pid, (_, exec_id) in list(self.execs.items()):
+                if exec_id == req["id"]:
                     _kill(pid)
             for _ in range(100):
                 if not self._kill_tagged(tag):
@@ -250,7 +250,8 @@ class Init:
             entry = self.execs.pop(pid, None)
             if entry is None:
                 continue
-            reply, _ = entry
+            reply, exec_id = entry
+            self.tags.pop(exec_id, None)
             if os.WIFSIGNALED(status):
                 self._answer(reply, {"exit": 128 + os.WTERMSIG(status), "signal": os.WTERMSIG(status)})
             else:

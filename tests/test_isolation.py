@@ -165,3 +165,17 @@ def test_deleting_and_recreating_lower_layer_entries(mini_rootfs):
         assert r.exit_code == 0, r.stderr
         assert r.stdout == "motd\nagain\n"
     assert (mini_rootfs / "etc" / "motd").read_text() == "original motd\n"
+
+
+def test_no_host_descriptors_reach_commands(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("host descriptor")
+    fd = os.open(secret, os.O_RDONLY)
+    os.set_inheritable(fd, True)
+    try:
+        with Sandbox() as sb:
+            r = sb.exec(["ls", "/proc/self/fd"])
+            assert r.stdout.split() == ["0", "1", "2", "3"]  # 3: ls's own directory handle
+            assert sb.exec(f"cat /proc/self/fd/{fd}").exit_code != 0
+    finally:
+        os.close(fd)
