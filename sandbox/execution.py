@@ -100,6 +100,8 @@ class ExecRun:
             self.exit, _ = parse_reply(self.reply, Exit, 0, None)
         except SandboxClosed:
             raise SandboxClosed("the sandbox died while a command was running") from None
+        if self.exit.error:
+            self.captures[self.err_r].feed(self.exit.error.encode() + b"\n")
         self.elapsed = time.monotonic() - self.started
 
     def _read(self, fd: int, until_blocked: bool) -> bool:

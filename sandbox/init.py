@@ -30,32 +30,40 @@ MAX_WALK_ENTRIES = 500_000
 SLACK_BASE = 50_000
 LOOPBACK_FLAGS = 0x1 | 0x40  # IFF_UP | IFF_RUNNING
 ONE_WAY = ("kill", "drain")  # requests that carry no reply socket
+DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD)
 
 
-def boot(spec: dict, ctl: socket.socket, lifeline: int, parent_alive: int) -> None:
+class _StartError(Exception):
+    """A command could not be started; reported like a shell would (exit 127 or 126)."""
+
+    def __init__(self, what: str, exc: OSError) -> None:
+        super().__init__(f"jailbox: {what}: {exc.strerror}")
+        self.code = 127 if exc.errno == errno.ENOENT else 126
+
+
+def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None:
     """Build the jail, tie its life to the launcher, report ready, then serve forever."""
     try:
         mounts.build(spec)
         L.sethostname(spec["hostname"])
         if spec["network"] == "none":
             _loopback_up()
-        _await_eof(parent_alive)
+        if os.read(reparented, 1) != b"1":
+            os._exit(1)
+        os.close(reparented)
         L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
         if select.select([lifeline], [], [], 0)[0]:
             os._exit(1)
         L.prctl(L.PR_SET_DUMPABLE, 0)
+        L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
+        if not spec["keep_caps"]:
+            L.shed_exec_privileges()
     except BaseException as exc:
         message = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
         wire.send(ctl, {"error": message, "errno": getattr(exc, "errno", 0) or 0})
         os._exit(1)
     wire.send(ctl, {"ready": True})
     Init(ctl, spec).serve()
-
-
-def _await_eof(fd: int) -> None:
-    while os.read(fd, 64):
-        pass
-    os.close(fd)
 
 
 def _loopback_up() -> None:
@@ -144,41 +152,62 @@ class Init:
     def op_exec(self, req: dict, fds: list[int], reply: socket.socket) -> None:
         argv = [self.shell, "-c", req["shell"]] if "shell" in req else req["argv"]
         tag = SLACK_BASE + 1 + req["id"] % 100_000
-        master = -1
-        if req.get("tty"):  # a pty of the jail's own devpts, so ttyname() works inside
-            master, slave = os.openpty()
-            fds[:] = [slave, slave, slave]
         try:
-            pid = os.fork()
-            if pid == 0:
-                self._child(argv, req, fds, tag)
-            if master >= 0:
-                self._answer(reply, {"pty": True}, [master])
-        finally:
-            if master >= 0:
-                os.close(master)
-                os.close(fds[0])
-                fds.clear()
+            pid = self._start_tty(argv, req, tag, reply) if req.get("tty") else self._spawn(argv, req, fds, tag)
+        except _StartError as exc:
+            self._answer(reply, {"exit": exc.code, "signal": None, "error": str(exc)})
+            reply.close()
+            return
         self.execs[pid] = (reply, req["id"])
         self.tags[req["id"]] = tag
 
-    def _child(self, argv: list[str], req: dict, fds: list[int], tag: int) -> None:
+    @staticmethod
+    def _spawn(argv: list[str], req: dict, fds: list[int], tag: int) -> int:
+        """vfork+exec: no copy of this process. Privileges were shed at boot, so the command
+        inherits the timer-slack tag, a new session, default signals, and nothing else of ours."""
+        L.prctl(L.PR_SET_TIMERSLACK, tag)
+        what = f"cd {req['cwd']}"
+        try:
+            os.chdir(req["cwd"])
+            what = f"exec {argv[0]}"
+            path = _which(argv[0], req["env"].get("PATH", ""))
+            actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds[:3])]
+            return os.posix_spawn(
+                path, argv, req["env"], file_actions=actions, setsid=True, setsigdef=DEFAULT_SIGNALS, setsigmask=()
+            )
+        except OSError as exc:
+            raise _StartError(what, exc) from None
+        finally:
+            os.chdir("/")
+
+    def _start_tty(self, argv: list[str], req: dict, tag: int, reply: socket.socket) -> int:
+        """fork+exec on a new pty of the jail's own devpts, so ttyname() works inside."""
+        master, slave = os.openpty()
+        try:
+            pid = os.fork()
+            if pid == 0:
+                self._tty_child(argv, req, slave, tag)
+            self._answer(reply, {"pty": True}, [master])
+            return pid
+        finally:
+            os.close(master)
+            os.close(slave)
+
+    @staticmethod
+    def _tty_child(argv: list[str], req: dict, slave: int, tag: int) -> None:
         what = "start"
         try:
             os.setsid()
             L.prctl(L.PR_SET_TIMERSLACK, tag)
             signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD):
+            for sig in DEFAULT_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
-            for target, fd in enumerate(fds[:3]):
-                os.dup2(fd, target)
-            if req.get("tty"):
-                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            for target in (0, 1, 2):
+                os.dup2(slave, target)
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
             os.closerange(3, 1 << 20)
             what = f"cd {req['cwd']}"
             os.chdir(req["cwd"])
-            L.drop_capabilities(self.keep_caps)
-            L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
             what = f"exec {argv[0]}"
             os.execve(_which(argv[0], req["env"].get("PATH", "")), argv, req["env"])
         except OSError as exc:

@@ -35,7 +35,10 @@ PR_SET_DUMPABLE = 4
 PR_SET_TIMERSLACK = 29
 PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_SECUREBITS = 28
 PR_SET_NO_NEW_PRIVS = 38
+SECBIT_NOROOT = 1 << 0
+SECBIT_NOROOT_LOCKED = 1 << 1
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 
@@ -45,8 +48,8 @@ RESOLVE_IN_ROOT = 0x10
 RESOLVE_NO_MAGICLINKS = 0x02
 
 _SYSCALLS = {
-    "x86_64": {"pivot_root": 155, "capset": 126, "openat2": 437, "mount_setattr": 442},
-    "aarch64": {"pivot_root": 41, "capset": 91, "openat2": 437, "mount_setattr": 442},
+    "x86_64": {"pivot_root": 155, "capget": 125, "capset": 126, "openat2": 437, "mount_setattr": 442},
+    "aarch64": {"pivot_root": 41, "capget": 90, "capset": 91, "openat2": 437, "mount_setattr": 442},
 }
 _NR = _SYSCALLS.get(platform.machine(), _SYSCALLS["x86_64"])
 
@@ -113,20 +116,21 @@ def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
     return _check(res, f"open {path}")
 
 
-def drop_capabilities(keep: bool) -> None:
-    """Empty the bounding, ambient and process sets unless ``keep``; exec as uid 0 then gains none."""
-    if keep:
-        return
-    last = int(CAP_LAST_CAP)
-    for cap in range(last + 1):
-        try:
-            prctl(PR_CAPBSET_DROP, cap)
-        except OSError:
-            pass
+def shed_exec_privileges() -> None:
+    """Make sure nothing this process execs gains a capability, while it keeps its own.
+
+    An empty bounding set and ambient set, an empty inheritable set and SECBIT_NOROOT (locked):
+    a program executed as uid 0 then starts with no capabilities at all.
+    """
+    for cap in range(CAP_LAST_CAP + 1):
+        prctl(PR_CAPBSET_DROP, cap)
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED)
     header = struct.pack("Ii", 0x20080522, 0)
-    data = bytes(24)
-    _check(_libc.syscall(_NR["capset"], header, data), "capset")
+    data = ctypes.create_string_buffer(24)
+    _check(_libc.syscall(_NR["capget"], header, data), "capget")
+    eff0, prm0, _, eff1, prm1, _ = struct.unpack("6I", data.raw)
+    _check(_libc.syscall(_NR["capset"], header, struct.pack("6I", eff0, prm0, 0, eff1, prm1, 0)), "capset")
 
 
 def _read_cap_last_cap() -> int:

@@ -27,6 +27,7 @@ class Ready(_Msg):
 class Exit(_Msg):
     exit: int = Field(ge=-255, le=511)
     signal: int | None = Field(None, ge=1, le=128)
+    error: Text | None = None  # the command could not be started
 
 
 class PtyOpened(_Msg):

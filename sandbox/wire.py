@@ -11,6 +11,7 @@ Stdlib only (runs inside the launcher and the init).
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import socket
@@ -18,6 +19,7 @@ import socket
 INLINE_MAX = 48 * 1024
 RECV_BUF = 64 * 1024
 MEMFD_KEY = "_memfd"
+FD_SIZE = array.array("i").itemsize
 
 
 class WireError(Exception):
@@ -51,7 +53,7 @@ def send(sock: socket.socket, obj: dict, fds: list[int] | tuple[int, ...] = ()) 
 
 def recv(sock: socket.socket, max_fds: int = 4, max_bytes: int = 16 * 1024 * 1024) -> tuple[dict, list[int]] | None:
     """Receive one message; ``None`` on orderly EOF. Extra or malformed input raises ``WireError``."""
-    data, fds, flags, _ = socket.recv_fds(sock, RECV_BUF, max_fds + 1)
+    data, fds, flags = _recv_fds(sock, max_fds + 1)
     if not data and not fds:
         return None
     try:
@@ -73,6 +75,18 @@ def recv(sock: socket.socket, max_fds: int = 4, max_bytes: int = 16 * 1024 * 102
             os.close(fd)
         raise
     return obj, fds
+
+
+def _recv_fds(sock: socket.socket, max_fds: int) -> tuple[bytes, list[int], int]:
+    """recvmsg with MSG_CMSG_CLOEXEC: received descriptors never leak into a spawned command."""
+    ancillary = socket.CMSG_SPACE(max_fds * FD_SIZE)
+    data, anc, flags, _ = sock.recvmsg(RECV_BUF, ancillary, socket.MSG_CMSG_CLOEXEC)
+    fds: list[int] = []
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(payload) - len(payload) % FD_SIZE
+            fds.extend(array.array("i", payload[:usable]))
+    return data, fds, flags
 
 
 def _read_memfd(fd: int, size: object, max_bytes: int) -> bytes:

@@ -42,7 +42,6 @@ def main(ctl_fd: int, host_pid: int) -> None:
         os._exit(0)
     L.prctl(L.PR_SET_CHILD_SUBREAPER, 1)
     lifeline_r, _lifeline_w = os.pipe()
-    os.set_inheritable(lifeline_r, True)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -154,27 +153,31 @@ class Launcher:
     def create(self, spec: dict, reply: socket.socket) -> None:
         host_end, jail_end = wire.seqpacket_pair()
         lifeline = self.lifeline
+        go_r, go_w = os.pipe()  # "your parent is now the launcher": arm PDEATHSIG only after that
 
         def body(chan: socket.socket) -> None:
+            os.close(go_w)
             flags = NS_FLAGS | (L.CLONE_NEWNET if spec["network"] == "none" else 0)
             L.unshare(flags)
-            alive_r, alive_w = os.pipe()
             pid = os.fork()
             if pid == 0:
-                os.close(alive_w)
                 chan.close()
-                _keep_only([jail_end.fileno(), lifeline, alive_r])
-                init.boot(spec, jail_end, lifeline, alive_r)
+                _keep_only([jail_end.fileno(), lifeline, go_r])
+                init.boot(spec, jail_end, lifeline, go_r)
                 os._exit(0)
             wire.send(chan, {"init_pid": pid})
 
         try:
-            chan, _ = self._spawn_in_userns(spec, body)
+            chan, a_pid = self._spawn_in_userns(spec, body)
+            os.close(go_r)
+            go_r = -1
             with chan:
                 msg = _expect(chan)
             if "error" in msg:
                 raise OSError(msg.get("errno", 0), msg["error"])
             init_pid = int(msg["init_pid"])
+            os.waitpid(a_pid, 0)  # A has fully exited: the init is re-parented to us
+            os.write(go_w, b"1")
             if len(self.jails) > 64:
                 self._forget_removed()
             self.jails[spec["dir"]] = spec
@@ -185,6 +188,9 @@ class Launcher:
             finally:
                 os.close(pidfd)
         finally:
+            for fd in (go_r, go_w):
+                if fd >= 0:
+                    os.close(fd)
             host_end.close()
             jail_end.close()
 
@@ -227,9 +233,12 @@ def _child_a(chan: socket.socket, body: Body, userns: bool) -> None:
 
 
 def _keep_only(fds: list[int]) -> None:
+    """Close every descriptor but ``fds``; stdio becomes /dev/null so nothing reaches the host's."""
+    null = os.open("/dev/null", os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target, inheritable=False)
+    os.close(null)
     keep = sorted(set(fds))
-    for fd in keep:
-        os.set_inheritable(fd, True)
     low = 3
     for fd in keep:
         if fd > low:

@@ -1,0 +1,36 @@
+"""How many repetitions each case gets: the full run and the CI smoke run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    one_shot_reps: int = 50
+    create_reps: int = 50
+    exec_reps: int = 500
+    throughput_sandboxes: int = 64
+    throughput_seconds: float = 2.0
+    throughput_rounds: int = 5
+    density: int = 512
+    container_reps: int = 20
+    warmup: int = 3
+    image: str = "docker.io/library/busybox:latest"
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+FULL = Settings()
+QUICK = Settings(
+    one_shot_reps=5,
+    create_reps=5,
+    exec_reps=50,
+    throughput_sandboxes=8,
+    throughput_seconds=0.2,
+    throughput_rounds=2,
+    density=16,
+    container_reps=3,
+    warmup=1,
+)
