@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import select
 import socket
 from typing import TypeVar
 
@@ -49,7 +48,7 @@ class Channel:
 
     def call(self, req: dict, model: type[M], max_fds: int = 0, path: str | None = None) -> tuple[M, list[int]]:
         with self.open_call(req) as reply:
-            if not select.select([reply], [], [], CALL_TIMEOUT)[0]:
+            if not wire.wait_readable(reply, CALL_TIMEOUT):
                 raise ProtocolError(f"no answer to {req['op']} within {CALL_TIMEOUT:.0f}s")
             return parse_reply(reply, model, max_fds, path)
 

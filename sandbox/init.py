@@ -52,7 +52,7 @@ def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None
             os._exit(1)
         os.close(reparented)
         L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if select.select([lifeline], [], [], 0)[0]:
+        if wire.wait_readable(lifeline, 0):
             os._exit(1)
         L.prctl(L.PR_SET_DUMPABLE, 0)
         L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)

@@ -7,7 +7,7 @@ socket, so there is no lock on the request path and no reader thread.
 from __future__ import annotations
 
 import os
-import select
+import resource
 import socket
 import subprocess
 import sys
@@ -41,6 +41,7 @@ class Launcher:
             return self._sock
 
     def _start(self) -> None:
+        _raise_nofile_limit()
         if self._sock is not None and self._pid == os.getpid():
             self._sock.close()
         mine, theirs = wire.seqpacket_pair()
@@ -69,7 +70,7 @@ class Launcher:
                 raise SandboxSetupError(f"the jailbox launcher is gone: {exc}") from exc
             finally:
                 theirs.close()
-            if not select.select([mine], [], [], REPLY_TIMEOUT)[0]:
+            if not wire.wait_readable(mine, REPLY_TIMEOUT):
                 raise SandboxSetupError("the jailbox launcher did not answer in time")
             try:
                 msg = wire.recv(mine, max_fds=max_fds)
@@ -78,6 +79,14 @@ class Launcher:
         if msg is None:
             raise SandboxSetupError("the jailbox launcher closed the request without an answer")
         return msg
+
+
+def _raise_nofile_limit() -> None:
+    """Each open sandbox holds two descriptors in this process: lift the soft limit to the hard one
+    (as Go's runtime does) so hundreds of sandboxes fit under a default soft limit of 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 LAUNCHER = Launcher()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import os
 import posixpath
-import select
 import signal
 import socket
 import threading
@@ -126,7 +125,7 @@ class Sandbox:
         return sock, pidfd, init_pid
 
     def _await_ready(self, sock: socket.socket) -> Ready:
-        if not select.select([sock], [], [], self.config.setup_timeout)[0]:
+        if not wire.wait_readable(sock, self.config.setup_timeout):
             raise SandboxSetupError(f"the jail was not ready within {self.config.setup_timeout}s")
         try:
             msg = wire.recv(sock, max_fds=0)
@@ -253,12 +252,12 @@ def _teardown(sock: socket.socket | None, pidfd: int, sandbox_dir: Path, spec: d
     if sock is not None:
         sock.close()
     if pidfd >= 0:
-        if not select.select([pidfd], [], [], EXIT_WAIT)[0]:
+        if not wire.wait_readable(pidfd, EXIT_WAIT):
             try:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            select.select([pidfd], [], [], EXIT_WAIT)
+            wire.wait_readable(pidfd, EXIT_WAIT)
         os.close(pidfd)
     remove_sandbox_dir(sandbox_dir, spec.get("idmap"))
 

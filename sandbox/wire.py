@@ -14,6 +14,7 @@ from __future__ import annotations
 import array
 import json
 import os
+import select
 import socket
 
 INLINE_MAX = 48 * 1024
@@ -24,6 +25,18 @@ FD_SIZE = array.array("i").itemsize
 
 class WireError(Exception):
     """A peer sent something that is not a well-formed, bounded message."""
+
+
+def wait_readable(fd: int | socket.socket, timeout: float | None) -> bool:
+    """poll(2) for one descriptor: unlike select(2) it works past descriptor number 1023."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    wait = -1 if timeout is None else max(0, int(timeout * 1000))
+    while True:
+        try:
+            return bool(poller.poll(wait))
+        except InterruptedError:
+            continue
 
 
 def seqpacket_pair() -> tuple[socket.socket, socket.socket]:

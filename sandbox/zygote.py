@@ -248,8 +248,7 @@ def _keep_only(fds: list[int]) -> None:
 
 
 def _expect(chan: socket.socket) -> dict:
-    ready, _, _ = select.select([chan], [], [], STEP_TIMEOUT)
-    if not ready:
+    if not wire.wait_readable(chan, STEP_TIMEOUT):
         raise TimeoutError("jail setup step timed out")
     msg = wire.recv(chan, max_fds=0)
     if msg is None:

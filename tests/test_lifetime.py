@@ -120,3 +120,22 @@ def test_two_hundred_sandboxes_in_a_row_leave_counts_unchanged(_state_dir):
     assert _snapshot() == before
     assert _sandbox_dirs(_state_dir) == []
     assert LAUNCHER.pid in before["processes"]
+
+
+def test_sandboxes_work_with_descriptor_numbers_above_1024():
+    """Hosts with hundreds of sandboxes hold thousands of descriptors: nothing may use select(2)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    null = os.open("/dev/null", os.O_RDONLY)
+    filler = [os.dup(null) for _ in range(1100)]
+    try:
+        with Sandbox() as sb:
+            assert sb.exec("echo high").stdout == "high\n"
+            sb.write_file("/testbed/f", b"x")
+            assert sb.read_file("/testbed/f") == b"x"
+    finally:
+        for fd in [*filler, null]:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
