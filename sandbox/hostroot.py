@@ -100,8 +100,21 @@ def _plan() -> tuple[list[tuple[str, str]], list[dict]]:
     return links, binds
 
 
+_LAYOUTS: dict[Path, tuple[str, list[dict]]] = {}
+
+
 def layout(state_dir: Path) -> tuple[str, list[dict]]:
-    """Return (skeleton directory, binds), building the skeleton once per host layout."""
+    """Return (skeleton directory, binds), building the skeleton once per host layout.
+
+    Computed once per process: the host's directory layout does not change under a running program.
+    """
+    cached = _LAYOUTS.get(state_dir)
+    if cached is None or not os.path.isdir(cached[0]):
+        cached = _LAYOUTS[state_dir] = _layout(state_dir)
+    return cached
+
+
+def _layout(state_dir: Path) -> tuple[str, list[dict]]:
     links, binds = _plan()
     key = hashlib.sha256(repr((links, binds, sorted(SKELETON_DIRS.items()))).encode()).hexdigest()[:16]
     skeleton = state_dir / f"skeleton-{key}"

@@ -8,7 +8,9 @@ As root: an identity map of the first 65536 ids, so trees built by root stay wri
 
 from __future__ import annotations
 
+import functools
 import getpass
+import json
 import os
 import pwd
 import shutil
@@ -44,8 +46,17 @@ def full_range_available() -> bool:
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _plan(uid: int, mode: str) -> str:
+    return json.dumps(_compute(mode))
+
+
 def plan(mode: str) -> dict:
     """The map the launcher writes: ``{"uid_map", "gid_map", "helper", "deny_setgroups"}``."""
+    return json.loads(_plan(os.getuid(), mode))
+
+
+def _compute(mode: str) -> dict:
     uid, gid = os.getuid(), os.getgid()
     if uid == 0:
         count = ROOT_RANGE if mode != "single" else 1

@@ -38,33 +38,40 @@ DEV_LINKS = {
 
 
 def build(spec: dict) -> None:
-    """Mount the whole jail under ``<dir>/root`` and pivot_root into it."""
+    """Mount the whole jail and pivot_root into it.
+
+    The staging directory is shared by all jails on the host but each jail mounts its own tmpfs
+    over it in its private mount namespace, so the mount points cost nothing on disk. Only a disk
+    writable layer lives in the sandbox's own state directory.
+    """
     L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
-    base = spec["dir"]
-    root = base + "/root"
-    rw = base + "/rw"
-    if spec["upper"] == "tmpfs":
-        L.mount("tmpfs", rw, "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={spec['tmpfs_size']},mode=0755")
-    for sub in ("upper", "work"):
-        os.makedirs(f"{rw}/{sub}", exist_ok=True)
-    _write_generated(f"{rw}/upper", spec["generated"])
-    L.mount(spec["lower"], base + "/lower", None, L.MS_BIND | L.MS_REC)
-    options = f"lowerdir={base}/lower,upperdir={rw}/upper,workdir={rw}/work"
+    stage = spec["stage"]
+    size = f",size={spec['tmpfs_size']}" if spec["upper"] == "tmpfs" else ",size=1m"
+    L.mount("tmpfs", stage, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=0755" + size)
+    root, lower = stage + "/root", stage + "/lower"
+    rw = stage if spec["upper"] == "tmpfs" else spec["dir"]
+    for path in (root, lower, rw + "/upper", rw + "/work"):
+        os.mkdir(path, 0o755)
+    _write_generated(rw + "/upper", spec["generated"])
+    L.mount(spec["lower"], lower, None, L.MS_BIND | L.MS_REC)
+    options = f"lowerdir={lower},upperdir={rw}/upper,workdir={rw}/work"
     if spec["userns"]:
         options += ",userxattr"  # trusted.* xattrs are out of reach in a user namespace
     L.mount("overlay", root, "overlay", 0, options)
+    trusted = spec["trusted_lower"]
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for bind in spec["system_binds"]:
-            _bind(root_fd, bind)
-        _mount_proc(root_fd)
-        _mount_sys(root_fd)
-        _mount_dev(root_fd)
-        tmp = _mountpoint(root_fd, "/tmp", True)
+            target = root + bind["dst"] if trusted else _mountpoint(root_fd, bind["dst"], bind["is_dir"])
+            _bind(bind, target)
+        _mount_proc(root + "/proc" if trusted else _mountpoint(root_fd, "/proc", True))
+        _mount_sys(root + "/sys" if trusted else _mountpoint(root_fd, "/sys", True))
+        _mount_dev(root + "/dev" if trusted else _mountpoint(root_fd, "/dev", True))
+        tmp = root + "/tmp" if trusted else _mountpoint(root_fd, "/tmp", True)
         L.mount("tmpfs", tmp, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=1777")
         os.chmod(_mountpoint(root_fd, spec["workdir"], True), 0o755)
         for bind in spec["user_binds"]:
-            _bind(root_fd, bind)
+            _bind(bind, _mountpoint(root_fd, bind["dst"], bind["is_dir"]))
     finally:
         os.close(root_fd)
     os.chdir(root)
@@ -105,15 +112,13 @@ def _mountpoint(root_fd: int, path: str, is_dir: bool) -> str:
         os.close(fd)
 
 
-def _bind(root_fd: int, bind: dict) -> None:
-    target = _mountpoint(root_fd, bind["dst"], bind["is_dir"])
+def _bind(bind: dict, target: str) -> None:
     L.mount(bind["src"], target, None, L.MS_BIND | L.MS_REC)
     if bind["readonly"]:
         L.make_readonly(target)
 
 
-def _mount_proc(root_fd: int) -> None:
-    proc = _mountpoint(root_fd, "/proc", True)
+def _mount_proc(proc: str) -> None:
     L.mount("proc", proc, "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
     for path in READONLY_PATHS:
         target = proc + path[len("/proc") :]
@@ -123,9 +128,8 @@ def _mount_proc(root_fd: int) -> None:
     _mask(proc, "/proc")
 
 
-def _mount_sys(root_fd: int) -> None:
+def _mount_sys(target: str) -> None:
     """A fresh read-only sysfs where the kernel allows it (own netns), else a read-only bind."""
-    target = _mountpoint(root_fd, "/sys", True)
     try:
         L.mount("sysfs", target, "sysfs", L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
     except PermissionError:
@@ -145,8 +149,7 @@ def _mask(mounted_at: str, prefix: str) -> None:
             L.mount("/dev/null", target, None, L.MS_BIND)
 
 
-def _mount_dev(root_fd: int) -> None:
-    dev = _mountpoint(root_fd, "/dev", True)
+def _mount_dev(dev: str) -> None:
     L.mount("tmpfs", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k")
     for name in DEVICES:
         node = f"{dev}/{name}"

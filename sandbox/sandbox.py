@@ -52,7 +52,7 @@ class Sandbox:
 
     # --- creation -----------------------------------------------------------------------------
 
-    def _prepare(self) -> tuple[dict, Path]:
+    def _prepare(self) -> tuple[dict, Path | None]:
         cfg = self.config
         base = state.state_dir(cfg.state_dir)
         host = cfg.rootfs == "host"
@@ -72,14 +72,16 @@ class Sandbox:
             {"src": str(m.src), "dst": m.dst, "is_dir": m.src.is_dir(), "readonly": m.readonly}
             for m in sorted(cfg.mounts, key=lambda m: m.dst.count("/"))
         ]
-        sandbox_dir = base / "sandboxes" / self.id
-        for sub in ("root", "lower", "rw"):
-            (sandbox_dir / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(sandbox_dir, 0o700)
+        sandbox_dir = None
+        if cfg.upper == "disk":  # a tmpfs writable layer leaves nothing on disk
+            sandbox_dir = base / "sandboxes" / self.id
+            sandbox_dir.mkdir(mode=0o700)
         spec = {
             "id": self.id,
-            "dir": str(sandbox_dir),
+            "dir": None if sandbox_dir is None else str(sandbox_dir),
+            "stage": str(base / "stage"),
             "lower": lower,
+            "trusted_lower": host,
             "system_binds": system_binds,
             "user_binds": user_binds,
             "generated": hostroot.generated_files(cfg.hostname, host),
@@ -92,7 +94,6 @@ class Sandbox:
             "userns": cfg.userns,
             "idmap": idmap.plan(cfg.idmap),
         }
-        state.write_meta(sandbox_dir, host_pid=os.getpid(), host_start=state.process_start(os.getpid()))
         return spec, sandbox_dir
 
     def _launch(self) -> tuple[socket.socket, int, int]:
@@ -114,14 +115,15 @@ class Sandbox:
             _teardown(sock, pidfd, self.dir, self._spec)
             raise
         init_pid = int(reply["init_pid"])
-        state.write_meta(
-            self.dir,
-            host_pid=os.getpid(),
-            host_start=state.process_start(os.getpid()),
-            init_pid=init_pid,
-            init_start=state.process_start(init_pid),
-            idmap=self._spec["idmap"],
-        )
+        if self.dir is not None:
+            state.write_meta(
+                self.dir,
+                host_pid=os.getpid(),
+                host_start=state.own_start(),
+                init_pid=init_pid,
+                init_start=state.process_start(init_pid),
+                idmap=self._spec["idmap"],
+            )
         return sock, pidfd, init_pid
 
     def _await_ready(self, sock: socket.socket) -> Ready:
@@ -247,7 +249,7 @@ class Sandbox:
         return f"<Sandbox {self.id} rootfs={self.config.rootfs!r} {'closed' if self._closed else 'open'}>"
 
 
-def _teardown(sock: socket.socket | None, pidfd: int, sandbox_dir: Path, spec: dict) -> None:
+def _teardown(sock: socket.socket | None, pidfd: int, sandbox_dir: Path | None, spec: dict) -> None:
     """Close the control socket (the init exits on EOF), make sure it died, remove the state."""
     if sock is not None:
         sock.close()
@@ -259,7 +261,8 @@ def _teardown(sock: socket.socket | None, pidfd: int, sandbox_dir: Path, spec: d
                 pass
             wire.wait_readable(pidfd, EXIT_WAIT)
         os.close(pidfd)
-    remove_sandbox_dir(sandbox_dir, spec.get("idmap"))
+    if sandbox_dir is not None:
+        remove_sandbox_dir(sandbox_dir, spec.get("idmap"))
 
 
 def remove_sandbox_dir(sandbox_dir: Path, id_map: dict | None) -> None:

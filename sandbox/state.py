@@ -6,6 +6,7 @@ Each sandbox directory holds ``meta.json`` (owner pid and start time, init pid) 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -14,6 +15,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+_READY: set[Path] = set()
 
 
 def state_dir(override: Path | None = None) -> Path:
@@ -24,8 +27,20 @@ def state_dir(override: Path | None = None) -> Path:
     else:
         xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
         base = Path(xdg) / "jailbox"
-    (base / "sandboxes").mkdir(parents=True, exist_ok=True, mode=0o700)
+    if base not in _READY:
+        for sub in ("sandboxes", "stage"):
+            (base / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+        _READY.add(base)
     return base
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_start(pid: int) -> float | None:
+    return process_start(pid)
+
+
+def own_start() -> float | None:
+    return _cached_start(os.getpid())
 
 
 def process_start(pid: int) -> float | None:
@@ -76,6 +91,16 @@ def force_rmtree(path: Path) -> None:
         shutil.rmtree(path, onerror=fix)
 
 
+META_GRACE = 120.0
+
+
+def _younger_than(path: Path, seconds: float) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime < seconds
+    except OSError:
+        return False
+
+
 def cleanup(base: Path, force: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
     """Kill and remove sandboxes whose host process is gone. Returns (removed, failed)."""
     from sandbox.sandbox import remove_sandbox_dir
@@ -84,8 +109,8 @@ def cleanup(base: Path, force: bool = False) -> tuple[list[Path], list[tuple[Pat
     failed: list[tuple[Path, str]] = []
     for path in sorted((base / "sandboxes").iterdir()):
         meta = read_meta(path)
-        if owner_alive(meta) and not force:
-            continue
+        if not force and (owner_alive(meta) or (not meta and _younger_than(path, META_GRACE))):
+            continue  # in use, or being created right now (its meta is written once it is up)
         init_pid = meta.get("init_pid")
         if isinstance(init_pid, int) and meta.get("init_start") is not None:
             start = process_start(init_pid)

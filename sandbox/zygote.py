@@ -73,7 +73,8 @@ class Launcher:
     def __init__(self, lifeline: int) -> None:
         self.lifeline = lifeline
         self.jails: dict[str, dict] = {}  # sandbox dir -> spec, for cleanup after the host dies
-        self.live: dict[int, str] = {}  # unreaped init pid -> sandbox dir (a reaped pid may be reused)
+        self.pending: dict[int, int] = {}  # pid of an A -> "go" pipe of its init
+        self.live: dict[int, str | None] = {}  # unreaped init pid -> sandbox dir (reaped pids get reused)
 
     def reap(self, wake_r: int) -> None:
         try:
@@ -89,6 +90,10 @@ class Launcher:
             if pid == 0:
                 return
             self.live.pop(pid, None)
+            go = self.pending.pop(pid, None)
+            if go is not None:  # that was an A: its init is now re-parented to us
+                os.write(go, b"1")
+                os.close(go)
 
     def shutdown(self) -> None:
         """The host process is gone: kill every jail it left and remove their state, then exit."""
@@ -176,11 +181,12 @@ class Launcher:
             if "error" in msg:
                 raise OSError(msg.get("errno", 0), msg["error"])
             init_pid = int(msg["init_pid"])
-            os.waitpid(a_pid, 0)  # A has fully exited: the init is re-parented to us
-            os.write(go_w, b"1")
+            self.pending[a_pid] = go_w  # reap() says "go" once A has fully exited
+            go_w = -1
             if len(self.jails) > 64:
                 self._forget_removed()
-            self.jails[spec["dir"]] = spec
+            if spec["dir"]:
+                self.jails[spec["dir"]] = spec
             self.live[init_pid] = spec["dir"]
             pidfd = os.pidfd_open(init_pid)
             try:
