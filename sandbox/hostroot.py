@@ -1,8 +1,12 @@
 """The zero-setup root filesystem: the host's programs, none of the host's data.
 
-A small skeleton directory (empty mount points, ``/etc`` symlinks copied) is the overlay's lower
-layer; the host's ``/usr``, ``/bin``, ``/lib*``, ``/sbin`` and the parts of ``/etc`` that programs
-need are bound read-only on top. Nothing from ``/home``, ``/root``, ``/var``, ``/run`` or ``/tmp``.
+The overlay's lower layer is a skeleton directory: empty mount points, the host's top-level
+symlinks (``/bin -> usr/bin``), and *copies* of the parts of ``/etc`` that programs need (an
+allowlist; never ``shadow``, ``ssh``, ``ssl/private``...). Only ``/usr`` and any real ``/lib*``,
+``/bin``, ``/sbin`` directories are bound read-only on top, so a jail costs one or two bind mounts
+instead of dozens. The copies are fingerprinted (path, inode, size, mtime of every entry) and a new
+skeleton is built when the host's files change; the check runs at most every ``RECHECK`` seconds.
+Nothing from ``/home``, ``/root``, ``/var``, ``/run`` or ``/tmp``.
 """
 
 from __future__ import annotations
@@ -11,76 +15,32 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 ETC_ENTRIES = (
-    "alternatives",
-    "bash.bashrc",
-    "ca-certificates",
-    "ca-certificates.conf",
-    "debian_version",
-    "environment",
-    "gai.conf",
-    "host.conf",
-    "inputrc",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "locale.alias",
-    "localtime",
-    "login.defs",
-    "magic",
-    "magic.mime",
-    "mime.types",
-    "networks",
-    "nsswitch.conf",
-    "os-release",
-    "pki",
-    "profile",
-    "profile.d",
-    "protocols",
-    "python3",
-    "python3.11",
-    "python3.12",
-    "python3.13",
-    "resolv.conf",
-    "rpc",
-    "services",
-    "shells",
-    "ssl",
-    "terminfo",
-    "timezone",
-    "xattr.conf",
-    "gitconfig",
-    "wgetrc",
-    "mailcap",
-    "papersize",
-)
+    "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "debian_version",
+    "environment", "gai.conf", "gitconfig", "host.conf", "inputrc", "ld.so.cache", "ld.so.conf",
+    "ld.so.conf.d", "locale.alias", "localtime", "login.defs", "magic", "magic.mime", "mailcap",
+    "mime.types", "networks", "nsswitch.conf", "os-release", "papersize", "pki/ca-trust", "profile",
+    "profile.d", "protocols", "python3", "python3.11", "python3.12", "python3.13", "resolv.conf", "rpc",
+    "services", "shells", "ssl/certs", "ssl/openssl.cnf", "terminfo", "timezone", "wgetrc", "xattr.conf",
+)  # fmt: skip
 SKELETON_DIRS = {
-    "etc": 0o755,
-    "tmp": 0o1777,
-    "proc": 0o755,
-    "dev": 0o755,
-    "sys": 0o755,
-    "root": 0o700,
-    "home": 0o755,
-    "run": 0o755,
-    "var": 0o755,
-    "var/tmp": 0o1777,
-    "var/lib": 0o755,
-    "var/cache": 0o755,
-    "var/log": 0o755,
-    "opt": 0o755,
-    "mnt": 0o755,
-    "srv": 0o755,
-}
+    "etc": 0o755, "tmp": 0o1777, "proc": 0o755, "dev": 0o755, "sys": 0o755, "root": 0o700,
+    "home": 0o755, "run": 0o755, "var": 0o755, "var/tmp": 0o1777, "var/lib": 0o755,
+    "var/cache": 0o755, "var/log": 0o755, "opt": 0o755, "mnt": 0o755, "srv": 0o755,
+}  # fmt: skip
 _TRUSTED_TREES = ("/usr/", "/etc/")
+RECHECK = 2.0
 
 
-def _plan() -> tuple[list[tuple[str, str]], list[dict]]:
-    """(symlinks to create in the skeleton, read-only binds)."""
+def _plan() -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[dict]]:
+    """(symlinks to recreate, (skeleton path, host path) to copy, read-only binds)."""
     links: list[tuple[str, str]] = []
+    copies: list[tuple[str, str]] = []
     binds: list[dict] = []
     for name in SYSTEM_DIRS:
         path = "/" + name
@@ -95,48 +55,72 @@ def _plan() -> tuple[list[tuple[str, str]], list[dict]]:
         real = os.path.realpath(path)
         if os.path.islink(path) and real.startswith(_TRUSTED_TREES):
             links.append(("etc/" + name, os.readlink(path)))
-        elif os.path.exists(real):
-            binds.append({"src": real, "dst": path, "is_dir": os.path.isdir(real), "readonly": True})
-    return links, binds
+        elif os.path.exists(real) and os.access(real, os.R_OK):
+            copies.append(("etc/" + name, real))
+    return links, copies, binds
 
 
-_LAYOUTS: dict[Path, tuple[str, list[dict]]] = {}
+def _fingerprint(links: list, copies: list, binds: list) -> str:
+    digest = hashlib.sha256(repr((links, binds, sorted(SKELETON_DIRS.items()))).encode())
+    for rel, real in copies:
+        for root, dirs, files in os.walk(real) if os.path.isdir(real) else [("", [], [real])]:
+            dirs.sort()
+            for name in [root, *sorted(os.path.join(root, f) for f in files)]:
+                if not name:
+                    continue
+                try:
+                    st = os.lstat(name)
+                except OSError:
+                    continue
+                digest.update(f"{rel}|{name}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_mode}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+class _Layouts:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cache: dict[Path, tuple[float, str, list[dict]]] = {}
+
+    def get(self, state_dir: Path) -> tuple[str, list[dict]]:
+        now = time.monotonic()
+        cached = self.cache.get(state_dir)
+        if cached is not None and now - cached[0] < RECHECK:
+            return cached[1], cached[2]
+        with self.lock:
+            links, copies, binds = _plan()
+            skeleton = state_dir / f"skeleton-{_fingerprint(links, copies, binds)}"
+            if not skeleton.is_dir():
+                _build(skeleton, links, copies, binds)
+            self.cache[state_dir] = (now, str(skeleton), binds)
+            return str(skeleton), binds
+
+
+_LAYOUTS = _Layouts()
 
 
 def layout(state_dir: Path) -> tuple[str, list[dict]]:
-    """Return (skeleton directory, binds), building the skeleton once per host layout.
-
-    Computed once per process: the host's directory layout does not change under a running program.
-    """
-    cached = _LAYOUTS.get(state_dir)
-    if cached is None or not os.path.isdir(cached[0]):
-        cached = _LAYOUTS[state_dir] = _layout(state_dir)
-    return cached
+    """Return (skeleton directory, binds), building a skeleton when the host's files changed."""
+    return _LAYOUTS.get(state_dir)
 
 
-def _layout(state_dir: Path) -> tuple[str, list[dict]]:
-    links, binds = _plan()
-    key = hashlib.sha256(repr((links, binds, sorted(SKELETON_DIRS.items()))).encode()).hexdigest()[:16]
-    skeleton = state_dir / f"skeleton-{key}"
-    if not skeleton.is_dir():
-        _build(skeleton, links, binds)
-    return str(skeleton), binds
-
-
-def _build(target: Path, links: list[tuple[str, str]], binds: list[dict]) -> None:
+def _build(target: Path, links: list[tuple[str, str]], copies: list[tuple[str, str]], binds: list[dict]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".skeleton-", dir=target.parent))
     try:
         for rel, mode in SKELETON_DIRS.items():
             (tmp / rel).mkdir(parents=True, exist_ok=True)
             os.chmod(tmp / rel, mode)
         for rel, dest in links:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             os.symlink(dest, tmp / rel)
-        for bind in binds:
-            point = tmp / bind["dst"].lstrip("/")
-            if bind["is_dir"]:
-                point.mkdir(parents=True, exist_ok=True)
+        for rel, real in copies:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            if os.path.isdir(real):
+                shutil.copytree(real, tmp / rel, symlinks=True, ignore_dangling_symlinks=True,
+                                copy_function=_copy_readable)  # fmt: skip
             else:
-                point.touch()
+                _copy_readable(real, tmp / rel)
+        for bind in binds:
+            (tmp / bind["dst"].lstrip("/")).mkdir(parents=True, exist_ok=True)
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, target)
@@ -146,6 +130,14 @@ def _build(target: Path, links: list[tuple[str, str]], binds: list[dict]) -> Non
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _copy_readable(src: str, dst: str | Path) -> None:
+    """Copy a file the caller may read; skip the rest (an unreadable file is not for the jail)."""
+    try:
+        shutil.copy2(src, dst)
+    except PermissionError:
+        pass
 
 
 def generated_files(hostname: str, host_rootfs: bool) -> dict[str, str]:
