@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import time
 from functools import partial
-from typing import Any
 
-import sandbox
 from bench.baselines import TRUE, bwrap_argv, container_runs, failure, spawn_wait
 from bench.results import CaseResult, Row, Target, ratio
 from bench.settings import Settings
 from bench.timing import Summary, Thunk, interleave, rate, timed
-from sandbox import Sandbox
+from sandbox import Sandbox, SandboxPool
 
 THROUGHPUT_TARGET = 1000.0
 
@@ -71,44 +69,51 @@ def _create_close() -> dict[str, float]:
     return {"create": (ready - start) / 1e6, "close": (time.perf_counter_ns() - ready) / 1e6}
 
 
-def _pool_acquire(pool: Any) -> Thunk:
+def _pool_acquire(pool: SandboxPool) -> Thunk:
+    """Hand-out time of a warm pool, then ``reset()`` of the pooled sandbox (a pre-built swap)."""
+
     def run() -> dict[str, float]:
+        pool.wait_ready(60)
         start = time.perf_counter_ns()
         sb = pool.acquire()
-        elapsed = (time.perf_counter_ns() - start) / 1e6
+        acquired = time.perf_counter_ns()
+        exec_true(sb)
+        pool.wait_ready(60)
+        reset_start = time.perf_counter_ns()
+        sb.reset()
+        reset_end = time.perf_counter_ns()
         sb.close()
-        return {"pool": elapsed}
+        return {"pool": (acquired - start) / 1e6, "reset": (reset_end - reset_start) / 1e6}
 
     return run
 
 
-def _pool_row(settings: Settings) -> tuple[Row | None, str]:
-    """A warm pool's hand-out time against a cold ``Sandbox()``, or None and why not."""
-    pool_class = getattr(sandbox, "SandboxPool", None)
-    if pool_class is None:
-        return None, "no pool yet"
-    try:
-        pool = pool_class()
-        try:
-            samples = interleave(settings.create_reps, [_pool_acquire(pool), _create_close], settings.warmup)
-        finally:
-            pool.close()
-    except Exception as exc:  # the pool's API (acquire, close) is assumed, not yet published
-        return None, f"SandboxPool API not recognised: {type(exc).__name__}: {exc}"
-    warm = Summary.of(samples["pool"])
-    target = Target.check("warm pool create-to-ready < 1 ms", warm.median < 1.0)
-    return Row("create-to-ready: warm pool", "ms", warm, "Sandbox() cold", Summary.of(samples["create"]), target), ""
+def _cold_reset() -> dict[str, float]:
+    with Sandbox() as sb:
+        exec_true(sb)
+        start = time.perf_counter_ns()
+        sb.reset()
+        return {"cold reset": (time.perf_counter_ns() - start) / 1e6}
+
+
+def _pool_rows(settings: Settings, create: Summary) -> list[Row]:
+    """A warm pool's hand-out and reset times against a cold ``Sandbox()`` and a pool-less reset."""
+    with SandboxPool(size=2) as pool:
+        samples = interleave(settings.create_reps, [_pool_acquire(pool), _cold_reset], settings.warmup)
+    warm, reset, cold_reset = (Summary.of(samples[k]) for k in ("pool", "reset", "cold reset"))
+    return [
+        Row("create-to-ready: warm pool acquire()", "ms", warm, "Sandbox() cold", create,
+            Target.check("warm pool create-to-ready < 1 ms", warm.median < 1.0)),
+        Row("reset(): pooled sandbox", "ms", reset, "reset() without a pool", cold_reset,
+            Target.check("reset() < 5 ms", reset.median < 5.0)),
+    ]  # fmt: skip
 
 
 def create_close(settings: Settings) -> CaseResult:
     samples = interleave(settings.create_reps, [_create_close], settings.warmup)
-    pool_row, no_pool = _pool_row(settings)
-    no_target = None if pool_row is not None else Target.check("warm pool create-to-ready < 1 ms", None, no_pool)
-    rows = [
-        Row("create-to-ready: Sandbox()", "ms", Summary.of(samples["create"]), target=no_target),
-        Row("close()", "ms", Summary.of(samples["close"])),
-    ]
-    return CaseResult(rows if pool_row is None else [*rows, pool_row])
+    create = Summary.of(samples["create"])
+    rows = [Row("create-to-ready: Sandbox()", "ms", create), Row("close()", "ms", Summary.of(samples["close"]))]
+    return CaseResult([*rows, *_pool_rows(settings, create)])
 
 
 def exec_round_trip(settings: Settings) -> CaseResult:

@@ -15,6 +15,7 @@ __all__ = [
     "NetworkPolicy",
     "Sandbox",
     "SandboxConfig",
+    "SandboxPool",
     "errors",
 ]
 
@@ -25,11 +26,13 @@ _LAZY = {
     "NetworkPolicy": "sandbox.config",
     "Sandbox": "sandbox.sandbox",
     "SandboxConfig": "sandbox.config",
+    "SandboxPool": "sandbox.pool",
 }
 
 if TYPE_CHECKING:
     from sandbox.aio import AsyncSandbox
     from sandbox.config import Mount, NetworkPolicy, SandboxConfig
+    from sandbox.pool import SandboxPool
     from sandbox.results import ExecResult
     from sandbox.sandbox import Sandbox
 

@@ -64,6 +64,9 @@ class AsyncSandbox:
     async def get(self, src: str, dst: str | os.PathLike[str]) -> None:
         await asyncio.to_thread(self.sandbox.get, src, dst)
 
+    async def reset(self) -> None:
+        await asyncio.to_thread(self.sandbox.reset)
+
     async def close(self) -> None:
         if self._sb is not None:
             await asyncio.to_thread(self._sb.close)

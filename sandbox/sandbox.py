@@ -5,24 +5,21 @@ from __future__ import annotations
 import itertools
 import os
 import posixpath
-import signal
-import socket
 import threading
-import uuid
-import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sandbox import files, hostroot, idmap, state, wire
+from sandbox import files
 from sandbox.channel import Channel
 from sandbox.config import SandboxConfig, check_env, jail_path
-from sandbox.diagnose import explain
-from sandbox.errors import ConfigError, ExecError, ProtocolError, RootfsNotFound, SandboxClosed, SandboxSetupError
+from sandbox.errors import ExecError, SandboxClosed
 from sandbox.execution import ExecRun, TtyCommand, run_sync
-from sandbox.launcher import LAUNCHER
-from sandbox.messages import Ready
+from sandbox.jail import Jail
 from sandbox.results import ExecResult
+
+if TYPE_CHECKING:
+    from sandbox.pool import SandboxPool
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}
@@ -39,103 +36,40 @@ class Sandbox:
             config = config.model_copy(update=options)
             config = SandboxConfig.model_validate(config.model_dump())
         self.config = config if config is not None else SandboxConfig(**options)
-        self.id = uuid.uuid4().hex[:12]
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
-        self._spec, self.dir = self._prepare()
-        self._finalizer = weakref.finalize(self, _teardown, None, -1, self.dir, self._spec)
-        channel_sock, self._pidfd, self.init_pid = self._launch()
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _teardown, channel_sock, self._pidfd, self.dir, self._spec)
-        self._channel = Channel(channel_sock)
+        self._pool: SandboxPool | None = None
+        self._jail = Jail(self.config)
 
-    # --- creation -----------------------------------------------------------------------------
+    @classmethod
+    def _adopt(cls, jail: Jail, pool: SandboxPool) -> Sandbox:
+        """A sandbox around a jail a pool built ahead of time."""
+        sb = cls.__new__(cls)
+        sb.config = jail.config
+        sb._ids = itertools.count(1)
+        sb._lock = threading.Lock()
+        sb._closed = False
+        sb._pool = pool
+        sb._jail = jail
+        return sb
 
-    def _prepare(self) -> tuple[dict, Path | None]:
-        cfg = self.config
-        base = state.state_dir(cfg.state_dir)
-        host = cfg.rootfs == "host"
-        if host:
-            lower, system_binds = hostroot.layout(base)
-        else:
-            root = Path(cfg.rootfs).expanduser().absolute()
-            if not root.is_dir():
-                raise RootfsNotFound(
-                    f"root filesystem {root} does not exist or is not a directory; "
-                    'use rootfs="host" or give the path of an unpacked root filesystem'
-                )
-            lower, system_binds = str(root), []
-        if not cfg.userns and os.getuid() != 0:
-            raise ConfigError("userns=False needs root; unprivileged jails always use a user namespace")
-        user_binds = [
-            {"src": str(m.src), "dst": m.dst, "is_dir": m.src.is_dir(), "readonly": m.readonly}
-            for m in sorted(cfg.mounts, key=lambda m: m.dst.count("/"))
-        ]
-        sandbox_dir = None
-        if cfg.upper == "disk":  # a tmpfs writable layer leaves nothing on disk
-            sandbox_dir = base / "sandboxes" / self.id
-            sandbox_dir.mkdir(mode=0o700)
-        spec = {
-            "id": self.id,
-            "dir": None if sandbox_dir is None else str(sandbox_dir),
-            "stage": str(base / "stage"),
-            "lower": lower,
-            "trusted_lower": host,
-            "system_binds": system_binds,
-            "user_binds": user_binds,
-            "generated": hostroot.generated_files(cfg.hostname, host),
-            "upper": cfg.upper,
-            "tmpfs_size": cfg.tmpfs_size,
-            "hostname": cfg.hostname,
-            "network": cfg.network.mode,
-            "workdir": cfg.workdir,
-            "keep_caps": cfg.keep_caps,
-            "userns": cfg.userns,
-            "idmap": idmap.plan(cfg.idmap),
-        }
-        return spec, sandbox_dir
+    @property
+    def id(self) -> str:
+        return self._jail.id
 
-    def _launch(self) -> tuple[socket.socket, int, int]:
-        try:
-            reply, fds = LAUNCHER.request({"op": "create", "spec": self._spec})
-            if not reply.get("ok"):
-                raise explain(str(reply.get("error", "jail setup failed"))[:2000], int(reply.get("errno") or 0))
-            if len(fds) != 2:
-                raise SandboxSetupError("the launcher answered without the jail's descriptors")
-        except BaseException:
-            _teardown(None, -1, self.dir, self._spec)
-            raise
-        sock, pidfd = socket.socket(fileno=fds[0]), fds[1]
-        try:
-            ready = self._await_ready(sock)
-            if ready.error is not None:
-                raise explain(ready.error, ready.errno)
-        except BaseException:
-            _teardown(sock, pidfd, self.dir, self._spec)
-            raise
-        init_pid = int(reply["init_pid"])
-        if self.dir is not None:
-            state.write_meta(
-                self.dir,
-                host_pid=os.getpid(),
-                host_start=state.own_start(),
-                init_pid=init_pid,
-                init_start=state.process_start(init_pid),
-                idmap=self._spec["idmap"],
-            )
-        return sock, pidfd, init_pid
+    @property
+    def dir(self) -> Path | None:
+        """The state directory holding the disk writable layer (None with a tmpfs layer)."""
+        return self._jail.dir
 
-    def _await_ready(self, sock: socket.socket) -> Ready:
-        if not wire.wait_readable(sock, self.config.setup_timeout):
-            raise SandboxSetupError(f"the jail was not ready within {self.config.setup_timeout}s")
-        try:
-            msg = wire.recv(sock, max_fds=0)
-        except wire.WireError as exc:
-            raise ProtocolError(f"bad message from the jail during setup: {exc}") from exc
-        if msg is None:
-            raise SandboxSetupError("the jail's init exited during setup")
-        return Ready.model_validate(msg[0])
+    @property
+    def init_pid(self) -> int:
+        return self._jail.init_pid
+
+    @property
+    def _channel(self) -> Channel:
+        return self._jail.channel
 
     # --- commands -----------------------------------------------------------------------------
 
@@ -231,13 +165,32 @@ class Sandbox:
     def closed(self) -> bool:
         return self._closed
 
+    def reset(self) -> None:
+        """Start over: every process killed, a fresh writable layer, same configuration.
+
+        In a ``SandboxPool`` this swaps in a jail built ahead of time and retires the old one in
+        the background; otherwise it builds a new jail and tears the old one down.
+        """
+        self._check_open()
+        fresh = self._pool.take_jail() if self._pool is not None else Jail(self.config)
+        with self._lock:
+            old, self._jail = self._jail, fresh
+            self._ids = itertools.count(1)
+        if self._pool is not None:
+            self._pool.retire(old)
+        else:
+            old.close()
+
     def close(self) -> None:
         """Kill every process of the jail and remove its mounts, writable layer and state."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._finalizer()
+        if self._pool is not None:
+            self._pool.retire(self._jail)
+        else:
+            self._jail.close()
 
     def __enter__(self) -> Sandbox:
         return self
@@ -247,30 +200,3 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} rootfs={self.config.rootfs!r} {'closed' if self._closed else 'open'}>"
-
-
-def _teardown(sock: socket.socket | None, pidfd: int, sandbox_dir: Path | None, spec: dict) -> None:
-    """Close the control socket (the init exits on EOF), make sure it died, remove the state."""
-    if sock is not None:
-        sock.close()
-    if pidfd >= 0:
-        if not wire.wait_readable(pidfd, EXIT_WAIT):
-            try:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            wire.wait_readable(pidfd, EXIT_WAIT)
-        os.close(pidfd)
-    if sandbox_dir is not None:
-        remove_sandbox_dir(sandbox_dir, spec.get("idmap"))
-
-
-def remove_sandbox_dir(sandbox_dir: Path, id_map: dict | None) -> None:
-    try:
-        state.force_rmtree(sandbox_dir)
-    except OSError:
-        if not id_map or not id_map.get("helper"):
-            raise
-        reply, _ = LAUNCHER.request({"op": "rmtree", "spec": {"idmap": id_map}, "path": str(sandbox_dir)}, max_fds=0)
-        if not reply.get("ok"):
-            raise SandboxSetupError(f"could not remove {sandbox_dir}: {reply.get('error')}") from None

@@ -1,0 +1,149 @@
+"""One running jail as the host sees it: create it, hold its channel, tear it down.
+
+``Sandbox`` wraps a ``Jail`` with the public API; ``reset()`` and ``SandboxPool`` swap jails under it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import uuid
+import weakref
+from pathlib import Path
+
+from sandbox import hostroot, idmap, state, wire
+from sandbox.channel import Channel
+from sandbox.config import SandboxConfig
+from sandbox.diagnose import explain
+from sandbox.errors import ConfigError, ProtocolError, RootfsNotFound, SandboxSetupError
+from sandbox.launcher import LAUNCHER
+from sandbox.messages import Ready
+
+EXIT_WAIT = 2.0
+
+
+class Jail:
+    def __init__(self, config: SandboxConfig) -> None:
+        self.config = config
+        self.id = uuid.uuid4().hex[:12]
+        self._spec, self.dir = self._prepare()
+        channel_sock, self._pidfd, self.init_pid = self._launch()
+        self._finalizer = weakref.finalize(self, _teardown, channel_sock, self._pidfd, self.dir, self._spec)
+        self.channel = Channel(channel_sock)
+
+    def close(self) -> None:
+        """Kill every process of the jail and remove its mounts, writable layer and state."""
+        self._finalizer()
+
+    def _prepare(self) -> tuple[dict, Path | None]:
+        cfg = self.config
+        base = state.state_dir(cfg.state_dir)
+        host = cfg.rootfs == "host"
+        if host:
+            lower, system_binds = hostroot.layout(base)
+        else:
+            root = Path(cfg.rootfs).expanduser().absolute()
+            if not root.is_dir():
+                raise RootfsNotFound(
+                    f"root filesystem {root} does not exist or is not a directory; "
+                    'use rootfs="host" or give the path of an unpacked root filesystem'
+                )
+            lower, system_binds = str(root), []
+        if not cfg.userns and os.getuid() != 0:
+            raise ConfigError("userns=False needs root; unprivileged jails always use a user namespace")
+        user_binds = [
+            {"src": str(m.src), "dst": m.dst, "is_dir": m.src.is_dir(), "readonly": m.readonly}
+            for m in sorted(cfg.mounts, key=lambda m: m.dst.count("/"))
+        ]
+        sandbox_dir = None
+        if cfg.upper == "disk":  # a tmpfs writable layer leaves nothing on disk
+            sandbox_dir = base / "sandboxes" / self.id
+            sandbox_dir.mkdir(mode=0o700)
+        spec = {
+            "id": self.id,
+            "dir": None if sandbox_dir is None else str(sandbox_dir),
+            "stage": str(base / "stage"),
+            "lower": lower,
+            "trusted_lower": host,
+            "system_binds": system_binds,
+            "user_binds": user_binds,
+            "generated": hostroot.generated_files(cfg.hostname, host),
+            "upper": cfg.upper,
+            "tmpfs_size": cfg.tmpfs_size,
+            "hostname": cfg.hostname,
+            "network": cfg.network.mode,
+            "workdir": cfg.workdir,
+            "keep_caps": cfg.keep_caps,
+            "userns": cfg.userns,
+            "idmap": idmap.plan(cfg.idmap),
+        }
+        return spec, sandbox_dir
+
+    def _launch(self) -> tuple[socket.socket, int, int]:
+        try:
+            reply, fds = LAUNCHER.request({"op": "create", "spec": self._spec})
+            if not reply.get("ok"):
+                raise explain(str(reply.get("error", "jail setup failed"))[:2000], int(reply.get("errno") or 0))
+            if len(fds) != 2:
+                raise SandboxSetupError("the launcher answered without the jail's descriptors")
+        except BaseException:
+            _teardown(None, -1, self.dir, self._spec)
+            raise
+        sock, pidfd = socket.socket(fileno=fds[0]), fds[1]
+        try:
+            ready = self._await_ready(sock)
+            if ready.error is not None:
+                raise explain(ready.error, ready.errno)
+        except BaseException:
+            _teardown(sock, pidfd, self.dir, self._spec)
+            raise
+        init_pid = int(reply["init_pid"])
+        if self.dir is not None:
+            state.write_meta(
+                self.dir,
+                host_pid=os.getpid(),
+                host_start=state.own_start(),
+                init_pid=init_pid,
+                init_start=state.process_start(init_pid),
+                idmap=self._spec["idmap"],
+            )
+        return sock, pidfd, init_pid
+
+    def _await_ready(self, sock: socket.socket) -> Ready:
+        if not wire.wait_readable(sock, self.config.setup_timeout):
+            raise SandboxSetupError(f"the jail was not ready within {self.config.setup_timeout}s")
+        try:
+            msg = wire.recv(sock, max_fds=0)
+        except wire.WireError as exc:
+            raise ProtocolError(f"bad message from the jail during setup: {exc}") from exc
+        if msg is None:
+            raise SandboxSetupError("the jail's init exited during setup")
+        return Ready.model_validate(msg[0])
+
+
+def _teardown(sock: socket.socket | None, pidfd: int, sandbox_dir: Path | None, spec: dict) -> None:
+    """Close the control socket (the init exits on EOF), make sure it died, remove the state."""
+    if sock is not None:
+        sock.close()
+    if pidfd >= 0:
+        if not wire.wait_readable(pidfd, EXIT_WAIT):
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            wire.wait_readable(pidfd, EXIT_WAIT)
+        os.close(pidfd)
+    if sandbox_dir is not None:
+        remove_sandbox_dir(sandbox_dir, spec.get("idmap"))
+
+
+def remove_sandbox_dir(sandbox_dir: Path, id_map: dict | None) -> None:
+    try:
+        state.force_rmtree(sandbox_dir)
+    except OSError:
+        if not id_map or not id_map.get("helper"):
+            raise
+        reply, _ = LAUNCHER.request({"op": "rmtree", "spec": {"idmap": id_map}, "path": str(sandbox_dir)}, max_fds=0)
+        if not reply.get("ok"):
+            raise SandboxSetupError(f"could not remove {sandbox_dir}: {reply.get('error')}") from None

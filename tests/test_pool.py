@@ -1,0 +1,91 @@
+"""reset() and SandboxPool: a fresh jail per task without paying for a build each time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import psutil
+from conftest import jail_processes
+
+from sandbox import AsyncSandbox, Sandbox, SandboxPool
+from sandbox.errors import SandboxClosed
+from sandbox.launcher import LAUNCHER
+
+
+def _state(sb: Sandbox) -> str:
+    return sb.exec("cat /testbed/mark 2>/dev/null; for p in /proc/[0-9]*; do cat $p/comm; done | grep -c sleep").stdout
+
+
+def test_reset_gives_a_fresh_writable_layer_and_kills_everything():
+    with Sandbox() as sb:
+        sb.write_file("/testbed/mark", "old\n")
+        sb.exec("sleep 1000 & setsid sleep 1001 &")
+        ns = sb.exec("readlink /proc/self/ns/pid").stdout.strip()
+        old_dir = sb.dir
+        assert _state(sb) == "old\n2\n"
+        sb.reset()
+        assert _state(sb) == "0\n"
+        assert jail_processes(ns) == []
+        assert not old_dir.exists()
+        assert sb.exec("echo works").stdout == "works\n"
+
+
+def test_pool_hands_out_ready_sandboxes_and_cleans_up(_state_dir):
+    with Sandbox():
+        pass
+    baseline = sorted(p.pid for p in psutil.Process().children(recursive=True))
+    with SandboxPool(size=3, hostname="pooled") as pool:
+        assert pool.wait_ready(120)
+        boxes = [pool.acquire() for _ in range(5)]  # more than the pool holds: built on demand
+        for i, sb in enumerate(boxes):
+            assert sb.exec("hostname").stdout == "pooled\n"
+            sb.write_file("/testbed/mark", f"{i}\n")
+        sb = boxes[0]
+        sb.exec("sleep 1000 &")
+        sb.reset()
+        assert _state(sb) == "0\n"
+        for box in boxes:
+            box.close()
+        try:
+            sb.exec("true")
+            raise AssertionError("a closed pooled sandbox must refuse work")
+        except SandboxClosed:
+            pass
+        assert pool.wait_ready(120)
+        assert pool.errors == []
+    assert sorted(p.pid for p in psutil.Process().children(recursive=True)) == baseline
+    assert sorted(p.name for p in (_state_dir / "sandboxes").iterdir()) == []
+    assert LAUNCHER.pid in baseline
+
+
+def test_pool_from_many_threads():
+    errors: list[BaseException] = []
+    with SandboxPool(size=4) as pool:
+
+        def work(n: int) -> None:
+            try:
+                for _ in range(3):
+                    sb = pool.acquire()
+                    assert sb.exec(f"echo {n}").stdout == f"{n}\n"
+                    sb.close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+
+
+def test_async_reset():
+    async def main() -> str:
+        async with AsyncSandbox() as sb:
+            await sb.write_file("/testbed/mark", "x")
+            await sb.reset()
+            r = await sb.exec("ls /testbed")
+            return r.stdout
+
+    assert asyncio.run(main()) == ""
