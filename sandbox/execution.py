@@ -135,6 +135,15 @@ class ExecRun:
             os.close(self.in_w)
             self.in_w = -1
 
+    def check_deadline(self, deadline: float | None, now: float) -> float | None:
+        """Past the deadline: kill the command's tree and allow a grace period for its status."""
+        if deadline is None or now < deadline:
+            return deadline
+        if self.killed:
+            raise ExecError("the sandbox's init did not stop a timed-out command")
+        self.kill()
+        return now + KILL_GRACE
+
     def kill(self) -> None:
         self.timed_out = True
         if not self.killed:
@@ -216,11 +225,7 @@ def run_sync(run: ExecRun, timeout: float | None) -> ExecResult:
         while not run.done:
             _sync_watch(poller, watched, run)
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                if run.killed:
-                    raise ExecError("the sandbox's init did not stop a timed-out command")
-                run.kill()
-                deadline = now + KILL_GRACE
+            deadline = run.check_deadline(deadline, now)
             wait = -1 if deadline is None else max(0, int((deadline - now) * 1000) + 1)
             try:
                 events = poller.poll(wait)
@@ -281,11 +286,7 @@ async def run_async(run: ExecRun, timeout: float | None) -> ExecResult:
         while not run.done and not error:
             wake.clear()
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                if run.killed:
-                    raise ExecError("the sandbox's init did not stop a timed-out command")
-                run.kill()
-                deadline = now + KILL_GRACE
+            deadline = run.check_deadline(deadline, now)
             try:
                 await asyncio.wait_for(wake.wait(), None if deadline is None else max(0.0, deadline - now))
             except asyncio.TimeoutError:

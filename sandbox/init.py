@@ -264,18 +264,7 @@ class Init:
             os.close(fd)
 
     def _reap(self) -> None:
-        try:
-            while os.read(self.wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in L.reaped(self.wake_r):
             entry = self.execs.pop(pid, None)
             if entry is None:
                 continue

@@ -11,6 +11,7 @@ import ctypes
 import os
 import platform
 import struct
+from collections.abc import Iterator
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -131,6 +132,23 @@ def shed_exec_privileges() -> None:
     _check(_libc.syscall(_NR["capget"], header, data), "capget")
     eff0, prm0, _, eff1, prm1, _ = struct.unpack("6I", data.raw)
     _check(_libc.syscall(_NR["capset"], header, struct.pack("6I", eff0, prm0, 0, eff1, prm1, 0)), "capset")
+
+
+def reaped(wake_fd: int) -> Iterator[tuple[int, int]]:
+    """Empty a signal wake-up pipe, then yield (pid, status) of every child that has exited."""
+    try:
+        while os.read(wake_fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, status
 
 
 def _read_cap_last_cap() -> int:

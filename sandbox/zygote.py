@@ -77,18 +77,7 @@ class Launcher:
         self.live: dict[int, str | None] = {}  # unreaped init pid -> sandbox dir (reaped pids get reused)
 
     def reap(self, wake_r: int) -> None:
-        try:
-            while os.read(wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, _ in L.reaped(wake_r):
             self.live.pop(pid, None)
             go = self.pending.pop(pid, None)
             if go is not None:  # that was an A: its init is now re-parented to us

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -108,6 +109,24 @@ def loopback_server():
     server = LoopbackServer()
     yield server
     server.close()
+
+
+def run_threads(target: Callable[[int], None], count: int) -> list[BaseException]:
+    """Run ``target(n)`` in ``count`` threads at once; return what they raised."""
+    errors: list[BaseException] = []
+
+    def guarded(n: int) -> None:
+        try:
+            target(n)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(n,)) for n in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
 
 
 def jail_processes(ns: str) -> list[psutil.Process]:

@@ -5,51 +5,35 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from conftest import run_threads
+
 from sandbox import AsyncSandbox, Sandbox
 
 
 def test_thirty_two_sandboxes_from_thirty_two_threads():
-    errors: list[BaseException] = []
     outputs: dict[int, list[str]] = {}
     barrier = threading.Barrier(32)
 
     def work(n: int) -> None:
-        try:
-            barrier.wait()
-            with Sandbox() as sb:
-                sb.write_file("/testbed/n", str(n))
-                outputs[n] = [sb.exec(f"echo {n}-{i} $(cat /testbed/n)").stdout for i in range(5)]
-                assert sb.read_file("/testbed/n") == str(n).encode()
-        except BaseException as exc:
-            errors.append(exc)
+        barrier.wait()
+        with Sandbox() as sb:
+            sb.write_file("/testbed/n", str(n))
+            outputs[n] = [sb.exec(f"echo {n}-{i} $(cat /testbed/n)").stdout for i in range(5)]
+            assert sb.read_file("/testbed/n") == str(n).encode()
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_threads(work, 32) == []
     assert outputs == {n: [f"{n}-{i} {n}\n" for i in range(5)] for n in range(32)}
 
 
 def test_one_sandbox_from_several_threads(sb):
-    errors: list[BaseException] = []
     results: dict[int, list[str]] = {}
 
     def work(n: int) -> None:
-        try:
-            results[n] = [sb.exec(f"sleep 0.0{i % 3}; echo {n}:{i}", timeout=60).stdout for i in range(20)]
-            sb.write_file(f"/testbed/f{n}", f"file {n}")
-            assert sb.read_file(f"/testbed/f{n}") == f"file {n}".encode()
-        except BaseException as exc:
-            errors.append(exc)
+        results[n] = [sb.exec(f"sleep 0.0{i % 3}; echo {n}:{i}", timeout=60).stdout for i in range(20)]
+        sb.write_file(f"/testbed/f{n}", f"file {n}")
+        assert sb.read_file(f"/testbed/f{n}") == f"file {n}".encode()
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_threads(work, 8) == []
     assert results == {n: [f"{n}:{i}\n" for i in range(20)] for n in range(8)}
 
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import psutil
-from conftest import jail_processes
+from conftest import jail_processes, run_threads
 
 from sandbox import AsyncSandbox, Sandbox, SandboxPool
 from sandbox.errors import SandboxClosed
@@ -60,24 +59,15 @@ def test_pool_hands_out_ready_sandboxes_and_cleans_up(_state_dir):
 
 
 def test_pool_from_many_threads():
-    errors: list[BaseException] = []
     with SandboxPool(size=4) as pool:
 
         def work(n: int) -> None:
-            try:
-                for _ in range(3):
-                    sb = pool.acquire()
-                    assert sb.exec(f"echo {n}").stdout == f"{n}\n"
-                    sb.close()
-            except BaseException as exc:
-                errors.append(exc)
+            for _ in range(3):
+                sb = pool.acquire()
+                assert sb.exec(f"echo {n}").stdout == f"{n}\n"
+                sb.close()
 
-        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert errors == []
+        assert run_threads(work, 8) == []
 
 
 def test_async_reset():
