@@ -46,6 +46,7 @@ def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None
     try:
         mounts.build(spec)
         L.sethostname(spec["hostname"])
+        set_name("jailbox-init")
         if spec["network"] == "none":
             _loopback_up()
         if os.read(reparented, 1) != b"1":
@@ -64,6 +65,12 @@ def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None
         os._exit(1)
     wire.send(ctl, {"ready": True})
     Init(ctl, spec).serve()
+
+
+def set_name(name: str) -> None:
+    """What ``ps`` shows inside the jail for pid 1 (and on the host for the launcher)."""
+    with open("/proc/self/comm", "w") as f:
+        f.write(name)
 
 
 def _loopback_up() -> None:

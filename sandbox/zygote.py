@@ -41,6 +41,7 @@ def main(ctl_fd: int, host_pid: int) -> None:
     if os.getppid() != host_pid:
         os._exit(0)
     L.prctl(L.PR_SET_CHILD_SUBREAPER, 1)
+    init.set_name("jailbox-launch")
     lifeline_r, _lifeline_w = os.pipe()
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)

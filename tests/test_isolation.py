@@ -15,6 +15,7 @@ def test_pid1_is_the_init_and_no_host_process_is_visible(sb):
     assert r.exit_code == 0, r.stderr
     procs = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
     assert "sandbox.zygote" in procs["1"]
+    assert sb.exec("cat /proc/1/comm").stdout == "jailbox-init\n"
     assert str(os.getpid()) not in procs or "pytest" not in procs.get(str(os.getpid()), "")
     assert all("pytest" not in cmd for cmd in procs.values())
     assert len(procs) <= 4  # init, the shell, its subshells
