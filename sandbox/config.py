@@ -95,6 +95,31 @@ class NetworkPolicy(BaseModel):
     mode: Literal["none", "host"] = "none"
 
 
+class SeccompPolicy(BaseModel):
+    """Which syscalls a jail may make, by name. The default is Docker's default profile.
+
+    ``default``: what happens to a syscall in neither list. ``deny`` wins over ``allow``. Refused
+    calls fail with ``errno`` and are reported by name in each ``ExecResult``. Every policy keeps
+    the jail's argument rules (``clone`` with namespace flags, AF_ALG/AF_VSOCK sockets, TIOCSTI).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    default: Literal["allow", "deny"] = "allow"
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    errno: int = Field(1, ge=1, le=4095, description="errno of a refused call (1 = EPERM)")
+    docker_defaults: bool = Field(True, description="also refuse Docker's default denylist")
+
+    @field_validator("allow", "deny")
+    @classmethod
+    def _known(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        from sandbox import seccomp
+
+        seccomp.resolve(list(names), seccomp.arch(), strict=True)
+        return names
+
+
 class SandboxConfig(BaseModel):
     """Everything that shapes a jail. Unknown keys are errors, not silently ignored."""
 
@@ -111,6 +136,7 @@ class SandboxConfig(BaseModel):
     userns: bool = Field(True, description="False (root only) runs without a user namespace")
     idmap: Literal["auto", "single", "full"] = Field("auto", description="full: all subordinate ids (apt, pip)")
     keep_caps: bool = Field(False, description="commands keep the jail's capabilities")
+    seccomp: SeccompPolicy | None = Field(default_factory=SeccompPolicy, description="None turns it off (warns)")
     output_limit: int = Field(1 << 20, description="bytes kept per stream per exec (head and tail)")
     setup_timeout: float = Field(30.0, gt=0)
     state_dir: Path | None = Field(None, description="default $JAILBOX_STATE_DIR or ~/.local/state/jailbox")

@@ -41,3 +41,7 @@ class ExecError(SandboxError):
 
 class SandboxFileError(SandboxError, OSError):
     """A file operation inside the jail failed; ``errno`` and ``filename`` say which and where."""
+
+
+class SecurityWarning(UserWarning):
+    """A configuration weakens the jail (for example ``seccomp=None``)."""

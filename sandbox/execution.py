@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from sandbox import seccomp
 from sandbox.capture import Capture
 from sandbox.channel import Channel, parse_reply
 from sandbox.errors import ExecError, ProtocolError, SandboxClosed
@@ -185,7 +186,19 @@ class ExecRun:
             output_limit=self.limit,
             timed_out=self.timed_out,
             wall_time=self.elapsed,
+            refused_syscalls=_names(self.exit.refused),
         )
+
+
+def _names(refused: dict[str, int]) -> dict[str, int]:
+    if not refused:
+        return {}
+    machine = seccomp.arch()
+    named: dict[str, int] = {}
+    for key, count in refused.items():
+        name = seccomp.name_of(key, machine)
+        named[name] = named.get(name, 0) + count
+    return named
 
 
 class TtyCommand:

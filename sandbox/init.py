@@ -13,6 +13,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
 import os
@@ -29,6 +30,9 @@ from sandbox import mounts, wire
 MAX_WALK_ENTRIES = 500_000
 SLACK_BASE = 50_000
 LOOPBACK_FLAGS = 0x1 | 0x40  # IFF_UP | IFF_RUNNING
+NOTIF_SIZE = 80  # struct seccomp_notif
+X32_BIT = 0x40000000
+MAX_REFUSED_KINDS = 256
 ONE_WAY = ("kill", "drain")  # requests that carry no reply socket
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD)
 
@@ -59,12 +63,25 @@ def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None
         L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
         if not spec["keep_caps"]:
             L.shed_exec_privileges()
+        listener = _install_seccomp(spec["seccomp"])
     except BaseException as exc:
         message = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
         wire.send(ctl, {"error": message, "errno": getattr(exc, "errno", 0) or 0})
         os._exit(1)
-    wire.send(ctl, {"ready": True})
-    Init(ctl, spec).serve()
+    wire.send(ctl, {"ready": True, "seccomp_notify": listener >= 0})
+    Init(ctl, spec, listener).serve()
+
+
+def _install_seccomp(filters: dict | None) -> int:
+    """The last step before serving: everything the init starts from now on inherits the filter.
+    Returns the user-notify listener, or -1 where the kernel has none (refusals then go unnamed)."""
+    if filters is None:
+        return -1
+    try:
+        return L.install_seccomp(base64.b64decode(filters["notify"]), listener=True)
+    except OSError:
+        L.install_seccomp(base64.b64decode(filters["errno"]), listener=False)
+        return -1
 
 
 def set_name(name: str) -> None:
@@ -81,8 +98,13 @@ def _loopback_up() -> None:
 
 
 class Init:
-    def __init__(self, ctl: socket.socket, spec: dict) -> None:
+    def __init__(self, ctl: socket.socket, spec: dict, listener: int) -> None:
         self.ctl = ctl
+        self.listener = listener
+        self.refuse_errno = spec["seccomp"]["errno_value"] if spec["seccomp"] else 1
+        self.audit_arch = spec["seccomp"]["audit_arch"] if spec["seccomp"] else 0
+        self.refused: dict[int, dict[str, int]] = {}  # exec id -> refused syscall key -> count
+        self.by_tag: dict[int, int] = {}  # tag -> exec id
         self.keep_caps = spec["keep_caps"]
         self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         self.execs: dict[int, tuple[socket.socket, int]] = {}  # pid -> (reply socket, exec id)
@@ -95,6 +117,8 @@ class Init:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.poll.register(ctl.fileno(), select.POLLIN)
         self.poll.register(self.wake_r, select.POLLIN)
+        if listener >= 0:
+            self.poll.register(listener, select.POLLIN)
 
     def serve(self) -> None:
         handlers = {
@@ -111,6 +135,8 @@ class Init:
             for fd, _ in self._poll():
                 if fd == self.wake_r:
                     self._reap()
+                elif fd == self.listener:
+                    self._refuse()
                 elif fd in self.drains:
                     self._drain(fd)
                 else:
@@ -167,6 +193,7 @@ class Init:
             return
         self.execs[pid] = (reply, req["id"])
         self.tags[req["id"]] = tag
+        self.by_tag[tag] = req["id"]
 
     @staticmethod
     def _spawn(argv: list[str], req: dict, fds: list[int], tag: int) -> int:
@@ -238,16 +265,9 @@ class Init:
     def _kill_tagged(tag: int) -> int:
         found = 0
         for name in os.listdir("/proc"):
-            if not name.isdigit() or name == "1":
-                continue
-            try:
-                with open(f"/proc/{name}/timerslack_ns", "rb") as f:
-                    if int(f.read()) != tag:
-                        continue
-            except (OSError, ValueError):
-                continue
-            found += 1
-            _kill(int(name))
+            if name.isdigit() and name != "1" and _slack_of(int(name)) == tag:
+                found += 1
+                _kill(int(name))
         return found
 
     def op_drain(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
@@ -270,17 +290,44 @@ class Init:
             self.drains.discard(fd)
             os.close(fd)
 
+    def _refuse(self) -> None:
+        """Answer one refused syscall with the policy's errno and count it for its command."""
+        notif = bytearray(NOTIF_SIZE)
+        try:
+            fcntl.ioctl(self.listener, L.SECCOMP_IOCTL_NOTIF_RECV, notif, True)
+        except OSError:
+            return  # the caller died meanwhile
+        notif_id, pid, _, nr, arch = struct.unpack_from("QIIiI", notif)
+        try:
+            fcntl.ioctl(
+                self.listener, L.SECCOMP_IOCTL_NOTIF_SEND, struct.pack("QqiI", notif_id, 0, -self.refuse_errno, 0)
+            )
+        except OSError:
+            pass
+        if arch != self.audit_arch:
+            key = f"arch-{arch:#x}:{nr}"
+        elif nr & X32_BIT:
+            key = f"x32:{nr & ~X32_BIT}"
+        else:
+            key = str(nr)
+        exec_id = self.by_tag.get(_slack_of(pid), 0)
+        counts = self.refused.setdefault(exec_id, {})
+        if len(counts) < MAX_REFUSED_KINDS or key in counts:
+            counts[key] = counts.get(key, 0) + 1
+
     def _reap(self) -> None:
         for pid, status in L.reaped(self.wake_r):
             entry = self.execs.pop(pid, None)
             if entry is None:
                 continue
             reply, exec_id = entry
-            self.tags.pop(exec_id, None)
+            self.by_tag.pop(self.tags.pop(exec_id, 0), None)
+            refused = self.refused.pop(exec_id, {})
             if os.WIFSIGNALED(status):
-                self._answer(reply, {"exit": 128 + os.WTERMSIG(status), "signal": os.WTERMSIG(status)})
+                sig = os.WTERMSIG(status)
+                self._answer(reply, {"exit": 128 + sig, "signal": sig, "refused": refused})
             else:
-                self._answer(reply, {"exit": os.waitstatus_to_exitcode(status), "signal": None})
+                self._answer(reply, {"exit": os.waitstatus_to_exitcode(status), "signal": None, "refused": refused})
             reply.close()
 
     # --- files --------------------------------------------------------------------------------
@@ -345,6 +392,15 @@ class Init:
                     if len(entries) > MAX_WALK_ENTRIES:
                         raise OSError(errno.EFBIG, f"more than {MAX_WALK_ENTRIES} entries")
         self._answer(reply, {"ok": True, "entries": entries})
+
+
+def _slack_of(pid: int) -> int:
+    """A process's timer slack: the tag of the command it descends from (0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/timerslack_ns", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
 
 
 def _kind(mode: int) -> str:

@@ -5,18 +5,21 @@
 
 from __future__ import annotations
 
+import base64
+import functools
 import os
 import signal
 import socket
 import uuid
+import warnings
 import weakref
 from pathlib import Path
 
-from sandbox import hostroot, idmap, state, wire
+from sandbox import hostroot, idmap, seccomp, state, wire
 from sandbox.channel import Channel
-from sandbox.config import SandboxConfig
+from sandbox.config import SandboxConfig, SeccompPolicy
 from sandbox.diagnose import explain
-from sandbox.errors import ConfigError, ProtocolError, RootfsNotFound, SandboxSetupError
+from sandbox.errors import ConfigError, ProtocolError, RootfsNotFound, SandboxSetupError, SecurityWarning
 from sandbox.launcher import LAUNCHER
 from sandbox.messages import Ready
 
@@ -75,6 +78,7 @@ class Jail:
             "network": cfg.network.mode,
             "workdir": cfg.workdir,
             "keep_caps": cfg.keep_caps,
+            "seccomp": _seccomp_spec(cfg.seccomp),
             "userns": cfg.userns,
             "idmap": idmap.plan(cfg.idmap),
         }
@@ -120,6 +124,27 @@ class Jail:
         if msg is None:
             raise SandboxSetupError("the jail's init exited during setup")
         return Ready.model_validate(msg[0])
+
+
+def _seccomp_spec(policy: SeccompPolicy | None) -> dict | None:
+    if policy is None:
+        warnings.warn(
+            "seccomp is OFF for this sandbox: every syscall the kernel allows an unprivileged user is open to it",
+            SecurityWarning,
+            stacklevel=4,
+        )
+        return None
+    return _compiled(policy)
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(policy: SeccompPolicy) -> dict:
+    return {
+        "notify": base64.b64encode(seccomp.compile_policy(policy, notify=True)).decode(),
+        "errno": base64.b64encode(seccomp.compile_policy(policy, notify=False)).decode(),
+        "errno_value": policy.errno,
+        "audit_arch": seccomp.AUDIT_ARCH[seccomp.arch()],
+    }
 
 
 def _teardown(sock: socket.socket | None, pidfd: int, sandbox_dir: Path | None, spec: dict) -> None:

@@ -38,6 +38,10 @@ PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_SECUREBITS = 28
 PR_SET_NO_NEW_PRIVS = 38
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
+SECCOMP_IOCTL_NOTIF_RECV = 0xC0502100
+SECCOMP_IOCTL_NOTIF_SEND = 0xC0182101
 SECBIT_NOROOT = 1 << 0
 SECBIT_NOROOT_LOCKED = 1 << 1
 PR_CAP_AMBIENT = 47
@@ -49,8 +53,8 @@ RESOLVE_IN_ROOT = 0x10
 RESOLVE_NO_MAGICLINKS = 0x02
 
 _SYSCALLS = {
-    "x86_64": {"pivot_root": 155, "capget": 125, "capset": 126, "openat2": 437, "mount_setattr": 442},
-    "aarch64": {"pivot_root": 41, "capget": 90, "capset": 91, "openat2": 437, "mount_setattr": 442},
+    "x86_64": {"pivot_root": 155, "capget": 125, "capset": 126, "seccomp": 317, "openat2": 437, "mount_setattr": 442},
+    "aarch64": {"pivot_root": 41, "capget": 90, "capset": 91, "seccomp": 277, "openat2": 437, "mount_setattr": 442},
 }
 _NR = _SYSCALLS.get(platform.machine(), _SYSCALLS["x86_64"])
 
@@ -132,6 +136,14 @@ def shed_exec_privileges() -> None:
     _check(_libc.syscall(_NR["capget"], header, data), "capget")
     eff0, prm0, _, eff1, prm1, _ = struct.unpack("6I", data.raw)
     _check(_libc.syscall(_NR["capset"], header, struct.pack("6I", eff0, prm0, 0, eff1, prm1, 0)), "capset")
+
+
+def install_seccomp(program: bytes, listener: bool) -> int:
+    """Load a BPF filter on the calling thread; with ``listener``, return the user-notify fd."""
+    filters = ctypes.create_string_buffer(program, len(program))
+    fprog = ctypes.create_string_buffer(struct.pack("HxxxxxxQ", len(program) // 8, ctypes.addressof(filters)), 16)
+    flags = SECCOMP_FILTER_FLAG_NEW_LISTENER if listener else 0
+    return _check(_libc.syscall(_NR["seccomp"], SECCOMP_SET_MODE_FILTER, flags, fprog), "seccomp")
 
 
 def reaped(wake_fd: int) -> Iterator[tuple[int, int]]:

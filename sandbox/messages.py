@@ -28,6 +28,9 @@ class Exit(_Msg):
     exit: int = Field(ge=-255, le=511)
     signal: int | None = Field(None, ge=1, le=128)
     error: Text | None = None  # the command could not be started
+    refused: dict[Annotated[str, Field(max_length=64)], Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, max_length=256
+    )  # refused syscall key -> count
 
 
 class PtyOpened(_Msg):

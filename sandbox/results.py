@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 
 def decode(data: bytes, head: int, dropped: int) -> str:
@@ -15,7 +15,10 @@ def decode(data: bytes, head: int, dropped: int) -> str:
 
 
 class ExecResult(BaseModel):
-    """Outcome of one command. ``stdout``/``stderr`` are text; the ``*_bytes`` fields are exact."""
+    """Outcome of one command. ``stdout``/``stderr`` are text; the ``*_bytes`` fields are exact.
+
+    ``refused_syscalls``: what the seccomp policy refused this command's processes, by name.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -28,6 +31,7 @@ class ExecResult(BaseModel):
     output_limit: int = 1 << 20
     timed_out: bool = False
     wall_time: float = 0.0
+    refused_syscalls: dict[str, int] = Field(default_factory=dict)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -1,0 +1,179 @@
+"""seccomp policies by syscall name, compiled to classic BPF on the host.
+
+The program checks the architecture first (a foreign ABI such as i386 or x32 is refused), sends
+numbers above the highest syscall this table knows to ENOSYS (a newer kernel's syscalls never slip
+through a denylist by being unknown; libc treats ENOSYS as "not supported here" and falls back),
+applies the argument rules every jail gets (``clone`` with namespace flags, ``socket`` for AF_ALG
+and AF_VSOCK, ``ioctl(TIOCSTI)``), then the policy's allow and deny lists.
+
+Refused calls go to the jail's init as ``SECCOMP_RET_USER_NOTIF`` when the kernel supports a
+listener: the init answers with the policy's errno and counts them per command, which is how an
+``ExecResult`` can name them. Without a listener the same program answers the errno directly.
+"""
+
+from __future__ import annotations
+
+import errno as errnos
+import platform
+import struct
+from functools import lru_cache
+
+from sandbox.config import SeccompPolicy
+from sandbox.errors import ConfigError
+
+# classic BPF
+_LD_W_ABS = 0x20
+_JEQ = 0x15
+_JGE = 0x35
+_JGT = 0x25
+_JSET = 0x45
+_RET = 0x06
+
+RET_ALLOW = 0x7FFF0000
+RET_NOTIFY = 0x7FC00000
+RET_ERRNO = 0x00050000
+
+# seccomp_data offsets
+_NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+X32_BIT = 0x40000000
+NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+AF_ALG, AF_VSOCK = 38, 40
+TIOCSTI = 0x5412
+
+# Syscalls newer than python-ptrace's table (the generic numbers, shared by x86_64 and aarch64).
+NEWER = {
+    441: "epoll_pwait2", 442: "mount_setattr", 443: "quotactl_fd", 444: "landlock_create_ruleset",
+    445: "landlock_add_rule", 446: "landlock_restrict_self", 447: "memfd_secret", 448: "process_mrelease",
+    449: "futex_waitv", 450: "set_mempolicy_home_node", 451: "cachestat", 452: "fchmodat2",
+    453: "map_shadow_stack", 454: "futex_wake", 455: "futex_wait", 456: "futex_requeue", 457: "statmount",
+    458: "listmount", 459: "lsm_get_self_attr", 460: "lsm_set_self_attr", 461: "lsm_list_modules",
+    462: "mseal", 463: "setxattrat", 464: "getxattrat", 465: "listxattrat", 466: "removexattrat",
+    467: "open_tree_attr",
+}  # fmt: skip
+
+# Docker's default profile, as names: what an unprivileged container may not do.
+DEFAULT_DENY = (
+    "acct", "add_key", "adjtimex", "bpf", "chroot", "clock_adjtime", "clock_settime", "create_module",
+    "delete_module", "fanotify_init", "finit_module", "fsconfig", "fsmount", "fsopen", "fspick",
+    "get_kernel_syms", "init_module", "io_uring_enter", "io_uring_register", "io_uring_setup", "ioperm",
+    "iopl", "kcmp", "kexec_file_load", "kexec_load", "keyctl", "lookup_dcookie", "mbind", "migrate_pages",
+    "mount", "mount_setattr", "move_mount", "move_pages", "name_to_handle_at", "nfsservctl",
+    "open_by_handle_at", "open_tree", "open_tree_attr", "perf_event_open", "pidfd_getfd", "pivot_root",
+    "process_vm_readv", "process_vm_writev", "ptrace", "query_module", "quotactl", "quotactl_fd", "reboot",
+    "request_key", "set_mempolicy", "set_mempolicy_home_node", "setns", "settimeofday", "swapoff", "swapon",
+    "_sysctl", "sysfs", "syslog", "umount2", "unshare", "uselib", "userfaultfd", "ustat", "vhangup", "vm86",
+    "vm86old",
+)  # fmt: skip
+
+
+def arch() -> str:
+    machine = platform.machine()
+    if machine not in AUDIT_ARCH:
+        raise ConfigError(f"seccomp filters are built for x86_64 and aarch64, not {machine}; use seccomp=None")
+    return machine
+
+
+@lru_cache(maxsize=4)
+def syscall_table(machine: str) -> dict[str, int]:
+    """name -> number for the native ABI (python-ptrace's table plus the newer generic numbers)."""
+    if machine == "x86_64":
+        from ptrace.syscall.linux.x86_64 import SYSCALL_NAMES
+    else:
+        from ptrace.syscall.linux.aarch64 import SYSCALL_NAMES
+    table = {name: nr for nr, name in SYSCALL_NAMES.items() if nr < 512}
+    table.update({name: nr for nr, name in NEWER.items()})
+    return table
+
+
+@lru_cache(maxsize=4)
+def syscall_names(machine: str) -> dict[int, str]:
+    return {nr: name for name, nr in syscall_table(machine).items()}
+
+
+def resolve(names: list[str], machine: str, strict: bool) -> list[int]:
+    """Numbers for ``names``; unknown names are an error when the user wrote them (``strict``)."""
+    table = syscall_table(machine)
+    unknown = [n for n in names if n not in table]
+    if unknown and strict:
+        raise ConfigError(f"unknown syscall name(s) for {machine}: {', '.join(sorted(unknown))}")
+    return sorted({table[n] for n in names if n in table})
+
+
+class _Program:
+    """A forward-only BPF assembler: jumps name labels, resolved when the program is done."""
+
+    def __init__(self) -> None:
+        self.code: list[tuple[int, object, object, int]] = []
+        self.labels: dict[str, int] = {}
+
+    def op(self, code: int, k: int, jt: object = 0, jf: object = 0) -> None:
+        self.code.append((code, jt, jf, k))
+
+    def label(self, name: str) -> None:
+        self.labels[name] = len(self.code)
+
+    def assemble(self) -> bytes:
+        out = []
+        for pc, (code, jt, jf, k) in enumerate(self.code):
+            offsets = []
+            for target in (jt, jf):
+                off = self.labels[target] - pc - 1 if isinstance(target, str) else target
+                if not 0 <= off <= 255:
+                    raise ConfigError("seccomp policy too large for one BPF jump; use fewer names")
+                offsets.append(off)
+            out.append(struct.pack("HBBI", code, offsets[0], offsets[1], k & 0xFFFFFFFF))
+        return b"".join(out)
+
+
+def compile_policy(policy: SeccompPolicy, notify: bool) -> bytes:
+    """The BPF program (struct sock_filter array) for ``policy`` on this machine."""
+    machine = arch()
+    table = syscall_table(machine)
+    refuse = RET_NOTIFY if notify else RET_ERRNO | policy.errno
+    enosys = RET_ERRNO | errnos.ENOSYS
+    custom_deny = set(resolve(list(policy.deny), machine, strict=True))
+    allow = set(resolve(list(policy.allow), machine, strict=True)) - custom_deny
+    deny = custom_deny | (set(resolve(list(DEFAULT_DENY), machine, strict=False)) if policy.docker_defaults else set())
+    deny -= allow
+    p = _Program()
+    p.op(_LD_W_ABS, _ARCH)
+    p.op(_JEQ, AUDIT_ARCH[machine], 0, "refuse")
+    p.op(_LD_W_ABS, _NR)
+    if machine == "x86_64":
+        p.op(_JSET, X32_BIT, "refuse", 0)
+    p.op(_JGT, max(table.values()), "enosys", 0)
+    p.op(_JEQ, table["clone3"], "enosys", 0)  # its flags live in memory BPF cannot read
+    p.op(_JEQ, table["clone"], "clone", 0)
+    p.op(_JEQ, table["socket"], "socket", 0)
+    p.op(_JEQ, table["ioctl"], "ioctl", 0)
+    for nr in sorted(allow):
+        p.op(_JEQ, nr, "allow", 0)
+    for nr in sorted(deny):
+        p.op(_JEQ, nr, "refuse", 0)
+    p.op(_RET, RET_ALLOW if policy.default == "allow" else refuse)
+    p.label("clone")
+    p.op(_LD_W_ABS, _ARG0)
+    p.op(_JSET, NAMESPACE_FLAGS, "refuse", "allow")
+    p.label("socket")
+    p.op(_LD_W_ABS, _ARG0)
+    p.op(_JEQ, AF_ALG, "refuse", 0)
+    p.op(_JEQ, AF_VSOCK, "refuse", "allow")
+    p.label("ioctl")
+    p.op(_LD_W_ABS, _ARG1)
+    p.op(_JEQ, TIOCSTI, "refuse", "allow")
+    p.label("allow")
+    p.op(_RET, RET_ALLOW)
+    p.label("refuse")
+    p.op(_RET, refuse)
+    p.label("enosys")
+    p.op(_RET, enosys)
+    return p.assemble()
+
+
+def name_of(key: str, machine: str) -> str:
+    """A refused-syscall key from the init (``"165"``, ``"x32:165"``, ``"arch:3"``) as a name."""
+    if key.isdigit():
+        return syscall_names(machine).get(int(key), f"syscall_{key}")
+    return key
