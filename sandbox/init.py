@@ -74,8 +74,9 @@ def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None
 
 def _install_seccomp(filters: dict | None) -> int:
     """The last step before serving: everything the init starts from now on inherits the filter.
-    Returns the user-notify listener, or -1 where the kernel has none (refusals then go unnamed)."""
-    if filters is None:
+    Returns the user-notify listener, or -1 where the kernel has none (refusals then go unnamed).
+    A policy the init could not live under is left to each command's own child (``in_child``)."""
+    if filters is None or filters["in_child"]:
         return -1
     try:
         return L.install_seccomp(base64.b64decode(filters["notify"]), listener=True)
@@ -105,6 +106,8 @@ class Init:
         self.audit_arch = spec["seccomp"]["audit_arch"] if spec["seccomp"] else 0
         self.refused: dict[int, dict[str, int]] = {}  # exec id -> refused syscall key -> count
         self.by_tag: dict[int, int] = {}  # tag -> exec id
+        in_child = spec["seccomp"] is not None and spec["seccomp"]["in_child"]
+        self.child_filter = base64.b64decode(spec["seccomp"]["errno"]) if in_child else None
         self.keep_caps = spec["keep_caps"]
         self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         self.execs: dict[int, tuple[socket.socket, int]] = {}  # pid -> (reply socket, exec id)
@@ -186,7 +189,12 @@ class Init:
         argv = [self.shell, "-c", req["shell"]] if "shell" in req else req["argv"]
         tag = SLACK_BASE + 1 + req["id"] % 100_000
         try:
-            pid = self._start_tty(argv, req, tag, reply) if req.get("tty") else self._spawn(argv, req, fds, tag)
+            if req.get("tty"):
+                pid = self._start_tty(argv, req, tag, reply)
+            elif self.child_filter is not None:
+                pid = self._fork_exec(argv, req, fds[:3], tag, tty=False)
+            else:
+                pid = self._spawn(argv, req, fds, tag)
         except _StartError as exc:
             self._answer(reply, {"exit": exc.code, "signal": None, "error": str(exc)})
             reply.close()
@@ -218,17 +226,19 @@ class Init:
         """fork+exec on a new pty of the jail's own devpts, so ttyname() works inside."""
         master, slave = os.openpty()
         try:
-            pid = os.fork()
-            if pid == 0:
-                self._tty_child(argv, req, slave, tag)
+            pid = self._fork_exec(argv, req, [slave] * 3, tag, tty=True)
             self._answer(reply, {"pty": True}, [master])
             return pid
         finally:
             os.close(master)
             os.close(slave)
 
-    @staticmethod
-    def _tty_child(argv: list[str], req: dict, slave: int, tag: int) -> None:
+    def _fork_exec(self, argv: list[str], req: dict, stdio: list[int], tag: int, tty: bool) -> int:
+        """fork+exec, for a pty and for policies the init itself could not live under: the
+        child installs the seccomp filter as its last step before execve."""
+        pid = os.fork()
+        if pid:
+            return pid
         what = "start"
         try:
             os.setsid()
@@ -236,14 +246,18 @@ class Init:
             signal.set_wakeup_fd(-1)
             for sig in DEFAULT_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
-            for target in (0, 1, 2):
-                os.dup2(slave, target)
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            for target, fd in enumerate(stdio):
+                os.dup2(fd, target)
+            if tty:
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
             os.closerange(3, 1 << 20)
             what = f"cd {req['cwd']}"
             os.chdir(req["cwd"])
             what = f"exec {argv[0]}"
-            os.execve(_which(argv[0], req["env"].get("PATH", "")), argv, req["env"])
+            path = _which(argv[0], req["env"].get("PATH", ""))
+            if self.child_filter is not None:
+                L.install_seccomp(self.child_filter, listener=False)
+            os.execve(path, argv, req["env"])
         except OSError as exc:
             os.write(2, f"jailbox: {what}: {exc.strerror}\n".encode(errors="replace"))
             os._exit(127 if exc.errno == errno.ENOENT else 126)

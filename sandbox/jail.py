@@ -143,6 +143,7 @@ def _compiled(policy: SeccompPolicy) -> dict:
         "notify": base64.b64encode(seccomp.compile_policy(policy, notify=True)).decode(),
         "errno": base64.b64encode(seccomp.compile_policy(policy, notify=False)).decode(),
         "errno_value": policy.errno,
+        "in_child": not seccomp.init_can_live_under(policy),
         "audit_arch": seccomp.AUDIT_ARCH[seccomp.arch()],
     }
 

@@ -68,6 +68,22 @@ DEFAULT_DENY = (
 )  # fmt: skip
 
 
+# What the jail's init calls while serving (from strace of a busy init). A policy that refuses none
+# of these is installed on the init itself, so commands start by vfork and refusals are reported
+# by name; any other policy is installed by each command's own child right before execve.
+INIT_SYSCALLS = frozenset(
+    "access brk chdir chmod clone close dup dup2 dup3 exit exit_group fchdir fchmod fcntl fstat ftruncate futex "
+    "getcwd getdents64 getpid getrandom getsockname getsockopt gettid ioctl kill lseek lstat madvise memfd_create "
+    "mkdir mkdirat mmap mprotect mremap munmap newfstatat openat pipe2 poll ppoll pread64 prctl prlimit64 read "
+    "readlink readlinkat recvmsg restart_syscall rt_sigaction rt_sigprocmask rt_sigreturn rseq sendmsg sendto "
+    "set_robust_list sigaltstack stat statx symlink symlinkat tgkill unlink unlinkat wait4 write".split()
+)
+
+
+def init_can_live_under(policy: SeccompPolicy) -> bool:
+    return policy.default == "allow" and not (INIT_SYSCALLS & set(policy.deny))
+
+
 def arch() -> str:
     machine = platform.machine()
     if machine not in AUDIT_ARCH:
