@@ -95,6 +95,29 @@ class NetworkPolicy(BaseModel):
     mode: Literal["none", "host"] = "none"
 
 
+class Limits(BaseModel):
+    """Resource caps for a whole sandbox; sizes take units (``Limits(memory="2G", pids=512, cpus=1.5)``).
+
+    Enforced with cgroups where the host allows them, else with rlimits where one fits;
+    ``Sandbox.enforcement`` says how each limit is enforced, or that it is not.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory: int | None = Field(None, description="bytes of memory for all processes together")
+    swap: int | None = Field(None, description="swap on top of memory (default none)")
+    pids: int | None = Field(4096, ge=1, description="processes and threads at once")
+    cpus: float | None = Field(None, gt=0, description="CPU time per wall second, e.g. 1.5")
+    disk: int | None = Field(None, description="bytes of the writable layer")
+    file_size: int | None = Field(None, description="largest file a command may write (RLIMIT_FSIZE)")
+    open_files: int = Field(65536, ge=16, description="descriptors per process (RLIMIT_NOFILE)")
+
+    @field_validator("memory", "swap", "disk", "file_size", mode="before")
+    @classmethod
+    def _sizes(cls, v: int | str | None) -> int | None:
+        return None if v is None else parse_size(v)
+
+
 class SeccompPolicy(BaseModel):
     """Which syscalls a jail may make, by name. The default is Docker's default profile.
 
@@ -137,6 +160,7 @@ class SandboxConfig(BaseModel):
     idmap: Literal["auto", "single", "full"] = Field("auto", description="full: all subordinate ids (apt, pip)")
     keep_caps: bool = Field(False, description="commands keep the jail's capabilities")
     seccomp: SeccompPolicy | None = Field(default_factory=SeccompPolicy, description="None turns it off (warns)")
+    limits: Limits = Field(default_factory=Limits)
     output_limit: int = Field(1 << 20, description="bytes kept per stream per exec (head and tail)")
     setup_timeout: float = Field(30.0, gt=0)
     state_dir: Path | None = Field(None, description="default $JAILBOX_STATE_DIR or ~/.local/state/jailbox")

@@ -45,3 +45,7 @@ class SandboxFileError(SandboxError, OSError):
 
 class SecurityWarning(UserWarning):
     """A configuration weakens the jail (for example ``seccomp=None``)."""
+
+
+class LimitNotEnforced(UserWarning):
+    """A requested resource limit cannot be enforced on this host (see ``Sandbox.enforcement``)."""

@@ -40,8 +40,11 @@ class ExecRun:
         limit: int,
         on_stdout: Callback | None = None,
         on_stderr: Callback | None = None,
+        counters: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.channel = channel
+        self.counters = counters
+        self.counters_before = counters() if counters is not None else {}
         self.exec_id = request["id"]
         self.limit = limit
         self.callbacks = {}
@@ -187,7 +190,19 @@ class ExecRun:
             timed_out=self.timed_out,
             wall_time=self.elapsed,
             refused_syscalls=_names(self.exit.refused),
+            cpu_user=self.exit.utime,
+            cpu_system=self.exit.stime,
+            peak_memory=self.exit.maxrss_kb * 1024,
+            **self._limit_events(),
         )
+
+    def _limit_events(self) -> dict[str, bool | None]:
+        """Did the sandbox's cgroup count an OOM kill or a refused fork while this command ran?"""
+        if self.counters is None:
+            return {"oom_killed": None, "pids_limit_hit": None}
+        after = self.counters()
+        grew = {k: after.get(k, 0) > v for k, v in self.counters_before.items()}
+        return {"oom_killed": grew.get("oom_kill", False), "pids_limit_hit": grew.get("pids_max", False)}
 
 
 def _names(refused: dict[str, int]) -> dict[str, int]:

@@ -17,6 +17,7 @@ import base64
 import errno
 import fcntl
 import os
+import resource
 import select
 import signal
 import socket
@@ -63,6 +64,8 @@ def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None
         L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
         if not spec["keep_caps"]:
             L.shed_exec_privileges()
+        for name, value in spec["rlimits"].items():
+            resource.setrlimit(getattr(resource, name), (value, value))
         listener = _install_seccomp(spec["seccomp"])
     except BaseException as exc:
         message = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
@@ -330,18 +333,23 @@ class Init:
             counts[key] = counts.get(key, 0) + 1
 
     def _reap(self) -> None:
-        for pid, status in L.reaped(self.wake_r):
+        for pid, status, usage in L.reaped(self.wake_r):
             entry = self.execs.pop(pid, None)
             if entry is None:
                 continue
             reply, exec_id = entry
             self.by_tag.pop(self.tags.pop(exec_id, 0), None)
-            refused = self.refused.pop(exec_id, {})
+            report = {
+                "refused": self.refused.pop(exec_id, {}),
+                "utime": usage.ru_utime,
+                "stime": usage.ru_stime,
+                "maxrss_kb": usage.ru_maxrss,
+            }
             if os.WIFSIGNALED(status):
                 sig = os.WTERMSIG(status)
-                self._answer(reply, {"exit": 128 + sig, "signal": sig, "refused": refused})
+                self._answer(reply, {"exit": 128 + sig, "signal": sig, **report})
             else:
-                self._answer(reply, {"exit": os.waitstatus_to_exitcode(status), "signal": None, "refused": refused})
+                self._answer(reply, {"exit": os.waitstatus_to_exitcode(status), "signal": None, **report})
             reply.close()
 
     # --- files --------------------------------------------------------------------------------

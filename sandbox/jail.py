@@ -15,9 +15,10 @@ import warnings
 import weakref
 from pathlib import Path
 
-from sandbox import hostroot, idmap, seccomp, state, wire
+from sandbox import cgroups, hostroot, idmap, limits, seccomp, state, wire
+from sandbox.cgroups import CgroupV1
 from sandbox.channel import Channel
-from sandbox.config import SandboxConfig, SeccompPolicy
+from sandbox.config import Limits, SandboxConfig, SeccompPolicy
 from sandbox.diagnose import explain
 from sandbox.errors import ConfigError, ProtocolError, RootfsNotFound, SandboxSetupError, SecurityWarning
 from sandbox.launcher import LAUNCHER
@@ -30,16 +31,24 @@ class Jail:
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
         self.id = uuid.uuid4().hex[:12]
-        self._spec, self.dir = self._prepare()
+        self.cgroup = _make_cgroup(self.id, config.limits)
+        rlimits, self.enforcement = limits.plan(config.limits, config.upper, self.cgroup is not None)
+        try:
+            self._spec, self.dir = self._prepare(rlimits)
+        except BaseException:
+            _teardown(None, -1, None, {}, self.cgroup)
+            raise
         channel_sock, self._pidfd, self.init_pid = self._launch()
-        self._finalizer = weakref.finalize(self, _teardown, channel_sock, self._pidfd, self.dir, self._spec)
+        self._finalizer = weakref.finalize(
+            self, _teardown, channel_sock, self._pidfd, self.dir, self._spec, self.cgroup
+        )
         self.channel = Channel(channel_sock)
 
     def close(self) -> None:
         """Kill every process of the jail and remove its mounts, writable layer and state."""
         self._finalizer()
 
-    def _prepare(self) -> tuple[dict, Path | None]:
+    def _prepare(self, rlimits: dict[str, int]) -> tuple[dict, Path | None]:
         cfg = self.config
         base = state.state_dir(cfg.state_dir)
         host = cfg.rootfs == "host"
@@ -73,7 +82,8 @@ class Jail:
             "user_binds": user_binds,
             "generated": hostroot.generated_files(cfg.hostname, host),
             "upper": cfg.upper,
-            "tmpfs_size": cfg.tmpfs_size,
+            "tmpfs_size": min(cfg.tmpfs_size, cfg.limits.disk or cfg.tmpfs_size),
+            "rlimits": rlimits,
             "hostname": cfg.hostname,
             "network": cfg.network.mode,
             "workdir": cfg.workdir,
@@ -92,7 +102,7 @@ class Jail:
             if len(fds) != 2:
                 raise SandboxSetupError("the launcher answered without the jail's descriptors")
         except BaseException:
-            _teardown(None, -1, self.dir, self._spec)
+            _teardown(None, -1, self.dir, self._spec, self.cgroup)
             raise
         sock, pidfd = socket.socket(fileno=fds[0]), fds[1]
         try:
@@ -100,9 +110,15 @@ class Jail:
             if ready.error is not None:
                 raise explain(ready.error, ready.errno)
         except BaseException:
-            _teardown(sock, pidfd, self.dir, self._spec)
+            _teardown(sock, pidfd, self.dir, self._spec, self.cgroup)
             raise
         init_pid = int(reply["init_pid"])
+        if self.cgroup is not None:
+            try:
+                self.cgroup.attach(init_pid)
+            except BaseException:
+                _teardown(sock, pidfd, self.dir, self._spec, self.cgroup)
+                raise
         if self.dir is not None:
             state.write_meta(
                 self.dir,
@@ -148,7 +164,19 @@ def _compiled(policy: SeccompPolicy) -> dict:
     }
 
 
-def _teardown(sock: socket.socket | None, pidfd: int, sandbox_dir: Path | None, spec: dict) -> None:
+def _make_cgroup(sandbox_id: str, wanted: Limits) -> CgroupV1 | None:
+    """Per-sandbox cgroups where this host lets us make them (root on v1), else None."""
+    if not cgroups.v1_usable():
+        return None
+    try:
+        return CgroupV1(sandbox_id, wanted)
+    except OSError:
+        return None
+
+
+def _teardown(
+    sock: socket.socket | None, pidfd: int, sandbox_dir: Path | None, spec: dict, cgroup: CgroupV1 | None
+) -> None:
     """Close the control socket (the init exits on EOF), make sure it died, remove the state."""
     if sock is not None:
         sock.close()
@@ -160,6 +188,8 @@ def _teardown(sock: socket.socket | None, pidfd: int, sandbox_dir: Path | None, 
                 pass
             wire.wait_readable(pidfd, EXIT_WAIT)
         os.close(pidfd)
+    if cgroup is not None:
+        cgroup.destroy()
     if sandbox_dir is not None:
         remove_sandbox_dir(sandbox_dir, spec.get("idmap"))
 

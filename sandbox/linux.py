@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import resource
 import struct
 from collections.abc import Iterator
 
@@ -146,8 +147,9 @@ def install_seccomp(program: bytes, listener: bool) -> int:
     return _check(_libc.syscall(_NR["seccomp"], SECCOMP_SET_MODE_FILTER, flags, fprog), "seccomp")
 
 
-def reaped(wake_fd: int) -> Iterator[tuple[int, int]]:
-    """Empty a signal wake-up pipe, then yield (pid, status) of every child that has exited."""
+def reaped(wake_fd: int) -> Iterator[tuple[int, int, resource.struct_rusage]]:
+    """Empty a signal wake-up pipe, then yield (pid, status, rusage) of every child that exited.
+    The rusage covers the child and the descendants it waited for."""
     try:
         while os.read(wake_fd, 4096):
             pass
@@ -155,12 +157,12 @@ def reaped(wake_fd: int) -> Iterator[tuple[int, int]]:
         pass
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
-        yield pid, status
+        yield pid, status, usage
 
 
 def _read_cap_last_cap() -> int:

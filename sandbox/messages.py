@@ -31,6 +31,9 @@ class Exit(_Msg):
     refused: dict[Annotated[str, Field(max_length=64)], Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict, max_length=256
     )  # refused syscall key -> count
+    utime: float = Field(0.0, ge=0, le=1e9)
+    stime: float = Field(0.0, ge=0, le=1e9)
+    maxrss_kb: int = Field(0, ge=0, le=1 << 40)
 
 
 class PtyOpened(_Msg):

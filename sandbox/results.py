@@ -18,6 +18,9 @@ class ExecResult(BaseModel):
     """Outcome of one command. ``stdout``/``stderr`` are text; the ``*_bytes`` fields are exact.
 
     ``refused_syscalls``: what the seccomp policy refused this command's processes, by name.
+    ``cpu_user``/``cpu_system`` (seconds) and ``peak_memory`` (bytes, largest resident set) cover the
+    command and the descendants it waited for. ``oom_killed`` and ``pids_limit_hit`` come from the
+    sandbox's cgroup counters while the command ran; ``None`` where no cgroup counts them.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -32,6 +35,11 @@ class ExecResult(BaseModel):
     timed_out: bool = False
     wall_time: float = 0.0
     refused_syscalls: dict[str, int] = Field(default_factory=dict)
+    cpu_user: float = 0.0
+    cpu_system: float = 0.0
+    peak_memory: int = 0
+    oom_killed: bool | None = None
+    pids_limit_hit: bool | None = None
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -68,6 +68,11 @@ class Sandbox:
         return self._jail.init_pid
 
     @property
+    def enforcement(self) -> dict[str, str]:
+        """How each resource limit is enforced on this host (or "not enforced: why")."""
+        return dict(self._jail.enforcement)
+
+    @property
     def _channel(self) -> Channel:
         return self._jail.channel
 
@@ -96,7 +101,9 @@ class Sandbox:
         request["cwd"] = self._abs(cwd) if cwd else self.config.workdir
         request["env"] = {**BASE_ENV, **self.config.env, **check_env(dict(env or {}))}
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        return ExecRun(self._channel, request, data, self.config.output_limit, on_stdout, on_stderr)
+        cgroup = self._jail.cgroup
+        counters = cgroup.counters if cgroup is not None else None
+        return ExecRun(self._channel, request, data, self.config.output_limit, on_stdout, on_stderr, counters)
 
     def exec(
         self,

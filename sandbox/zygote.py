@@ -78,7 +78,7 @@ class Launcher:
         self.live: dict[int, str | None] = {}  # unreaped init pid -> sandbox dir (reaped pids get reused)
 
     def reap(self, wake_r: int) -> None:
-        for pid, _ in L.reaped(wake_r):
+        for pid, _, _ in L.reaped(wake_r):
             self.live.pop(pid, None)
             go = self.pending.pop(pid, None)
             if go is not None:  # that was an A: its init is now re-parented to us
