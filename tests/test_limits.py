@@ -1,0 +1,99 @@
+"""Resource limits and the per-command resource report, on whatever this host allows."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from sandbox import Sandbox
+from sandbox.config import Limits
+from sandbox.errors import LimitNotEnforced
+
+MEMORY_BOMB = "python3 -c 'x = bytearray(512 * 1024 * 1024); print(len(x))'"
+FORK_BOMB = "for i in $(seq 200); do sleep 2 & done; wait"
+
+
+def test_ordinary_command_reports_plausible_cpu_and_memory(sb):
+    r = sb.exec("python3 -c 'x = bytearray(100 * 1024 * 1024); n = sum(range(3 * 10**6))'")
+    assert r.exit_code == 0, r.stderr
+    assert 100 * 1024 * 1024 <= r.peak_memory < 1024 * 1024 * 1024
+    assert r.cpu_user > 0
+    assert r.cpu_user + r.cpu_system <= r.wall_time * 2.05  # two cores at most
+    idle = sb.exec("sleep 0.2")
+    assert idle.cpu_user + idle.cpu_system < idle.wall_time
+
+
+@pytest.mark.root
+def test_memory_bomb_is_oom_killed_and_reported():
+    with Sandbox(limits=Limits(memory="128M")) as sb:
+        assert sb.enforcement["memory"].startswith("cgroup v1")
+        r = sb.exec(MEMORY_BOMB)
+        assert (r.signal, r.oom_killed) == (signal.SIGKILL, True)
+        ok = sb.exec("echo fine")
+        assert (ok.stdout, ok.oom_killed) == ("fine\n", False)
+
+
+@pytest.mark.root
+def test_fork_bomb_hits_the_pids_cap_and_the_sandbox_survives():
+    with Sandbox(limits=Limits(pids=32)) as sb:
+        assert sb.enforcement["pids"] == "cgroup v1 pids"
+        r = sb.exec(FORK_BOMB, timeout=60)
+        assert r.pids_limit_hit is True
+        assert "Resource temporarily unavailable" in r.stderr
+        sb.exec("pkill sleep; true")
+        after = sb.exec("echo usable")
+        assert (after.stdout, after.pids_limit_hit) == ("usable\n", False)
+
+
+@pytest.mark.root
+def test_cpu_quota_caps_cpu_time_per_wall_second():
+    with Sandbox(limits=Limits(cpus=0.25)) as sb:
+        r = sb.exec("timeout 1 sh -c 'while :; do :; done'; true")
+        used = r.cpu_user + r.cpu_system
+        assert used <= 0.25 * r.wall_time * 1.5 + 0.05
+
+
+@pytest.mark.rootless
+def test_without_cgroups_rlimits_hold_and_the_gaps_are_reported():
+    with pytest.warns(LimitNotEnforced, match="cpus: not enforced"):
+        sb = Sandbox(limits=Limits(memory="256M", pids=32, cpus=1))
+    with sb:
+        assert sb.enforcement["memory"].startswith("rlimit RLIMIT_AS")
+        assert sb.enforcement["pids"].startswith("rlimit RLIMIT_NPROC")
+        r = sb.exec(MEMORY_BOMB)
+        assert r.exit_code == 1 and "MemoryError" in r.stderr and r.oom_killed is None
+        r = sb.exec(FORK_BOMB, timeout=60)
+        assert "Resource temporarily unavailable" in r.stderr and r.pids_limit_hit is None
+        assert sb.exec("echo usable").stdout == "usable\n"
+
+
+def test_file_size_open_files_and_core_dumps():
+    with Sandbox(limits=Limits(file_size="1M", open_files=256)) as sb:
+        assert sb.exec("ulimit -n; ulimit -c").stdout == "256\n0\n"
+        r = sb.exec("head -c 2M /dev/zero > /testbed/big")
+        assert r.exit_code != 0
+        assert sb.exec("stat -c %s /testbed/big").stdout == f"{1024 * 1024}\n"
+
+
+def test_disk_cap_on_a_tmpfs_writable_layer():
+    with Sandbox(upper="tmpfs", limits=Limits(disk="16M")) as sb:
+        assert sb.enforcement["disk"] == "tmpfs size of the writable layer"
+        r = sb.exec("head -c 32M /dev/zero > /testbed/fill")
+        assert r.exit_code != 0 and "No space left on device" in r.stderr
+        assert sb.exec("echo still > /testbed/small || echo full").exit_code == 0
+
+
+def test_disk_cap_on_a_disk_layer_is_reported_as_not_enforced():
+    with pytest.warns(LimitNotEnforced, match="disk: not enforced"):
+        sb = Sandbox(limits=Limits(disk="16M"))
+    with sb:
+        assert sb.enforcement["disk"].startswith("not enforced")
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValueError, match="cannot read size"):
+        Limits(memory="lots")
+    with pytest.raises(ValueError):
+        Limits(cpus=0)
+    assert Limits(memory="1.5G").memory == 3 << 29
