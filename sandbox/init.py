@@ -315,6 +315,7 @@ class Init:
         except OSError:
             return  # the caller died meanwhile
         notif_id, pid, _, nr, arch = struct.unpack_from("QIIiI", notif)
+        exec_id = self._exec_of(pid)  # while the caller is still blocked in the syscall
         try:
             fcntl.ioctl(
                 self.listener, L.SECCOMP_IOCTL_NOTIF_SEND, struct.pack("QqiI", notif_id, 0, -self.refuse_errno, 0)
@@ -327,10 +328,23 @@ class Init:
             key = f"x32:{nr & ~X32_BIT}"
         else:
             key = str(nr)
-        exec_id = self.by_tag.get(_slack_of(pid), 0)
         counts = self.refused.setdefault(exec_id, {})
         if len(counts) < MAX_REFUSED_KINDS or key in counts:
             counts[key] = counts.get(key, 0) + 1
+
+    def _exec_of(self, pid: int) -> int:
+        """The command a process belongs to: by its tag, else by its ancestry, else the only one."""
+        exec_id = self.by_tag.get(_slack_of(pid), 0)
+        current = pid
+        for _ in range(64):
+            if exec_id or current <= 1:
+                break
+            if current in self.execs:
+                exec_id = self.execs[current][1]
+            current = _parent_of(current)
+        if not exec_id and len(self.execs) == 1:
+            exec_id = next(iter(self.execs.values()))[1]
+        return exec_id
 
     def _reap(self) -> None:
         for pid, status, usage in L.reaped(self.wake_r):
@@ -422,6 +436,14 @@ def _slack_of(pid: int) -> int:
         with open(f"/proc/{pid}/timerslack_ns", "rb") as f:
             return int(f.read())
     except (OSError, ValueError):
+        return 0
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
         return 0
 
 
