@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import select
 import signal
@@ -164,6 +165,24 @@ def _copy(src: int, dst: int) -> bool:
     if data:
         os.write(dst, data)
     return bool(data)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor(as_json: bool) -> None:
+    """Check what this host allows (namespaces, overlayfs, id ranges, seccomp, cgroups) and print fixes."""
+    from sandbox.doctor import run
+
+    probes = run()
+    if as_json:
+        click.echo(json.dumps([p.model_dump() for p in probes], indent=2))
+    else:
+        width = max(len(p.name) for p in probes)
+        for p in probes:
+            click.echo(f"{p.status.upper():9} {p.name:{width}}  {p.detail}")
+            if p.fix:
+                click.echo(f"{'':9} {'':{width}}  fix: {p.fix}")
+    sys.exit(1 if any(p.status == "failing" for p in probes) else 0)
 
 
 @main.command()

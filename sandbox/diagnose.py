@@ -1,42 +1,27 @@
-"""Turn a refused setup step into an error that names the cause and the exact fix."""
+"""Turn a refused setup step into an error that names the cause and the exact fix.
+
+Uses the same probes as ``jailbox doctor``, so the error and the doctor always agree.
+"""
 
 from __future__ import annotations
 
 import errno
-import os
 import platform
 
+from sandbox.doctor import Host, userns_settings
 from sandbox.errors import KernelRefused, SandboxError, SandboxSetupError
-
-
-def _sysctl(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def explain(message: str, err: int) -> SandboxError:
     """Map a failure reported by the launcher or the jail's setup to a helpful exception."""
     kernel = platform.release()
-    if _sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1" and os.getuid() != 0:
-        return KernelRefused(
-            f"{message}. AppArmor restricts unprivileged user namespaces on this host "
-            "(kernel.apparmor_restrict_unprivileged_userns=1). Fix: sudo sysctl -w "
-            "kernel.apparmor_restrict_unprivileged_userns=0 (persist it in /etc/sysctl.d/), or install an "
-            "AppArmor profile that grants 'userns,' to this Python interpreter."
-        )
+    settings = userns_settings(Host())
+    if settings.status == "failing" and ("user namespace" in message or err in (errno.EPERM, errno.EACCES)):
+        return KernelRefused(f"{message}. {settings.detail}. Fix: {settings.fix}")
     if "user namespace" in message:
-        if _sysctl("/proc/sys/kernel/unprivileged_userns_clone") == "0":
+        if err == errno.ENOSPC:
             return KernelRefused(
-                f"{message}. Unprivileged user namespaces are disabled. Fix: sudo sysctl -w "
-                "kernel.unprivileged_userns_clone=1"
-            )
-        if _sysctl("/proc/sys/user/max_user_namespaces") == "0" or err == errno.ENOSPC:
-            return KernelRefused(
-                f"{message}. The user namespace limit is exhausted or zero. Fix: sudo sysctl -w "
-                "user.max_user_namespaces=28633"
+                f"{message}. The user namespace limit is exhausted. Fix: sudo sysctl -w user.max_user_namespaces=28633"
             )
         return KernelRefused(
             f"{message}. The kernel refused a user namespace; inside a container this usually means a "

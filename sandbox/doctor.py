@@ -1,0 +1,277 @@
+"""``jailbox doctor``: what this host allows, and the exact fix for what it refuses.
+
+Each probe returns a ``Probe`` (ok / degraded / failing, what was seen, the fix). Probes that read
+kernel settings take their paths from a ``Host`` so tests can simulate a failing host without
+changing this one; probes that try a kernel feature do it in a forked child.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import platform
+import shutil
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from sandbox import cgroups
+from sandbox import linux as L
+
+Status = Literal["ok", "degraded", "failing"]
+
+
+class Probe(BaseModel):
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Host:
+    """Where the probes look; tests point these at a fake tree to simulate another host."""
+
+    proc_sys: Path = Path("/proc/sys")
+    subuid: Path = Path("/etc/subuid")
+    subgid: Path = Path("/etc/subgid")
+    path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    uid: int = field(default_factory=os.getuid)
+    user: str = field(default_factory=getpass.getuser)
+
+    def sysctl(self, name: str) -> str | None:
+        try:
+            return (self.proc_sys / name).read_text().strip()
+        except OSError:
+            return None
+
+
+def userns_settings(host: Host) -> Probe:
+    """The sysctls that decide whether an unprivileged user may create user namespaces."""
+    if host.sysctl("kernel/unprivileged_userns_clone") == "0" and host.uid != 0:
+        return Probe(
+            name="user namespaces",
+            status="failing",
+            detail="kernel.unprivileged_userns_clone=0",
+            fix="sudo sysctl -w kernel.unprivileged_userns_clone=1",
+        )
+    if host.sysctl("kernel/apparmor_restrict_unprivileged_userns") == "1" and host.uid != 0:
+        return Probe(
+            name="user namespaces",
+            status="failing",
+            detail="AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1)",
+            fix="sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 (persist in /etc/sysctl.d/), "
+            "or an AppArmor profile granting 'userns,' to this Python",
+        )
+    limit = host.sysctl("user/max_user_namespaces")
+    if limit is not None and limit.isdigit() and int(limit) < 64:
+        return Probe(
+            name="user namespaces",
+            status="failing",
+            detail=f"user.max_user_namespaces={limit}",
+            fix="sudo sysctl -w user.max_user_namespaces=28633",
+        )
+    return Probe(name="user namespaces", status="ok", detail=f"allowed (user.max_user_namespaces={limit})")
+
+
+def _in_child(body: Callable[[], None]) -> str | None:
+    """Run ``body`` in a forked child; None if it succeeded, else what it reported."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            body()
+            os._exit(0)
+        except BaseException as exc:
+            os.write(w, str(exc).encode()[:500])
+            os._exit(1)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        message = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    return None if os.waitstatus_to_exitcode(status) == 0 else message or "failed"
+
+
+def _enter_userns() -> None:
+    uid, gid = os.getuid(), os.getgid()
+    L.unshare(L.CLONE_NEWUSER | L.CLONE_NEWNS)
+    Path("/proc/self/setgroups").write_text("deny")
+    Path("/proc/self/uid_map").write_text(f"0 {uid} 1")
+    Path("/proc/self/gid_map").write_text(f"0 {gid} 1")
+
+
+def userns_live() -> Probe:
+    error = _in_child(_enter_userns)
+    if error:
+        return Probe(
+            name="user namespace (live)",
+            status="failing",
+            detail=error,
+            fix="see the 'user namespaces' line; inside a container, run it with --security-opt "
+            "seccomp=unconfined or on the host",
+        )
+    return Probe(name="user namespace (live)", status="ok", detail="created one and mapped this user to root")
+
+
+def overlay_in_userns() -> Probe:
+    def body() -> None:
+        _enter_userns()
+        L.mount("tmpfs", "/tmp", "tmpfs", 0)
+        for d in ("l", "u", "w", "m"):
+            os.mkdir(f"/tmp/{d}")
+        L.mount("overlay", "/tmp/m", "overlay", 0, "lowerdir=/tmp/l,upperdir=/tmp/u,workdir=/tmp/w,userxattr")
+
+    error = _in_child(body)
+    if error:
+        return Probe(
+            name="overlayfs in a user namespace",
+            status="failing",
+            detail=error,
+            fix=f"needs Linux >= 5.11 (this is {platform.release()})",
+        )
+    return Probe(name="overlayfs in a user namespace", status="ok", detail="mounted one")
+
+
+def _subordinate(path: Path, host: Host) -> str | None:
+    try:
+        for line in path.read_text().splitlines():
+            parts = line.split(":")
+            if len(parts) == 3 and parts[0] in (host.user, str(host.uid)):
+                return f"{parts[1]}+{parts[2]}"
+    except OSError:
+        return None
+    return None
+
+
+def id_ranges(host: Host) -> Probe:
+    if host.uid == 0:
+        return Probe(name="id ranges", status="ok", detail="root: identity map of 65536 ids")
+    tool = shutil.which("newuidmap", path=host.path)
+    fix = (
+        f"sudo apt-get install uidmap && sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 "
+        f"{host.user}"
+    )
+    if tool is None or not os.stat(tool).st_mode & stat.S_ISUID:
+        return Probe(
+            name="id ranges",
+            status="degraded",
+            fix=fix,
+            detail="newuidmap missing or not setuid: one id only, so apt and pip cannot switch users",
+        )
+    uids, gids = _subordinate(host.subuid, host), _subordinate(host.subgid, host)
+    if not uids or not gids:
+        return Probe(
+            name="id ranges",
+            status="degraded",
+            fix=fix,
+            detail=f"no range for {host.user} in {host.subuid} / {host.subgid}: one id only",
+        )
+    return Probe(name="id ranges", status="ok", detail=f"subuids {uids}, subgids {gids} via {tool}")
+
+
+def seccomp_notify() -> Probe:
+    from sandbox import seccomp
+    from sandbox.config import SeccompPolicy
+
+    program = seccomp.compile_policy(SeccompPolicy(), notify=True)
+
+    def body() -> None:
+        L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
+        L.install_seccomp(program, listener=True)
+
+    error = _in_child(body)
+    if error:
+        return Probe(
+            name="seccomp user notification",
+            status="degraded",
+            detail=error,
+            fix="needs Linux >= 5.0; refused syscalls are then refused but not named",
+        )
+    return Probe(name="seccomp user notification", status="ok", detail="filter and listener installed")
+
+
+def cgroup(host: Host) -> Probe:
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        own = Path("/sys/fs/cgroup") / _v2_own_path().lstrip("/")
+        if os.access(own, os.W_OK) and (own / "cgroup.subtree_control").exists():
+            return Probe(name="cgroups", status="ok", detail=f"v2, delegated at {own}")
+        return Probe(
+            name="cgroups",
+            status="degraded",
+            detail=f"v2, but {own} is not delegated to this user",
+            fix="run under systemd-run --user --scope -p Delegate=yes, or name a delegated cgroup",
+        )
+    if cgroups.v1_usable():
+        return Probe(name="cgroups", status="ok", detail="v1 memory, pids and cpu hierarchies (root)")
+    return Probe(
+        name="cgroups",
+        status="degraded",
+        detail="v1 or hybrid and not root: memory via RLIMIT_AS per process, pids via RLIMIT_NPROC, cpus not enforced",
+        fix="run as root, or use a host with cgroup v2 and systemd user delegation",
+    )
+
+
+def _v2_own_path() -> str:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return line[3:]
+    except OSError:
+        pass
+    return "/"
+
+
+def slirp4netns(host: Host) -> Probe:
+    tool = shutil.which("slirp4netns", path=host.path)
+    if tool is None:
+        return Probe(
+            name="slirp4netns",
+            status="degraded",
+            detail="not installed: no 'full' network mode",
+            fix="sudo apt-get install slirp4netns",
+        )
+    return Probe(name="slirp4netns", status="ok", detail=tool)
+
+
+def state(base: Path) -> Probe:
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        probe = base / ".doctor"
+        probe.write_text("x")
+        probe.unlink()
+    except OSError as exc:
+        return Probe(
+            name="state directory",
+            status="failing",
+            detail=f"{base}: {exc.strerror}",
+            fix="set JAILBOX_STATE_DIR to a writable directory on a local disk",
+        )
+    free = shutil.disk_usage(base).free
+    skeletons = len(list(base.glob("skeleton-*")))
+    return Probe(
+        name="state directory",
+        status="ok",
+        detail=f"{base} ({free / 2**30:.1f} GiB free, {skeletons} host skeleton(s) cached)",
+    )
+
+
+def run(host: Host | None = None, base: Path | None = None) -> list[Probe]:
+    from sandbox.state import state_dir
+
+    host = host or Host()
+    return [
+        Probe(name="kernel", status="ok", detail=f"Linux {platform.release()} {platform.machine()}"),
+        userns_settings(host),
+        userns_live(),
+        overlay_in_userns(),
+        id_ranges(host),
+        seccomp_notify(),
+        cgroup(host),
+        slirp4netns(host),
+        state(base or state_dir()),
+    ]
