@@ -1,9 +1,17 @@
 """Host side of resource limits: per-sandbox cgroups where the host allows them.
 
+cgroup v2: one group per sandbox under a delegated subtree: the one named by
+``$JAILBOX_CGROUP_PARENT``, else (root) ``/sys/fs/cgroup/jailbox``, else the nearest ancestor of the
+caller's own group that the caller owns and that holds no processes (what
+``systemd-run --user --scope -p Delegate=yes`` gives). Limits ``memory.max``, ``memory.swap.max``,
+``pids.max``, ``cpu.max``; teardown with ``cgroup.kill``.
+
 cgroup v1 (root only): one group per sandbox in the memory, pids and cpu hierarchies, nested under
-the caller's own groups. The init is moved in before the jail reports ready, so every command is
-inside. Counters read around each command give ``oom_killed`` (the memory group's ``oom_kill``
-count, never ``failcnt``) and ``pids_limit_hit`` (the pids group's ``max`` events).
+the caller's own groups.
+
+Either way the init is moved in before the jail reports ready, so every command is inside.
+Counters read around each command give ``oom_killed`` (``oom_kill`` in memory.events or
+memory.oom_control, never ``failcnt``) and ``pids_limit_hit`` (``max`` in pids.events).
 
 Where no cgroup is usable, ``plan_rlimits`` says what the init enforces with rlimits instead and
 ``Enforcement`` records, limit by limit, how (or whether) it is enforced.
@@ -20,6 +28,8 @@ from sandbox.config import Limits
 
 CPU_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "pids", "cpu")
+V2_ROOT = Path("/sys/fs/cgroup")
+V2_CONTROLLERS = ("memory", "pids", "cpu")
 
 
 def _v1_mounts() -> dict[str, Path]:
@@ -61,6 +71,8 @@ def v1_usable() -> bool:
 class CgroupV1:
     """One sandbox's groups; ``destroy()`` kills what is left in them and removes them."""
 
+    kind = "cgroup v1"
+
     def __init__(self, sandbox_id: str, limits: Limits) -> None:
         mounts, own = _v1_mounts(), _own_paths()
         self.dirs: dict[str, Path] = {}
@@ -93,20 +105,7 @@ class CgroupV1:
                 "pids_max": self._field("pids", "pids.events", "max")}  # fmt: skip
 
     def _field(self, controller: str, name: str, key: str) -> int:
-        try:
-            for line in (self.dirs[controller] / name).read_text().splitlines():
-                parts = line.split()
-                if len(parts) == 2 and parts[0] == key:
-                    return int(parts[1])
-        except (OSError, ValueError):
-            pass
-        return 0
-
-    def peak_memory(self) -> int:
-        try:
-            return int((self.dirs["memory"] / "memory.max_usage_in_bytes").read_text())
-        except (OSError, ValueError):
-            return 0
+        return _field(self.dirs[controller] / name, key)
 
     def destroy(self) -> None:
         for _ in range(200):
@@ -134,3 +133,118 @@ def _pids(path: Path) -> list[int]:
         return [int(p) for p in (path / "cgroup.procs").read_text().split()]
     except (OSError, ValueError):
         return []
+
+
+def v2_mounted() -> bool:
+    return (V2_ROOT / "cgroup.controllers").exists()
+
+
+def _v2_own() -> Path:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return V2_ROOT / line[3:].lstrip("/")
+    except OSError:
+        pass
+    return V2_ROOT
+
+
+def _writable(group: Path) -> bool:
+    return all(os.access(group / name, os.W_OK) for name in ("", "cgroup.procs", "cgroup.subtree_control"))
+
+
+def _enable(group: Path) -> None:
+    """Delegate the controllers to ``group``'s children (fails if it holds processes itself)."""
+    available = (group / "cgroup.controllers").read_text().split()
+    wanted = [c for c in V2_CONTROLLERS if c in available]
+    enabled = (group / "cgroup.subtree_control").read_text().split()
+    missing = [c for c in wanted if c not in enabled]
+    if missing:
+        (group / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in missing))
+
+
+def v2_parent() -> tuple[Path | None, str]:
+    """(the group sandboxes are created in, or None; how it was found or why there is none)."""
+    if not v2_mounted():
+        return None, "no cgroup v2 hierarchy"
+    named = os.environ.get("JAILBOX_CGROUP_PARENT")
+    if named:
+        candidates = [V2_ROOT / named.lstrip("/") if not named.startswith(str(V2_ROOT)) else Path(named)]
+    elif os.geteuid() == 0:
+        candidates = [V2_ROOT]
+    else:
+        own = _v2_own()
+        candidates = [p for p in own.parents if p != V2_ROOT.parent and str(p).startswith(str(V2_ROOT))]
+    for group in candidates:
+        if not _writable(group):
+            continue
+        try:
+            _enable(group)
+            base = group / "jailbox"
+            base.mkdir(exist_ok=True)
+            _enable(base)
+            return base, f"delegated at {group}"
+        except OSError:
+            continue
+    return None, "no delegated cgroup this user may write (run under systemd-run --user --scope -p Delegate=yes)"
+
+
+class CgroupV2:
+    """One sandbox's group in a delegated v2 subtree."""
+
+    kind = "cgroup v2"
+
+    def __init__(self, parent: Path, sandbox_id: str, limits: Limits) -> None:
+        self.path = parent / sandbox_id
+        self.path.mkdir()
+        if limits.memory is not None:
+            self._write("memory.max", limits.memory)
+            self._write("memory.swap.max", limits.swap or 0)
+        if limits.pids is not None:
+            self._write("pids.max", limits.pids)
+        if limits.cpus is not None:
+            self._write("cpu.max", f"{int(limits.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+
+    def _write(self, name: str, value: int | str) -> None:
+        (self.path / name).write_text(str(value))
+
+    def attach(self, pid: int) -> None:
+        self._write("cgroup.procs", pid)
+
+    def counters(self) -> dict[str, int]:
+        return {"oom_kill": _field(self.path / "memory.events", "oom_kill"),
+                "pids_max": _field(self.path / "pids.events", "max")}  # fmt: skip
+
+    def destroy(self) -> None:
+        if not self.path.exists():
+            return
+        try:
+            self._write("cgroup.kill", 1)
+        except OSError:
+            for pid in _pids(self.path):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        for _ in range(200):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.005)
+
+
+def _field(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == key:
+                return int(parts[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+Cgroup = CgroupV1 | CgroupV2

@@ -196,15 +196,16 @@ def seccomp_notify() -> Probe:
 
 
 def cgroup(host: Host) -> Probe:
-    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
-        own = Path("/sys/fs/cgroup") / _v2_own_path().lstrip("/")
-        if os.access(own, os.W_OK) and (own / "cgroup.subtree_control").exists():
-            return Probe(name="cgroups", status="ok", detail=f"v2, delegated at {own}")
+    if cgroups.v2_mounted():
+        parent, how = cgroups.v2_parent()
+        if parent is not None:
+            return Probe(name="cgroups", status="ok", detail=f"v2, {how}")
         return Probe(
             name="cgroups",
             status="degraded",
-            detail=f"v2, but {own} is not delegated to this user",
-            fix="run under systemd-run --user --scope -p Delegate=yes, or name a delegated cgroup",
+            detail=f"v2, {how}",
+            fix="systemd-run --user --scope -p Delegate=yes <your command>, or set JAILBOX_CGROUP_PARENT "
+            "to a cgroup delegated to you",
         )
     if cgroups.v1_usable():
         return Probe(name="cgroups", status="ok", detail="v1 memory, pids and cpu hierarchies (root)")
@@ -214,16 +215,6 @@ def cgroup(host: Host) -> Probe:
         detail="v1 or hybrid and not root: memory via RLIMIT_AS per process, pids via RLIMIT_NPROC, cpus not enforced",
         fix="run as root, or use a host with cgroup v2 and systemd user delegation",
     )
-
-
-def _v2_own_path() -> str:
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                return line[3:]
-    except OSError:
-        pass
-    return "/"
 
 
 def slirp4netns(host: Host) -> Probe:

@@ -16,7 +16,7 @@ import weakref
 from pathlib import Path
 
 from sandbox import cgroups, hostroot, idmap, limits, seccomp, state, wire
-from sandbox.cgroups import CgroupV1
+from sandbox.cgroups import Cgroup, CgroupV1, CgroupV2
 from sandbox.channel import Channel
 from sandbox.config import Limits, SandboxConfig, SeccompPolicy
 from sandbox.diagnose import explain
@@ -32,7 +32,8 @@ class Jail:
         self.config = config
         self.id = uuid.uuid4().hex[:12]
         self.cgroup = _make_cgroup(self.id, config.limits)
-        rlimits, self.enforcement = limits.plan(config.limits, config.upper, self.cgroup is not None)
+        kind = None if self.cgroup is None else self.cgroup.kind
+        rlimits, self.enforcement = limits.plan(config.limits, config.upper, kind)
         try:
             self._spec, self.dir = self._prepare(rlimits)
         except BaseException:
@@ -164,18 +165,24 @@ def _compiled(policy: SeccompPolicy) -> dict:
     }
 
 
-def _make_cgroup(sandbox_id: str, wanted: Limits) -> CgroupV1 | None:
-    """Per-sandbox cgroups where this host lets us make them (root on v1), else None."""
-    if not cgroups.v1_usable():
-        return None
+def _make_cgroup(sandbox_id: str, wanted: Limits) -> Cgroup | None:
+    """Per-sandbox cgroups where this host lets us make them, else None (rlimits then)."""
     try:
-        return CgroupV1(sandbox_id, wanted)
+        if cgroups.v2_mounted():
+            parent = _v2_parent()
+            return None if parent is None else CgroupV2(parent, sandbox_id, wanted)
+        return CgroupV1(sandbox_id, wanted) if cgroups.v1_usable() else None
     except OSError:
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def _v2_parent() -> Path | None:
+    return cgroups.v2_parent()[0]
+
+
 def _teardown(
-    sock: socket.socket | None, pidfd: int, sandbox_dir: Path | None, spec: dict, cgroup: CgroupV1 | None
+    sock: socket.socket | None, pidfd: int, sandbox_dir: Path | None, spec: dict, cgroup: Cgroup | None
 ) -> None:
     """Close the control socket (the init exits on EOF), make sure it died, remove the state."""
     if sock is not None:

@@ -13,19 +13,26 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox import Sandbox
+from sandbox import Sandbox, cgroups
 
 MINI_TOOLS = ("bash", "sh", "cat", "ls", "rm", "echo", "touch", "mkdir", "id", "ln", "readlink", "sleep", "env")
 
 
+def _cgroup_usable() -> bool:
+    if cgroups.v2_mounted():
+        return cgroups.v2_parent()[0] is not None
+    return cgroups.v1_usable()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``root`` run in the root pass, ``rootless`` in the unprivileged pass (deselected,
-    not skipped: CI runs the suite once each way, so every test runs in one of them)."""
-    wrong = "rootless" if os.getuid() == 0 else "root"
-    deselected = [item for item in items if wrong in item.keywords]
+    """Tests marked ``root`` run in the root pass, ``rootless`` in the unprivileged pass, ``cgroup``
+    where this user gets per-sandbox cgroups and ``nocgroup`` where it does not (deselected, not
+    skipped: CI runs the suite as root, as a user, and in a cgroup v2 guest, so each runs somewhere)."""
+    wrong = {"rootless" if os.getuid() == 0 else "root", "nocgroup" if _cgroup_usable() else "cgroup"}
+    deselected = [item for item in items if wrong & set(item.keywords)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if wrong not in item.keywords]
+        items[:] = [item for item in items if not wrong & set(item.keywords)]
 
 
 @pytest.fixture(autouse=True)

@@ -24,20 +24,20 @@ def test_ordinary_command_reports_plausible_cpu_and_memory(sb):
     assert idle.cpu_user + idle.cpu_system < idle.wall_time
 
 
-@pytest.mark.root
+@pytest.mark.cgroup
 def test_memory_bomb_is_oom_killed_and_reported():
     with Sandbox(limits=Limits(memory="128M")) as sb:
-        assert sb.enforcement["memory"].startswith("cgroup v1")
+        assert sb.enforcement["memory"].startswith("cgroup v")
         r = sb.exec(MEMORY_BOMB)
         assert (r.signal, r.oom_killed) == (signal.SIGKILL, True)
         ok = sb.exec("echo fine")
         assert (ok.stdout, ok.oom_killed) == ("fine\n", False)
 
 
-@pytest.mark.root
+@pytest.mark.cgroup
 def test_fork_bomb_hits_the_pids_cap_and_the_sandbox_survives():
     with Sandbox(limits=Limits(pids=32)) as sb:
-        assert sb.enforcement["pids"] == "cgroup v1 pids"
+        assert sb.enforcement["pids"] in ("cgroup v1 pids", "cgroup v2 pids")
         r = sb.exec(FORK_BOMB, timeout=60)
         assert r.pids_limit_hit is True
         assert "Resource temporarily unavailable" in r.stderr
@@ -46,7 +46,7 @@ def test_fork_bomb_hits_the_pids_cap_and_the_sandbox_survives():
         assert (after.stdout, after.pids_limit_hit) == ("usable\n", False)
 
 
-@pytest.mark.root
+@pytest.mark.cgroup
 def test_cpu_quota_caps_cpu_time_per_wall_second():
     with Sandbox(limits=Limits(cpus=0.25)) as sb:
         r = sb.exec("timeout 1 sh -c 'while :; do :; done'; true")
@@ -54,6 +54,7 @@ def test_cpu_quota_caps_cpu_time_per_wall_second():
         assert used <= 0.25 * r.wall_time * 1.5 + 0.05
 
 
+@pytest.mark.nocgroup
 @pytest.mark.rootless
 def test_without_cgroups_rlimits_hold_and_the_gaps_are_reported():
     with pytest.warns(LimitNotEnforced, match="cpus: not enforced"):
