@@ -4,8 +4,9 @@ The overlay's lower layer is a skeleton directory: empty mount points, the host'
 symlinks (``/bin -> usr/bin``), and *copies* of the parts of ``/etc`` that programs need (an
 allowlist; never ``shadow``, ``ssh``, ``ssl/private``...). Only ``/usr`` and any real ``/lib*``,
 ``/bin``, ``/sbin`` directories are bound read-only on top, so a jail costs one or two bind mounts
-instead of dozens. The copies are fingerprinted (path, inode, size, mtime of every entry) and a new
-skeleton is built when the host's files change; the check runs at most every ``RECHECK`` seconds.
+instead of dozens. The copies are fingerprinted (inode, size, mtime of the copied files and
+directories) and a new skeleton is built when the host's files change; the check runs at most every
+``RECHECK`` seconds.
 Nothing from ``/home``, ``/root``, ``/var``, ``/run`` or ``/tmp``.
 """
 
@@ -61,37 +62,54 @@ def _plan() -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[dict]]:
 
 
 def _fingerprint(links: list, copies: list, binds: list) -> str:
+    """Stat data of every copied file at the top and of every copied directory. Tools that change
+    a tree (ca-certificates, update-alternatives, ldconfig) replace files by rename, which changes
+    the directory; statting directories rather than every file keeps the recheck cheap."""
     digest = hashlib.sha256(repr((links, binds, sorted(SKELETON_DIRS.items()))).encode())
     for rel, real in copies:
-        for root, dirs, files in os.walk(real) if os.path.isdir(real) else [("", [], [real])]:
-            dirs.sort()
-            for name in [root, *sorted(os.path.join(root, f) for f in files)]:
-                if not name:
-                    continue
-                try:
-                    st = os.lstat(name)
-                except OSError:
-                    continue
-                digest.update(f"{rel}|{name}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_mode}\n".encode())
+        names = [root for root, _, _ in os.walk(real)] if os.path.isdir(real) else [real]
+        for name in sorted(names):
+            try:
+                st = os.lstat(name)
+            except OSError:
+                continue
+            digest.update(f"{rel}|{name}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_mode}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def _quick_key() -> tuple:
+    """Cheap change detector: stat of each top-level entry (and of a symlink's target)."""
+    key = []
+    for path in [f"/{n}" for n in SYSTEM_DIRS] + [f"/etc/{n}" for n in ETC_ENTRIES]:
+        for follow in (False, True):
+            try:
+                st = os.stat(path, follow_symlinks=follow)
+                key.append((path, follow, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode))
+            except OSError:
+                key.append((path, follow))
+    return tuple(key)
 
 
 class _Layouts:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.cache: dict[Path, tuple[float, str, list[dict]]] = {}
+        self.cache: dict[Path, tuple[float, tuple, str, list[dict]]] = {}
 
     def get(self, state_dir: Path) -> tuple[str, list[dict]]:
         now = time.monotonic()
         cached = self.cache.get(state_dir)
         if cached is not None and now - cached[0] < RECHECK:
-            return cached[1], cached[2]
+            return cached[2], cached[3]
         with self.lock:
+            key = _quick_key()
+            if cached is not None and cached[1] == key and os.path.isdir(cached[2]):
+                self.cache[state_dir] = (now, key, cached[2], cached[3])
+                return cached[2], cached[3]
             links, copies, binds = _plan()
             skeleton = state_dir / f"skeleton-{_fingerprint(links, copies, binds)}"
             if not skeleton.is_dir():
                 _build(skeleton, links, copies, binds)
-            self.cache[state_dir] = (now, str(skeleton), binds)
+            self.cache[state_dir] = (now, key, str(skeleton), binds)
             return str(skeleton), binds
 
 

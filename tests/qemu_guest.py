@@ -1,0 +1,108 @@
+"""Boot a throwaway QEMU guest (software emulation) with a real cgroup v2 hierarchy, sharing this
+host's filesystem read-only, and run a shell script in it as pid 1's child.
+
+This host has cgroup v1 only; the guest lets the same test code run against cgroup v2 for real.
+The guest kernel is Debian's generic kernel package and a busybox-static initramfs; both are
+fetched with ``apt-get download`` once and cached.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+MODULES = (
+    "drivers/virtio/virtio_ring", "drivers/virtio/virtio", "drivers/virtio/virtio_pci_legacy_dev",
+    "drivers/virtio/virtio_pci_modern_dev", "drivers/virtio/virtio_pci", "fs/netfs/netfs", "fs/fscache/fscache",
+    "net/9p/9pnet", "net/9p/9pnet_virtio", "fs/9p/9p", "fs/overlayfs/overlay",
+)  # fmt: skip
+
+INIT = """#!/bin/busybox sh
+B=/bin/busybox
+$B mkdir -p /proc /dev /newroot
+$B mount -t proc proc /proc
+$B mount -t devtmpfs dev /dev
+for m in {modules}; do $B insmod /mods/$m.ko; done
+$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 host /newroot
+$B mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 scratch /newroot/var/tmp
+$B mount -t proc proc /newroot/proc
+$B mount -t sysfs sys /newroot/sys
+$B mount -t cgroup2 none /newroot/sys/fs/cgroup
+$B mount -t devtmpfs dev /newroot/dev
+$B mount -t devpts devpts /newroot/dev/pts
+for d in tmp run home root; do $B mount -t tmpfs tmpfs /newroot/$d; done
+exec $B switch_root /newroot /bin/sh -c \
+  '/bin/sh /var/tmp/run.sh > /var/tmp/out.txt 2>&1; echo $? > /var/tmp/rc.txt; sync'
+"""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("JAILBOX_QEMU_CACHE", "/var/tmp/jailbox-qemu"))
+
+
+def missing_tools() -> list[str]:
+    return [t for t in ("qemu-system-x86_64", "apt-get", "dpkg-deb", "cpio") if shutil.which(t) is None]
+
+
+def _download(package: str, into: Path) -> Path:
+    subprocess.run(["apt-get", "download", package], cwd=into, check=True, capture_output=True)
+    return next(into.glob(f"{package.replace('+', '?')}_*.deb"))
+
+
+def assets() -> tuple[Path, Path]:
+    """(kernel, initramfs), built once into the cache directory."""
+    cache = cache_dir()
+    kernel, initrd = cache / "vmlinuz", cache / "initrd.gz"
+    if kernel.exists() and initrd.exists():
+        return kernel, initrd
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as work_dir:
+        work = Path(work_dir)
+        depends = subprocess.run(["apt-cache", "depends", "linux-image-amd64"], capture_output=True, text=True,
+                                 check=True).stdout  # fmt: skip
+        image = next(line.split()[-1] for line in depends.splitlines() if "Depends: linux-image-" in line)
+        for package in (image, "busybox-static"):
+            subprocess.run(["dpkg-deb", "-x", str(_download(package, work)), str(work / "x")], check=True)
+        root = work / "initrd"
+        (root / "bin").mkdir(parents=True)
+        (root / "mods").mkdir()
+        shutil.copy(work / "x/bin/busybox", root / "bin/busybox")
+        modules = next((work / "x/lib/modules").iterdir()) / "kernel"
+        for module in MODULES:
+            shutil.copy(modules / f"{module}.ko", root / "mods")
+        names = " ".join(m.rsplit("/", 1)[1] for m in MODULES)
+        (root / "init").write_text(INIT.format(modules=names))
+        os.chmod(root / "init", 0o755)
+        listing = "\n".join(str(p.relative_to(root)) for p in sorted(root.rglob("*"))).encode()
+        archive = subprocess.run(["cpio", "-o", "-H", "newc"], cwd=root, input=listing, capture_output=True,
+                                 check=True).stdout  # fmt: skip
+        (work / "initrd.gz").write_bytes(gzip.compress(archive, 1))
+        shutil.copy(next((work / "x/boot").glob("vmlinuz-*")), work / "vmlinuz")
+        os.replace(work / "initrd.gz", initrd)
+        os.replace(work / "vmlinuz", kernel)
+    return kernel, initrd
+
+
+def run(script: str, timeout: float = 1200) -> tuple[int, str]:
+    """Boot, run ``script`` with /bin/sh inside the guest, power off; (exit code, its output)."""
+    kernel, initrd = assets()
+    with tempfile.TemporaryDirectory(prefix="jailbox-guest-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        os.chmod(scratch, 0o777)
+        (scratch / "run.sh").write_text(script)
+        console = subprocess.run(
+            ["qemu-system-x86_64", "-accel", "tcg", "-m", "2048", "-smp", "2", "-nographic", "-nodefaults",
+             "-serial", "stdio", "-no-reboot", "-kernel", str(kernel), "-initrd", str(initrd),
+             "-append", "console=ttyS0 quiet panic=-1 rdinit=/init",
+             "-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
+             "-virtfs", f"local,path={scratch},mount_tag=scratch,security_model=none,multidevs=remap"],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        rc_file, out_file = scratch / "rc.txt", scratch / "out.txt"
+        if not rc_file.exists():
+            return -1, (out_file.read_text() if out_file.exists() else "") + console.stdout[-4000:]
+        return int(rc_file.read_text().strip() or -1), out_file.read_text()

@@ -1,0 +1,67 @@
+"""cgroup v2 for real: the cgroup tests, run as root and as a delegated user inside a QEMU guest.
+
+This machine has cgroup v1 only; the guest (Debian's kernel under software emulation, this host's
+filesystem shared read-only) has the unified hierarchy that laptops and most CI runners have.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import sys
+from pathlib import Path
+
+import pytest
+import qemu_guest
+
+ROOT = Path(__file__).resolve().parent.parent
+GUEST_TESTS = "tests/test_limits.py -k 'bomb or quota or ordinary'"
+
+
+def _test_user() -> pwd.struct_passwd:
+    wanted = os.environ.get("JAILBOX_TEST_USER")
+    for line in Path("/etc/subuid").read_text().splitlines():
+        name = line.split(":")[0]
+        if wanted in (None, name):
+            try:
+                return pwd.getpwnam(name)
+            except KeyError:
+                continue
+    pytest.fail("no user with a /etc/subuid range to run the delegated pass as (CI creates one)")
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_cgroup_v2_limits_in_a_qemu_guest():
+    missing = qemu_guest.missing_tools()
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (.ci/run installs them)")
+    user = _test_user()
+    pytest_cmd = f"/tmp/venv/bin/python -m pytest -p no:cacheprovider -q -m 'cgroup or not nocgroup' {GUEST_TESTS}"
+    script = f"""
+set -e
+export HOME=/root LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1
+mkdir -p /tmp/repo /tmp/venv
+mount --bind {ROOT} /tmp/repo
+mount --bind {sys.prefix} /tmp/venv
+cd /tmp/repo
+echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control
+echo "=== root"
+JAILBOX_STATE_DIR=/tmp/jb-root {pytest_cmd}
+# what systemd's Delegate=yes does for a user's scope
+mkdir -p /sys/fs/cgroup/user/session
+chown -R {user.pw_uid}:{user.pw_gid} /sys/fs/cgroup/user
+echo '+memory +pids +cpu' > /sys/fs/cgroup/user/cgroup.subtree_control
+echo $$ > /sys/fs/cgroup/user/session/cgroup.procs
+mkdir /tmp/u && chown {user.pw_uid}:{user.pw_gid} /tmp/u
+echo "=== {user.pw_name}"
+setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --init-groups \\
+    env HOME=/tmp/u JAILBOX_STATE_DIR=/tmp/u/jb {pytest_cmd}
+"""
+    rc, out = qemu_guest.run(script)
+    assert rc == 0, out[-6000:]
+    summaries = [line for line in out.splitlines() if " passed" in line or " failed" in line]
+    assert len(summaries) == 2, out[-6000:]
+    for summary in summaries:  # root, then the delegated user: the same four cgroup-backed tests
+        assert summary.startswith("4 passed") and "failed" not in summary, out[-6000:]
