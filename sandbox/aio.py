@@ -15,7 +15,7 @@ from typing import Any
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxClosed
 from sandbox.execution import run_async
-from sandbox.results import ExecResult
+from sandbox.results import ExecResult, SandboxStats
 from sandbox.sandbox import Command, Sandbox
 
 
@@ -50,7 +50,10 @@ class AsyncSandbox:
         on_stderr: Callable[[bytes], None] | None = None,
     ) -> ExecResult:
         run = self.sandbox._begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr)
-        return await run_async(run, timeout)
+        return self.sandbox._account(await run_async(run, timeout))
+
+    def stats(self) -> SandboxStats:
+        return self.sandbox.stats()
 
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         return await asyncio.to_thread(self.sandbox.read_file, path, max_bytes)

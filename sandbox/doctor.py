@@ -118,7 +118,7 @@ def userns_live() -> Probe:
     return Probe(name="user namespace (live)", status="ok", detail="created one and mapped this user to root")
 
 
-def overlay_in_userns() -> Probe:
+def overlay_in_userns(userns: Probe) -> Probe:
     def body() -> None:
         _enter_userns()
         L.mount("tmpfs", "/tmp", "tmpfs", 0)
@@ -126,6 +126,13 @@ def overlay_in_userns() -> Probe:
             os.mkdir(f"/tmp/{d}")
         L.mount("overlay", "/tmp/m", "overlay", 0, "lowerdir=/tmp/l,upperdir=/tmp/u,workdir=/tmp/w,userxattr")
 
+    if userns.status != "ok":
+        return Probe(
+            name="overlayfs in a user namespace",
+            status="failing",
+            detail="not testable without a user namespace",
+            fix="fix the user namespace line first",
+        )
     error = _in_child(body)
     if error:
         return Probe(
@@ -185,6 +192,13 @@ def seccomp_notify() -> Probe:
         L.install_seccomp(program, listener=True)
 
     error = _in_child(body)
+    if error and "Device or resource busy" in error:
+        return Probe(
+            name="seccomp user notification",
+            status="degraded",
+            detail="this process already runs under a seccomp supervisor with a listener (a nested sandbox)",
+            fix="run jailbox outside that sandbox to get refused syscalls named; they are refused either way",
+        )
     if error:
         return Probe(
             name="seccomp user notification",
@@ -255,11 +269,12 @@ def run(host: Host | None = None, base: Path | None = None) -> list[Probe]:
     from sandbox.state import state_dir
 
     host = host or Host()
+    live = userns_live()
     return [
         Probe(name="kernel", status="ok", detail=f"Linux {platform.release()} {platform.machine()}"),
         userns_settings(host),
-        userns_live(),
-        overlay_in_userns(),
+        live,
+        overlay_in_userns(live),
         id_ranges(host),
         seccomp_notify(),
         cgroup(host),

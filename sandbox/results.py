@@ -62,3 +62,29 @@ class ExecResult(BaseModel):
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+class SandboxStats(BaseModel):
+    """What a sandbox's commands cost so far (``Sandbox.stats()``)."""
+
+    execs: int = 0
+    wall_time: float = 0.0
+    cpu_user: float = 0.0
+    cpu_system: float = 0.0
+    peak_memory: int = 0
+    timeouts: int = 0
+    oom_kills: int = 0
+    pids_limit_hits: int = 0
+    refused_syscalls: dict[str, int] = Field(default_factory=dict)
+
+    def add(self, r: ExecResult) -> None:
+        self.execs += 1
+        self.wall_time += r.wall_time
+        self.cpu_user += r.cpu_user
+        self.cpu_system += r.cpu_system
+        self.peak_memory = max(self.peak_memory, r.peak_memory)
+        self.timeouts += r.timed_out
+        self.oom_kills += bool(r.oom_killed)
+        self.pids_limit_hits += bool(r.pids_limit_hit)
+        for name, count in r.refused_syscalls.items():
+            self.refused_syscalls[name] = self.refused_syscalls.get(name, 0) + count

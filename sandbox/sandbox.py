@@ -16,7 +16,7 @@ from sandbox.config import SandboxConfig, check_env, jail_path
 from sandbox.errors import ExecError, SandboxClosed
 from sandbox.execution import ExecRun, TtyCommand, run_sync
 from sandbox.jail import Jail
-from sandbox.results import ExecResult
+from sandbox.results import ExecResult, SandboxStats
 
 if TYPE_CHECKING:
     from sandbox.pool import SandboxPool
@@ -40,6 +40,7 @@ class Sandbox:
         self._lock = threading.Lock()
         self._closed = False
         self._pool: SandboxPool | None = None
+        self._stats = SandboxStats()
         self._jail = Jail(self.config)
 
     @classmethod
@@ -51,6 +52,7 @@ class Sandbox:
         sb._lock = threading.Lock()
         sb._closed = False
         sb._pool = pool
+        sb._stats = SandboxStats()
         sb._jail = jail
         return sb
 
@@ -122,7 +124,17 @@ class Sandbox:
         result says ``timed_out``. Background processes it starts on purpose keep running.
         """
         run = self._begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr)
-        return run_sync(run, timeout)
+        return self._account(run_sync(run, timeout))
+
+    def _account(self, result: ExecResult) -> ExecResult:
+        with self._lock:
+            self._stats.add(result)
+        return result
+
+    def stats(self) -> SandboxStats:
+        """Totals over every command this sandbox has run (since the last ``reset()``)."""
+        with self._lock:
+            return self._stats.model_copy(deep=True)
 
     def exec_tty(self, argv: list[str], env: dict[str, str] | None = None) -> TtyCommand:
         """Start ``argv`` as session leader on a new pty inside the jail (for interactive shells)."""
@@ -183,6 +195,7 @@ class Sandbox:
         with self._lock:
             old, self._jail = self._jail, fresh
             self._ids = itertools.count(1)
+            self._stats = SandboxStats()
         if self._pool is not None:
             self._pool.retire(old)
         else:

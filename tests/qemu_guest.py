@@ -9,6 +9,7 @@ fetched with ``apt-get download`` once and cached.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import shutil
 import subprocess
@@ -28,13 +29,14 @@ $B mount -t proc proc /proc
 $B mount -t devtmpfs dev /dev
 for m in {modules}; do $B insmod /mods/$m.ko; done
 $B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 host /newroot
+$B mount -o bind /newroot /newroot/mnt
 $B mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 scratch /newroot/var/tmp
 $B mount -t proc proc /newroot/proc
 $B mount -t sysfs sys /newroot/sys
 $B mount -t cgroup2 none /newroot/sys/fs/cgroup
 $B mount -t devtmpfs dev /newroot/dev
 $B mount -t devpts devpts /newroot/dev/pts
-for d in tmp run home root; do $B mount -t tmpfs tmpfs /newroot/$d; done
+for d in tmp run home root; do $B mount -t tmpfs tmpfs /newroot/$d; done  # the host's, unhidden, at /mnt
 exec $B switch_root /newroot /bin/sh -c \
   '/bin/sh /var/tmp/run.sh > /var/tmp/out.txt 2>&1; echo $? > /var/tmp/rc.txt; sync'
 """
@@ -56,7 +58,8 @@ def _download(package: str, into: Path) -> Path:
 def assets() -> tuple[Path, Path]:
     """(kernel, initramfs), built once into the cache directory."""
     cache = cache_dir()
-    kernel, initrd = cache / "vmlinuz", cache / "initrd.gz"
+    version = hashlib.sha256((INIT + repr(MODULES)).encode()).hexdigest()[:12]
+    kernel, initrd = cache / "vmlinuz", cache / f"initrd-{version}.gz"
     if kernel.exists() and initrd.exists():
         return kernel, initrd
     cache.mkdir(parents=True, exist_ok=True)
@@ -83,12 +86,16 @@ def assets() -> tuple[Path, Path]:
         (work / "initrd.gz").write_bytes(gzip.compress(archive, 1))
         shutil.copy(next((work / "x/boot").glob("vmlinuz-*")), work / "vmlinuz")
         os.replace(work / "initrd.gz", initrd)
-        os.replace(work / "vmlinuz", kernel)
+        if not kernel.exists():
+            os.replace(work / "vmlinuz", kernel)
     return kernel, initrd
 
 
 def run(script: str, timeout: float = 1200) -> tuple[int, str]:
-    """Boot, run ``script`` with /bin/sh inside the guest, power off; (exit code, its output)."""
+    """Boot, run ``script`` with /bin/sh inside the guest, power off; (exit code, its output).
+
+    The guest sees the host's filesystem read-only at / (with fresh /tmp, /run, /home and /root)
+    and all of it, unhidden, at /mnt."""
     kernel, initrd = assets()
     with tempfile.TemporaryDirectory(prefix="jailbox-guest-") as scratch_dir:
         scratch = Path(scratch_dir)

@@ -6,6 +6,7 @@ filesystem shared read-only) has the unified hierarchy that laptops and most CI 
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import sys
@@ -43,24 +44,35 @@ def test_cgroup_v2_limits_in_a_qemu_guest():
 set -e
 export HOME=/root LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1
 mkdir -p /tmp/repo /tmp/venv
-mount --bind {ROOT} /tmp/repo
-mount --bind {sys.prefix} /tmp/venv
+mount --bind /mnt{ROOT} /tmp/repo
+mount --bind /mnt{sys.prefix} /tmp/venv
 cd /tmp/repo
 echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control
 echo "=== root"
 JAILBOX_STATE_DIR=/tmp/jb-root {pytest_cmd}
+mkdir /tmp/u && chown {user.pw_uid}:{user.pw_gid} /tmp/u
+AS_USER="setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --init-groups env HOME=/tmp/u JAILBOX_STATE_DIR=/tmp/u/jb"
+echo "=== doctor before delegation"
+$AS_USER /tmp/venv/bin/python -c 'import cli; cli.main()' doctor --json | tr -d '\n'; echo
 # what systemd's Delegate=yes does for a user's scope
 mkdir -p /sys/fs/cgroup/user/session
 chown -R {user.pw_uid}:{user.pw_gid} /sys/fs/cgroup/user
 echo '+memory +pids +cpu' > /sys/fs/cgroup/user/cgroup.subtree_control
 echo $$ > /sys/fs/cgroup/user/session/cgroup.procs
-mkdir /tmp/u && chown {user.pw_uid}:{user.pw_gid} /tmp/u
+echo "=== doctor after delegation"
+$AS_USER /tmp/venv/bin/python -c 'import cli; cli.main()' doctor --json | tr -d '\n'; echo
 echo "=== {user.pw_name}"
-setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --init-groups \\
-    env HOME=/tmp/u JAILBOX_STATE_DIR=/tmp/u/jb {pytest_cmd}
+$AS_USER {pytest_cmd}
 """
     rc, out = qemu_guest.run(script)
     assert rc == 0, out[-6000:]
+    lines = out.splitlines()
+    before, after = (
+        json.loads(lines[lines.index(f"=== doctor {when} delegation") + 1]) for when in ("before", "after")
+    )
+    cgroup_before = next(p for p in before if p["name"] == "cgroups")
+    assert cgroup_before["status"] == "degraded" and "Delegate=yes" in cgroup_before["fix"]
+    assert next(p for p in after if p["name"] == "cgroups")["status"] == "ok"
     summaries = [line for line in out.splitlines() if " passed" in line or " failed" in line]
     assert len(summaries) == 2, out[-6000:]
     for summary in summaries:  # root, then the delegated user: the same four cgroup-backed tests

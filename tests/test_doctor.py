@@ -108,3 +108,24 @@ def test_live_userns_failure_is_reported_with_the_fix():
     assert probes["user namespaces"]["status"] == "failing"
     assert probes["user namespaces"]["fix"] == "sudo sysctl -w user.max_user_namespaces=28633"
     assert probes["user namespace (live)"]["status"] == "failing"
+
+
+def test_doctor_inside_a_jail_names_the_container_fix():
+    """A real container-like host: jailbox's own sandbox, whose seccomp policy refuses unshare."""
+    from sandbox import Mount, Sandbox
+
+    mounts = [Mount(ROOT, str(ROOT))]
+    if not Path(sys.prefix).is_relative_to(ROOT):
+        mounts.append(Mount(sys.prefix, sys.prefix))
+    with Sandbox(mounts=mounts, env={"JAILBOX_STATE_DIR": "/tmp/jb"}) as sb:
+        r = sb.exec([f"{sys.prefix}/bin/python", "-c", "import cli; cli.main()", "doctor", "--json"], cwd=str(ROOT),
+                    timeout=120)  # fmt: skip
+    probes = {p["name"]: p for p in json.loads(r.stdout)}
+    assert r.exit_code == 1, r.stderr
+    live = probes["user namespace (live)"]
+    assert live["status"] == "failing" and "Operation not permitted" in live["detail"]
+    assert "seccomp=unconfined" in live["fix"]
+    assert probes["overlayfs in a user namespace"]["fix"] == "fix the user namespace line first"
+    assert probes["seccomp user notification"]["status"] == "degraded"
+    assert "nested sandbox" in probes["seccomp user notification"]["detail"]
+    assert "unshare" in r.refused_syscalls

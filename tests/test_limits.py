@@ -98,3 +98,15 @@ def test_limits_are_validated():
     with pytest.raises(ValueError):
         Limits(cpus=0)
     assert Limits(memory="1.5G").memory == 3 << 29
+
+
+def test_sandbox_stats_add_up_its_commands(sb):
+    results = [sb.exec("python3 -c 'sum(range(10**6))'"), sb.exec("sleep 5", timeout=0.2), sb.exec("unshare -r true")]
+    stats = sb.stats()
+    assert stats.execs == 3 and stats.timeouts == 1
+    assert stats.refused_syscalls == {"unshare": 1}
+    assert abs(stats.cpu_user - sum(r.cpu_user for r in results)) < 1e-6
+    assert stats.peak_memory == max(r.peak_memory for r in results) > 0
+    assert abs(stats.wall_time - sum(r.wall_time for r in results)) < 1e-6
+    sb.reset()
+    assert sb.stats().execs == 0
