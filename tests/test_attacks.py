@@ -255,3 +255,12 @@ def test_a_dead_init_is_reported_cleanly():
         sb.exec("true")
     sb.close()
     assert sb.dir is None or not sb.dir.exists()
+
+
+def test_escaping_a_timeout_with_setsid_and_double_fork(sb):
+    r = sb.exec(
+        "setsid sh -c 'sleep 900 &'; (sleep 901 &); nohup setsid sleep 902 > /dev/null 2>&1 & sleep 903", timeout=0.5
+    )
+    assert r.timed_out and r.signal == signal.SIGKILL
+    left = sb.exec("for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done | grep -c sleep; true")
+    assert left.stdout.strip() == "0"
