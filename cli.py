@@ -10,6 +10,7 @@ import signal
 import sys
 import termios
 import tty
+from pathlib import Path
 from typing import Any
 
 import click
@@ -165,6 +166,128 @@ def _copy(src: int, dst: int) -> bool:
     if data:
         os.write(dst, data)
     return bool(data)
+
+
+def _trim(text: str, limit: int = 600) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else f"{text[: limit // 2]}\n[...]\n{text[-limit // 2 :]}"
+
+
+@main.command("run", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--query", "--problem", required=True, help="The task (text, or @FILE to read it from a file).")
+@click.option("--llm-name", "--llm_name", "--model", "model", required=True, help="Model name at the endpoint.")
+@click.option(
+    "--llm-base-url",
+    "--llm_base_url",
+    "base_url",
+    default=None,
+    help="Endpoint, e.g. http://localhost:8000/v1 (default $OPENAI_BASE_URL or $LLM_BASE_URL).",
+)
+@click.option("--api-key", "--api_key", default=None, help="Default $OPENAI_API_KEY.")
+@click.option("--input-dir", "--input_dir", type=click.Path(exists=True, file_okay=False), default=None)
+@click.option("--output-dir", "--output_dir", type=click.Path(file_okay=False), default="./output", show_default=True)
+@click.option("--prompt-config", "--prompt_config", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--temperature", type=float, default=None)
+@click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
+@click.option("--max-token-limit", "--max_token_limit", type=int, default=None, help="Total tokens for the run.")
+@click.option("--max-tokens-per-call", "--max_tokens_per_call", type=int, default=None)
+@click.option("--extra-body", "--extra_body", default=None, help="JSON merged into each request body.")
+@click.option("--text-mode", is_flag=True, help="For models without tool calling: one fenced action per reply.")
+@click.option("--rootfs", default="host", show_default=True)
+@click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True)
+@click.option("--memory", default=None, help="Memory cap for the jail, e.g. 4G.")
+@click.option("--quiet", is_flag=True, help="No per-step output.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final result as JSON.")
+def run_cmd(
+    query: str,
+    model: str,
+    base_url: str | None,
+    api_key: str | None,
+    input_dir: str | None,
+    output_dir: str,
+    prompt_config: str | None,
+    temperature: float | None,
+    max_steps: int,
+    max_token_limit: int | None,
+    max_tokens_per_call: int | None,
+    extra_body: str | None,
+    text_mode: bool,
+    rootfs: str,
+    network: str,
+    memory: str | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Give a model a fresh sandbox and let it work on QUERY until it submits."""
+    from agent import prompts as prompt_configs
+    from agent.llm import LLMConfig
+    from agent.loop import AgentConfig
+    from agent.run import run_task
+    from sandbox.config import Limits
+
+    if query.startswith("@"):
+        query = Path(query[1:]).read_text()
+    try:
+        llm_fields = {
+            "model": model,
+            "temperature": temperature,
+            "max_tokens": max_tokens_per_call,
+            "extra_body": json.loads(extra_body) if extra_body else {},
+        }
+        if base_url:
+            llm_fields["base_url"] = base_url
+        if api_key:
+            llm_fields["api_key"] = api_key
+        llm = LLMConfig(**llm_fields)
+        limits = Limits(memory=memory) if memory else Limits()
+        sandbox = SandboxConfig(rootfs=rootfs, network=network, limits=limits)
+        agent = AgentConfig(max_steps=max_steps, max_total_tokens=max_token_limit, text_mode=text_mode)
+        prompts = prompt_configs.load(prompt_config)
+    except (ValidationError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+
+    def show(step: Any) -> None:
+        click.echo(
+            click.style(f"--- step {step.index} ({step.prompt_tokens + step.completion_tokens} tokens)", bold=True)
+        )
+        if step.reasoning:
+            click.echo(click.style(_trim(step.reasoning, 400), dim=True))
+        for action, observation in zip(step.actions, step.observations, strict=False):
+            click.echo(click.style(f"> {action.function} {_trim(json.dumps(action.parameters), 300)}", fg="cyan"))
+            click.echo(_trim(observation))
+        if step.note:
+            click.echo(click.style(step.note, fg="yellow"))
+
+    try:
+        trajectory = run_task(
+            query,
+            llm,
+            Path(output_dir),
+            input_dir=Path(input_dir) if input_dir else None,
+            prompts=prompts,
+            agent=agent,
+            sandbox=sandbox,
+            on_step=None if quiet or as_json else show,
+        )
+    except SandboxError as exc:
+        click.echo(f"jailbox: {exc}", err=True)
+        sys.exit(125)
+    summary = {
+        "exit_status": trajectory.exit_status,
+        "answer": trajectory.answer,
+        "steps": len(trajectory.steps),
+        "tokens": trajectory.prompt_tokens + trajectory.completion_tokens,
+        "error": trajectory.error,
+        "output_dir": str(Path(output_dir).resolve()),
+    }
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(
+            f"{trajectory.exit_status}: answer={trajectory.answer!r} in {summary['steps']} steps, "
+            f"{summary['tokens']} tokens; output in {summary['output_dir']}"
+        )
+    sys.exit(0 if trajectory.exit_status == "submitted" else 1)
 
 
 @main.command()

@@ -1,0 +1,435 @@
+"""OpenAI-compatible chat client for the agent loop: one request/retry/parse core, a sync and an async transport.
+
+The core is a generator that yields what to do next (send this body, sleep this long) and is sent back what
+happened, so the retry policy, context-length recovery and response validation exist once; `LLMClient` and
+`AsyncLLMClient` only perform the I/O it asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+
+class LLMError(Exception):
+    """Base of every error this module raises."""
+
+
+class _StatusError(LLMError):
+    """An error about a reply the server did send: its status and whole body are kept for the caller."""
+
+    def __init__(self, message: str, status: int, body: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class LLMHTTPError(_StatusError):
+    """The server answered with an error status (after any retries it deserved)."""
+
+
+class ContextLengthError(LLMHTTPError):
+    """The conversation does not fit the model's context, even with ``max_tokens`` shrunk to what is left."""
+
+
+class LLMResponseError(_StatusError):
+    """A success status with a body that is not a chat completion (not retried: asking again rarely helps)."""
+
+
+class LLMConnectionError(LLMError):
+    """Connecting, sending or reading failed on every attempt (refused, dropped, timed out)."""
+
+
+_RETRY_STATUSES = frozenset({408, 409, 429})  # besides 5xx; 408 and 409 are transient too, as the OpenAI SDK has it
+_CONTEXT_PHRASES = (
+    "maximum context length",
+    "context_length_exceeded",
+    "context length exceeded",
+    "reduce the length",
+    "too many tokens",
+)
+_CONTEXT_LIMIT = re.compile(r"maximum context length (?:is|of) (\d+)", re.IGNORECASE)
+_PROMPT_TOKENS = re.compile(
+    r"(\d+) in the messages|(\d+) input tokens|messages resulted in (\d+) tokens", re.IGNORECASE
+)
+_CONTEXT_MARGIN = 16
+_REASONING_KEYS = frozenset({"reasoning_content", "reasoning"})
+_BODY_EXCERPT = 500
+
+
+class Timeouts(BaseModel):
+    """Seconds to connect, and to wait for each read: self-hosted servers queue requests, so reads wait long."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    connect: float = 10.0
+    read: float = 600.0
+
+
+class LLMConfig(BaseModel):
+    """Where and how to ask; ``base_url`` and ``api_key`` default to the usual environment variables."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    base_url: str
+    api_key: SecretStr = Field(default_factory=lambda: SecretStr(os.environ.get("OPENAI_API_KEY", "")))
+    temperature: float | None = None
+    max_tokens: int | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout: Timeouts = Field(default_factory=Timeouts)
+    max_retries: int = Field(default=6, ge=0)
+    strip_reasoning: bool = False
+    backoff_base: float = Field(default=1.0, ge=0)
+    backoff_max: float = Field(default=60.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base_url_from_env(cls, data: Any) -> Any:
+        """Fill ``base_url`` from the environment here, so a missing one fails with the variables to set."""
+        if isinstance(data, dict) and not data.get("base_url"):
+            url = os.environ.get("OPENAI_BASE_URL") or os.environ.get("LLM_BASE_URL")
+            if not url:
+                raise ValueError("no base_url given and neither OPENAI_BASE_URL nor LLM_BASE_URL is set")
+            data = {**data, "base_url": url}
+        return data
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _read_timeout_from_number(cls, value: Any) -> Any:
+        """A bare number is the read timeout, the one worth tuning."""
+        if isinstance(value, int | float):
+            return {"read": value}
+        return value
+
+
+class Usage(BaseModel):
+    """Token counts of one completion; zeros where the server did not say."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class UsageTotals(Usage):
+    """Token counts summed over a client's successful calls."""
+
+    calls: int = 0
+
+
+class Completion(BaseModel):
+    """One answer: the assistant message exactly as returned (reasoning and unknown fields included).
+
+    ``max_tokens_used`` is what the answering request asked for (smaller after a context-length shrink),
+    ``latency`` the whole call's wall time with retries and back-off, ``attempts`` the requests sent.
+    """
+
+    message: dict[str, Any]
+    finish_reason: str | None
+    usage: Usage
+    max_tokens_used: int | None
+    latency: float
+    attempts: int
+
+
+@dataclass(frozen=True)
+class _Send:
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Sleep:
+    seconds: float
+
+
+_Outcome = httpx.Response | httpx.TransportError | None
+_Flow = Generator[_Send | _Sleep, _Outcome, Completion]
+
+
+def _excerpt(status: int, text: str) -> str:
+    return f"HTTP {status}: {text[:_BODY_EXCERPT]}"
+
+
+def _is_context_error(text: str) -> bool:
+    """Matched on the raw body, which holds both the message and the error code, whatever the JSON shape."""
+    lowered = text.lower()
+    return any(phrase in lowered for phrase in _CONTEXT_PHRASES)
+
+
+def _retryable(exc: LLMError) -> bool:
+    if isinstance(exc, LLMHTTPError):
+        return exc.status in _RETRY_STATUSES or exc.status >= 500
+    return isinstance(exc, LLMConnectionError)
+
+
+def _room_left(text: str) -> int | None:
+    """Completion tokens that still fit, from messages like vLLM's "maximum context length is N tokens ...
+    (X in the messages, Y in the completion)"; None when the message does not say or nothing fits."""
+    limit = _CONTEXT_LIMIT.search(text)
+    prompt = _PROMPT_TOKENS.search(text)
+    if limit is None or prompt is None:
+        return None
+    room = int(limit.group(1)) - int(next(group for group in prompt.groups() if group))
+    return max(1, room - _CONTEXT_MARGIN) if room > 0 else None
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return max(0.0, float(response.headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None
+
+
+def _usage(data: Any) -> Usage:
+    """Servers omit usage, or send nulls; both count as zero."""
+    if not isinstance(data, dict):
+        return Usage()
+    return Usage(**{field: int(data.get(field) or 0) for field in Usage.model_fields})
+
+
+def _parse_choice(response: httpx.Response) -> tuple[dict[str, Any], Usage]:
+    """The first choice of a 2xx body and its usage, or LLMResponseError saying what is wrong with the body."""
+    status, text = response.status_code, response.text
+    try:
+        data = response.json()
+    except ValueError:
+        raise LLMResponseError(f"response is not JSON ({_excerpt(status, text)})", status, text) from None
+    if not isinstance(data, dict) or "choices" not in data:
+        raise LLMResponseError(f"response has no 'choices' ({_excerpt(status, text)})", status, text)
+    choices = data["choices"]
+    if not isinstance(choices, list) or not choices:
+        raise LLMResponseError(f"response has no choices ({_excerpt(status, text)})", status, text)
+    choice = choices[0]
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+        raise LLMResponseError(f"choice has no 'message' ({_excerpt(status, text)})", status, text)
+    return choice, _usage(data.get("usage"))
+
+
+class _ChatCore:
+    """Everything but I/O: the request, the retry policy, response checks and the usage totals."""
+
+    def __init__(self, config: LLMConfig) -> None:
+        self.config = config
+        self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self.usage = UsageTotals()
+        self._usage_lock = threading.Lock()
+        key = config.api_key.get_secret_value()
+        self._headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **config.headers}
+        self._timeout = httpx.Timeout(config.timeout.read, connect=config.timeout.connect)
+
+    def _outgoing(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        """Reasoning stays in assistant messages unless asked: DeepSeek and Kimi reject turns without it."""
+        if self.config.strip_reasoning and message.get("role") == "assistant":
+            return {key: value for key, value in message.items() if key not in _REASONING_KEYS}
+        return dict(message)
+
+    def _body(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.config.model, "messages": [self._outgoing(m) for m in messages]}
+        if tools:
+            body["tools"] = list(tools)
+        if self.config.temperature is not None:
+            body["temperature"] = self.config.temperature
+        if self.config.max_tokens is not None:
+            body["max_tokens"] = self.config.max_tokens
+        return {**body, **self.config.extra_body}
+
+    def _check(self, outcome: _Outcome, attempts: int) -> tuple[dict[str, Any], Usage]:
+        """The choice and usage of a good reply; otherwise the error it amounts to."""
+        if not isinstance(outcome, httpx.Response):
+            raise LLMConnectionError(
+                f"{self.url}: {type(outcome).__name__}: {str(outcome) or 'no detail'} (attempt {attempts})"
+            ) from outcome
+        status, text = outcome.status_code, outcome.text
+        if 200 <= status < 300:
+            return _parse_choice(outcome)
+        if status == 400 and _is_context_error(text):
+            raise ContextLengthError(f"context length exceeded ({_excerpt(status, text)})", status, text)
+        raise LLMHTTPError(f"{self.url}: {_excerpt(status, text)} (attempt {attempts})", status, text)
+
+    def _backoff(self, failures: int, outcome: _Outcome) -> float:
+        """Full jitter over an exponential cap, or the server's Retry-After; never more than backoff_max."""
+        hinted = _retry_after(outcome) if isinstance(outcome, httpx.Response) else None
+        if hinted is not None:
+            return min(hinted, self.config.backoff_max)
+        return random.uniform(0, min(self.config.backoff_max, self.config.backoff_base * 2 ** (failures - 1)))
+
+    def _exchange(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> _Flow:
+        body = self._body(messages, tools)
+        started = time.monotonic()
+        attempts = failures = 0
+        shrunk = False
+        while True:
+            attempts += 1
+            outcome = yield _Send(body)
+            try:
+                choice, usage = self._check(outcome, attempts)
+            except ContextLengthError as exc:
+                room = None if shrunk else _room_left(exc.body)
+                current = body.get("max_tokens")
+                if room is None or (current is not None and room >= current):
+                    raise
+                body = {**body, "max_tokens": room}
+                shrunk = True
+                continue
+            except LLMError as exc:
+                if not _retryable(exc) or failures >= self.config.max_retries:
+                    raise
+                failures += 1
+                yield _Sleep(self._backoff(failures, outcome))
+                continue
+            return self._record(choice, usage, body, time.monotonic() - started, attempts)
+
+    def _record(
+        self, choice: dict[str, Any], usage: Usage, body: dict[str, Any], latency: float, attempts: int
+    ) -> Completion:
+        """Adds to the client's totals under a lock: one sync client may serve many threads."""
+        with self._usage_lock:
+            self.usage.prompt_tokens += usage.prompt_tokens
+            self.usage.completion_tokens += usage.completion_tokens
+            self.usage.total_tokens += usage.total_tokens
+            self.usage.calls += 1
+        return Completion(
+            message=choice["message"],
+            finish_reason=choice.get("finish_reason"),
+            usage=usage,
+            max_tokens_used=body.get("max_tokens"),
+            latency=latency,
+            attempts=attempts,
+        )
+
+
+class LLMClient(_ChatCore):
+    """Blocking client; safe to share between threads (httpx pools the connections)."""
+
+    def __init__(self, config: LLMConfig, *, sleep: Callable[[float], None] = time.sleep) -> None:
+        super().__init__(config)
+        self._sleep = sleep
+        self._http = httpx.Client(headers=self._headers, timeout=self._timeout)
+
+    def complete(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> Completion:
+        """One chat completion, retried as the core decides."""
+        flow = self._exchange(messages, tools)
+        step = next(flow)
+        while True:
+            try:
+                step = flow.send(self._perform(step))
+            except StopIteration as done:
+                return done.value
+
+    def _perform(self, step: _Send | _Sleep) -> _Outcome:
+        if isinstance(step, _Sleep):
+            self._sleep(step.seconds)
+            return None
+        try:
+            return self._http.post(self.url, json=step.body)
+        except httpx.TransportError as exc:
+            return exc
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> LLMClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncLLMClient(_ChatCore):
+    """The asyncio twin of `LLMClient`: same core, awaited I/O."""
+
+    def __init__(self, config: LLMConfig, *, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        super().__init__(config)
+        self._sleep = sleep
+        self._http = httpx.AsyncClient(headers=self._headers, timeout=self._timeout)
+
+    async def complete(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> Completion:
+        """One chat completion, retried as the core decides."""
+        flow = self._exchange(messages, tools)
+        step = next(flow)
+        while True:
+            try:
+                step = flow.send(await self._perform(step))
+            except StopIteration as done:
+                return done.value
+
+    async def _perform(self, step: _Send | _Sleep) -> _Outcome:
+        if isinstance(step, _Sleep):
+            await self._sleep(step.seconds)
+            return None
+        try:
+            return await self._http.post(self.url, json=step.body)
+        except httpx.TransportError as exc:
+            return exc
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncLLMClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w.-]*)[ \t]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        raise ValueError(f"{what}: invalid JSON ({exc}); write the arguments as one JSON object") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what}: expected a JSON object of arguments, got {type(value).__name__}")
+    return value
+
+
+def parse_text_action(content: str, tool_names: set[str]) -> tuple[str, dict[str, Any]] | None:
+    """The one tool call written as a fenced block, for models without native tool calling.
+
+    Either ```` ```<tool>\\n{json args}\\n``` ```` or a ```` ```json ```` block holding
+    ``{"name": ..., "arguments": {...}}``. Other fenced blocks, and json blocks without a "name", are samples,
+    not actions. None when there is no action; ValueError, worded for the model, when there are several or one
+    cannot be read.
+    """
+    actions: list[tuple[str, dict[str, Any]]] = []
+    for label, inner in _FENCE.findall(content):
+        if label in tool_names:
+            actions.append((label, _json_object(inner, f"```{label} block")))
+        elif label == "json":
+            try:
+                call = json.loads(inner)
+            except ValueError as exc:
+                raise ValueError(f"```json block: invalid JSON ({exc})") from None
+            if not isinstance(call, dict) or "name" not in call:
+                continue
+            name = call["name"]
+            if not isinstance(name, str) or name not in tool_names:
+                raise ValueError(f"unknown tool {name!r} in ```json block; tools: {', '.join(sorted(tool_names))}")
+            arguments = call.get("arguments", {})
+            if isinstance(arguments, str):
+                arguments = _json_object(arguments, f"arguments of {name!r}")
+            if not isinstance(arguments, dict):
+                raise ValueError(f"arguments of {name!r} must be a JSON object, got {type(arguments).__name__}")
+            actions.append((name, arguments))
+    if len(actions) > 1:
+        names = ", ".join(name for name, _ in actions)
+        raise ValueError(f"found {len(actions)} actions ({names}); write exactly one fenced action per reply")
+    return actions[0] if actions else None

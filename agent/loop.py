@@ -1,0 +1,206 @@
+"""The agent loop: a model, a jail, the paper's three tools, until it submits or a limit ends it.
+
+Every limit ends the run with a status, never an exception: ``submitted``, ``max_steps``,
+``token_limit``, ``time_limit``, ``format_errors``, ``llm_error``, ``sandbox_error``. The
+trajectory is saved after every step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from agent.llm import LLMClient, LLMError, parse_text_action
+from agent.prompts import PromptConfig
+from agent.tools import TOOL_SCHEMAS, Tools
+from agent.trajectory import Action, ExecFacts, ExitStatus, Step, Trajectory
+from sandbox import Sandbox
+from sandbox.errors import SandboxError
+
+NO_TOOL_CALL = (
+    "Your reply did not call a tool. Use execute_bash, str_replace_editor or submit (one function call per "
+    "step). When the task is done, call submit."
+)
+CUT_OFF = (
+    "Your reply was cut off at the token limit before it finished. Think less per step and call one tool "
+    "with short arguments; write long files in several edits."
+)
+LAST_STEP = "This is your last step: write the answer to {output_dir}/answer.txt now and call submit."
+TEXT_MODE_HELP = "Call a tool with one fenced block: ```<tool_name>\\n{{json arguments}}\\n```. Tools: {names}."
+
+
+class AgentConfig(BaseModel):
+    max_steps: int = Field(100, ge=1)
+    max_total_tokens: int | None = Field(None, ge=1)
+    time_limit: float | None = Field(None, gt=0, description="seconds of wall time for the whole run")
+    command_timeout: float = Field(120.0, gt=0)
+    max_format_errors: int = Field(3, ge=1, description="consecutive replies without a usable tool call")
+    text_mode: bool = Field(False, description="parse one fenced action per reply instead of tool calls")
+    observation_chars: int = Field(30_000, ge=1000)
+
+
+class Agent:
+    """``Agent(llm, sandbox, prompts).run(problem) -> Trajectory``."""
+
+    def __init__(
+        self,
+        llm: LLMClient,
+        sandbox: Sandbox,
+        prompts: PromptConfig | None = None,
+        config: AgentConfig | None = None,
+        trajectory_path: Path | None = None,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> None:
+        self.llm = llm
+        self.sandbox = sandbox
+        self.prompts = prompts or PromptConfig()
+        self.config = config or AgentConfig()
+        self.path = trajectory_path
+        self.on_step = on_step
+        self.tools = Tools(sandbox, timeout=self.config.command_timeout, max_chars=self.config.observation_chars)
+        self.tool_names = {schema["function"]["name"] for schema in TOOL_SCHEMAS}
+
+    def run(self, problem: str) -> Trajectory:
+        traj = Trajectory(problem_statement=problem, config={"agent": self.config.model_dump()})
+        system = self.prompts.system()
+        if self.config.text_mode:
+            system += "\n\n" + TEXT_MODE_HELP.format(names=", ".join(sorted(self.tool_names)))
+        traj.messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": self._remaining(self.prompts.instance(problem), 0)},
+        ]
+        traj.exit_status = self._loop(traj)
+        traj.answer = self._answer()
+        traj.finished = time.time()
+        self._save(traj)
+        return traj
+
+    def _loop(self, traj: Trajectory) -> ExitStatus:
+        start = time.monotonic()
+        format_errors = 0
+        for index in range(1, self.config.max_steps + 1):
+            if self.config.time_limit is not None and time.monotonic() - start > self.config.time_limit:
+                return "time_limit"
+            try:
+                completion = self.llm.complete(traj.messages, tools=None if self.config.text_mode else TOOL_SCHEMAS)
+            except LLMError as exc:
+                traj.error = f"{type(exc).__name__}: {exc}"
+                return "llm_error"
+            message = completion.message
+            traj.messages.append(message)
+            step = Step(
+                index=index,
+                thought=message.get("content") or "",
+                reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
+                finish_reason=completion.finish_reason,
+                prompt_tokens=completion.usage.prompt_tokens,
+                completion_tokens=completion.usage.completion_tokens,
+                llm_seconds=completion.latency,
+            )
+            traj.prompt_tokens += step.prompt_tokens
+            traj.completion_tokens += step.completion_tokens
+            traj.llm_seconds += step.llm_seconds
+            try:
+                submitted, usable = self._act(traj, step, message, index)
+            except SandboxError as exc:
+                traj.error = f"{type(exc).__name__}: {exc}"
+                self._record(traj, step)
+                return "sandbox_error"
+            self._record(traj, step)
+            if submitted:
+                return "submitted"
+            format_errors = 0 if usable else format_errors + 1
+            if format_errors >= self.config.max_format_errors:
+                return "format_errors"
+            if self.config.max_total_tokens is not None and self.llm.usage.total_tokens >= self.config.max_total_tokens:
+                return "token_limit"
+        return "max_steps"
+
+    def _act(self, traj: Trajectory, step: Step, message: dict[str, Any], index: int) -> tuple[bool, bool]:
+        """Run the reply's tool calls; (submitted, the reply had a usable call)."""
+        calls = self._calls(message, step)
+        if not calls:
+            note = step.note or (CUT_OFF if step.finish_reason == "length" else NO_TOOL_CALL)
+            step.note = note
+            traj.messages.append({"role": "user", "content": self._remaining(note, index)})
+            return False, False
+        submitted, usable = False, False
+        for position, (call_id, name, arguments) in enumerate(calls):
+            started = time.monotonic()
+            result = self.tools.call(name, arguments)
+            step.sandbox_seconds += time.monotonic() - started
+            step.actions.append(Action(function=name, parameters=_as_dict(arguments), tool_call_id=call_id))
+            observation = result.observation
+            if position == len(calls) - 1:
+                observation = self._remaining(observation, index)
+            step.observations.append(observation)
+            step.exec.append(
+                ExecFacts(
+                    exit_code=result.exit_code,
+                    timed_out=result.timed_out,
+                    oom_killed=result.oom_killed,
+                    wall_time=result.wall_time or 0.0,
+                )
+                if result.exit_code is not None or result.timed_out
+                else None
+            )
+            if call_id is None:
+                traj.messages.append({"role": "user", "content": f"Observation:\n{observation}"})
+            else:
+                traj.messages.append({"role": "tool", "tool_call_id": call_id, "content": observation})
+            submitted = submitted or result.submitted
+            usable = usable or not result.error
+        traj.sandbox_seconds += step.sandbox_seconds
+        return submitted, usable
+
+    def _calls(self, message: dict[str, Any], step: Step) -> list[tuple[str | None, str, Any]]:
+        """(tool_call_id, name, arguments) for every call in the reply; every id gets an answer."""
+        if self.config.text_mode:
+            try:
+                action = parse_text_action(message.get("content") or "", self.tool_names)
+            except ValueError as exc:
+                step.note = f"Your action could not be read: {exc}"
+                return []
+            return [] if action is None else [(None, action[0], action[1])]
+        calls = []
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            calls.append((call.get("id") or "", str(function.get("name") or ""), function.get("arguments") or "{}"))
+        return calls
+
+    def _remaining(self, text: str, index: int) -> str:
+        left = self.config.max_steps - index
+        if left == 1:
+            return f"{text}\n\nSteps Remaining: 1. " + LAST_STEP.format(output_dir=self.prompts.output_dir)
+        return f"{text}\n\nSteps Remaining: {left}"
+
+    def _answer(self) -> str | None:
+        try:
+            return self.sandbox.read_file(f"{self.prompts.output_dir}/answer.txt").decode(errors="replace").strip()
+        except SandboxError:
+            return None
+
+    def _record(self, traj: Trajectory, step: Step) -> None:
+        traj.steps.append(step)
+        self._save(traj)
+        if self.on_step is not None:
+            self.on_step(step)
+
+    def _save(self, traj: Trajectory) -> None:
+        if self.path is not None:
+            traj.save(self.path)
+
+
+def _as_dict(arguments: Any) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        parsed = json.loads(arguments)
+    except (TypeError, ValueError):
+        return {"_raw": str(arguments)[:2000]}
+    return parsed if isinstance(parsed, dict) else {"_raw": str(arguments)[:2000]}

@@ -1,0 +1,211 @@
+"""The agent loop against a scripted OpenAI-compatible server on 127.0.0.1 and real jails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from llm_server import ScriptedServer, error, reply
+
+from agent.llm import LLMConfig
+from agent.loop import CUT_OFF, NO_TOOL_CALL, AgentConfig
+from agent.prompts import PromptConfig, load
+from agent.run import run_task
+from agent.trajectory import load as load_trajectory
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data"
+
+
+def call(name: str, arguments: dict | str, call_id: str = "call_1") -> dict:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def tool_reply(*calls: dict, **fields):
+    return reply(
+        None,
+        tool_calls=list(calls),
+        finish_reason="tool_calls",
+        usage={"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+        **fields,
+    )
+
+
+SOLVE = [
+    tool_reply(
+        call("str_replace_editor", {"command": "create", "path": "/testbed/solve.py", "file_text": "print(6 * 7)\n"})
+    ),
+    tool_reply(call("execute_bash", {"command": "python3 /testbed/solve.py > /testbed/output/answer.txt"})),
+    tool_reply(call("submit", {})),
+]
+
+
+@pytest.fixture
+def server():
+    with ScriptedServer() as scripted:
+        yield scripted
+
+
+def run(server: ScriptedServer, tmp_path: Path, **agent):
+    llm = LLMConfig(model="scripted", base_url=server.url, api_key="k", backoff_base=0.01)
+    return run_task("What is 6*7?", llm, tmp_path / "out", agent=AgentConfig(**agent))
+
+
+def tool_messages(request) -> list[dict]:
+    return [m for m in request.json["messages"] if m["role"] == "tool"]
+
+
+def test_full_run_submits_and_lays_out_the_output(server, tmp_path):
+    server.add(*SOLVE)
+    traj = run(server, tmp_path)
+    assert (traj.exit_status, traj.answer) == ("submitted", "42")
+    out = tmp_path / "out"
+    assert (out / "answer.txt").read_text() == "42\n"
+    saved = load_trajectory(out / "trajectory.json")
+    assert saved.exit_status == "submitted" and len(saved.steps) == 3
+    assert saved.steps[1].exec[0].exit_code == 0 and saved.prompt_tokens == 300
+    first, second = server.requests[0].json, server.requests[1].json
+    assert [t["function"]["name"] for t in first["tools"]] == ["str_replace_editor", "execute_bash", "submit"]
+    assert "Steps Remaining: 100" in first["messages"][1]["content"]
+    answered = tool_messages(server.requests[1])
+    assert answered[0]["tool_call_id"] == "call_1" and "Steps Remaining: 99" in answered[0]["content"]
+    assert second["messages"][:2] == first["messages"][:2]
+
+
+def test_reasoning_content_goes_back_and_parallel_calls_are_all_answered(server, tmp_path):
+    server.add(
+        tool_reply(
+            call("execute_bash", {"command": "echo a"}, "c1"),
+            call("execute_bash", {"command": "echo b"}, "c2"),
+            reasoning_content="thinking about it",
+        ),
+        tool_reply(call("submit", {})),
+    )
+    traj = run(server, tmp_path)
+    assert traj.exit_status == "submitted"
+    assistant = [m for m in server.requests[1].json["messages"] if m["role"] == "assistant"]
+    assert assistant[0]["reasoning_content"] == "thinking about it"
+    answers = {m["tool_call_id"]: m["content"] for m in tool_messages(server.requests[1])}
+    assert set(answers) == {"c1", "c2"} and "a" in answers["c1"] and "b" in answers["c2"]
+    assert traj.steps[0].reasoning == "thinking about it"
+
+
+def test_malformed_calls_and_replies_without_calls_are_recovered(server, tmp_path):
+    server.add(
+        tool_reply(call("execute_bash", "{not json")),
+        tool_reply(call("rm_rf", {"path": "/"})),
+        reply("I think the answer is 42."),
+        reply("Let me write a very long", finish_reason="length"),
+        *SOLVE,
+    )
+    traj = run(server, tmp_path, max_format_errors=5)
+    assert traj.exit_status == "submitted"
+    msgs = [r.json["messages"][-1] for r in server.requests]
+    assert msgs[1]["role"] == "tool" and "JSON" in msgs[1]["content"]
+    assert msgs[2]["role"] == "tool" and "rm_rf" in msgs[2]["content"]
+    assert msgs[3]["role"] == "user" and msgs[3]["content"].startswith(NO_TOOL_CALL)
+    assert msgs[4]["role"] == "user" and msgs[4]["content"].startswith(CUT_OFF)
+
+
+def test_format_error_cap_ends_the_run(server, tmp_path):
+    server.add(reply("no tools"), reply("still none"), reply("nope"))
+    traj = run(server, tmp_path, max_format_errors=3)
+    assert traj.exit_status == "format_errors" and len(traj.steps) == 3
+
+
+def test_step_token_and_llm_limits(server, tmp_path):
+    server.add(
+        tool_reply(call("execute_bash", {"command": "true"})), tool_reply(call("execute_bash", {"command": "true"}))
+    )
+    traj = run(server, tmp_path / "a", max_steps=2)
+    assert traj.exit_status == "max_steps"
+    last = tool_messages(server.requests[1])[-1]["content"]
+    assert "Steps Remaining: 1. This is your last step" in last
+    server.add(tool_reply(call("execute_bash", {"command": "true"})))
+    assert run(server, tmp_path / "b", max_total_tokens=100).exit_status == "token_limit"
+    server.add(error(401, "bad key"))
+    traj = run(server, tmp_path / "c")
+    assert traj.exit_status == "llm_error" and "401" in traj.error
+
+
+def test_reference_prompt_configs_load_unchanged():
+    configs = sorted((SHARED / "reference-examples").glob("**/*.yaml"))
+    assert configs, f"the reference examples are missing from {SHARED} (../shared/data beside the checkout)"
+    for path in configs:
+        config = load(path)
+        assert "{output_dir}" not in config.system() and "/testbed" in config.instance("x")
+    assert PromptConfig().instance("What?").count("What?") == 1
+
+
+def test_trajectory_is_valid_after_a_crash_between_steps(tmp_path):
+    with ScriptedServer() as server:
+        slow = tool_reply(call("submit", {}))
+        server.add(SOLVE[0], SOLVE[1], type(slow)(**{**slow.__dict__, "delay": 30.0}))
+        out = tmp_path / "out"
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import cli; cli.main()",
+                "run",
+                "--query",
+                "6*7?",
+                "--llm_name",
+                "m",
+                "--llm_base_url",
+                server.url,
+                "--api_key",
+                "k",
+                "--output_dir",
+                str(out),
+                "--quiet",
+            ],
+            cwd=ROOT,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(server.requests) < 3:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    saved = load_trajectory(out / "trajectory.json")
+    assert len(saved.steps) == 2 and saved.exit_status is None
+    assert saved.steps[1].actions[0].function == "execute_bash"
+
+
+def test_cli_run_with_reference_flags(tmp_path):
+    with ScriptedServer(SOLVE) as server:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import cli; cli.main()",
+                "run",
+                "--query",
+                "6*7?",
+                "--llm_name",
+                "m",
+                "--llm_base_url",
+                server.url,
+                "--api_key",
+                "k",
+                "--output_dir",
+                str(tmp_path / "o"),
+                "--max_steps",
+                "5",
+                "--json",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["answer"] == "42"
+    assert (tmp_path / "o" / "answer.txt").exists() and (tmp_path / "o" / "trajectory.json").exists()
