@@ -209,3 +209,20 @@ def test_cli_run_with_reference_flags(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["answer"] == "42"
     assert (tmp_path / "o" / "answer.txt").exists() and (tmp_path / "o" / "trajectory.json").exists()
+
+
+def test_text_mode_for_models_without_tool_calling(server, tmp_path):
+    fence = "```"
+    server.add(
+        reply(
+            f'I will compute it.\n{fence}execute_bash\n{{"command": "echo 42 > /testbed/output/answer.txt"}}\n{fence}'
+        ),
+        reply("Two actions:\n```submit\n{}\n```\n```submit\n{}\n```"),
+        reply("Done.\n```submit\n{}\n```"),
+    )
+    traj = run(server, tmp_path, text_mode=True)
+    assert (traj.exit_status, traj.answer) == ("submitted", "42")
+    first = server.requests[0].json
+    assert "tools" not in first and "```<tool_name>" in first["messages"][0]["content"]
+    assert server.requests[1].json["messages"][-1]["content"].startswith("Observation:\nExit code: 0")
+    assert "could not be read" in server.requests[2].json["messages"][-1]["content"]
