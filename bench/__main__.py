@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from bench import cases, density, report
+from bench import agent_loop, cases, density, report
 from bench.machine import machine_info
 from bench.results import CaseResult
 from bench.settings import FULL, QUICK, Settings
@@ -24,6 +24,7 @@ CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "throughput": cases.throughput,
     "density": density.density,
     "containers": cases.containers,
+    "agent_loop": agent_loop.agent_loop,
 }
 
 

@@ -16,6 +16,7 @@ class Settings:
     density: int = 512
     container_reps: int = 20
     warmup: int = 3
+    agent_steps: int = 200
     image: str = "docker.io/library/busybox:latest"
 
     def as_dict(self) -> dict[str, object]:
@@ -33,4 +34,5 @@ QUICK = Settings(
     density=16,
     container_reps=3,
     warmup=1,
+    agent_steps=10,
 )

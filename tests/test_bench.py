@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ("one_shot", "create_close", "exec", "throughput", "density", "containers")
+CASES = ("one_shot", "create_close", "exec", "throughput", "density", "containers", "agent_loop")
 
 
 def _numeric(value: object) -> bool:
