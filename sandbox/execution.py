@@ -202,7 +202,7 @@ class ExecRun:
             return {"oom_killed": None, "pids_limit_hit": None}
         after = self.counters()
         grew = {k: after.get(k, 0) > v for k, v in self.counters_before.items()}
-        return {"oom_killed": grew.get("oom_kill", False), "pids_limit_hit": grew.get("pids_max", False)}
+        return {"oom_killed": grew.get("oom_kill"), "pids_limit_hit": grew.get("pids_max")}
 
 
 def _names(refused: dict[str, int]) -> dict[str, int]:

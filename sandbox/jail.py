@@ -171,7 +171,8 @@ def _make_cgroup(sandbox_id: str, wanted: Limits) -> Cgroup | None:
         if cgroups.v2_mounted():
             parent = _v2_parent()
             return None if parent is None else CgroupV2(parent, sandbox_id, wanted)
-        return CgroupV1(sandbox_id, wanted) if cgroups.v1_usable() else None
+        needed = wanted.memory is not None or wanted.pids is not None or wanted.cpus is not None
+        return CgroupV1(sandbox_id, wanted) if needed and cgroups.v1_usable() else None
     except OSError:
         return None
 
