@@ -58,6 +58,12 @@ def run(server: ScriptedServer, tmp_path: Path, **agent):
     return run_task("What is 6*7?", llm, tmp_path / "out", agent=AgentConfig(**agent))
 
 
+def cli_run(server: ScriptedServer, out: Path, *extra: str) -> list[str]:
+    """``jailbox run`` as a user types it, with the reference's underscore flags."""
+    return [sys.executable, "-c", "import cli; cli.main()", "run", "--query", "6*7?", "--llm_name", "m",
+            "--llm_base_url", server.url, "--api_key", "k", "--output_dir", str(out), *extra]  # fmt: skip
+
+
 def tool_messages(request) -> list[dict]:
     return [m for m in request.json["messages"] if m["role"] == "tool"]
 
@@ -149,26 +155,7 @@ def test_trajectory_is_valid_after_a_crash_between_steps(tmp_path):
         slow = tool_reply(call("submit", {}))
         server.add(SOLVE[0], SOLVE[1], type(slow)(**{**slow.__dict__, "delay": 30.0}))
         out = tmp_path / "out"
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import cli; cli.main()",
-                "run",
-                "--query",
-                "6*7?",
-                "--llm_name",
-                "m",
-                "--llm_base_url",
-                server.url,
-                "--api_key",
-                "k",
-                "--output_dir",
-                str(out),
-                "--quiet",
-            ],
-            cwd=ROOT,
-        )
+        proc = subprocess.Popen(cli_run(server, out, "--quiet"), cwd=ROOT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(server.requests) < 3:
             time.sleep(0.05)
@@ -182,25 +169,7 @@ def test_trajectory_is_valid_after_a_crash_between_steps(tmp_path):
 def test_cli_run_with_reference_flags(tmp_path):
     with ScriptedServer(SOLVE) as server:
         r = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import cli; cli.main()",
-                "run",
-                "--query",
-                "6*7?",
-                "--llm_name",
-                "m",
-                "--llm_base_url",
-                server.url,
-                "--api_key",
-                "k",
-                "--output_dir",
-                str(tmp_path / "o"),
-                "--max_steps",
-                "5",
-                "--json",
-            ],
+            cli_run(server, tmp_path / "o", "--max_steps", "5", "--json"),
             cwd=ROOT,
             capture_output=True,
             text=True,
