@@ -291,6 +291,34 @@ def run_cmd(
 
 
 @main.command()
+@click.argument("trajectory", type=click.Path(exists=True, dir_okay=False))
+@_jail_options
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Per-command timeout.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def replay(trajectory: str, timeout: float, as_json: bool, **jail: Any) -> None:
+    """Re-run TRAJECTORY's actions (jailbox's or the reference package's) in a fresh sandbox and report,
+    step by step, where the observation now differs. Exit 1 if any step differs."""
+    from agent.replay import replay as run_replay
+
+    config = _config(**jail)
+    try:
+        steps = run_replay(trajectory, config, timeout=timeout)
+    except SandboxError as exc:
+        click.echo(f"jailbox: {exc}", err=True)
+        sys.exit(125)
+    if as_json:
+        click.echo(json.dumps([s.model_dump() for s in steps]))
+    else:
+        for s in steps:
+            click.echo(f"step {s.index:3} {s.verdict:8} {s.action[:90]}")
+            if s.verdict == "differs":
+                click.echo(_trim(s.diff, 1200))
+        counts = {v: sum(s.verdict == v for s in steps) for v in ("same", "differs", "network")}
+        click.echo(f"{counts['same']} same, {counts['differs']} differ, {counts['network']} used the network")
+    sys.exit(1 if any(s.verdict == "differs" for s in steps) else 0)
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(as_json: bool) -> None:
     """Check what this host allows (namespaces, overlayfs, id ranges, seccomp, cgroups) and print fixes."""

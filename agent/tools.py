@@ -181,6 +181,7 @@ _MAGIC = (
     (b"\x93NUMPY", "NumPy array"),
 )
 _VIEW_HINT = "; use view_range to see specific lines"
+_CREATE_REVIEW = "Review the file and make sure that it is as expected. Edit the file if necessary."
 _EDIT_REVIEW = "Review the changes and make sure they are as expected. Edit the file again if necessary."
 _INSERT_REVIEW = (
     "Review the changes and make sure they are as expected (correct indentation, no duplicate lines, etc). "
@@ -281,7 +282,7 @@ class Tools:
     # --- submit -------------------------------------------------------------------------------
 
     def _submit(self, args: dict[str, Any]) -> ToolResult:
-        return ToolResult(observation="Submitted.", submitted=True)
+        return ToolResult(observation="Submitted: ", submitted=True)  # the reference's wording
 
     # --- str_replace_editor -------------------------------------------------------------------
 
@@ -345,7 +346,8 @@ class Tools:
                 "or `insert`, or remove it with execute_bash first."
             )
         self._write(path, data, 0o644)
-        return f"File created successfully at: {path}"
+        listing = self._view_file(path, data, None)
+        return f"File created at {path}. {listing}{_CREATE_REVIEW}"  # the reference's wording
 
     def _str_replace(self, path: str, args: dict[str, Any]) -> str:
         old = _encode("old_str", args["old_str"])

@@ -160,7 +160,7 @@ def test_tools_refuse_nonsense_limits(sb):
 @pytest.mark.parametrize("arguments", ["", "{}", None, {}])
 def test_submit_signals_completion(tools, arguments):
     result = tools.call("submit", arguments)
-    assert (result.observation, result.submitted, result.error) == ("Submitted.", True, False)
+    assert (result.observation, result.submitted, result.error) == ("Submitted: ", True, False)
     assert result.exit_code is None
 
 
@@ -386,7 +386,12 @@ def test_view_of_a_missing_path(tools):
 def test_create_writes_exactly_the_text_and_makes_parents(tools, sb):
     text = "a\r\n\tb\n\u00e9\n"
     result = editor(tools, command="create", path="/testbed/new/dir/f.txt", file_text=text)
-    assert (result.error, result.observation) == (False, "File created successfully at: /testbed/new/dir/f.txt")
+    assert (result.error, result.observation) == (
+        False,
+        "File created at /testbed/new/dir/f.txt. Here's the result of running `cat -n` on /testbed/new/dir/f.txt:\n"
+        "     1\ta\r\n     2\t\tb\n     3\t\u00e9\n"
+        "Review the file and make sure that it is as expected. Edit the file if necessary.",
+    )
     assert sb.read_file("/testbed/new/dir/f.txt") == text.encode()
 
 
