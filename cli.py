@@ -9,6 +9,7 @@ import select
 import signal
 import sys
 import termios
+import time
 import tty
 from pathlib import Path
 from typing import Any
@@ -67,9 +68,33 @@ def _config(
         raise click.UsageError(str(exc)) from None
 
 
+def _settings() -> dict[str, Any]:
+    """Defaults for any command's options from ~/.config/jailbox/config.yaml (or .toml), e.g.
+    ``run: {llm_base_url: http://localhost:8000/v1, llm_name: qwen3}``; flags still win."""
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "jailbox"
+    for name in ("config.yaml", "config.yml", "config.toml"):
+        path = base / name
+        if not path.exists():
+            continue
+        if name.endswith(".toml"):
+            import tomllib
+
+            data = tomllib.loads(path.read_text())
+        else:
+            import yaml
+
+            data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+            raise click.UsageError(f"{path}: expected a section per command, e.g. 'run: {{llm_name: qwen3}}'")
+        return {cmd: {k.replace("-", "_"): v for k, v in opts.items()} for cmd, opts in data.items()}
+    return {}
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """jailbox: rootless sandboxes for running untrusted code and LLM agents, without Docker."""
+    ctx.default_map = _settings()
 
 
 @main.command("exec", context_settings={"ignore_unknown_options": True})
@@ -175,11 +200,11 @@ def _trim(text: str, limit: int = 600) -> str:
 
 @main.command("run", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--query", "--problem", required=True, help="The task (text, or @FILE to read it from a file).")
-@click.option("--llm-name", "--llm_name", "--model", "model", required=True, help="Model name at the endpoint.")
+@click.option("--llm-name", "--llm_name", "--model", "llm_name", required=True, help="Model name at the endpoint.")
 @click.option(
     "--llm-base-url",
     "--llm_base_url",
-    "base_url",
+    "llm_base_url",
     default=None,
     help="Endpoint, e.g. http://localhost:8000/v1 (default $OPENAI_BASE_URL or $LLM_BASE_URL).",
 )
@@ -192,6 +217,7 @@ def _trim(text: str, limit: int = 600) -> str:
 @click.option("--max-token-limit", "--max_token_limit", type=int, default=None, help="Total tokens for the run.")
 @click.option("--max-tokens-per-call", "--max_tokens_per_call", type=int, default=None)
 @click.option("--extra-body", "--extra_body", default=None, help="JSON merged into each request body.")
+@click.option("--time-limit", "--time_limit", type=float, default=None, help="Seconds of wall time for the run.")
 @click.option("--text-mode", is_flag=True, help="For models without tool calling: one fenced action per reply.")
 @click.option("--rootfs", default="host", show_default=True)
 @click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True)
@@ -200,8 +226,8 @@ def _trim(text: str, limit: int = 600) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the final result as JSON.")
 def run_cmd(
     query: str,
-    model: str,
-    base_url: str | None,
+    llm_name: str,
+    llm_base_url: str | None,
     api_key: str | None,
     input_dir: str | None,
     output_dir: str,
@@ -211,6 +237,7 @@ def run_cmd(
     max_token_limit: int | None,
     max_tokens_per_call: int | None,
     extra_body: str | None,
+    time_limit: float | None,
     text_mode: bool,
     rootfs: str,
     network: str,
@@ -229,27 +256,29 @@ def run_cmd(
         query = Path(query[1:]).read_text()
     try:
         llm_fields = {
-            "model": model,
+            "model": llm_name,
             "temperature": temperature,
             "max_tokens": max_tokens_per_call,
             "extra_body": json.loads(extra_body) if extra_body else {},
         }
-        if base_url:
-            llm_fields["base_url"] = base_url
+        if llm_base_url:
+            llm_fields["base_url"] = llm_base_url
         if api_key:
             llm_fields["api_key"] = api_key
         llm = LLMConfig(**llm_fields)
         limits = Limits(memory=memory) if memory else Limits()
         sandbox = SandboxConfig(rootfs=rootfs, network=network, limits=limits)
-        agent = AgentConfig(max_steps=max_steps, max_total_tokens=max_token_limit, text_mode=text_mode)
+        agent = AgentConfig(
+            max_steps=max_steps, max_total_tokens=max_token_limit, time_limit=time_limit, text_mode=text_mode
+        )
         prompts = prompt_configs.load(prompt_config)
     except (ValidationError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
 
+    started, tokens = time.monotonic(), [0]
+
     def show(step: Any) -> None:
-        click.echo(
-            click.style(f"--- step {step.index} ({step.prompt_tokens + step.completion_tokens} tokens)", bold=True)
-        )
+        tokens[0] += step.prompt_tokens + step.completion_tokens
         if step.reasoning:
             click.echo(click.style(_trim(step.reasoning, 400), dim=True))
         for action, observation in zip(step.actions, step.observations, strict=False):
@@ -257,6 +286,8 @@ def run_cmd(
             click.echo(_trim(observation))
         if step.note:
             click.echo(click.style(step.note, fg="yellow"))
+        status = f"[step {step.index}/{max_steps} | {tokens[0]} tokens | {time.monotonic() - started:.0f}s]"
+        click.echo(click.style(status, bold=True))
 
     try:
         trajectory = run_task(

@@ -55,6 +55,7 @@ class Agent:
         config: AgentConfig | None = None,
         trajectory_path: Path | None = None,
         on_step: Callable[[Step], None] | None = None,
+        describe: dict[str, Any] | None = None,
     ) -> None:
         self.llm = llm
         self.sandbox = sandbox
@@ -62,11 +63,13 @@ class Agent:
         self.config = config or AgentConfig()
         self.path = trajectory_path
         self.on_step = on_step
+        self.describe = describe or {}
         self.tools = Tools(sandbox, timeout=self.config.command_timeout, max_chars=self.config.observation_chars)
         self.tool_names = {schema["function"]["name"] for schema in TOOL_SCHEMAS}
 
     def run(self, problem: str) -> Trajectory:
-        traj = Trajectory(problem_statement=problem, config={"agent": self.config.model_dump()})
+        config = {"agent": self.config.model_dump(), "prompts": self.prompts.model_dump(), **self.describe}
+        traj = Trajectory(problem_statement=problem, config=config)
         system = self.prompts.system()
         if self.config.text_mode:
             system += "\n\n" + TEXT_MODE_HELP.format(names=", ".join(sorted(self.tool_names)))

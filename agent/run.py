@@ -36,7 +36,12 @@ def run_task(
         config = SandboxConfig.model_validate({**config.model_dump(), "mounts": mounts})
     with Sandbox(config) as sb, LLMClient(llm) as client:
         sb.exec(["mkdir", "-p", prompts.output_dir, prompts.input_dir])
-        loop = Agent(client, sb, prompts, agent, trajectory_path=output_dir / "trajectory.json", on_step=on_step)
+        describe = {
+            "llm": llm.model_dump(mode="json", exclude={"api_key"}),
+            "sandbox": config.model_dump(mode="json"),
+            "input_dir": None if input_dir is None else str(input_dir),
+        }
+        loop = Agent(client, sb, prompts, agent, output_dir / "trajectory.json", on_step, describe)
         trajectory = loop.run(problem)
         try:
             sb.get(prompts.output_dir, output_dir)

@@ -60,8 +60,23 @@ def run(server: ScriptedServer, tmp_path: Path, **agent):
 
 def cli_run(server: ScriptedServer, out: Path, *extra: str) -> list[str]:
     """``jailbox run`` as a user types it, with the reference's underscore flags."""
-    return [sys.executable, "-c", "import cli; cli.main()", "run", "--query", "6*7?", "--llm_name", "m",
-            "--llm_base_url", server.url, "--api_key", "k", "--output_dir", str(out), *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-c",
+        "import cli; cli.main()",
+        "run",
+        "--query",
+        "6*7?",
+        "--llm_name",
+        "m",
+        "--llm_base_url",
+        server.url,
+        "--api_key",
+        "k",
+        "--output_dir",
+        str(out),
+        *extra,
+    ]
 
 
 def tool_messages(request) -> list[dict]:
@@ -195,3 +210,46 @@ def test_text_mode_for_models_without_tool_calling(server, tmp_path):
     assert "tools" not in first and "```<tool_name>" in first["messages"][0]["content"]
     assert server.requests[1].json["messages"][-1]["content"].startswith("Observation:\nExit code: 0")
     assert "could not be read" in server.requests[2].json["messages"][-1]["content"]
+
+
+def test_settings_file_status_line_and_recorded_config(tmp_path):
+    config_home = tmp_path / "config"
+    (config_home / "jailbox").mkdir(parents=True)
+    with ScriptedServer(SOLVE) as server:
+        (config_home / "jailbox" / "config.yaml").write_text(
+            f"run:\n  llm_base_url: {server.url}\n  llm_name: from-settings\n  api_key: secret-key\n"
+        )
+        env = {**os.environ, "XDG_CONFIG_HOME": str(config_home)}
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import cli; cli.main()",
+                "run",
+                "--query",
+                "6*7?",
+                "--output_dir",
+                str(tmp_path / "o"),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert server.requests[0].json["model"] == "from-settings"
+    assert r.returncode == 0, r.stderr
+    assert "[step 3/100 | 360 tokens |" in r.stdout and "> execute_bash" in r.stdout
+    saved = load_trajectory(tmp_path / "o" / "trajectory.json")
+    assert (
+        saved.config["llm"]["model"] == "from-settings"
+        and "secret-key" not in (tmp_path / "o" / "trajectory.json").read_text()
+    )
+    assert saved.config["agent"]["max_steps"] == 100 and saved.config["sandbox"]["rootfs"] == "host"
+
+
+def test_time_limit_ends_the_run(server, tmp_path):
+    slow = tool_reply(call("execute_bash", {"command": "sleep 1.5"}))
+    server.add(slow, slow)
+    traj = run(server, tmp_path, time_limit=1.0)
+    assert traj.exit_status == "time_limit" and len(traj.steps) == 1
