@@ -58,25 +58,13 @@ def run(server: ScriptedServer, tmp_path: Path, **agent):
     return run_task("What is 6*7?", llm, tmp_path / "out", agent=AgentConfig(**agent))
 
 
+JAILBOX_RUN = [sys.executable, "-c", "import cli; cli.main()", "run", "--query", "6*7?"]
+
+
 def cli_run(server: ScriptedServer, out: Path, *extra: str) -> list[str]:
     """``jailbox run`` as a user types it, with the reference's underscore flags."""
-    return [
-        sys.executable,
-        "-c",
-        "import cli; cli.main()",
-        "run",
-        "--query",
-        "6*7?",
-        "--llm_name",
-        "m",
-        "--llm_base_url",
-        server.url,
-        "--api_key",
-        "k",
-        "--output_dir",
-        str(out),
-        *extra,
-    ]
+    flags = ["--llm_name", "m", "--llm_base_url", server.url, "--api_key", "k", "--output_dir", str(out)]
+    return [*JAILBOX_RUN, *flags, *extra]
 
 
 def tool_messages(request) -> list[dict]:
@@ -221,16 +209,7 @@ def test_settings_file_status_line_and_recorded_config(tmp_path):
         )
         env = {**os.environ, "XDG_CONFIG_HOME": str(config_home)}
         r = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import cli; cli.main()",
-                "run",
-                "--query",
-                "6*7?",
-                "--output_dir",
-                str(tmp_path / "o"),
-            ],
+            [*JAILBOX_RUN, "--output_dir", str(tmp_path / "o")],
             cwd=ROOT,
             capture_output=True,
             text=True,
