@@ -321,6 +321,77 @@ def run_cmd(
     sys.exit(0 if trajectory.exit_status == "submitted" else 1)
 
 
+@main.command("bench")
+@click.argument("tasks_file", metavar="TASKS", type=click.Path(exists=True, dir_okay=False))
+@click.option("--llm-name", "--llm_name", "--model", "llm_name", required=True, help="Model name at the endpoint.")
+@click.option("--llm-base-url", "--llm_base_url", "llm_base_url", default=None, help="Default $OPENAI_BASE_URL.")
+@click.option("--api-key", "--api_key", default=None, help="Default $OPENAI_API_KEY.")
+@click.option(
+    "--output-dir", "--output_dir", type=click.Path(file_okay=False), default="./bench-out", show_default=True
+)
+@click.option("--workers", type=int, default=4, show_default=True)
+@click.option("--mode", type=click.Choice(["sandbox", "llm"]), default="sandbox", show_default=True)
+@click.option("--resume", is_flag=True, help="Skip tasks already in OUTPUT_DIR/results.jsonl.")
+@click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
+@click.option("--rootfs", default="host", show_default=True)
+@click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True)
+def bench_cmd(
+    tasks_file: str,
+    llm_name: str,
+    llm_base_url: str | None,
+    api_key: str | None,
+    output_dir: str,
+    workers: int,
+    mode: str,
+    resume: bool,
+    max_steps: int,
+    rootfs: str,
+    network: str,
+) -> None:
+    """Run every task of TASKS (JSONL) in its own sandbox, N at once, and score the answers."""
+    from agent.batch import Batch, BatchConfig, load_tasks, markdown, read_results, summary
+    from agent.llm import LLMConfig
+    from agent.loop import AgentConfig
+
+    try:
+        tasks = load_tasks(tasks_file)
+        fields: dict[str, Any] = {"model": llm_name}
+        if llm_base_url:
+            fields["base_url"] = llm_base_url
+        if api_key:
+            fields["api_key"] = api_key
+        batch = Batch(
+            tasks,
+            LLMConfig(**fields),
+            Path(output_dir),
+            BatchConfig(workers=workers, max_starting=min(workers, 4), mode=mode, resume=resume),
+            SandboxConfig(rootfs=rootfs, network=network),
+            AgentConfig(max_steps=max_steps),
+            on_result=lambda r: click.echo(f"{r.id}: {r.exit_status} score={r.score:g} answer={r.answer!r}"),
+        )
+    except (ValidationError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    previous = signal.getsignal(signal.SIGINT)
+
+    def interrupt(*_: object) -> None:
+        if batch._stopping.is_set():
+            click.echo("jailbox: killing the running tasks", err=True)
+            batch.kill()
+        else:
+            click.echo("jailbox: finishing the running tasks (Ctrl-C again to kill them)", err=True)
+            batch.stop()
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        batch.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    rows = summary(read_results(batch.results_path))
+    (Path(output_dir) / "summary.json").write_text(json.dumps(rows, indent=1))
+    (Path(output_dir) / "summary.md").write_text(markdown(rows))
+    click.echo(markdown(rows))
+
+
 @main.command()
 @click.argument("trajectory", type=click.Path(exists=True, dir_okay=False))
 @_jail_options

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -62,7 +62,8 @@ class ScriptedServer:
     """Answers each request with the next step of its script and records it; when the script runs out it
     answers 410, which the client never retries, so a test that asks too often fails loudly."""
 
-    def __init__(self, steps: Iterable[Step] = ()) -> None:
+    def __init__(self, steps: Iterable[Step] = (), responder: Callable[[Any], Step] | None = None) -> None:
+        self.responder = responder  # answers from the request itself once the script is used up
         self.requests: list[Recorded] = []
         self._steps: deque[Step] = deque(steps)
         self._lock = threading.Lock()
@@ -80,7 +81,11 @@ class ScriptedServer:
     def _next(self, recorded: Recorded) -> Step:
         with self._lock:
             self.requests.append(recorded)
-            return self._steps.popleft() if self._steps else Step(status=410, json={"error": "script exhausted"})
+            if self._steps:
+                return self._steps.popleft()
+        if self.responder is not None:
+            return self.responder(recorded.json)
+        return Step(status=410, json={"error": "script exhausted"})
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self

@@ -1,0 +1,174 @@
+"""Many tasks at once against a scripted OpenAI-compatible server that answers from each request."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from llm_server import ScriptedServer, Step, reply
+
+from agent.batch import Batch, BatchConfig, Task, load_tasks, read_results, summary
+from agent.llm import LLMConfig
+from sandbox.launcher import LAUNCHER
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def responder(delay: float = 0.0):
+    """A model that reads 'Task <id>: what is A*B?' and answers it: first by writing answer.txt with
+    execute_bash, then by submitting; asked without tools (llm mode) it answers in \\boxed{}."""
+
+    def respond(request: dict) -> Step:
+        messages = request["messages"]
+        a, b = map(int, re.search(r"what is (\d+)\*(\d+)", json.dumps(messages)).groups())
+        if "tools" not in request:
+            return reply(f"The product is \\boxed{{{a * b}}}.")
+        if messages[-1]["role"] == "tool":
+            call = {"id": "s", "type": "function", "function": {"name": "submit", "arguments": "{}"}}
+        else:
+            command = json.dumps({"command": f"echo {a * b} > /testbed/output/answer.txt"})
+            call = {"id": "c", "type": "function", "function": {"name": "execute_bash", "arguments": command}}
+        step = reply(
+            None,
+            tool_calls=[call],
+            finish_reason="tool_calls",
+            usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        )
+        return Step(status=step.status, json=step.json, delay=delay)
+
+    return respond
+
+
+def tasks_file(path: Path, n: int) -> Path:
+    lines = [
+        json.dumps(
+            {
+                "id": f"t{i}",
+                "query": f"Task t{i}: what is {i}*3?",
+                "answer": str(i * 3),
+                "scorer": "exact",
+                "domain": "arith" if i % 2 else "mult",
+            }
+        )
+        for i in range(n)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def jails_left(state: Path) -> list[str]:
+    return sorted(p.name for p in (state / "sandboxes").iterdir())
+
+
+def test_fifty_tasks_sixteen_workers_all_scored(tmp_path, _state_dir):
+    tasks = load_tasks(tasks_file(tmp_path / "tasks.jsonl", 50))
+    with ScriptedServer(responder=responder()) as server:
+        llm = LLMConfig(model="m", base_url=server.url, api_key="k")
+        results = Batch(tasks, llm, tmp_path / "out", BatchConfig(workers=16)).run()
+    assert len(results) == 50 and all(r.score == 1.0 and r.exit_status == "submitted" for r in results)
+    assert sorted(r.id for r in read_results(tmp_path / "out" / "results.jsonl")) == sorted(t.id for t in tasks)
+    assert (tmp_path / "out" / "tasks" / "t7" / "output" / "answer.txt").read_text() == "21\n"
+    assert (tmp_path / "out" / "tasks" / "t7" / "trajectory.json").exists()
+    rows = {(r["domain"], r["mode"]): r for r in summary(results)}
+    assert rows[("arith", "sandbox")]["tasks"] == 25 and rows[("mult", "sandbox")]["score"] == 1.0
+    assert jails_left(_state_dir) == []
+    assert all(p.pid == LAUNCHER.pid for p in psutil.Process().children())
+
+
+def test_killed_midway_then_resumed_without_redoing_work(tmp_path, _state_dir):
+    path = tasks_file(tmp_path / "tasks.jsonl", 50)
+    out = tmp_path / "out"
+    with ScriptedServer(responder=responder(delay=0.2)) as server:
+        cmd = [
+            sys.executable,
+            "-c",
+            "import cli; cli.main()",
+            "bench",
+            str(path),
+            "--llm_name",
+            "m",
+            "--llm_base_url",
+            server.url,
+            "--api_key",
+            "k",
+            "--output_dir",
+            str(out),
+            "--workers",
+            "8",
+        ]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(read_results(out / "results.jsonl")) < 10:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        first = {r.id for r in read_results(out / "results.jsonl")}
+        assert 10 <= len(first) < 50
+        end = time.monotonic() + 30
+        while jails_left(_state_dir) and time.monotonic() < end:  # the dead run's launcher cleans up
+            time.sleep(0.05)
+        assert jails_left(_state_dir) == []
+        asked_before = len(server.requests)
+        r = subprocess.run([*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        rerun = {re.search(r"Task (t\d+):", json.dumps(q.json)).group(1) for q in server.requests[asked_before:]}
+    assert not rerun & first
+    final = read_results(out / "results.jsonl")
+    assert sorted(r.id for r in final) == sorted(f"t{i}" for i in range(50)) and all(r.score == 1.0 for r in final)
+    assert "| arith | sandbox | 25 | 1.0 |" in (out / "summary.md").read_text()
+    assert jails_left(_state_dir) == []
+
+
+def test_llm_and_sandbox_modes_make_one_comparison_table(tmp_path):
+    tasks = [
+        Task(id=f"m{i}", query=f"Task m{i}: what is {i}*7?", answer=f"\\boxed{{{i * 7}}}", scorer="math", domain="math")
+        for i in range(4)
+    ]
+    with ScriptedServer(responder=responder()) as server:
+        llm = LLMConfig(model="m", base_url=server.url, api_key="k")
+        both = []
+        for mode in ("llm", "sandbox"):
+            both += Batch(tasks, llm, tmp_path / mode, BatchConfig(workers=4, mode=mode)).run()
+    rows = summary(both)
+    assert [(r["domain"], r["mode"], r["tasks"], r["score"]) for r in rows] == [
+        ("math", "llm", 4, 1.0),
+        ("math", "sandbox", 4, 1.0),
+    ]
+
+
+def test_kill_ends_running_tasks_and_leaves_no_jail(tmp_path, _state_dir):
+    tasks = load_tasks(tasks_file(tmp_path / "tasks.jsonl", 20))
+    with ScriptedServer(responder=responder(delay=0.5)) as server:
+        batch = Batch(
+            tasks, LLMConfig(model="m", base_url=server.url, api_key="k"), tmp_path / "out", BatchConfig(workers=4)
+        )
+        runner = threading.Thread(target=batch.run)
+        runner.start()
+        time.sleep(1.0)
+        batch.kill()
+        runner.join(60)
+    assert not runner.is_alive()
+    assert len(read_results(tmp_path / "out" / "results.jsonl")) < 20
+    assert jails_left(_state_dir) == []
+
+
+def test_task_files_are_validated(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1, "problem_statement": "ok"}\n{"id": 1, "query": "dup"}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: duplicate task id"):
+        load_tasks(bad)
+    bad.write_text('{"id": 2}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
+        load_tasks(bad)
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text('{"id": 3, "problem_statement": "from the reference format", "extra": 1}\n')
+    assert load_tasks(ok)[0].query == "from the reference format"
