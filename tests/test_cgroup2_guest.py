@@ -42,7 +42,7 @@ def test_cgroup_v2_limits_in_a_qemu_guest():
     pytest_cmd = f"/tmp/venv/bin/python -m pytest -p no:cacheprovider -q -m 'cgroup or not nocgroup' {GUEST_TESTS}"
     script = f"""
 set -e
-export HOME=/root LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1
+export HOME=/root LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 mkdir -p /tmp/repo /tmp/venv
 mount --bind /mnt{ROOT} /tmp/repo
 mount --bind /mnt{sys.prefix} /tmp/venv
