@@ -7,13 +7,14 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from sandbox import Sandbox, cgroups
+from sandbox import ExecResult, Sandbox, cgroups
 
 MINI_TOOLS = ("bash", "sh", "cat", "ls", "rm", "echo", "touch", "mkdir", "id", "ln", "readlink", "sleep", "env")
 
@@ -134,6 +135,17 @@ def run_threads(target: Callable[[int], None], count: int) -> list[BaseException
     for t in threads:
         t.join()
     return errors
+
+
+def eventually_usable(sb: Sandbox, attempts: int = 100) -> ExecResult:
+    """After a fork bomb the pids cap stays full until the init has reaped the killed processes:
+    retry a trivial command until it runs (bounded), and return its result."""
+    for _ in range(attempts):
+        r = sb.exec("echo usable")
+        if r.stdout == "usable\n":
+            return r
+        time.sleep(0.05)
+    return r
 
 
 def jail_processes(ns: str) -> list[psutil.Process]:
