@@ -24,6 +24,7 @@ import socket
 import stat
 import struct
 import termios
+import time
 
 from sandbox import linux as L
 from sandbox import mounts, wire
@@ -34,6 +35,7 @@ LOOPBACK_FLAGS = 0x1 | 0x40  # IFF_UP | IFF_RUNNING
 NOTIF_SIZE = 80  # struct seccomp_notif
 X32_BIT = 0x40000000
 MAX_REFUSED_KINDS = 256
+SPAWN_ATTEMPTS = 5
 ONE_WAY = ("kill", "drain")  # requests that carry no reply socket
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD)
 
@@ -44,6 +46,7 @@ class _StartError(Exception):
     def __init__(self, what: str, exc: OSError) -> None:
         super().__init__(f"jailbox: {what}: {exc.strerror}")
         self.code = 127 if exc.errno == errno.ENOENT else 126
+        self.errno = exc.errno
 
 
 def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None:
@@ -138,7 +141,7 @@ class Init:
             "symlink": self.op_symlink,
         }
         while True:
-            for fd, _ in self._poll():
+            for fd, _ in sorted(self._poll(), key=lambda event: event[0] != self.wake_r):  # reap first
                 if fd == self.wake_r:
                     self._reap()
                 elif fd == self.listener:
@@ -191,17 +194,24 @@ class Init:
     def op_exec(self, req: dict, fds: list[int], reply: socket.socket) -> None:
         argv = [self.shell, "-c", req["shell"]] if "shell" in req else req["argv"]
         tag = SLACK_BASE + 1 + req["id"] % 100_000
-        try:
-            if req.get("tty"):
-                pid = self._start_tty(argv, req, tag, reply)
-            elif self.child_filter is not None:
-                pid = self._fork_exec(argv, req, fds[:3], tag, tty=False)
-            else:
-                pid = self._spawn(argv, req, fds, tag)
-        except _StartError as exc:
-            self._answer(reply, {"exit": exc.code, "signal": None, "error": str(exc)})
-            reply.close()
-            return
+        for attempt in range(SPAWN_ATTEMPTS):
+            try:
+                if req.get("tty"):
+                    pid = self._start_tty(argv, req, tag, reply)
+                elif self.child_filter is not None:
+                    pid = self._fork_exec(argv, req, fds[:3], tag, tty=False)
+                else:
+                    pid = self._spawn(argv, req, fds, tag)
+                break
+            except _StartError as exc:
+                if exc.errno == errno.EAGAIN and attempt + 1 < SPAWN_ATTEMPTS:
+                    # a full pids cap: killed processes may just not be reaped yet
+                    self._reap()
+                    time.sleep(0.01)
+                    continue
+                self._answer(reply, {"exit": exc.code, "signal": None, "error": str(exc)})
+                reply.close()
+                return
         self.execs[pid] = (reply, req["id"])
         self.tags[req["id"]] = tag
         self.by_tag[tag] = req["id"]
