@@ -1,0 +1,97 @@
+"""A gym-style view of one task in a jail, for RL trainers that drive the model themselves.
+
+``reset(task)`` gives a fresh jail and the first prompt, ``step(tool, arguments)`` runs one of the
+paper's tools, and the step that submits carries the reward from the task's scorer. The same
+object may be used from several threads; each environment owns at most one jail at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from pydantic import BaseModel
+
+from agent import prompts as prompt_configs
+from agent.batch import Task
+from agent.scoring import score
+from agent.tools import TOOL_SCHEMAS, ToolResult, Tools
+from sandbox import Sandbox, SandboxConfig, SandboxPool
+from sandbox.errors import SandboxError
+
+
+class StepResult(BaseModel):
+    observation: str
+    done: bool
+    reward: float
+    answer: str | None = None
+    tool: ToolResult
+
+
+class Environment:
+    tools_schema: list[dict[str, Any]] = TOOL_SCHEMAS
+
+    def __init__(
+        self, sandbox: SandboxConfig | None = None, pool: SandboxPool | None = None, command_timeout: float = 120.0
+    ) -> None:
+        self.config = sandbox or SandboxConfig()
+        self.pool = pool
+        self.command_timeout = command_timeout
+        self._lock = threading.Lock()
+        self._sb: Sandbox | None = None
+        self._tools: Tools | None = None
+        self._task: Task | None = None
+        self._done = True
+        self._answer_path = "/testbed/output/answer.txt"
+
+    def reset(self, task: Task) -> str:
+        """A fresh jail for ``task``; returns the instance prompt the model starts from."""
+        with self._lock:
+            self._close()
+            prompts = prompt_configs.load(task.prompt_config)
+            sb = self.pool.acquire() if self.pool is not None else Sandbox(self.config)
+            try:
+                sb.exec(["mkdir", "-p", prompts.output_dir, prompts.input_dir])
+                for path, content in task.input_files.items():
+                    sb.write_file(path, content)
+            except BaseException:
+                sb.close()
+                raise
+            self._sb, self._task, self._done = sb, task, False
+            self._tools = Tools(sb, timeout=self.command_timeout)
+            self._answer_path = f"{prompts.output_dir}/answer.txt"
+            return prompts.instance(task.query)
+
+    def step(self, tool: str, arguments: str | dict[str, Any] | None = None) -> StepResult:
+        with self._lock:
+            if self._done or self._tools is None or self._task is None:
+                raise RuntimeError("call reset(task) first: the episode is over or has not started")
+            result = self._tools.call(tool, arguments)
+            if not result.submitted:
+                return StepResult(observation=result.observation, done=False, reward=0.0, tool=result)
+            self._done = True
+            answer = self._read_answer()
+            reward = score(answer, self._task.answer, self._task.scorer) if self._task.answer is not None else 0.0
+            return StepResult(observation=result.observation, done=True, reward=reward, answer=answer, tool=result)
+
+    def _read_answer(self) -> str | None:
+        assert self._sb is not None
+        try:
+            return self._sb.read_file(self._answer_path).decode(errors="replace").strip()
+        except SandboxError:
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._sb is not None:
+            self._sb.close()
+        self._sb, self._tools, self._task, self._done = None, None, None, True
+
+    def __enter__(self) -> Environment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
