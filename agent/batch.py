@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from agent import prompts as prompt_configs
 from agent.llm import LLMClient, LLMConfig, LLMError
-from agent.loop import Agent, AgentConfig
+from agent.loop import AgentConfig
+from agent.run import prepare, run_in
 from agent.scoring import score
 from sandbox import Sandbox, SandboxConfig
 from sandbox.errors import SandboxError
@@ -168,8 +169,14 @@ class Batch:
         try:
             result = self._llm_only(task) if self.config.mode == "llm" else self._in_sandbox(task)
         except (SandboxError, LLMError, OSError, ValueError) as exc:
-            result = TaskResult(id=task.id, domain=task.domain, mode=self.config.mode, exit_status="error",
-                                expected=task.answer, error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+            result = TaskResult(
+                id=task.id,
+                domain=task.domain,
+                mode=self.config.mode,
+                exit_status="error",
+                expected=task.answer,
+                error=f"{type(exc).__name__}: {exc}",
+            )
         if self._killing.is_set():
             return None
         result.wall_seconds = time.monotonic() - started
@@ -193,15 +200,17 @@ class Batch:
             self._live.add(sb)
         try:
             with sb, LLMClient(self.llm) as client:
-                sb.exec(["mkdir", "-p", prompts.output_dir, prompts.input_dir])
-                for path, content in task.input_files.items():
-                    if content.startswith("@"):
-                        sb.put(content[1:], path)
-                    else:
-                        sb.write_file(path, content)
-                loop = Agent(client, sb, prompts, agent, task_dir / "trajectory.json", describe={"task": task.id})
-                trajectory = loop.run(task.query)
-                sb.get(prompts.output_dir, task_dir / "output")
+                prepare(sb, prompts, task.input_files)
+                trajectory = run_in(
+                    sb,
+                    client,
+                    task.query,
+                    task_dir / "trajectory.json",
+                    task_dir / "output",
+                    prompts,
+                    agent,
+                    describe={"task": task.id},
+                )
         finally:
             with self._live_lock:
                 self._live.discard(sb)
@@ -224,9 +233,17 @@ class Batch:
         with LLMClient(self.llm) as client:
             completion = client.complete([{"role": "user", "content": task.query + LLM_MODE_SUFFIX}])
         answer = str(completion.message.get("content") or "").strip()
-        return TaskResult(id=task.id, domain=task.domain, mode="llm", exit_status="answered", answer=answer,
-                          expected=task.answer, steps=1, tokens=completion.usage.total_tokens,
-                          llm_seconds=completion.latency)  # fmt: skip
+        return TaskResult(
+            id=task.id,
+            domain=task.domain,
+            mode="llm",
+            exit_status="answered",
+            answer=answer,
+            expected=task.answer,
+            steps=1,
+            tokens=completion.usage.total_tokens,
+            llm_seconds=completion.latency,
+        )
 
     def _record(self, result: TaskResult) -> None:
         line = result.model_dump_json() + "\n"
@@ -264,14 +281,19 @@ def summary(results: Iterable[TaskResult]) -> list[dict[str, Any]]:
     rows = []
     for (domain, mode), group in sorted(groups.items()):
         n = len(group)
-        rows.append({
-            "domain": domain, "mode": mode, "tasks": n,
-            "score": round(sum(r.score for r in group) / n, 4),
-            "tokens": sum(r.tokens for r in group), "steps": round(sum(r.steps for r in group) / n, 2),
-            "llm_seconds": round(sum(r.llm_seconds for r in group), 2),
-            "sandbox_seconds": round(sum(r.sandbox_seconds for r in group), 2),
-            "submitted": sum(r.exit_status == "submitted" for r in group),
-        })  # fmt: skip
+        rows.append(
+            {
+                "domain": domain,
+                "mode": mode,
+                "tasks": n,
+                "score": round(sum(r.score for r in group) / n, 4),
+                "tokens": sum(r.tokens for r in group),
+                "steps": round(sum(r.steps for r in group) / n, 2),
+                "llm_seconds": round(sum(r.llm_seconds for r in group), 2),
+                "sandbox_seconds": round(sum(r.sandbox_seconds for r in group), 2),
+                "submitted": sum(r.exit_status == "submitted" for r in group),
+            }
+        )
     return rows
 
 

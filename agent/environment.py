@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from agent import prompts as prompt_configs
 from agent.batch import Task
+from agent.run import prepare
 from agent.scoring import score
 from agent.tools import TOOL_SCHEMAS, ToolResult, Tools
 from sandbox import Sandbox, SandboxConfig, SandboxPool
@@ -51,9 +52,7 @@ class Environment:
             prompts = prompt_configs.load(task.prompt_config)
             sb = self.pool.acquire() if self.pool is not None else Sandbox(self.config)
             try:
-                sb.exec(["mkdir", "-p", prompts.output_dir, prompts.input_dir])
-                for path, content in task.input_files.items():
-                    sb.write_file(path, content)
+                prepare(sb, prompts, task.input_files)
             except BaseException:
                 sb.close()
                 raise
