@@ -12,6 +12,7 @@ __all__ = [
     "AsyncSandbox",
     "ExecResult",
     "Mount",
+    "NetworkLogEntry",
     "NetworkPolicy",
     "Sandbox",
     "SandboxConfig",
@@ -23,7 +24,8 @@ _LAZY = {
     "AsyncSandbox": "sandbox.aio",
     "ExecResult": "sandbox.results",
     "Mount": "sandbox.config",
-    "NetworkPolicy": "sandbox.config",
+    "NetworkLogEntry": "sandbox.proxy",
+    "NetworkPolicy": "sandbox.netpolicy",
     "Sandbox": "sandbox.sandbox",
     "SandboxConfig": "sandbox.config",
     "SandboxPool": "sandbox.pool",
@@ -31,8 +33,10 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from sandbox.aio import AsyncSandbox
-    from sandbox.config import Mount, NetworkPolicy, SandboxConfig
+    from sandbox.config import Mount, SandboxConfig
+    from sandbox.netpolicy import NetworkPolicy
     from sandbox.pool import SandboxPool
+    from sandbox.proxy import NetworkLogEntry
     from sandbox.results import ExecResult
     from sandbox.sandbox import Sandbox
 

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sandbox.netpolicy import NetworkPolicy
+
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -87,14 +89,6 @@ class Mount(BaseModel):
         return cls(parts[0], parts[1], readonly=mode == "ro")
 
 
-class NetworkPolicy(BaseModel):
-    """Where the jail may connect. ``none``: own namespace, loopback only; ``host``: unconfined."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    mode: Literal["none", "host"] = "none"
-
-
 class Limits(BaseModel):
     """Resource caps for a whole sandbox; sizes take units (``Limits(memory="2G", pids=512, cpus=1.5)``).
 
@@ -168,7 +162,7 @@ class SandboxConfig(BaseModel):
     @field_validator("network", mode="before")
     @classmethod
     def _network(cls, v: Any) -> Any:
-        return {"mode": v} if isinstance(v, str) else v
+        return NetworkPolicy.parse(v) if isinstance(v, str) else v
 
     @field_validator("hostname")
     @classmethod

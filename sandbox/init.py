@@ -27,7 +27,7 @@ import termios
 import time
 
 from sandbox import linux as L
-from sandbox import mounts, wire
+from sandbox import mounts, netns, wire
 
 MAX_WALK_ENTRIES = 500_000
 SLACK_BASE = 50_000
@@ -55,8 +55,9 @@ def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None
         mounts.build(spec)
         L.sethostname(spec["hostname"])
         set_name("jailbox-init")
-        if spec["network"] == "none":
+        if spec["network"] != "host":
             _loopback_up()
+        net_fds = netns.setup(spec["net"])
         if os.read(reparented, 1) != b"1":
             os._exit(1)
         os.close(reparented)
@@ -74,7 +75,9 @@ def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None
         message = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
         wire.send(ctl, {"error": message, "errno": getattr(exc, "errno", 0) or 0})
         os._exit(1)
-    wire.send(ctl, {"ready": True, "seccomp_notify": listener >= 0})
+    wire.send(ctl, {"ready": True, "seccomp_notify": listener >= 0, "net_fds": len(net_fds)}, net_fds)
+    for fd in net_fds:
+        os.close(fd)
     Init(ctl, spec, listener).serve()
 
 

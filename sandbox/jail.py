@@ -15,7 +15,7 @@ import warnings
 import weakref
 from pathlib import Path
 
-from sandbox import cgroups, hostroot, idmap, limits, seccomp, state, wire
+from sandbox import cgroups, hostroot, idmap, limits, network, seccomp, state, wire
 from sandbox.cgroups import Cgroup, CgroupV1, CgroupV2
 from sandbox.channel import Channel
 from sandbox.config import Limits, SandboxConfig, SeccompPolicy
@@ -39,9 +39,15 @@ class Jail:
         except BaseException:
             _teardown(None, -1, None, {}, self.cgroup)
             raise
-        channel_sock, self._pidfd, self.init_pid = self._launch()
+        channel_sock, self._pidfd, self.init_pid, net_fds = self._launch()
+        try:
+            self.network = network.Network(self.id, config.network, net_fds, config.setup_timeout)
+        except BaseException:
+            _teardown(channel_sock, self._pidfd, self.dir, self._spec, self.cgroup)
+            raise
+        self.env = network.env(config.network)
         self._finalizer = weakref.finalize(
-            self, _teardown, channel_sock, self._pidfd, self.dir, self._spec, self.cgroup
+            self, _teardown, channel_sock, self._pidfd, self.dir, self._spec, self.cgroup, self.network
         )
         self.channel = Channel(channel_sock)
 
@@ -81,12 +87,13 @@ class Jail:
             "trusted_lower": host,
             "system_binds": system_binds,
             "user_binds": user_binds,
-            "generated": hostroot.generated_files(cfg.hostname, host),
+            "generated": network.files(cfg.network, hostroot.generated_files(cfg.hostname, host)),
             "upper": cfg.upper,
             "tmpfs_size": min(cfg.tmpfs_size, cfg.limits.disk or cfg.tmpfs_size),
             "rlimits": rlimits,
             "hostname": cfg.hostname,
             "network": cfg.network.mode,
+            "net": network.child_spec(cfg.network, cfg.userns),
             "workdir": cfg.workdir,
             "keep_caps": cfg.keep_caps,
             "seccomp": _seccomp_spec(cfg.seccomp),
@@ -95,7 +102,7 @@ class Jail:
         }
         return spec, sandbox_dir
 
-    def _launch(self) -> tuple[socket.socket, int, int]:
+    def _launch(self) -> tuple[socket.socket, int, int, list[int]]:
         try:
             reply, fds = LAUNCHER.request({"op": "create", "spec": self._spec})
             if not reply.get("ok"):
@@ -106,11 +113,16 @@ class Jail:
             _teardown(None, -1, self.dir, self._spec, self.cgroup)
             raise
         sock, pidfd = socket.socket(fileno=fds[0]), fds[1]
+        net_fds: list[int] = []
         try:
-            ready = self._await_ready(sock)
+            ready, net_fds = self._await_ready(sock)
             if ready.error is not None:
                 raise explain(ready.error, ready.errno)
+            if len(net_fds) != network.expected_fds(self.config.network, self.config.userns):
+                raise ProtocolError(f"the jail's init handed over {len(net_fds)} network descriptors")
         except BaseException:
+            for fd in net_fds:
+                os.close(fd)
             _teardown(sock, pidfd, self.dir, self._spec, self.cgroup)
             raise
         init_pid = int(reply["init_pid"])
@@ -118,6 +130,8 @@ class Jail:
             try:
                 self.cgroup.attach(init_pid)
             except BaseException:
+                for fd in net_fds:
+                    os.close(fd)
                 _teardown(sock, pidfd, self.dir, self._spec, self.cgroup)
                 raise
         if self.dir is not None:
@@ -129,18 +143,18 @@ class Jail:
                 init_start=state.process_start(init_pid),
                 idmap=self._spec["idmap"],
             )
-        return sock, pidfd, init_pid
+        return sock, pidfd, init_pid, net_fds
 
-    def _await_ready(self, sock: socket.socket) -> Ready:
+    def _await_ready(self, sock: socket.socket) -> tuple[Ready, list[int]]:
         if not wire.wait_readable(sock, self.config.setup_timeout):
             raise SandboxSetupError(f"the jail was not ready within {self.config.setup_timeout}s")
         try:
-            msg = wire.recv(sock, max_fds=0)
+            msg = wire.recv(sock, max_fds=2)
         except wire.WireError as exc:
             raise ProtocolError(f"bad message from the jail during setup: {exc}") from exc
         if msg is None:
             raise SandboxSetupError("the jail's init exited during setup")
-        return Ready.model_validate(msg[0])
+        return Ready.model_validate(msg[0]), msg[1]
 
 
 def _seccomp_spec(policy: SeccompPolicy | None) -> dict | None:
@@ -183,9 +197,16 @@ def _v2_parent() -> Path | None:
 
 
 def _teardown(
-    sock: socket.socket | None, pidfd: int, sandbox_dir: Path | None, spec: dict, cgroup: Cgroup | None
+    sock: socket.socket | None,
+    pidfd: int,
+    sandbox_dir: Path | None,
+    spec: dict,
+    cgroup: Cgroup | None,
+    net: network.Network | None = None,
 ) -> None:
     """Close the control socket (the init exits on EOF), make sure it died, remove the state."""
+    if net is not None:
+        net.close()
     if sock is not None:
         sock.close()
     if pidfd >= 0:

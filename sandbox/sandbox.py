@@ -16,6 +16,7 @@ from sandbox.config import SandboxConfig, check_env, jail_path
 from sandbox.errors import ExecError, SandboxClosed
 from sandbox.execution import ExecRun, TtyCommand, run_sync
 from sandbox.jail import Jail
+from sandbox.proxy import NetworkLogEntry
 from sandbox.results import ExecResult, SandboxStats
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class Sandbox:
         if "\0" in (request.get("shell") or "".join(request.get("argv", []))):
             raise ExecError("command contains a NUL byte")
         request["cwd"] = self._abs(cwd) if cwd else self.config.workdir
-        request["env"] = {**BASE_ENV, **self.config.env, **check_env(dict(env or {}))}
+        request["env"] = {**BASE_ENV, **self._jail.env, **self.config.env, **check_env(dict(env or {}))}
         data = stdin.encode() if isinstance(stdin, str) else stdin
         cgroup = self._jail.cgroup
         counters = cgroup.counters if cgroup is not None else None
@@ -145,9 +146,14 @@ class Sandbox:
             "argv": argv,
             "tty": True,
             "cwd": self.config.workdir,
-            "env": {**BASE_ENV, **self.config.env, **check_env(dict(env or {}))},
+            "env": {**BASE_ENV, **self._jail.env, **self.config.env, **check_env(dict(env or {}))},
         }
         return TtyCommand(self._channel.open_call(request))
+
+    def network_log(self) -> list[NetworkLogEntry]:
+        """Every request through the ``allow`` proxy since the jail was made (or last ``reset()``):
+        time, method, host, port, verdict, reason, bytes each way. Empty in other modes."""
+        return self._jail.network.log()
 
     # --- files --------------------------------------------------------------------------------
 

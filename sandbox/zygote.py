@@ -152,7 +152,7 @@ class Launcher:
 
         def body(chan: socket.socket) -> None:
             os.close(go_w)
-            flags = NS_FLAGS | (L.CLONE_NEWNET if spec["network"] == "none" else 0)
+            flags = NS_FLAGS | (L.CLONE_NEWNET if spec["network"] != "host" else 0)
             L.unshare(flags)
             pid = os.fork()
             if pid == 0:

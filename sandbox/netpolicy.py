@@ -1,0 +1,283 @@
+"""Network policies: what a jail may reach, validated before any process starts.
+
+``none``: own namespace, loopback only. ``host``: the host's namespace (unconfined).
+``allow``: own namespace plus jailbox's filtering proxy; rules are host-name patterns, presets and
+IP rules, deny wins. ``full``: own namespace with a user-mode stack (slirp4netns) to anywhere
+except the host's loopback and LAN (unless listed in ``lan``), optional published ports.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import re
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, field_validator, model_validator
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+PRESETS: dict[str, tuple[str, ...]] = {
+    "pypi": ("pypi.org", "files.pythonhosted.org", "pypi.python.org"),
+    "github": ("github.com", "*.github.com", "githubusercontent.com", "*.githubusercontent.com"),
+    "debian": ("deb.debian.org", "security.debian.org", "ftp.debian.org", "snapshot.debian.org"),
+    "huggingface": ("huggingface.co", "*.huggingface.co", "hf.co", "*.hf.co"),
+}
+_LABEL = r"(?!-)[a-z0-9_-]{1,63}(?<!-)"
+_HOSTNAME = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+# Never reachable by default: the host's loopback, private and link-local ranges and the like.
+# The host's own interface addresses and subnets are added at run time (see ``lan_networks``).
+LOCAL_RANGES = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+        "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
+        "::/128", "::1/128", "::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8",
+    )
+)  # fmt: skip
+LAN_RECHECK = 5.0
+
+
+def normalize_host(name: str) -> str:
+    """Lower case, no trailing dot; raises ValueError for anything that is not a host name."""
+    host = name.strip().rstrip(".").lower()
+    if not _HOSTNAME.match(host) or len(host) > 253:
+        raise ValueError(f"{name!r} is not a valid host name")
+    return host
+
+
+def _ip_rule(text: str) -> IPNetwork | None:
+    try:
+        return ipaddress.ip_network(text.strip("[]"), strict=False)
+    except ValueError:
+        return None
+
+
+def check_pattern(pattern: str) -> str:
+    """A preset name, ``*``, ``*.domain``, ``host.domain``, an IP address or a CIDR."""
+    if not isinstance(pattern, str) or not pattern.strip():
+        raise ValueError("empty network rule")
+    text = pattern.strip().lower()
+    if text in PRESETS or text == "*" or _ip_rule(text) is not None:
+        return text
+    if text.startswith("*."):
+        return "*." + normalize_host(text[2:])
+    if "*" in text:
+        raise ValueError(f"rule {pattern!r}: a wildcard is only allowed as a leading '*.' (as in '*.example.com')")
+    if "." not in text:
+        raise ValueError(
+            f"rule {pattern!r} is neither a preset ({', '.join(PRESETS)}) nor a host name with a domain "
+            "(use an IP rule such as 127.0.0.1 for single-label names)"
+        )
+    try:
+        return normalize_host(text)
+    except ValueError:
+        raise ValueError(f"rule {pattern!r} is not a preset, host name, *.domain, IP address or CIDR") from None
+
+
+class PortMapping(BaseModel):
+    """A TCP or UDP port of the host forwarded to a port of a ``full`` jail: ``8080:80``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host_port: int = Field(ge=1, le=65535)
+    jail_port: int = Field(ge=1, le=65535)
+    host_addr: ipaddress.IPv4Address = Field(
+        ipaddress.IPv4Address("127.0.0.1"), description="host address to listen on (0.0.0.0 for every interface)"
+    )
+    proto: Literal["tcp", "udp"] = "tcp"
+
+    @classmethod
+    def parse(cls, spec: str) -> PortMapping:
+        """``[HOST_ADDR:]HOST_PORT:JAIL_PORT[/tcp|udp]``."""
+        text, _, proto = spec.partition("/")
+        parts = text.split(":")
+        if len(parts) not in (2, 3) or not all(p.strip().isdigit() for p in parts[-2:]):
+            raise ValueError(f"publish {spec!r}: expected [HOST_ADDR:]HOST_PORT:JAIL_PORT[/tcp|udp]")
+        fields: dict = {"host_port": int(parts[-2]), "jail_port": int(parts[-1]), "proto": proto or "tcp"}
+        if len(parts) == 3:
+            fields["host_addr"] = parts[0]
+        return cls(**fields)
+
+
+class NetworkPolicy(BaseModel):
+    """Where the jail may connect: ``NetworkPolicy(mode="allow", allow=("pypi", "*.example.com"))``.
+
+    The string forms ``"none"``, ``"host"``, ``"full"`` and ``"allow:pypi,github,!gist.github.com"``
+    (``!`` marks a deny rule) are accepted wherever a policy is.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["none", "host", "allow", "full"] = "none"
+    allow: tuple[str, ...] = Field((), description="allow mode: presets, host patterns, IP addresses or CIDRs")
+    deny: tuple[str, ...] = Field((), description="allow mode: same syntax; a deny rule wins over any allow rule")
+    hosts: dict[str, IPvAnyAddress] = Field(
+        default_factory=dict, description="name -> address: the proxy's resolver (allow), /etc/hosts (full)"
+    )
+    lan: tuple[IPNetwork, ...] = Field((), description="full mode: LAN or host addresses the jail may reach")
+    publish: tuple[PortMapping, ...] = Field((), description="full mode: host ports forwarded into the jail")
+
+    @field_validator("allow", "deny", mode="before")
+    @classmethod
+    def _patterns(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = (v,)
+        return tuple(check_pattern(p) for p in v) if isinstance(v, (list, tuple)) else v
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _hosts(cls, v: object) -> object:
+        return {normalize_host(k): a for k, a in v.items()} if isinstance(v, dict) else v
+
+    @field_validator("publish", mode="before")
+    @classmethod
+    def _publish(cls, v: object) -> object:
+        if isinstance(v, (str, PortMapping, dict)):
+            v = (v,)
+        if isinstance(v, (list, tuple)):
+            return tuple(PortMapping.parse(p) if isinstance(p, str) else p for p in v)
+        return v
+
+    @model_validator(mode="after")
+    def _fits_mode(self) -> NetworkPolicy:
+        if self.mode != "allow" and (self.allow or self.deny):
+            raise ValueError(f"allow and deny rules need mode 'allow' (mode is {self.mode!r})")
+        if self.mode != "full" and (self.lan or self.publish):
+            raise ValueError(f"lan and publish need mode 'full' (mode is {self.mode!r})")
+        if self.mode in ("none", "host") and self.hosts:
+            raise ValueError(f"hosts needs mode 'allow' or 'full' (mode is {self.mode!r})")
+        seen = set()
+        for p in self.publish:
+            key = (p.host_addr, p.host_port, p.proto)
+            if key in seen:
+                raise ValueError(f"host port {p.host_port}/{p.proto} is published twice")
+            seen.add(key)
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> NetworkPolicy:
+        """``none``, ``host``, ``full`` or ``allow:RULE,RULE,!DENIED``."""
+        mode, sep, rest = text.strip().partition(":")
+        if mode != "allow":
+            if sep:
+                raise ValueError(f"network {text!r}: only 'allow:' takes rules (none, host, full, allow:RULES)")
+            return cls(mode=mode)  # type: ignore[arg-type]
+        rules = [r.strip() for r in rest.split(",") if r.strip()]
+        return cls(
+            mode="allow",
+            allow=tuple(r for r in rules if not r.startswith("!")),
+            deny=tuple(r[1:] for r in rules if r.startswith("!")),
+        )
+
+
+class Rules:
+    """Allow and deny rules compiled for matching; every verdict names the rule that decided it."""
+
+    def __init__(self, allow: tuple[str, ...], deny: tuple[str, ...]) -> None:
+        self.allow = _compile(allow)
+        self.deny = _compile(deny)
+        self.summary = ", ".join(allow) or "nothing"
+
+    def check_name(self, host: str) -> tuple[bool, str]:
+        """Verdict on a host name (not an address): (allowed, the rule or why)."""
+        rule = _match_name(self.deny, host)
+        if rule is not None:
+            return False, f"denied by rule {rule!r}"
+        rule = _match_name(self.allow, host)
+        if rule is not None:
+            return True, f"allowed by rule {rule!r}"
+        return False, f"{host} is not in the allow list ({self.summary})"
+
+    def check_address(self, addr: IPAddress) -> tuple[bool, str]:
+        """Verdict on a literal address in a request: only IP rules match it."""
+        rule = _match_ip(self.deny, addr)
+        if rule is not None:
+            return False, f"{addr} denied by rule {rule!r}"
+        rule = _match_ip(self.allow, addr)
+        if rule is not None:
+            return True, f"allowed by rule {rule!r}"
+        return False, f"{addr} is not in the allow list ({self.summary})"
+
+    def check_resolved(self, addr: IPAddress, pinned: bool) -> tuple[bool, str]:
+        """Verdict on an address an allowed name resolved to (``pinned``: from the hosts mapping).
+        Local addresses need an IP rule or the mapping, so DNS cannot point the jail at the host."""
+        rule = _match_ip(self.deny, addr)
+        if rule is not None:
+            return False, f"{addr} denied by rule {rule!r}"
+        if pinned or _match_ip(self.allow, addr) is not None or not is_local(addr):
+            return True, ""
+        return False, f"resolves to {addr}, a loopback, private or host address (allow it with an IP rule)"
+
+
+Compiled = list[tuple[str, str, IPNetwork | None]]  # (kind, value, original rule)
+
+
+def _compile(rules: tuple[str, ...]) -> list[tuple[str, str, IPNetwork | None]]:
+    out: list[tuple[str, str, IPNetwork | None]] = []
+    for rule in rules:
+        for item in PRESETS.get(rule, (rule,)):
+            net = _ip_rule(item)
+            label = f"{rule} ({item})" if rule in PRESETS else rule
+            out.append(("ip", label, net) if net is not None else (item, label, None))
+    return out
+
+
+def _match_name(rules: Compiled, host: str) -> str | None:
+    for pattern, label, net in rules:
+        if net is not None:
+            continue
+        if pattern == "*" or pattern == host or (pattern.startswith("*.") and host.endswith(pattern[1:])):
+            return label
+    return None
+
+
+def _match_ip(rules: Compiled, addr: IPAddress) -> str | None:
+    for _, label, net in rules:
+        if net is not None and net.version == addr.version and addr in net:
+            return label
+    return None
+
+
+def is_local(addr: IPAddress) -> bool:
+    """Loopback, private, link-local or one of the host's own networks."""
+    return any(addr.version == n.version and addr in n for n in lan_networks())
+
+
+def lan_networks() -> tuple[IPNetwork, ...]:
+    return _lan_networks(int(time.monotonic() / LAN_RECHECK))
+
+
+@functools.lru_cache(maxsize=1)
+def _lan_networks(_epoch: int) -> tuple[IPNetwork, ...]:
+    """LOCAL_RANGES plus every address of the host's interfaces and the subnet it sits in."""
+    import psutil
+
+    found: list[IPNetwork] = list(LOCAL_RANGES)
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if not a.netmask or a.family.name not in ("AF_INET", "AF_INET6"):
+                continue
+            try:
+                net = ipaddress.ip_network(f"{a.address.split('%')[0]}/{a.netmask}", strict=False)
+                found += [net, ipaddress.ip_network(a.address.split("%")[0])]
+            except ValueError:
+                continue
+    return tuple(found)
+
+
+def blocked_routes(allowed: tuple[IPNetwork, ...], keep: IPNetwork) -> list[str]:
+    """IPv4 prefixes a ``full`` jail gets unreachable routes for: the LAN minus ``allowed`` and
+    minus ``keep`` (slirp4netns's own subnet, where its gateway and DNS live)."""
+    blocked = [n for n in ipaddress.collapse_addresses(n for n in lan_networks() if n.version == 4)]
+    for hole in (*[a for a in allowed if a.version == 4], keep):
+        nxt: list[ipaddress.IPv4Network] = []
+        for net in blocked:
+            if hole.subnet_of(net):  # type: ignore[arg-type]
+                nxt += net.address_exclude(hole)  # type: ignore[arg-type]
+            elif not net.subnet_of(hole):  # type: ignore[arg-type]
+                nxt.append(net)
+        blocked = nxt
+    return [str(n) for n in ipaddress.collapse_addresses(blocked) if not n.is_loopback]

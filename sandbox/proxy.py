@@ -1,0 +1,547 @@
+"""Host side of ``allow`` mode: one filtering HTTP/HTTPS proxy for every sandbox of this process.
+
+Each ``allow`` jail's init binds a listening socket to 127.0.0.1:3128 inside the jail's own network
+namespace and hands it over; the proxy accepts from it directly, so there is no relay process in
+the jail and every connection is known to come from that sandbox. A connection carries one
+request: an absolute ``http://`` URL (forwarded with ``Connection: close``) or a ``CONNECT`` tunnel.
+The host name is matched against the sandbox's rules (deny wins), resolved here (names never
+resolve inside the jail), and its addresses checked again so DNS cannot point the jail at the
+host's loopback or LAN. Refusals get a 403 whose body names the rule. Every request is logged.
+
+Bounds: at most ``MAX_CONNECTIONS`` connections (``MAX_PER_SANDBOX`` per sandbox); each reads into
+two fixed ``CHUNK`` buffers and stops reading a side while the other side's write buffer is above
+``HIGH_WATER``, so memory is at most ``MAX_CONNECTIONS * PER_CONNECTION`` whatever the jail sends.
+The event loop runs on one daemon thread, started with the first ``allow`` jail and stopped after
+the last one closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import ipaddress
+import os
+import socket
+import threading
+import time
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict
+
+from sandbox.errors import SandboxSetupError
+from sandbox.netpolicy import IPAddress, NetworkPolicy, Rules, normalize_host
+
+CHUNK = 32 * 1024
+HIGH_WATER = 64 * 1024
+HEAD_LIMIT = 16 * 1024
+PER_CONNECTION = HEAD_LIMIT + 2 * CHUNK + 2 * (HIGH_WATER + CHUNK)
+MAX_CONNECTIONS = 512
+MAX_PER_SANDBOX = 64
+HEAD_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 20.0
+RESOLVE_TIMEOUT = 20.0
+CALL_TIMEOUT = 10.0
+LOG_LIMIT = 10_000
+RESOLVERS = 8
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te"}
+
+
+class NetworkLogEntry(BaseModel):
+    """One request through the proxy. ``bytes_sent``: jail to destination; ``bytes_received``: back."""
+
+    model_config = ConfigDict(frozen=True)
+
+    time: float
+    method: str
+    host: str
+    port: int
+    verdict: Literal["allowed", "denied", "failed"]
+    reason: str
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+class ProxyStats(BaseModel):
+    """What the proxy holds now and at most so far (``peak_write_buffer``: largest write buffer of any
+    connection side; it stays under ``HIGH_WATER + CHUNK`` by construction)."""
+
+    sandboxes: int
+    connections: int
+    peak_connections: int
+    refused_over_limit: int
+    peak_write_buffer: int
+    memory_bound: int
+
+
+class _Record:
+    __slots__ = ("host", "method", "port", "reason", "received", "sent", "time", "verdict")
+
+    def __init__(self, method: str, host: str, port: int, verdict: str, reason: str) -> None:
+        self.time = time.time()
+        self.method, self.host, self.port, self.verdict, self.reason = method, host, port, verdict, reason
+        self.sent = self.received = 0
+
+    def entry(self) -> NetworkLogEntry:
+        return NetworkLogEntry(
+            time=self.time,
+            method=self.method,
+            host=self.host,
+            port=self.port,
+            verdict=self.verdict,  # type: ignore[arg-type]
+            reason=self.reason,
+            bytes_sent=self.sent,
+            bytes_received=self.received,
+        )
+
+
+class Tenant:
+    """One sandbox as the proxy sees it: its rules, its listener, its connections, its log."""
+
+    def __init__(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        self.id = sandbox_id
+        self.rules = Rules(policy.allow, policy.deny)
+        self.hosts = {name: ipaddress.ip_address(str(addr)) for name, addr in policy.hosts.items()}
+        self.log: collections.deque[_Record] = collections.deque(maxlen=LOG_LIMIT)
+        self.dropped = 0
+        self.conns: set[_Conn] = set()
+        self.server: asyncio.AbstractServer | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def record(self, method: str, host: str, port: int, verdict: str, reason: str) -> _Record:
+        rec = _Record(method, host, port, verdict, reason)
+        if len(self.log) == LOG_LIMIT:
+            self.dropped += 1
+        self.log.append(rec)
+        return rec
+
+
+class _BadRequest(Exception):
+    pass
+
+
+class _Request:
+    def __init__(self, method: str, host: str, port: int, literal: IPAddress | None, forward: bytes | None) -> None:
+        self.method, self.host, self.port, self.literal, self.forward = method, host, port, literal, forward
+
+
+def _authority(text: str, default_port: int | None) -> tuple[str, int, IPAddress | None]:
+    if "@" in text:
+        raise _BadRequest("credentials in the URL are not forwarded")
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else rest
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, ""
+    if not port_text:
+        if default_port is None:
+            raise _BadRequest(f"CONNECT {text}: a port is required")
+        port = default_port
+    elif port_text.isdigit() and 0 < int(port_text) < 65536:
+        port = int(port_text)
+    else:
+        raise _BadRequest(f"bad port in {text!r}")
+    try:
+        literal = ipaddress.ip_address(host)
+        return str(literal), port, literal
+    except ValueError:
+        pass
+    try:
+        return normalize_host(host), port, None
+    except ValueError:
+        raise _BadRequest(f"{host!r} is not a host name") from None
+
+
+def parse_head(head: bytes) -> _Request:
+    """The request line and headers of one proxy request (``head`` ends with an empty line)."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise _BadRequest("malformed request line")
+    method, target, version = parts
+    headers = []
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise _BadRequest("malformed header line")
+        headers.append((name, value.strip()))
+    if method == "CONNECT":
+        host, port, literal = _authority(target, None)
+        return _Request(method, host, port, literal, None)
+    if not target.lower().startswith("http://"):
+        if target.lower().startswith("https://"):
+            raise _BadRequest("https:// URLs go through CONNECT (set HTTPS_PROXY)")
+        raise _BadRequest("this is jailbox's proxy: send absolute http:// URLs or CONNECT")
+    url = urlsplit(target)
+    host, port, literal = _authority(url.netloc, 80)
+    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    kept = [f"{n}: {v}" for n, v in headers if n.lower() not in HOP_BY_HOP]
+    if not any(n.lower() == "host" for n, _ in headers):
+        kept.append(f"Host: {url.netloc}")
+    forward = "\r\n".join([f"{method} {path} {version}", *kept, "Connection: close", "", ""])
+    return _Request(method, host, port, literal, forward.encode("latin-1"))
+
+
+def _response(status: int, phrase: str, message: str) -> bytes:
+    body = f"jailbox proxy: {message}\n".encode(errors="replace")
+    head = (
+        f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1", errors="replace") + body
+
+
+class _Side(asyncio.BufferedProtocol):
+    """One socket of a proxied connection: reads into its own fixed buffer, writes to the other."""
+
+    def __init__(self, conn: _Conn, upstream: bool) -> None:
+        self.conn = conn
+        self.upstream = upstream
+        self.transport: asyncio.Transport | None = None
+        self.view = memoryview(bytearray(CHUNK))
+        self.eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=HIGH_WATER)
+        if self.upstream:
+            transport.pause_reading()  # until the relay starts: a server may speak first
+        else:
+            self.conn.accepted()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.conn.received(self, bytes(self.view[:nbytes]))
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self.conn.eof(self)
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.lost(self)
+
+    def pause_writing(self) -> None:
+        self.conn.flow(self, pause=True)
+
+    def resume_writing(self) -> None:
+        self.conn.flow(self, pause=False)
+
+
+class _Conn:
+    """One connection from a jail: read the request head, decide, then relay bytes both ways."""
+
+    def __init__(self, proxy: Proxy, tenant: Tenant) -> None:
+        self.proxy = proxy
+        self.tenant = tenant
+        self.client = _Side(self, upstream=False)
+        self.server: _Side | None = None
+        self.head = bytearray()
+        self.relaying = False
+        self.closed = False
+        self.record: _Record | None = None
+        self.task: asyncio.Task | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def accepted(self) -> None:
+        p = self.proxy
+        if p.active >= MAX_CONNECTIONS or len(self.tenant.conns) >= MAX_PER_SANDBOX:
+            p.refused_over_limit += 1
+            self.tenant.record("-", "", 0, "denied", "too many connections")
+            self.reply(503, "Service Unavailable", "too many connections from this sandbox or host")
+            return
+        p.active += 1
+        p.peak = max(p.peak, p.active)
+        self.tenant.conns.add(self)
+        self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, self.close)
+
+    def received(self, side: _Side, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.relaying:
+            other = self.server if side is self.client else self.client
+            assert other is not None and other.transport is not None and self.record is not None
+            other.transport.write(data)
+            if side is self.client:
+                self.record.sent += len(data)
+            else:
+                self.record.received += len(data)
+            self.proxy.peak_buffer = max(self.proxy.peak_buffer, other.transport.get_write_buffer_size())
+            return
+        if side is not self.client or self.task is not None:
+            return
+        self.head += data
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.head) > HEAD_LIMIT:
+                self.tenant.record("-", "", 0, "denied", "request head too large")
+                self.reply(431, "Request Header Fields Too Large", f"request head over {HEAD_LIMIT} bytes")
+            return
+        if end + 4 > HEAD_LIMIT:
+            self.tenant.record("-", "", 0, "denied", "request head too large")
+            self.reply(431, "Request Header Fields Too Large", f"request head over {HEAD_LIMIT} bytes")
+            return
+        assert self.client.transport is not None
+        self.client.transport.pause_reading()
+        if self.timer is not None:
+            self.timer.cancel()
+        head, extra = bytes(self.head[: end + 4]), bytes(self.head[end + 4 :])
+        self.head = bytearray()
+        self.task = asyncio.get_running_loop().create_task(self.open(head, extra))
+
+    async def open(self, head: bytes, extra: bytes) -> None:
+        try:
+            req = parse_head(head)
+        except _BadRequest as exc:
+            self.tenant.record("-", "", 0, "denied", str(exc))
+            self.reply(400, "Bad Request", str(exc))
+            return
+        if req.literal is not None:
+            ok, reason = self.tenant.rules.check_address(req.literal)
+            candidates = [req.literal] if ok else []
+        else:
+            ok, reason = self.tenant.rules.check_name(req.host)
+            candidates = []
+            if ok:
+                candidates, reason = await self.resolve(req)
+                if self.closed:
+                    return
+        self.record = self.tenant.record(req.method, req.host, req.port, "allowed" if candidates else "denied", reason)
+        if not candidates:
+            if reason.startswith("cannot resolve"):
+                self.record.verdict = "failed"
+                self.reply(502, "Bad Gateway", reason)
+            else:
+                self.reply(403, "Forbidden", f"{req.method} {req.host}:{req.port} refused: {reason}")
+            return
+        error = ""
+        for addr in candidates:
+            side = _Side(self, upstream=True)
+            try:
+                loop = asyncio.get_running_loop()
+                await asyncio.wait_for(loop.create_connection(lambda s=side: s, str(addr), req.port), CONNECT_TIMEOUT)
+            except (OSError, asyncio.TimeoutError) as exc:
+                error = f"connecting to {addr} port {req.port}: {getattr(exc, 'strerror', None) or 'timed out'}"
+                continue
+            if self.closed:
+                assert side.transport is not None
+                side.transport.abort()
+                return
+            self.server = side
+            break
+        if self.server is None or self.server.transport is None or self.client.transport is None:
+            self.record.verdict, self.record.reason = "failed", error
+            self.reply(502, "Bad Gateway", error)
+            return
+        self.relaying = True
+        if req.forward is None:
+            self.client.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        else:
+            self.server.transport.write(req.forward)
+            self.record.sent += len(head)
+        if extra:
+            self.received(self.client, extra)
+        if self.client.eof:
+            self.eof(self.client)
+        self.client.transport.resume_reading()
+        self.server.transport.resume_reading()
+
+    async def resolve(self, req: _Request) -> tuple[list[IPAddress], str]:
+        """Addresses of an allowed name that its rules let the jail reach (pinned ones first)."""
+        pinned = self.tenant.hosts.get(req.host)
+        if pinned is not None:
+            found: list[IPAddress] = [pinned]
+        else:
+            loop = asyncio.get_running_loop()
+            try:
+                infos = await asyncio.wait_for(
+                    loop.getaddrinfo(req.host, req.port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT
+                )
+            except (OSError, asyncio.TimeoutError) as exc:
+                return [], f"cannot resolve {req.host}: {getattr(exc, 'strerror', None) or 'timed out'}"
+            found = list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
+        good, reason = [], ""
+        for addr in found:
+            ok, why = self.tenant.rules.check_resolved(addr, pinned is not None)
+            if ok:
+                good.append(addr)
+            elif not reason:
+                reason = why
+        _, allowed_by = self.tenant.rules.check_name(req.host)
+        return good, allowed_by if good else reason
+
+    def reply(self, status: int, phrase: str, message: str) -> None:
+        transport = self.client.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(_response(status, phrase, message))
+        self.close()
+
+    def eof(self, side: _Side) -> None:
+        if not self.relaying:
+            if side is self.client and self.task is None:
+                self.close()
+            return
+        other = self.server if side is self.client else self.client
+        if other is not None and other.transport is not None and other.transport.can_write_eof():
+            other.transport.write_eof()
+        if self.client.eof and self.server is not None and self.server.eof:
+            self.close()
+
+    def flow(self, side: _Side, pause: bool) -> None:
+        """``side``'s write buffer crossed a limit: stop or restart reading from the other side."""
+        other = self.server if side is self.client else self.client
+        if other is not None and other.transport is not None and not other.transport.is_closing():
+            if pause:
+                other.transport.pause_reading()
+            elif self.relaying:
+                other.transport.resume_reading()
+
+    def lost(self, side: _Side) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close both sides once (pending writes are flushed first)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+        if self in self.tenant.conns:
+            self.tenant.conns.discard(self)
+            self.proxy.active -= 1
+        for side in (self.client, self.server):
+            if side is not None and side.transport is not None:
+                side.transport.close()
+
+    def abort(self) -> None:
+        self.close()
+        if self.task is not None:
+            self.task.cancel()
+        for side in (self.client, self.server):
+            if side is not None and side.transport is not None:
+                side.transport.abort()
+
+
+class Proxy:
+    """The process's proxy: ``attach`` a sandbox's listener, ``detach`` it on close."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._tenants: dict[str, Tenant] = {}
+        self.active = 0
+        self.peak = 0
+        self.refused_over_limit = 0
+        self.peak_buffer = 0
+
+    def attach(self, sandbox_id: str, listener_fd: int, policy: NetworkPolicy) -> Tenant:
+        """Serve ``listener_fd`` (a listening TCP socket inside the jail) with ``policy``; takes the fd."""
+        listener = socket.socket(fileno=listener_fd)
+        try:
+            if listener.type != socket.SOCK_STREAM or not listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                raise SandboxSetupError("the jail's init handed over something that is not a listening TCP socket")
+            listener.setblocking(False)
+            tenant = Tenant(sandbox_id, policy)
+            with self._lock:
+                if self._loop is None or self._pid != os.getpid():
+                    self._start()
+                assert self._loop is not None
+                self._tenants[sandbox_id] = tenant
+                loop = self._loop
+            tenant.loop = loop
+            asyncio.run_coroutine_threadsafe(self._serve(tenant, listener), loop).result(CALL_TIMEOUT)
+        except BaseException:
+            listener.close()
+            raise
+        return tenant
+
+    def detach(self, tenant: Tenant) -> None:
+        """Stop accepting for this sandbox and cut its connections; stop the thread after the last."""
+        with self._lock:
+            loop = tenant.loop
+            assert loop is not None
+            if self._tenants.get(tenant.id) is tenant:
+                del self._tenants[tenant.id]
+            last = loop is self._loop and not self._tenants
+            thread = self._thread
+            if last:
+                self._loop = self._thread = None
+        if self._pid != os.getpid() or loop.is_closed():
+            return
+        asyncio.run_coroutine_threadsafe(self._close(tenant), loop).result(CALL_TIMEOUT)
+        if last and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(CALL_TIMEOUT)
+
+    def log(self, tenant: Tenant) -> list[NetworkLogEntry]:
+        loop = tenant.loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return [r.entry() for r in list(tenant.log)]
+        return asyncio.run_coroutine_threadsafe(self._snapshot(tenant), loop).result(CALL_TIMEOUT)
+
+    def stats(self) -> ProxyStats:
+        with self._lock:
+            sandboxes = len(self._tenants)
+        return ProxyStats(
+            sandboxes=sandboxes,
+            connections=self.active,
+            peak_connections=self.peak,
+            refused_over_limit=self.refused_over_limit,
+            peak_write_buffer=self.peak_buffer,
+            memory_bound=MAX_CONNECTIONS * PER_CONNECTION,
+        )
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _start(self) -> None:
+        loop = asyncio.new_event_loop()
+        resolvers = concurrent.futures.ThreadPoolExecutor(RESOLVERS, thread_name_prefix="jailbox-dns")
+        loop.set_default_executor(resolvers)
+        ready = threading.Event()
+        thread = threading.Thread(target=self._run, args=(loop, resolvers, ready), name="jailbox-proxy", daemon=True)
+        thread.start()
+        ready.wait()
+        self._loop, self._thread, self._pid = loop, thread, os.getpid()
+        if not self._tenants:
+            self.active = 0
+
+    @staticmethod
+    def _run(
+        loop: asyncio.AbstractEventLoop, resolvers: concurrent.futures.ThreadPoolExecutor, ready: threading.Event
+    ) -> None:
+        asyncio.set_event_loop(loop)
+        loop.call_soon(ready.set)
+        try:
+            loop.run_forever()
+        finally:
+            resolvers.shutdown(wait=False, cancel_futures=True)  # a lookup stuck in the resolver ends on its own
+            loop.close()
+
+    async def _serve(self, tenant: Tenant, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        tenant.server = await loop.create_server(lambda: _Conn(self, tenant).client, sock=listener, backlog=256)
+
+    async def _close(self, tenant: Tenant) -> None:
+        if tenant.server is not None:
+            tenant.server.close()
+        for conn in list(tenant.conns):
+            conn.abort()
+
+    @staticmethod
+    async def _snapshot(tenant: Tenant) -> list[NetworkLogEntry]:
+        return [r.entry() for r in tenant.log]
+
+
+PROXY = Proxy()

@@ -1,0 +1,133 @@
+"""Host side of ``full`` mode: slirp4netns gives the jail's namespace a user-mode TCP/IP stack.
+
+slirp4netns runs as the calling user and joins the jail's user and network namespaces through
+descriptors the init handed over (``/proc/self/fd/N``: the init is not dumpable, so its
+``/proc/PID/ns`` links are out of reach of an unprivileged host process). It creates ``tap0``
+(10.0.2.100/24, gateway 10.0.2.2, DNS 10.0.2.3), refuses connections to the host's loopback
+(``--disable-host-loopback``), and runs with its own seccomp filter and mount namespace since it
+parses the jail's packets. Its lifetime follows the sandbox through ``--exit-fd``: a pipe whose
+write end only this process holds, so slirp4netns exits on ``close()`` and when this process
+dies however it dies. (``PR_SET_PDEATHSIG`` would fire when the *thread* that started it exits,
+and sandboxes are often created from worker threads.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+from sandbox import wire
+from sandbox.errors import SandboxSetupError
+from sandbox.netpolicy import PortMapping
+
+MTU = 65520
+EXIT_WAIT = 2.0
+API_ATTEMPTS = 50
+
+
+class Slirp:
+    def __init__(self, ns_fds: list[int], publish: tuple[PortMapping, ...], timeout: float) -> None:
+        binary = shutil.which("slirp4netns")
+        if binary is None:
+            raise SandboxSetupError(
+                "network 'full' needs slirp4netns, which is not installed: sudo apt-get install slirp4netns"
+            )
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        exit_r, self._exit_w = os.pipe2(os.O_CLOEXEC)
+        log = os.memfd_create("jailbox-slirp-log", os.MFD_CLOEXEC)
+        api_dir = tempfile.mkdtemp(prefix="jailbox-slirp-") if publish else None
+        args = [binary, "--configure", f"--mtu={MTU}", "--disable-host-loopback", "--enable-sandbox"]
+        args += ["--enable-seccomp", f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", "--netns-type=path"]
+        if api_dir is not None:
+            args.append(f"--api-socket={api_dir}/api.sock")
+        if len(ns_fds) == 2:
+            args.append(f"--userns-path=/proc/self/fd/{ns_fds[1]}")
+        args += [f"/proc/self/fd/{ns_fds[0]}", "tap0"]
+        try:
+            self.proc = subprocess.Popen(
+                args,
+                pass_fds=[ready_w, exit_r, *ns_fds],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+            )
+        except OSError as exc:
+            for fd in (ready_r, ready_w, exit_r, self._exit_w, log):
+                os.close(fd)
+            raise SandboxSetupError(f"could not start slirp4netns: {exc}") from exc
+        finally:
+            for fd in ns_fds:
+                os.close(fd)
+        os.close(ready_w)
+        os.close(exit_r)
+        try:
+            ready = wire.wait_readable(ready_r, timeout) and os.read(ready_r, 1) == b"1"
+            if not ready:
+                raise SandboxSetupError(f"slirp4netns did not come up: {_tail(log) or 'no output'}")
+            if api_dir is not None:
+                for mapping in publish:
+                    _add_hostfwd(f"{api_dir}/api.sock", mapping)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            os.close(ready_r)
+            os.close(log)
+            if api_dir is not None:
+                shutil.rmtree(api_dir, ignore_errors=True)  # slirp4netns keeps its listening socket
+
+    def close(self) -> None:
+        if self._exit_w >= 0:
+            os.close(self._exit_w)
+            self._exit_w = -1
+        try:
+            self.proc.wait(EXIT_WAIT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _add_hostfwd(path: str, mapping: PortMapping) -> None:
+    request = {
+        "execute": "add_hostfwd",
+        "arguments": {
+            "proto": mapping.proto,
+            "host_addr": str(mapping.host_addr),
+            "host_port": mapping.host_port,
+            "guest_port": mapping.jail_port,
+        },
+    }
+    for _ in range(API_ATTEMPTS):
+        try:
+            with socket.socket(socket.AF_UNIX) as api:
+                api.settimeout(EXIT_WAIT)
+                api.connect(path)
+                api.sendall(json.dumps(request).encode())
+                api.shutdown(socket.SHUT_WR)
+                answer = api.recv(65536)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            time.sleep(0.01)
+    else:
+        raise SandboxSetupError("slirp4netns's API socket never appeared")
+    try:
+        reply = json.loads(answer or b"{}")
+    except ValueError:
+        reply = {}
+    if "return" not in reply:
+        desc = reply.get("error", {}).get("desc") if isinstance(reply.get("error"), dict) else None
+        raise SandboxSetupError(
+            f"publishing {mapping.host_addr}:{mapping.host_port} -> {mapping.jail_port}/{mapping.proto}: "
+            f"{desc or answer[:200]!r} (is the host port already in use?)"
+        )
+
+
+def _tail(fd: int) -> str:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, 2000, max(0, size - 2000)).decode(errors="replace").strip()
