@@ -40,6 +40,7 @@ class Host:
     subuid: Path = Path("/etc/subuid")
     subgid: Path = Path("/etc/subgid")
     path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    tun: Path = Path("/dev/net/tun")
     uid: int = field(default_factory=os.getuid)
     user: str = field(default_factory=getpass.getuser)
 
@@ -239,6 +240,13 @@ def slirp4netns(host: Host) -> Probe:
             status="degraded",
             detail="not installed: no 'full' network mode",
             fix="sudo apt-get install slirp4netns",
+        )
+    if not os.access(host.tun, os.R_OK | os.W_OK):
+        return Probe(
+            name="slirp4netns",
+            status="degraded",
+            detail=f"{tool}, but this user cannot open {host.tun}: no 'full' network mode",
+            fix=f"sudo chmod 0666 {host.tun}  (Debian's udev default)",
         )
     return Probe(name="slirp4netns", status="ok", detail=tool)
 

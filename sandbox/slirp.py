@@ -3,12 +3,15 @@
 slirp4netns runs as the calling user and joins the jail's user and network namespaces through
 descriptors the init handed over (``/proc/self/fd/N``: the init is not dumpable, so its
 ``/proc/PID/ns`` links are out of reach of an unprivileged host process). It creates ``tap0``
-(10.0.2.100/24, gateway 10.0.2.2, DNS 10.0.2.3), refuses connections to the host's loopback
-(``--disable-host-loopback``), and runs with its own seccomp filter and mount namespace since it
-parses the jail's packets. Its lifetime follows the sandbox through ``--exit-fd``: a pipe whose
-write end only this process holds, so slirp4netns exits on ``close()`` and when this process
-dies however it dies. (``PR_SET_PDEATHSIG`` would fire when the *thread* that started it exits,
-and sandboxes are often created from worker threads.)
+(10.0.2.100/24, gateway 10.0.2.2, DNS 10.0.2.3) and refuses connections to the host's loopback
+(``--disable-host-loopback``); the init's unreachable routes keep the host's LAN out. It parses
+the jail's packets, so it runs under its own seccomp filter (as root also in its own mount
+namespace without capabilities: ``--enable-sandbox`` fails rootless at ``setegid``).
+
+Its lifetime follows the sandbox through ``--exit-fd``: a pipe whose write end only this process
+holds, so slirp4netns exits on ``close()`` and when this process dies, however it dies.
+(``PR_SET_PDEATHSIG`` would fire when the *thread* that started it exits, and sandboxes are often
+created from worker threads.)
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sandbox import wire
 from sandbox.errors import SandboxSetupError
 from sandbox.netpolicy import PortMapping
 
+TUN = "/dev/net/tun"
 MTU = 65520
 EXIT_WAIT = 2.0
 API_ATTEMPTS = 50
@@ -34,14 +38,25 @@ class Slirp:
     def __init__(self, ns_fds: list[int], publish: tuple[PortMapping, ...], timeout: float) -> None:
         binary = shutil.which("slirp4netns")
         if binary is None:
+            for fd in ns_fds:
+                os.close(fd)
             raise SandboxSetupError(
                 "network 'full' needs slirp4netns, which is not installed: sudo apt-get install slirp4netns"
+            )
+        if not os.access(TUN, os.R_OK | os.W_OK):
+            for fd in ns_fds:
+                os.close(fd)
+            raise SandboxSetupError(
+                f"network 'full' needs {TUN}, which this user cannot open (Debian's udev makes it mode 0666; "
+                f"this host has {_mode(TUN)}): sudo chmod 0666 {TUN}"
             )
         ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
         exit_r, self._exit_w = os.pipe2(os.O_CLOEXEC)
         log = os.memfd_create("jailbox-slirp-log", os.MFD_CLOEXEC)
         api_dir = tempfile.mkdtemp(prefix="jailbox-slirp-") if publish else None
-        args = [binary, "--configure", f"--mtu={MTU}", "--disable-host-loopback", "--enable-sandbox"]
+        args = [binary, "--configure", f"--mtu={MTU}", "--disable-host-loopback"]
+        if os.getuid() == 0:  # its own mount namespace, capabilities dropped (fails rootless: setegid)
+            args.append("--enable-sandbox")
         args += ["--enable-seccomp", f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", "--netns-type=path"]
         if api_dir is not None:
             args.append(f"--api-socket={api_dir}/api.sock")
@@ -131,3 +146,10 @@ def _add_hostfwd(path: str, mapping: PortMapping) -> None:
 def _tail(fd: int) -> str:
     size = os.fstat(fd).st_size
     return os.pread(fd, 2000, max(0, size - 2000)).decode(errors="replace").strip()
+
+
+def _mode(path: str) -> str:
+    try:
+        return f"mode {os.stat(path).st_mode & 0o777:04o}"
+    except OSError as exc:
+        return f"no usable device ({exc.strerror})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -65,6 +66,10 @@ def test_slirp4netns_and_state_dir_fixes(tmp_path):
     assert probe.status == "degraded" and probe.fix == "sudo apt-get install slirp4netns"
     (tmp_path / "bin").mkdir()
     shutil.copy("/bin/true", tmp_path / "bin" / "slirp4netns")
+    host = dataclasses.replace(host, tun=tmp_path / "tun")
+    probe = doctor.slirp4netns(host)
+    assert probe.status == "degraded" and probe.fix.startswith(f"sudo chmod 0666 {host.tun}")
+    host.tun.write_text("")
     assert doctor.slirp4netns(host).status == "ok"
     blocked = tmp_path / "file"
     blocked.write_text("")
@@ -85,7 +90,9 @@ def test_doctor_on_this_machine_line_by_line():
         "id ranges": "ok" if os.getuid() == 0 or doctor.id_ranges(Host()).status == "ok" else "degraded",
         "seccomp user notification": "ok",
         "cgroups": "ok" if os.getuid() == 0 else "degraded",
-        "slirp4netns": "ok" if shutil.which("slirp4netns") else "degraded",
+        "slirp4netns": "ok"
+        if shutil.which("slirp4netns") and os.access("/dev/net/tun", os.R_OK | os.W_OK)
+        else "degraded",
         "state directory": "ok",
     }
     assert {name: p["status"] for name, p in probes.items()} == expected
