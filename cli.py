@@ -17,7 +17,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from sandbox import Mount, Sandbox, SandboxConfig
+from sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
 from sandbox.errors import SandboxError
 from sandbox.execution import TtyCommand
 from sandbox.state import cleanup as cleanup_state
@@ -25,6 +25,10 @@ from sandbox.state import state_dir
 
 TIMEOUT_EXIT = 124
 SHELL = "command -v bash >/dev/null 2>&1 && exec bash -l || exec sh -l"
+NETWORK_HELP = (
+    "none (loopback only), host (unconfined), full (slirp4netns: anywhere but the host and its LAN), "
+    "or allow:RULES through jailbox's proxy, e.g. allow:pypi,github,*.example.com,!bad.example.com"
+)
 
 
 def _jail_options(func: Any) -> Any:
@@ -35,7 +39,14 @@ def _jail_options(func: Any) -> Any:
         ),
         click.option("--workdir", default="/testbed", show_default=True, help="Working directory inside."),
         click.option("--env", "envs", multiple=True, metavar="K=V", help="Set a variable inside (repeatable)."),
-        click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True),
+        click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP),
+        click.option(
+            "--publish",
+            "publishes",
+            multiple=True,
+            metavar="[ADDR:]HOST:JAIL",
+            help="With --network full: forward a host port.",
+        ),
         click.option("--hostname", default="sandbox", show_default=True),
         click.option(
             "--upper",
@@ -51,7 +62,14 @@ def _jail_options(func: Any) -> Any:
 
 
 def _config(
-    rootfs: str, binds: tuple[str, ...], workdir: str, envs: tuple[str, ...], network: str, hostname: str, upper: str
+    rootfs: str,
+    binds: tuple[str, ...],
+    workdir: str,
+    envs: tuple[str, ...],
+    network: str,
+    publishes: tuple[str, ...],
+    hostname: str,
+    upper: str,
 ) -> SandboxConfig:
     env = {}
     for item in envs:
@@ -61,8 +79,11 @@ def _config(
         env[key] = value
     try:
         mounts = [Mount.parse(b) for b in binds]
+        policy = NetworkPolicy.parse(network)
+        if publishes:
+            policy = NetworkPolicy(mode=policy.mode, publish=publishes)
         return SandboxConfig(
-            rootfs=rootfs, mounts=mounts, workdir=workdir, env=env, network=network, hostname=hostname, upper=upper
+            rootfs=rootfs, mounts=mounts, workdir=workdir, env=env, network=policy, hostname=hostname, upper=upper
         )
     except (ValidationError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
@@ -220,7 +241,7 @@ def _trim(text: str, limit: int = 600) -> str:
 @click.option("--time-limit", "--time_limit", type=float, default=None, help="Seconds of wall time for the run.")
 @click.option("--text-mode", is_flag=True, help="For models without tool calling: one fenced action per reply.")
 @click.option("--rootfs", default="host", show_default=True)
-@click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True)
+@click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
 @click.option("--memory", default=None, help="Memory cap for the jail, e.g. 4G.")
 @click.option("--quiet", is_flag=True, help="No per-step output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final result as JSON.")
@@ -334,7 +355,7 @@ def run_cmd(
 @click.option("--resume", is_flag=True, help="Skip tasks already in OUTPUT_DIR/results.jsonl.")
 @click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
 @click.option("--rootfs", default="host", show_default=True)
-@click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True)
+@click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
 def bench_cmd(
     tasks_file: str,
     llm_name: str,

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sandbox.netpolicy import NetworkPolicy
+from sandbox.netpolicy import NetworkPolicy, fields_of
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
@@ -162,7 +162,7 @@ class SandboxConfig(BaseModel):
     @field_validator("network", mode="before")
     @classmethod
     def _network(cls, v: Any) -> Any:
-        return NetworkPolicy.parse(v) if isinstance(v, str) else v
+        return fields_of(v) if isinstance(v, str) else v
 
     @field_validator("hostname")
     @classmethod

@@ -160,17 +160,22 @@ class NetworkPolicy(BaseModel):
     @classmethod
     def parse(cls, text: str) -> NetworkPolicy:
         """``none``, ``host``, ``full`` or ``allow:RULE,RULE,!DENIED``."""
-        mode, sep, rest = text.strip().partition(":")
-        if mode != "allow":
-            if sep:
-                raise ValueError(f"network {text!r}: only 'allow:' takes rules (none, host, full, allow:RULES)")
-            return cls(mode=mode)  # type: ignore[arg-type]
-        rules = [r.strip() for r in rest.split(",") if r.strip()]
-        return cls(
-            mode="allow",
-            allow=tuple(r for r in rules if not r.startswith("!")),
-            deny=tuple(r[1:] for r in rules if r.startswith("!")),
-        )
+        return cls(**fields_of(text))
+
+
+def fields_of(text: str) -> dict:
+    """The fields a policy string stands for (validated by the model, so errors name the field)."""
+    mode, sep, rest = text.strip().partition(":")
+    if mode != "allow":
+        if sep:
+            raise ValueError(f"network {text!r}: only 'allow:' takes rules (none, host, full, allow:RULES)")
+        return {"mode": mode}
+    rules = [r.strip() for r in rest.split(",") if r.strip()]
+    return {
+        "mode": "allow",
+        "allow": tuple(r for r in rules if not r.startswith("!")),
+        "deny": tuple(r[1:] for r in rules if r.startswith("!")),
+    }
 
 
 class Rules:

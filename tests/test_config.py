@@ -27,7 +27,7 @@ def test_sizes():
         ("workdir", "relative/dir", "absolute path"),
         ("workdir", "/proc", "reserved"),
         ("env", {"BAD NAME": "x"}, "invalid"),
-        ("network", "sideways", "Input should be 'none' or 'host'"),
+        ("network", "sideways", "Input should be 'none', 'host', 'allow' or 'full'"),
         ("upper", "ram", "Input should be 'disk' or 'tmpfs'"),
         ("tmpfs_size", "huge", "cannot read size"),
         ("no_such_option", 1, "Extra inputs are not permitted"),
