@@ -33,8 +33,8 @@ from pydantic import BaseModel, ConfigDict
 from sandbox.errors import SandboxSetupError
 from sandbox.netpolicy import IPAddress, NetworkPolicy, Rules, normalize_host
 
-CHUNK = 32 * 1024
-HIGH_WATER = 64 * 1024
+CHUNK = 16 * 1024
+HIGH_WATER = 32 * 1024
 HEAD_LIMIT = 16 * 1024
 PER_CONNECTION = HEAD_LIMIT + 2 * CHUNK + 2 * (HIGH_WATER + CHUNK)
 MAX_CONNECTIONS = 512
