@@ -15,6 +15,7 @@ from typing import Any
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxClosed
 from sandbox.execution import run_async
+from sandbox.proxy import NetworkLogEntry
 from sandbox.results import ExecResult, SandboxStats
 from sandbox.sandbox import Command, Sandbox
 
@@ -54,6 +55,9 @@ class AsyncSandbox:
 
     def stats(self) -> SandboxStats:
         return self.sandbox.stats()
+
+    def network_log(self) -> list[NetworkLogEntry]:
+        return self.sandbox.network_log()
 
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         return await asyncio.to_thread(self.sandbox.read_file, path, max_bytes)

@@ -476,8 +476,8 @@ class Proxy:
             thread = self._thread
             if last:
                 self._loop = self._thread = None
-        if self._pid != os.getpid() or loop.is_closed():
-            return
+        if self._pid != os.getpid() or not loop.is_running():
+            return  # a forked child, or the loop thread is already gone (interpreter exit)
         asyncio.run_coroutine_threadsafe(self._close(tenant), loop).result(CALL_TIMEOUT)
         if last and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
