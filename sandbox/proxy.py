@@ -43,7 +43,7 @@ HEAD_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 20.0
 RESOLVE_TIMEOUT = 20.0
 CALL_TIMEOUT = 10.0
-LOG_LIMIT = 10_000
+LOG_LIMIT = 2_000
 RESOLVERS = 8
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te"}
 
