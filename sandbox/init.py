@@ -75,7 +75,7 @@ def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None
         message = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
         wire.send(ctl, {"error": message, "errno": getattr(exc, "errno", 0) or 0})
         os._exit(1)
-    wire.send(ctl, {"ready": True, "seccomp_notify": listener >= 0, "net_fds": len(net_fds)}, net_fds)
+    wire.send(ctl, {"ready": True, "seccomp_notify": listener >= 0}, net_fds)  # the network side's descriptors
     for fd in net_fds:
         os.close(fd)
     Init(ctl, spec, listener).serve()

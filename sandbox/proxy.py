@@ -514,8 +514,6 @@ class Proxy:
         thread.start()
         ready.wait()
         self._loop, self._thread, self._pid = loop, thread, os.getpid()
-        if not self._tenants:
-            self.active = 0
 
     @staticmethod
     def _run(
