@@ -93,7 +93,7 @@ class Jail:
             "rlimits": rlimits,
             "hostname": cfg.hostname,
             "network": cfg.network.mode,
-            "net": network.child_spec(cfg.network, cfg.userns),
+            "net": network.child_spec(cfg.network, cfg.userns, cfg.keep_caps),
             "workdir": cfg.workdir,
             "keep_caps": cfg.keep_caps,
             "seccomp": _seccomp_spec(cfg.seccomp),

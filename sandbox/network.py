@@ -4,7 +4,9 @@ and the proxy attachment or slirp4netns process that lives as long as the jail."
 from __future__ import annotations
 
 import ipaddress
+import warnings
 
+from sandbox.errors import SecurityWarning
 from sandbox.netpolicy import NetworkPolicy, blocked_routes
 from sandbox.proxy import PROXY, NetworkLogEntry, Tenant
 from sandbox.slirp import Slirp
@@ -16,9 +18,15 @@ SLIRP_DNS = "10.0.2.3"
 NO_PROXY = "localhost,127.0.0.1,::1"
 
 
-def child_spec(policy: NetworkPolicy, userns: bool) -> dict:
+def child_spec(policy: NetworkPolicy, userns: bool, keep_caps: bool) -> dict:
     """What the init does in the jail's namespace (see ``sandbox/netns.py``)."""
     full = policy.mode == "full"
+    if full and keep_caps:
+        warnings.warn(
+            "network 'full' with keep_caps=True: commands may delete the routes that keep the host's LAN out",
+            SecurityWarning,
+            stacklevel=5,
+        )
     return {
         "proxy_port": PROXY_PORT if policy.mode == "allow" else 0,
         "slirp": full,

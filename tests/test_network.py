@@ -18,7 +18,7 @@ from standin import CA_ENV, NAMES, StandIn, host_address, make_ca
 
 from sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
 from sandbox import proxy as proxy_mod
-from sandbox.errors import SandboxSetupError
+from sandbox.errors import SandboxSetupError, SecurityWarning
 from sandbox.proxy import PROXY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -485,3 +485,12 @@ def test_cli_network_and_publish_flags(web):
     r = _jailbox("exec", "--publish", "8080:80", "--", "true")
     assert r.returncode == 2 and "need mode 'full'" in r.stderr
     assert "allow:RULES" in _jailbox("exec", "--help").stdout
+
+
+@needs_tun
+def test_full_with_keep_caps_warns_that_routes_can_be_changed():
+    with pytest.warns(SecurityWarning, match="may delete the routes"), Sandbox(network="full", keep_caps=True) as sb:
+        assert sb.exec("ip route del 10.0.0.0/23").exit_code == 0
+    with Sandbox(network="full") as sb:
+        r = sb.exec("ip route del 10.0.0.0/23")
+        assert r.exit_code != 0 and "Operation not permitted" in r.stderr
