@@ -331,6 +331,30 @@ def test_reset_keeps_the_policy_and_starts_a_fresh_log(web):
         assert len(sb.network_log()) == 1
 
 
+def test_pooled_and_async_sandboxes_use_the_proxy(web):
+    import asyncio
+
+    from sandbox import AsyncSandbox, SandboxPool
+
+    plain, _ = web
+    policy = {"mode": "allow", "allow": ["allowed.test"], "hosts": {"allowed.test": "127.0.0.1"}}
+    url = f"http://allowed.test:{plain.port}/hello"
+    with SandboxPool(size=2, network=policy) as pool:
+        sb = pool.acquire()
+        assert sb.exec(f"curl -sS {url}").stdout.startswith("hello")
+        sb.reset()
+        assert sb.exec(f"curl -sS {url}").stdout.startswith("hello") and len(sb.network_log()) == 1
+        sb.close()
+
+    async def main() -> list:
+        async with AsyncSandbox(network=policy) as asb:
+            r = await asb.exec(f"curl -sS {url}")
+            assert r.stdout.startswith("hello")
+            return asb.network_log()
+
+    assert [e.verdict for e in asyncio.run(main())] == ["allowed"]
+
+
 # --- full: slirp4netns ------------------------------------------------------------------------
 
 
