@@ -75,9 +75,12 @@ def build_wheel() -> bytes:
 
 
 class StandIn:
-    """An HTTP (or, with a certificate, HTTPS) server: ``/hello``, ``/big?n=BYTES``, a package index."""
+    """An HTTP (or, with a certificate, HTTPS) server: ``/hello``, ``/big?n=BYTES``, a package index,
+    and the files under ``static`` at ``/static/`` (a git repository over git's dumb HTTP protocol)."""
 
-    def __init__(self, address: str = "127.0.0.1", cert: tuple[Path, Path] | None = None) -> None:
+    def __init__(
+        self, address: str = "127.0.0.1", cert: tuple[Path, Path] | None = None, static: Path | None = None
+    ) -> None:
         self.hits: list[str] = []
         self.sent = 0
         self.wheel = build_wheel()
@@ -99,6 +102,12 @@ class StandIn:
                     self._send(f"<html><body>{link}</body></html>".encode(), "text/html")
                 elif url.path == f"/files/{WHEEL}":
                     self._send(owner.wheel, "application/octet-stream")
+                elif static is not None and url.path.startswith("/static/") and ".." not in url.path:
+                    path = static / url.path[len("/static/") :]
+                    if path.is_file():
+                        self._send(path.read_bytes(), "application/octet-stream")
+                    else:
+                        self.send_error(404)
                 else:
                     self.send_error(404)
 

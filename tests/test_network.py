@@ -71,6 +71,29 @@ def test_allow_mode_reaches_allowed_names_by_curl_urllib_and_requests(pki, web):
         assert git.stdout.strip() == "http://127.0.0.1:3128"
 
 
+def test_git_clones_through_its_own_proxy_setting(pki, tmp_path):
+    repo = tmp_path / "demo.git"
+    work = tmp_path / "work"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q", str(work)], check=True)
+    (work / "README").write_text("cloned through the proxy\n")
+    subprocess.run([*git, "-C", str(work), "add", "README"], check=True)
+    subprocess.run([*git, "-C", str(work), "commit", "-qm", "first"], check=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "update-server-info"], check=True)
+    server = StandIn(cert=(pki[1], pki[2]), static=tmp_path)
+    try:
+        with allow_box(pki, allow=("allowed.test",)) as sb:
+            names = ("http_proxy", "https_proxy", "all_proxy")
+            unset = " ".join(f"-u {v} -u {v.upper()}" for v in names)  # only git's http.proxy is left
+            url = f"https://allowed.test:{server.port}/static/demo.git"
+            r = sb.exec(f"env {unset} GIT_SSL_CAINFO=$SSL_CERT_FILE git clone -q {url} demo && cat demo/README")
+            assert r.stdout == "cloned through the proxy\n", r.stderr
+            assert {(e.method, e.host, e.verdict) for e in sb.network_log()} == {("CONNECT", "allowed.test", "allowed")}
+    finally:
+        server.close()
+
+
 def test_denied_and_unlisted_names_get_a_403_naming_the_rule(pki, web):
     plain, tls = web
     before = len(plain.hits) + len(tls.hits)
