@@ -178,6 +178,9 @@ def fields_of(text: str) -> dict:
     }
 
 
+Compiled = list[tuple[str, str, IPNetwork | None]]  # (name pattern, rule as written, network of an IP rule)
+
+
 class Rules:
     """Allow and deny rules compiled for matching; every verdict names the rule that decided it."""
 
@@ -217,11 +220,8 @@ class Rules:
         return False, f"resolves to {addr}, a loopback, private or host address (allow it with an IP rule)"
 
 
-Compiled = list[tuple[str, str, IPNetwork | None]]  # (kind, value, original rule)
-
-
-def _compile(rules: tuple[str, ...]) -> list[tuple[str, str, IPNetwork | None]]:
-    out: list[tuple[str, str, IPNetwork | None]] = []
+def _compile(rules: tuple[str, ...]) -> Compiled:
+    out: Compiled = []
     for rule in rules:
         for item in PRESETS.get(rule, (rule,)):
             net = _ip_rule(item)
