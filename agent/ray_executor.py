@@ -192,13 +192,14 @@ class RayExecutor(Executor):
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
-            temp = Path(tempfile.gettempdir()) / f"ray-{os.getuid()}"  # /tmp/ray belongs to whoever ran Ray first
+            # Ray's default /tmp/ray belongs to whoever ran Ray first; $RAY_TMPDIR (Ray's own) still wins.
+            temp = None if os.environ.get("RAY_TMPDIR") else f"{tempfile.gettempdir()}/ray-{os.getuid()}"
             ray.init(
                 num_cpus=max(1, int(config.workers * config.task_cpus)),
                 include_dashboard=False,
                 object_store_memory=LOCAL_OBJECT_STORE,
                 log_to_driver=False,
-                _temp_dir=str(temp),
+                _temp_dir=temp,
             )
         self._started_ray = True
 
