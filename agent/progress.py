@@ -53,6 +53,7 @@ class Progress(Observer):
         self._task_tokens: dict[str, int] = {}
         self._log: list[str] = []
         self._drawn = 0
+        self._shown: list[str] = []
         self._started = time.monotonic()
         self._closing = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="jailbox-progress", daemon=True)
@@ -165,14 +166,18 @@ class Progress(Observer):
 
     def _redraw(self, final: bool = False) -> None:
         """Under the lock: back to the region's first line, the log lines, then the region, each cut to the
-        terminal's width so none wraps (a wrapped line would throw off the next move up)."""
+        terminal's width so none wraps (a wrapped line would throw off the next move up); nothing when
+        nothing changed."""
         width = max(20, shutil.get_terminal_size().columns - 1)
+        region = [line[:width] for line in self._region(final)]
+        if region == self._shown and not self._log and not final:
+            return
         out = [f"\x1b[{self._drawn}F" if self._drawn else "\r"]
         out += [CLEAR_LINE + line + "\n" for line in self._log]
-        region = self._region(final)
-        out += [CLEAR_LINE + line[:width] + "\n" for line in region]
+        out += [CLEAR_LINE + line + "\n" for line in region]
         out.append(CLEAR_BELOW)
         self._log.clear()
+        self._shown = region
         self._drawn = 0 if final else len(region)
         self._write("".join(out))
 
