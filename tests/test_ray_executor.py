@@ -1,0 +1,98 @@
+"""`jailbox bench --executor ray` on a local Ray cluster that the command starts (own temp dir, no
+dashboard, a small object store): the same 50 tasks as the threads run, with the same results."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import psutil
+import pytest
+from batch_tasks import ROOT, bench_command, jails_left, responder, tasks_file
+from llm_server import ScriptedServer
+
+from agent.batch import Batch, BatchConfig, load_tasks, read_results
+from agent.llm import LLMConfig
+
+pytest.importorskip("ray", reason="the Ray executor needs the jailbox[ray] extra")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def ray_tmpdir():
+    """Ray's sockets live under its temp dir and must fit a socket path: a short one in /tmp, per test."""
+    path = tempfile.mkdtemp(prefix="jbray-", dir="/tmp")
+    yield path
+    deadline = time.monotonic() + 60
+    while ray_processes(path) and time.monotonic() < deadline:  # ray.shutdown() lets them exit on their own
+        time.sleep(0.1)
+    left = ray_processes(path)
+    shutil.rmtree(path, ignore_errors=True)
+    assert not left, f"Ray processes left behind: {left}"
+
+
+def ray_processes(tmpdir: str) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if tmpdir in cmdline:
+            found.append(f"{proc.pid} {cmdline[:100]}")
+    return found
+
+
+def outcome(results) -> dict:
+    return {r.id: (r.exit_status, r.answer, r.score, r.steps, r.tokens) for r in results}
+
+
+def test_ray_runs_the_same_fifty_tasks_as_threads(tmp_path, _state_dir, ray_tmpdir):
+    path = tasks_file(tmp_path / "tasks.jsonl", 50)
+    out = tmp_path / "ray-out"
+    with ScriptedServer(responder=responder()) as server:
+        threads = Batch(
+            load_tasks(path),
+            LLMConfig(model="m", base_url=server.url, api_key="k"),
+            tmp_path / "threads-out",
+            BatchConfig(workers=16),
+        ).run()
+        started = time.monotonic()
+        r = subprocess.run(
+            bench_command(path, server.url, out, "--workers", "16", "--executor", "ray"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "RAY_TMPDIR": ray_tmpdir},
+            timeout=600,
+        )
+        print(f"jailbox bench --executor ray, 50 tasks, 16 workers: {time.monotonic() - started:.1f} s")
+    assert r.returncode == 0, r.stderr[-3000:]
+    ray_results = read_results(out / "results.jsonl")
+    assert len(ray_results) == 50 and all(x.score == 1.0 and x.exit_status == "submitted" for x in ray_results)
+    assert outcome(ray_results) == outcome(threads)
+    assert (out / "tasks" / "t7" / "output" / "answer.txt").read_text() == "21\n"
+    assert (out / "tasks" / "t7" / "trajectory.json").read_text().count('"execute_bash"') >= 1
+    assert "| arith | sandbox | 25 | 1.0 |" in (out / "summary.md").read_text()
+    assert jails_left(_state_dir) == []
+
+
+def test_ray_refuses_a_rootfs_missing_on_a_node(tmp_path, _state_dir, ray_tmpdir):
+    path = tasks_file(tmp_path / "tasks.jsonl", 3)
+    missing = tmp_path / "no-such-rootfs"
+    with ScriptedServer(responder=responder()) as server:
+        r = subprocess.run(
+            bench_command(path, server.url, tmp_path / "out", "--executor", "ray", "--rootfs", str(missing)),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "RAY_TMPDIR": ray_tmpdir},
+            timeout=600,
+        )
+        assert server.requests == []
+    assert r.returncode == 2
+    assert f"rootfs '{missing}' cannot be used on every Ray node" in r.stderr
+    assert f"the root filesystem {missing} does not exist there" in r.stderr
+    assert read_results(tmp_path / "out" / "results.jsonl") == []
+    assert jails_left(_state_dir) == []
