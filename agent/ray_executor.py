@@ -180,6 +180,7 @@ class RayExecutor(Executor):
         self._run = ray.remote(max_retries=0, num_cpus=config.task_cpus)(_run)
         self._refs: dict[Any, Task] = {}
         self._killed_at: float | None = None
+        self._forced = False
         try:
             self.hub = ray.remote(num_cpus=0)(_Hub).remote(config.max_starting)
             self._check_nodes()
@@ -230,7 +231,8 @@ class RayExecutor(Executor):
         self._refs[self._run.remote(task, self.job, self.hub)] = task
 
     def wait(self, timeout: float) -> list[TaskResult]:
-        if self._killed_at is not None and time.monotonic() - self._killed_at > KILL_GRACE:
+        if not self._forced and self._killed_at is not None and time.monotonic() - self._killed_at > KILL_GRACE:
+            self._forced = True
             for ref in self._refs:
                 ray.cancel(ref, force=True)
         ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=timeout)

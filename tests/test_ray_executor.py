@@ -7,11 +7,12 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 
 import psutil
 import pytest
-from batch_tasks import ROOT, bench_command, jails_left, responder, tasks_file
+from batch_tasks import FOREVER, ROOT, bench_command, jails_left, responder, tasks_file
 from llm_server import ScriptedServer
 
 from agent.batch import Batch, BatchConfig, load_tasks, read_results
@@ -94,5 +95,26 @@ def test_ray_refuses_a_rootfs_missing_on_a_node(tmp_path, _state_dir, ray_tmpdir
     assert r.returncode == 2
     assert f"rootfs '{missing}' cannot be used on every Ray node" in r.stderr
     assert f"the root filesystem {missing} does not exist there" in r.stderr
+    assert read_results(tmp_path / "out" / "results.jsonl") == []
+    assert jails_left(_state_dir) == []
+
+
+def test_ray_kill_ends_tasks_stuck_in_llm_requests(tmp_path, _state_dir, ray_tmpdir, monkeypatch):
+    """In-process, as a trainer would: kill() reaches the workers through the hub, each ends its jail and
+    cuts off its request; nothing is recorded and no jail is left."""
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmpdir)
+    tasks = load_tasks(tasks_file(tmp_path / "tasks.jsonl", 6))
+    with ScriptedServer(responder=responder(delay=FOREVER)) as server:
+        llm = LLMConfig(model="m", base_url=server.url, api_key="k")
+        batch = Batch(tasks, llm, tmp_path / "out", BatchConfig(workers=3, executor="ray"))
+        runner = threading.Thread(target=batch.run)
+        runner.start()
+        deadline = time.monotonic() + 300
+        while len(server.requests) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(server.requests) == 3 and len(jails_left(_state_dir)) == 3
+        batch.kill()
+        runner.join(300)
+        assert not runner.is_alive()
     assert read_results(tmp_path / "out" / "results.jsonl") == []
     assert jails_left(_state_dir) == []
