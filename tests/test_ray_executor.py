@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -12,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from batch_tasks import FOREVER, ROOT, bench_command, jails_left, responder, tasks_file
+from batch_tasks import FOREVER, ROOT, asked, bench_command, jails_left, responder, tasks_file
 from llm_server import ScriptedServer
 
 from agent.batch import Batch, BatchConfig, load_tasks, read_results
@@ -76,6 +77,34 @@ def test_ray_runs_the_same_fifty_tasks_as_threads(tmp_path, _state_dir, ray_tmpd
     assert (out / "tasks" / "t7" / "output" / "answer.txt").read_text() == "21\n"
     assert (out / "tasks" / "t7" / "trajectory.json").read_text().count('"execute_bash"') >= 1
     assert "| arith | sandbox | 25 | 1.0 |" in (out / "summary.md").read_text()
+    assert jails_left(_state_dir) == []
+
+
+def test_ray_driver_killed_midway_then_resumed(tmp_path, _state_dir, ray_tmpdir):
+    """SIGKILL of the driver takes its local cluster and the jails with it; --resume redoes nothing."""
+    path = tasks_file(tmp_path / "tasks.jsonl", 50)
+    out = tmp_path / "out"
+    env = {**os.environ, "RAY_TMPDIR": ray_tmpdir}
+    with ScriptedServer(responder=responder(delay=0.2)) as server:
+        cmd = bench_command(path, server.url, out, "--workers", "8", "--executor", "ray")
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + 300
+        while len(read_results(out / "results.jsonl")) < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        first = {r.id for r in read_results(out / "results.jsonl")}
+        assert 10 <= len(first) < 50
+        deadline = time.monotonic() + 60
+        while (jails_left(_state_dir) or ray_processes(ray_tmpdir)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert jails_left(_state_dir) == [] and ray_processes(ray_tmpdir) == []
+        asked_before = len(server.requests)
+        r = subprocess.run([*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert not asked(server.requests[asked_before:]) & first
+    final = read_results(out / "results.jsonl")
+    assert sorted(x.id for x in final) == sorted(f"t{i}" for i in range(50)) and all(x.score == 1.0 for x in final)
     assert jails_left(_state_dir) == []
 
 
