@@ -3,7 +3,9 @@
 ``results.jsonl`` is the run's memory: every finished task is one line, flushed and synced, so a
 crashed or interrupted run resumes (``resume=True``) without redoing finished work. Each task's
 sandbox is closed whatever happens; a cap bounds how many jails start at once (creation is the
-expensive burst) on top of the worker count that bounds how many live.
+expensive burst) on top of the worker count that bounds how many live. Where tasks run is an
+``Executor``'s business (threads here, Ray in ``agent.ray_executor``); the driver loop, the scoring and
+the results file are the same for both.
 """
 
 from __future__ import annotations
