@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from llm_server import Step, reply
+from llm_server import ScriptedServer, Step, reply
+
+from agent.batch import read_results
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = [sys.executable, "-c", "import cli; cli.main()", "bench"]
@@ -89,3 +95,41 @@ def bench_command(tasks: Path, url: str, out: Path, *options: str) -> list[str]:
 def jails_left(state: Path) -> list[str]:
     directory = state / "sandboxes"
     return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+def wait_for(condition, what: str, limit: float = 120.0) -> None:
+    """Poll until ``condition()``; the limit only guards against a hang."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def two_sigints_end_stuck_tasks(tmp_path: Path, state: Path, *options: str, env: dict[str, str] | None = None) -> None:
+    """t0-t3 finish; every later task hangs in its first LLM request (the server never answers). Two
+    SIGINTs end the run (cutting off the requests), leave no jail, and keep results.jsonl whole."""
+    path = tasks_file(tmp_path / "tasks.jsonl", 20)
+    out = tmp_path / "out"
+    slow = responder(delay_for=lambda tid: 0.0 if int(tid[1:]) < 4 else FOREVER)
+    with ScriptedServer(responder=slow) as server:
+        proc = subprocess.Popen(
+            bench_command(path, server.url, out, "--workers", "4", *options),
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_for(lambda: len(read_results(out / "results.jsonl")) == 4, "the four quick tasks")
+        wait_for(lambda: len(asked(server.requests) - {"t0", "t1", "t2", "t3"}) == 4, "four stuck requests")
+        assert len(jails_left(state)) == 4
+        os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert proc.poll() is None, "the first SIGINT waits for the running tasks"
+        os.kill(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "killing the running tasks" in stdout and "Traceback" not in stderr
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and sorted(r.id for r in read_results(out / "results.jsonl")) == ["t0", "t1", "t2", "t3"]
+    assert jails_left(state) == []

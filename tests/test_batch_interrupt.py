@@ -6,22 +6,23 @@ import os
 import signal
 import subprocess
 import threading
-import time
 
 import pytest
-from batch_tasks import FOREVER, ROOT, asked, bench_command, jails_left, responder, tasks_file
+from batch_tasks import (
+    FOREVER,
+    ROOT,
+    asked,
+    bench_command,
+    jails_left,
+    responder,
+    tasks_file,
+    two_sigints_end_stuck_tasks,
+    wait_for,
+)
 from llm_server import ScriptedServer
 
 from agent.batch import Batch, BatchConfig, Task, read_results
 from agent.llm import LLMCancelled, LLMClient, LLMConfig
-
-
-def wait_for(condition, what: str, limit: float = 120.0) -> None:
-    """Poll until ``condition()``; the limit only guards against a hang."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_first_sigint_lets_running_tasks_finish_and_starts_no_new_one(tmp_path, _state_dir):
@@ -52,32 +53,7 @@ def test_first_sigint_lets_running_tasks_finish_and_starts_no_new_one(tmp_path, 
 
 
 def test_second_sigint_kills_tasks_stuck_in_llm_requests(tmp_path, _state_dir):
-    """t0-t3 finish; every later task hangs in its first LLM request (the server never answers). Two
-    SIGINTs end the run (cutting off the requests), leave no jail, and keep results.jsonl whole."""
-    path = tasks_file(tmp_path / "tasks.jsonl", 20)
-    out = tmp_path / "out"
-    slow = responder(delay_for=lambda tid: 0.0 if int(tid[1:]) < 4 else FOREVER)
-    with ScriptedServer(responder=slow) as server:
-        proc = subprocess.Popen(
-            bench_command(path, server.url, out, "--workers", "4"),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        wait_for(lambda: len(read_results(out / "results.jsonl")) == 4, "the four quick tasks")
-        wait_for(lambda: len(asked(server.requests) - {"t0", "t1", "t2", "t3"}) == 4, "four stuck requests")
-        assert len(jails_left(_state_dir)) == 4
-        os.kill(proc.pid, signal.SIGINT)
-        time.sleep(0.5)
-        assert proc.poll() is None, "the first SIGINT waits for the running tasks"
-        os.kill(proc.pid, signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
-    assert "killing the running tasks" in stdout and "Traceback" not in stderr
-    lines = (out / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 4 and sorted(r.id for r in read_results(out / "results.jsonl")) == ["t0", "t1", "t2", "t3"]
-    assert jails_left(_state_dir) == []
+    two_sigints_end_stuck_tasks(tmp_path, _state_dir)
 
 
 @pytest.mark.parametrize("mode", ["sandbox", "llm"])

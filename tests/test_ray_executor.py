@@ -13,7 +13,16 @@ import time
 
 import psutil
 import pytest
-from batch_tasks import FOREVER, ROOT, asked, bench_command, jails_left, responder, tasks_file
+from batch_tasks import (
+    FOREVER,
+    ROOT,
+    asked,
+    bench_command,
+    jails_left,
+    responder,
+    tasks_file,
+    two_sigints_end_stuck_tasks,
+)
 from llm_server import ScriptedServer
 
 from agent.batch import Batch, BatchConfig, load_tasks, read_results
@@ -106,6 +115,10 @@ def test_ray_driver_killed_midway_then_resumed(tmp_path, _state_dir, ray_tmpdir)
     final = read_results(out / "results.jsonl")
     assert sorted(x.id for x in final) == sorted(f"t{i}" for i in range(50)) and all(x.score == 1.0 for x in final)
     assert jails_left(_state_dir) == []
+
+
+def test_ray_second_sigint_kills_tasks_stuck_in_llm_requests(tmp_path, _state_dir, ray_tmpdir):
+    two_sigints_end_stuck_tasks(tmp_path, _state_dir, "--executor", "ray", env={**os.environ, "RAY_TMPDIR": ray_tmpdir})
 
 
 def test_ray_refuses_a_rootfs_missing_on_a_node(tmp_path, _state_dir, ray_tmpdir):
