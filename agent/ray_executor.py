@@ -174,10 +174,11 @@ class RayExecutor(Executor):
         self.out_dir = out_dir
         self.config = config
         self.observer = observer
-        self._started_ray = False
+        self._connected_here = False
+        self.hub: Any = None
         if not ray.is_initialized():
             self._init(config)
-        self._run = ray.remote(max_retries=0, num_cpus=config.task_cpus)(_run)
+        self._task = ray.remote(max_retries=0, num_cpus=config.task_cpus)(_run)
         self._refs: dict[Any, Task] = {}
         self._killed_at: float | None = None
         self._forced = False
@@ -191,7 +192,10 @@ class RayExecutor(Executor):
     def _init(self, config: BatchConfig) -> None:
         address = config.ray_address or os.environ.get("RAY_ADDRESS")
         if address:
-            ray.init(address=address, log_to_driver=False)
+            try:
+                ray.init(address=address, log_to_driver=False)
+            except (ConnectionError, RuntimeError) as exc:
+                raise ExecutorError(f"cannot join the Ray cluster at {address}: {exc}") from None
         else:
             # Ray's default /tmp/ray belongs to whoever ran Ray first; $RAY_TMPDIR (Ray's own) still wins.
             temp = None if os.environ.get("RAY_TMPDIR") else f"{tempfile.gettempdir()}/ray-{os.getuid()}"
@@ -202,7 +206,7 @@ class RayExecutor(Executor):
                 log_to_driver=False,
                 _temp_dir=temp,
             )
-        self._started_ray = True
+        self._connected_here = True
 
     def _check_nodes(self) -> None:
         """Every alive node must start a jail with the batch's root filesystem, before any task runs."""
@@ -228,7 +232,7 @@ class RayExecutor(Executor):
         return len(self._refs)
 
     def submit(self, task: Task) -> None:
-        self._refs[self._run.remote(task, self.job, self.hub)] = task
+        self._refs[self._task.remote(task, self.job, self.hub)] = task
 
     def wait(self, timeout: float) -> list[TaskResult]:
         if not self._forced and self._killed_at is not None and time.monotonic() - self._killed_at > KILL_GRACE:
@@ -278,5 +282,7 @@ class RayExecutor(Executor):
         """Wait for the tasks in flight (after kill they end within the grace), then leave the cluster."""
         while self._refs:
             self.wait(0.5)
-        if self._started_ray:
-            ray.shutdown()
+        if self.hub is not None:
+            ray.kill(self.hub)  # on a cluster that outlives the batch, the actor must not
+        if self._connected_here:
+            ray.shutdown()  # a local cluster goes with it; a remote one stays
