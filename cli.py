@@ -351,6 +351,8 @@ def run_cmd(
     "--output-dir", "--output_dir", type=click.Path(file_okay=False), default="./bench-out", show_default=True
 )
 @click.option("--workers", type=int, default=4, show_default=True)
+@click.option("--executor", type=click.Choice(["threads", "ray"]), default="threads", show_default=True)
+@click.option("--ray-address", "--ray_address", default=None, help="Default $RAY_ADDRESS, else a local cluster.")
 @click.option("--mode", type=click.Choice(["sandbox", "llm"]), default="sandbox", show_default=True)
 @click.option("--resume", is_flag=True, help="Skip tasks already in OUTPUT_DIR/results.jsonl.")
 @click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
@@ -363,16 +365,20 @@ def bench_cmd(
     api_key: str | None,
     output_dir: str,
     workers: int,
+    executor: str,
+    ray_address: str | None,
     mode: str,
     resume: bool,
     max_steps: int,
     rootfs: str,
     network: str,
 ) -> None:
-    """Run every task of TASKS (JSONL) in its own sandbox, N at once, and score the answers."""
-    from agent.batch import Batch, BatchConfig, load_tasks, markdown, read_results, summary
+    """Run every task of TASKS (JSONL) in its own sandbox, N at once, and score the answers.
+    Ctrl-C once: running tasks finish, no new one starts; twice: they are killed."""
+    from agent.batch import Batch, BatchConfig, ExecutorError, load_tasks, markdown, read_results, summary
     from agent.llm import LLMConfig
     from agent.loop import AgentConfig
+    from agent.progress import Progress
 
     try:
         tasks = load_tasks(tasks_file)
@@ -381,36 +387,51 @@ def bench_cmd(
             fields["base_url"] = llm_base_url
         if api_key:
             fields["api_key"] = api_key
+        config = BatchConfig(
+            workers=workers,
+            max_starting=min(workers, 4),
+            mode=mode,
+            resume=resume,
+            executor=executor,
+            ray_address=ray_address,
+        )
         batch = Batch(
             tasks,
             LLMConfig(**fields),
             Path(output_dir),
-            BatchConfig(workers=workers, max_starting=min(workers, 4), mode=mode, resume=resume),
+            config,
             SandboxConfig(rootfs=rootfs, network=network),
             AgentConfig(max_steps=max_steps),
-            on_result=lambda r: click.echo(f"{r.id}: {r.exit_status} score={r.score:g} answer={r.answer!r}"),
         )
     except (ValidationError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
-    previous = signal.getsignal(signal.SIGINT)
+    pending = len(batch.pending())
+    progress = Progress(pending, sys.stdout, already=len(tasks) - pending)
+    batch.observer = progress
 
     def interrupt(*_: object) -> None:
-        if batch._stopping.is_set():
-            click.echo("jailbox: killing the running tasks", err=True)
+        if batch.stopping.is_set():
+            progress.note("jailbox: killing the running tasks")
             batch.kill()
         else:
-            click.echo("jailbox: finishing the running tasks (Ctrl-C again to kill them)", err=True)
+            progress.note("jailbox: finishing the running tasks (Ctrl-C again to kill them)")
             batch.stop()
 
-    signal.signal(signal.SIGINT, interrupt)
+    previous = signal.signal(signal.SIGINT, interrupt)
     try:
-        batch.run()
+        with progress:
+            batch.run()
+    except ExecutorError as exc:
+        click.echo(f"jailbox: {exc}", err=True)
+        sys.exit(2)
     finally:
         signal.signal(signal.SIGINT, previous)
     rows = summary(read_results(batch.results_path))
     (Path(output_dir) / "summary.json").write_text(json.dumps(rows, indent=1))
     (Path(output_dir) / "summary.md").write_text(markdown(rows))
     click.echo(markdown(rows))
+    if batch.stopping.is_set():
+        sys.exit(130)  # interrupted: the results file has what finished, --resume does the rest
 
 
 @main.command()

@@ -12,8 +12,10 @@ import json
 import os
 import random
 import re
+import socket
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +51,10 @@ class LLMResponseError(_StatusError):
 
 class LLMConnectionError(LLMError):
     """Connecting, sending or reading failed on every attempt (refused, dropped, timed out)."""
+
+
+class LLMCancelled(LLMError):
+    """``cancel()`` ended the client: a request in flight was cut off, and no other is sent."""
 
 
 _RETRY_STATUSES = frozenset({408, 409, 429})  # besides 5xx; 408 and 409 are transient too, as the OpenAI SDK has it
@@ -311,11 +317,18 @@ class _ChatCore:
 
 
 class LLMClient(_ChatCore):
-    """Blocking client; safe to share between threads (httpx pools the connections)."""
+    """Blocking client; safe to share between threads (httpx pools the connections).
 
-    def __init__(self, config: LLMConfig, *, sleep: Callable[[float], None] = time.sleep) -> None:
+    ``cancel()``, from any thread, cuts off a request in flight: a read may otherwise wait the whole read
+    timeout (ten minutes by default) on a stalled server, and a batch being killed must not.
+    """
+
+    def __init__(self, config: LLMConfig, *, sleep: Callable[[float], object] | None = None) -> None:
         super().__init__(config)
-        self._sleep = sleep
+        self._cancelled = threading.Event()
+        self._sleep = sleep or self._cancelled.wait
+        self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        self._sockets_lock = threading.Lock()
         self._http = httpx.Client(headers=self._headers, timeout=self._timeout)
 
     def complete(
@@ -331,13 +344,35 @@ class LLMClient(_ChatCore):
                 return done.value
 
     def _perform(self, step: _Send | _Sleep) -> _Outcome:
-        if isinstance(step, _Sleep):
+        if not self._cancelled.is_set() and isinstance(step, _Sleep):
             self._sleep(step.seconds)
+        if self._cancelled.is_set():
+            raise LLMCancelled(f"{self.url}: the request was cancelled")
+        if isinstance(step, _Sleep):
             return None
         try:
-            return self._http.post(self.url, json=step.body)
+            return self._http.post(self.url, json=step.body, extensions={"trace": self._trace})
         except httpx.TransportError as exc:
+            if self._cancelled.is_set():
+                raise LLMCancelled(f"{self.url}: the request was cancelled") from None
             return exc
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace hook: keep each new connection's socket, so cancel() can shut it down."""
+        if event != "connection.connect_tcp.complete":
+            return
+        sock = info["return_value"].get_extra_info("socket")
+        with self._sockets_lock:
+            self._sockets.add(sock)
+            if self._cancelled.is_set():
+                _shut(sock)
+
+    def cancel(self) -> None:
+        """Shut down every connection (a blocked read returns at once) and refuse further requests."""
+        with self._sockets_lock:
+            self._cancelled.set()
+            for sock in list(self._sockets):
+                _shut(sock)
 
     def close(self) -> None:
         self._http.close()
@@ -347,6 +382,14 @@ class LLMClient(_ChatCore):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    """shutdown(), unlike close(), wakes a thread blocked reading the socket."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 class AsyncLLMClient(_ChatCore):

@@ -2,71 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
-from llm_server import ScriptedServer, Step, reply
+from batch_tasks import ROOT, asked, bench_command, jails_left, responder, tasks_file
+from llm_server import ScriptedServer
 
 from agent.batch import Batch, BatchConfig, Task, load_tasks, read_results, summary
 from agent.llm import LLMConfig
 from sandbox.launcher import LAUNCHER
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def responder(delay: float = 0.0):
-    """A model that reads 'Task <id>: what is A*B?' and answers it: first by writing answer.txt with
-    execute_bash, then by submitting; asked without tools (llm mode) it answers in \\boxed{}."""
-
-    def respond(request: dict) -> Step:
-        messages = request["messages"]
-        a, b = map(int, re.search(r"what is (\d+)\*(\d+)", json.dumps(messages)).groups())
-        if "tools" not in request:
-            return reply(f"The product is \\boxed{{{a * b}}}.")
-        if messages[-1]["role"] == "tool":
-            call = {"id": "s", "type": "function", "function": {"name": "submit", "arguments": "{}"}}
-        else:
-            command = json.dumps({"command": f"echo {a * b} > /testbed/output/answer.txt"})
-            call = {"id": "c", "type": "function", "function": {"name": "execute_bash", "arguments": command}}
-        step = reply(
-            None,
-            tool_calls=[call],
-            finish_reason="tool_calls",
-            usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-        )
-        return Step(status=step.status, json=step.json, delay=delay)
-
-    return respond
-
-
-def tasks_file(path: Path, n: int) -> Path:
-    lines = [
-        json.dumps(
-            {
-                "id": f"t{i}",
-                "query": f"Task t{i}: what is {i}*3?",
-                "answer": str(i * 3),
-                "scorer": "exact",
-                "domain": "arith" if i % 2 else "mult",
-            }
-        )
-        for i in range(n)
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def jails_left(state: Path) -> list[str]:
-    return sorted(p.name for p in (state / "sandboxes").iterdir())
 
 
 def test_fifty_tasks_sixteen_workers_all_scored(tmp_path, _state_dir):
@@ -88,23 +37,7 @@ def test_killed_midway_then_resumed_without_redoing_work(tmp_path, _state_dir):
     path = tasks_file(tmp_path / "tasks.jsonl", 50)
     out = tmp_path / "out"
     with ScriptedServer(responder=responder(delay=0.2)) as server:
-        cmd = [
-            sys.executable,
-            "-c",
-            "import cli; cli.main()",
-            "bench",
-            str(path),
-            "--llm_name",
-            "m",
-            "--llm_base_url",
-            server.url,
-            "--api_key",
-            "k",
-            "--output_dir",
-            str(out),
-            "--workers",
-            "8",
-        ]
+        cmd = bench_command(path, server.url, out, "--workers", "8")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(read_results(out / "results.jsonl")) < 10:
@@ -120,7 +53,7 @@ def test_killed_midway_then_resumed_without_redoing_work(tmp_path, _state_dir):
         asked_before = len(server.requests)
         r = subprocess.run([*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
-        rerun = {re.search(r"Task (t\d+):", json.dumps(q.json)).group(1) for q in server.requests[asked_before:]}
+        rerun = asked(server.requests[asked_before:])
     assert not rerun & first
     final = read_results(out / "results.jsonl")
     assert sorted(r.id for r in final) == sorted(f"t{i}" for i in range(50)) and all(r.score == 1.0 for r in final)
