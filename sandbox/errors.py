@@ -19,6 +19,22 @@ class RootfsNotFound(ConfigError):
     """The root filesystem directory does not exist or is not a directory."""
 
 
+class RootfsError(SandboxError):
+    """Storing, pulling, importing or unpacking a root filesystem failed."""
+
+
+class UnsafeArchive(RootfsError):
+    """An archive member tries to leave its tree, or is absurd; the message names the member."""
+
+
+class RegistryError(RootfsError):
+    """An OCI registry refused or answered something unusable (auth, missing tag, bad manifest)."""
+
+
+class DigestMismatch(RegistryError):
+    """Downloaded bytes do not hash to the digest the manifest promised; nothing was kept."""
+
+
 class KernelRefused(SandboxError):
     """The kernel (or a security module) refused a namespace, mount or id-map step."""
 
