@@ -148,7 +148,9 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    rootfs: str = Field("host", description='"host" (host /usr etc. read-only) or a root filesystem directory')
+    rootfs: str = Field(
+        "host", description='"host" (host /usr etc. read-only), a stored root filesystem\'s name, or a directory'
+    )
     mounts: list[Mount] = Field(default_factory=list)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     hostname: str = "sandbox"
@@ -199,7 +201,7 @@ class SandboxConfig(BaseModel):
     @classmethod
     def _rootfs(cls, v: str) -> str:
         if v != "host" and not v.strip():
-            raise ValueError('rootfs must be "host" or a directory path')
+            raise ValueError('rootfs must be "host", a stored root filesystem name or a directory path')
         return v
 
     @model_validator(mode="after")

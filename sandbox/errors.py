@@ -31,6 +31,10 @@ class RegistryError(RootfsError):
     """An OCI registry refused or answered something unusable (auth, missing tag, bad manifest)."""
 
 
+class DownloadInterrupted(RegistryError):
+    """A blob download broke off; what arrived is kept and the next attempt resumes it."""
+
+
 class DigestMismatch(RegistryError):
     """Downloaded bytes do not hash to the digest the manifest promised; nothing was kept."""
 

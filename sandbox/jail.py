@@ -20,7 +20,7 @@ from sandbox.cgroups import Cgroup, CgroupV1, CgroupV2
 from sandbox.channel import Channel
 from sandbox.config import Limits, SandboxConfig, SeccompPolicy
 from sandbox.diagnose import explain
-from sandbox.errors import ConfigError, ProtocolError, RootfsNotFound, SandboxSetupError, SecurityWarning
+from sandbox.errors import ConfigError, ProtocolError, SandboxSetupError, SecurityWarning
 from sandbox.launcher import LAUNCHER
 from sandbox.messages import Ready
 
@@ -29,7 +29,9 @@ EXIT_WAIT = 2.0
 
 class Jail:
     def __init__(self, config: SandboxConfig) -> None:
-        self.config = config
+        from sandbox.rootfs.resolve import apply_image
+
+        self.config = apply_image(config)  # a stored image's Env and WorkingDir, under the config's own
         self.id = uuid.uuid4().hex[:12]
         self.cgroup = _make_cgroup(self.id, config.limits)
         kind = None if self.cgroup is None else self.cgroup.kind
@@ -56,13 +58,9 @@ class Jail:
         if host:
             lower, system_binds = hostroot.layout(base)
         else:
-            root = Path(cfg.rootfs).expanduser().absolute()
-            if not root.is_dir():
-                raise RootfsNotFound(
-                    f"root filesystem {root} does not exist or is not a directory; "
-                    'use rootfs="host" or give the path of an unpacked root filesystem'
-                )
-            lower, system_binds = str(root), []
+            from sandbox.rootfs.resolve import lower_dir
+
+            lower, system_binds = str(lower_dir(cfg.rootfs)), []
         if not cfg.userns and os.getuid() != 0:
             raise ConfigError("userns=False needs root; unprivileged jails always use a user namespace")
         user_binds = [

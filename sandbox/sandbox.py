@@ -42,6 +42,7 @@ class Sandbox:
         self._pool: SandboxPool | None = None
         self._stats = SandboxStats()
         self._jail = Jail(self.config)
+        self.config = self._jail.config
 
     @classmethod
     def _adopt(cls, jail: Jail, pool: SandboxPool) -> Sandbox:

@@ -121,7 +121,7 @@ class Store:
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root is not None else cache_dir()
 
-    def _ensure(self) -> None:
+    def ensure(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         st = self.root.stat()
         if st.st_uid != os.getuid():
@@ -137,7 +137,7 @@ class Store:
     @contextlib.contextmanager
     def lock(self, name: str) -> Iterator[None]:
         """Exclusive, between processes and threads, for everything that makes ``name``."""
-        self._ensure()
+        self.ensure()
         fd = os.open(self.root / "locks" / (_quote(check_name(name)) + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
