@@ -239,7 +239,7 @@ def test_two_concurrent_pulls_make_one_correct_tree(registry: LocalRegistry, sto
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=240) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err.decode()
     assert outs[0][0] == outs[1][0]
     assert [e.name for e in store.list()] == [f"{registry.host}/test/img:v1"]
