@@ -76,7 +76,7 @@ def _patch_size(raw: bytes, name: str, size: int) -> bytes:
     while pos < len(data):
         header = data[pos : pos + 512]
         if header[:100].rstrip(b"\0").decode(errors="replace") == name:
-            header[124:136] = b"%011o\0" % size
+            header[124:136] = b"\x80" + size.to_bytes(11, "big")  # base-256: any size
             header[148:156] = b"        "
             chk = sum(header)
             header[148:156] = b"%06o\0 " % chk

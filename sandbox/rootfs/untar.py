@@ -121,6 +121,8 @@ class Extractor:
                 self._member(tf, member)
             except OSError as exc:
                 raise Failed(f"{member.name}: {exc.strerror or exc}") from None
+            except (tarfile.TarError, EOFError) as exc:
+                raise Unsafe(f"{member.name}: the archive ends inside its data or is corrupt ({exc})") from None
         self._apply_dir_times()
 
     def _member(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
