@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$")
 
 
 def parse_size(value: int | str) -> int:
@@ -155,6 +156,9 @@ class SandboxConfig(BaseModel):
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     hostname: str = "sandbox"
     workdir: str = "/testbed"
+    user: str | None = Field(
+        None, description="run commands as NAME, UID, NAME:GROUP or UID:GID of the root filesystem (default root)"
+    )
     env: dict[str, str] = Field(default_factory=dict, description="added to every command's clean environment")
     upper: Literal["disk", "tmpfs"] = Field("disk", description="where the writable layer lives")
     tmpfs_size: int = Field(1 << 30, description="size cap of a tmpfs writable layer")
@@ -185,6 +189,13 @@ class SandboxConfig(BaseModel):
         v = jail_path(v)
         if v in ("/", "/proc", "/dev", "/sys", "/tmp"):
             raise ValueError(f"workdir {v} is reserved")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not _USER.match(v):
+            raise ValueError(f"user {v!r}: expected NAME, UID, NAME:GROUP or UID:GID")
         return v
 
     @field_validator("env")

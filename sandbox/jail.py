@@ -14,6 +14,7 @@ import uuid
 import warnings
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandbox import cgroups, hostroot, idmap, limits, seccomp, state, wire
 from sandbox.cgroups import Cgroup, CgroupV1, CgroupV2
@@ -23,6 +24,9 @@ from sandbox.diagnose import explain
 from sandbox.errors import ConfigError, ProtocolError, SandboxSetupError, SecurityWarning
 from sandbox.launcher import LAUNCHER
 from sandbox.messages import Ready
+
+if TYPE_CHECKING:
+    from sandbox.rootfs.users import User
 
 EXIT_WAIT = 2.0
 
@@ -47,6 +51,11 @@ class Jail:
         )
         self.channel = Channel(channel_sock)
 
+    @property
+    def user_env(self) -> dict[str, str]:
+        """HOME of the user commands run as (from the root filesystem's /etc/passwd)."""
+        return {} if self.user is None else {"HOME": self.user.home}
+
     def close(self) -> None:
         """Kill every process of the jail and remove its mounts, writable layer and state."""
         self._finalizer()
@@ -61,6 +70,8 @@ class Jail:
             from sandbox.rootfs.resolve import lower_dir
 
             lower, system_binds = str(lower_dir(cfg.rootfs)), []
+        generated = hostroot.generated_files(cfg.hostname, host)
+        self.user: User | None = None if cfg.user is None else _user(cfg, lower, generated)
         if not cfg.userns and os.getuid() != 0:
             raise ConfigError("userns=False needs root; unprivileged jails always use a user namespace")
         user_binds = [
@@ -79,7 +90,7 @@ class Jail:
             "trusted_lower": host,
             "system_binds": system_binds,
             "user_binds": user_binds,
-            "generated": hostroot.generated_files(cfg.hostname, host),
+            "generated": generated,
             "upper": cfg.upper,
             "tmpfs_size": min(cfg.tmpfs_size, cfg.limits.disk or cfg.tmpfs_size),
             "rlimits": rlimits,
@@ -139,6 +150,13 @@ class Jail:
         if msg is None:
             raise SandboxSetupError("the jail's init exited during setup")
         return Ready.model_validate(msg[0])
+
+
+def _user(cfg: SandboxConfig, lower: str, generated: dict[str, str]) -> User:
+    from sandbox.rootfs import unpack, users
+
+    assert cfg.user is not None
+    return users.resolve(cfg.user, lower, generated, unpack.max_id(idmap.plan(cfg.idmap)))
 
 
 def _seccomp_spec(policy: SeccompPolicy | None) -> dict | None:

@@ -102,7 +102,9 @@ class Sandbox:
         if "\0" in (request.get("shell") or "".join(request.get("argv", []))):
             raise ExecError("command contains a NUL byte")
         request["cwd"] = self._abs(cwd) if cwd else self.config.workdir
-        request["env"] = {**BASE_ENV, **self.config.env, **check_env(dict(env or {}))}
+        request["env"] = {**BASE_ENV, **self._jail.user_env, **self.config.env, **check_env(dict(env or {}))}
+        if self._jail.user is not None:
+            request["user"] = self._jail.user.request()
         data = stdin.encode() if isinstance(stdin, str) else stdin
         cgroup = self._jail.cgroup
         counters = cgroup.counters if cgroup is not None else None
@@ -146,8 +148,10 @@ class Sandbox:
             "argv": argv,
             "tty": True,
             "cwd": self.config.workdir,
-            "env": {**BASE_ENV, **self.config.env, **check_env(dict(env or {}))},
+            "env": {**BASE_ENV, **self._jail.user_env, **self.config.env, **check_env(dict(env or {}))},
         }
+        if self._jail.user is not None:
+            request["user"] = self._jail.user.request()
         return TtyCommand(self._channel.open_call(request))
 
     # --- files --------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from oci_images import E, Layout, LocalRegistry, Proxy, content, have_tools, tar_bytes, tree_of
 
 from sandbox import Sandbox, SandboxConfig, idmap
-from sandbox.errors import DigestMismatch, RegistryError, RootfsNotFound
+from sandbox.errors import ConfigError, DigestMismatch, RegistryError, RootfsNotFound
 from sandbox.rootfs.pull import pull
 from sandbox.rootfs.store import Store
 
@@ -272,10 +272,19 @@ def mini_image(registry: LocalRegistry, mini_rootfs: Path, tmp_path: Path) -> st
             E("custom/bin/hello", data=b"#!/bin/sh\necho hello from the image\n", mode=0o755),
         ]
     )
+    users = tar_bytes(
+        [
+            E("etc/passwd", data=b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n"),
+            E("etc/group", data=b"root:x:0:\napp:x:1000:\nextra:x:2000:app\n"),
+            E("home/app", "dir", mode=0o700, uid=1000, gid=1000),
+        ]
+    )
     layout = Layout(tmp_path / "mini-layout")
     config = {"Env": ["PATH=/custom/bin:/bin", "FOO=from-image"], "WorkingDir": "/work"}
     layout.tag("mini", layout.image([buf.getvalue(), extra], config))
+    layout.tag("user", layout.image([buf.getvalue(), extra, users], {**config, "User": "app"}))
     registry.push(layout.path, "mini", "test/mini")
+    registry.push(layout.path, "user", "test/mini")
     return f"{registry.host}/test/mini:mini"
 
 
@@ -311,3 +320,23 @@ def _files_under(path: Path | None) -> list[Path]:
     for top, dirs, files in os.walk(path):
         out += [Path(top) / n for n in dirs + files]
     return out
+
+
+def test_the_images_user_runs_commands(mini_image: str, store: Store) -> None:
+    ref = mini_image.replace(":mini", ":user")
+    pull(ref, "withuser", store=store)
+    if not idmap.full_range_available():  # stored flattened: only root exists, the image's User is moot
+        with Sandbox(rootfs="withuser") as sb:
+            assert sb.exec("id -u").stdout == "0\n"
+        return
+    with Sandbox(rootfs="withuser") as sb:
+        r = sb.exec("id -u; id -g; id -G; echo $HOME; touch /home/app/mine && echo wrote; touch /etc/x")
+        lines = r.stdout.splitlines()
+        assert lines[:4] == ["1000", "1000", "1000 2000", "/home/app"], r.stderr
+        assert lines[4] == "wrote" and "Permission denied" in r.stderr
+    with Sandbox(rootfs="withuser", user="root") as sb:  # the sandbox's own choice wins
+        assert sb.exec("id -u; echo $HOME").stdout == "0\n/root\n"
+    with Sandbox(rootfs="withuser", user="1000:2000") as sb:
+        assert sb.exec("id -u; id -g").stdout == "1000\n2000\n"
+    with pytest.raises(ConfigError, match="'nobody-here' is not in the root filesystem's /etc/passwd"):
+        Sandbox(rootfs="withuser", user="nobody-here")

@@ -3,8 +3,9 @@
 A path is anything starting with ``/``, ``.`` or ``~``; other strings are looked up in the store
 first (``default``, ``docker.io/library/python:3.11-slim``, or its short form ``python:3.11-slim``),
 then as a relative directory. A stored tree is used as the jail's lower layer directly (no copy),
-and its image config supplies the environment (under the sandbox's own ``env``) and the working
-directory (unless the sandbox sets one).
+and its image config supplies the environment (under the sandbox's own ``env``), the working
+directory and the user commands run as (unless the sandbox sets them). A tree stored without
+subordinate ids has only root, so its image's User is not used there.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from pathlib import Path
 
 from sandbox.config import SandboxConfig, jail_path
 from sandbox.errors import RootfsNotFound
+from sandbox.rootfs import unpack
 from sandbox.rootfs.store import Entry, Store, not_found_message
 
 RESERVED_WORKDIRS = ("/", "/proc", "/dev", "/sys", "/tmp")
+ROOT_USERS = ("root", "0", "root:root", "0:0")
 
 
 def _is_path(value: str) -> bool:
@@ -62,4 +65,7 @@ def apply_image(config: SandboxConfig) -> SandboxConfig:
             workdir = None
         if workdir and workdir not in RESERVED_WORKDIRS:
             update["workdir"] = workdir
+    if "user" not in config.model_fields_set and image.user and image.user not in ROOT_USERS:
+        if entry.idmap and unpack.max_id(entry.idmap) > 0:  # a flattened tree (no subordinate ids): all root
+            update["user"] = image.user
     return config.model_copy(update=update) if update else config
