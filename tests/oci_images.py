@@ -104,11 +104,16 @@ class Layout:
         (self.path / "blobs" / "sha256" / digest[7:]).write_bytes(data)
         return {"mediaType": media, "digest": digest, "size": len(data)}
 
-    def image(self, layers: list[bytes], config: dict | None = None, arch: str = "amd64") -> dict:
-        """A manifest over gzipped layers; returns its descriptor."""
-        descs = [
-            self.blob(gzip.compress(raw, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip") for raw in layers
-        ]
+    def image(self, layers: list[bytes], config: dict | None = None, arch: str = "amd64", zstd: bool = False) -> dict:
+        """A manifest over gzipped (or zstd-compressed) layers; returns its descriptor."""
+        if zstd:
+            compress = [
+                subprocess.run(["zstd", "-q", "-c"], input=raw, capture_output=True, check=True) for raw in layers
+            ]
+            descs = [self.blob(c.stdout, "application/vnd.oci.image.layer.v1.tar+zstd") for c in compress]
+        else:
+            gz = "application/vnd.oci.image.layer.v1.tar+gzip"
+            descs = [self.blob(gzip.compress(raw, mtime=0), gz) for raw in layers]
         cfg = {
             "architecture": arch,
             "os": "linux",
@@ -213,6 +218,11 @@ class Proxy:
         self.log = ProxyLog()
         self.cut_after: int | None = None
         self.tamper: str | None = None
+        self.token: str | None = None  # require "Bearer <token>", handed out by /token
+        self.login: str | None = None  # the /token endpoint wants this Basic credential
+        self.token_queries: list[str] = []
+        self.stall_after: int | None = None  # send this much of a blob, then hang until released
+        self.release = threading.Event()
         self._cut_done: set[str] = set()
         proxy = self
 
@@ -222,9 +232,29 @@ class Proxy:
             def log_message(self, *args: object) -> None:
                 pass
 
+            def _plain(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def do_GET(self) -> None:
                 rng = self.headers.get("Range")
                 proxy.log.requests.append((self.path, rng))
+                if self.path.startswith("/token"):
+                    proxy.token_queries.append(self.path)
+                    if proxy.login and self.headers.get("Authorization") != "Basic " + proxy.login:
+                        self._plain(401, b"{}", {})
+                        return
+                    self._plain(200, json.dumps({"token": proxy.token}).encode(), {})
+                    return
+                if proxy.token and self.headers.get("Authorization") != f"Bearer {proxy.token}":
+                    realm = f"http://127.0.0.1:{proxy.port}/token"
+                    challenge = f'Bearer realm="{realm}",service="test-registry",scope="repository:test/img:pull"'
+                    self._plain(401, b"{}", {"WWW-Authenticate": challenge})
+                    return
                 conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
                 conn.request("GET", self.path, headers=headers)
@@ -247,6 +277,11 @@ class Proxy:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
+                if digest and proxy.stall_after is not None and len(body) > proxy.stall_after:
+                    self.wfile.write(body[: proxy.stall_after])
+                    self.wfile.flush()
+                    proxy.release.wait(120)
+                    body = body[proxy.stall_after :]
                 if digest:
                     proxy.log.blob_bytes[digest] = proxy.log.blob_bytes.get(digest, 0) + len(body)
                 self.wfile.write(body)
@@ -264,6 +299,7 @@ class Proxy:
         return sum(1 for path, _ in self.log.requests if path.endswith(f"/blobs/{digest}"))
 
     def close(self) -> None:
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 

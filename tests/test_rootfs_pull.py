@@ -340,3 +340,66 @@ def test_the_images_user_runs_commands(mini_image: str, store: Store) -> None:
         assert sb.exec("id -u; id -g").stdout == "1000\n2000\n"
     with pytest.raises(ConfigError, match="'nobody-here' is not in the root filesystem's /etc/passwd"):
         Sandbox(rootfs="withuser", user="nobody-here")
+
+
+def test_anonymous_bearer_token_auth(registry: LocalRegistry, proxy: Proxy, store: Store) -> None:
+    proxy.token = "anon-token"
+    entry = pull(f"{proxy.host}/test/img:sibling", store=store)
+    assert (entry.tree / "sibling").read_bytes() == b"s"
+    assert proxy.token_queries and "scope=repository%3Atest%2Fimg%3Apull" in proxy.token_queries[0]
+
+
+def test_credentials_from_the_docker_config(
+    registry: LocalRegistry, proxy: Proxy, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import base64
+    import json
+
+    proxy.token, proxy.login = "user-token", base64.b64encode(b"alice:s3cret").decode()
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    with pytest.raises(RegistryError, match=r"refused \(401\)"):
+        pull(f"{proxy.host}/test/img:sibling", store=store)
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "config.json").write_text(json.dumps({"auths": {proxy.host: {"auth": proxy.login}}}))
+    entry = pull(f"{proxy.host}/test/img:sibling", store=store)
+    assert (entry.tree / "sibling").read_bytes() == b"s"
+
+
+def test_zstd_layers(registry: LocalRegistry, store: Store, tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("zstd") is None:
+        pytest.skip("zstd is needed (apt-get install zstd)")
+    layout = Layout(tmp_path / "zstd-layout")
+    layout.tag("zstd", layout.image([tar_bytes([E("z/file", data=b"zstd!")]), tar_bytes([E("z/.wh.file")])], zstd=True))
+    registry.push(layout.path, "zstd", "test/zstd")
+    entry = pull(f"{registry.host}/test/zstd:zstd", store=store)
+    assert os.listdir(entry.tree / "z") == []
+
+
+def test_ctrl_c_keeps_the_partial_download_and_the_next_pull_resumes(
+    registry: LocalRegistry, proxy: Proxy, store: Store
+) -> None:
+    import signal
+    import time
+
+    top = registry.layers["top"]
+    proxy.stall_after = 1 << 20
+    code = f"from sandbox.rootfs.pull import pull; pull({proxy.host + '/test/img:v1'!r})"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+    partial = store.root / "blobs" / "partial" / top[7:]
+    for _ in range(1200):  # bounded wait until the first MiB of the big layer is on disk
+        if partial.exists() and partial.stat().st_size >= 1 << 20:
+            break
+        time.sleep(0.05)
+    assert partial.stat().st_size == 1 << 20
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and b"KeyboardInterrupt" in err
+    assert store.list() == [] and not list(store.root.glob("tmp/*"))
+    proxy.stall_after = None
+    proxy.release.set()
+    entry = pull(f"{proxy.host}/test/img:v1", store=store)
+    assert [rng for path, rng in proxy.log.requests if path.endswith(top)][-1] == f"bytes={1 << 20}-"
+    assert tree_of(entry.tree) == expected_tree()

@@ -17,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 from typing import IO
 
 from sandbox.rootfs import untar
@@ -49,10 +50,24 @@ def _open_source(source: dict) -> tuple[IO[bytes], subprocess.Popen | None]:
     if head == ZSTD_MAGIC:
         if shutil.which("zstd") is None:
             raise untar.Unsafe("(layer): zstd-compressed and no zstd program; fix: apt-get install zstd")
-        proc = subprocess.Popen(["zstd", "-dcq"], stdin=raw, stdout=subprocess.PIPE)
+        proc = subprocess.Popen(["zstd", "-dcq"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert proc.stdout is not None
+        threading.Thread(target=_feed, args=(raw, proc.stdin), daemon=True).start()
         return proc.stdout, proc
     return raw, None
+
+
+def _feed(src: IO[bytes], dst: IO[bytes]) -> None:
+    """Copy what ``src`` holds (its buffer included) into the decompressor."""
+    try:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.close()
+        except OSError:
+            pass
 
 
 def extract(req: dict) -> dict:
