@@ -170,3 +170,14 @@ def test_plain_stream_from_a_pipe(area) -> None:
     result = unpack.extract_tar(proc.stdout, tree)
     proc.wait()
     assert result["entries"] == 2 and (tree / "etc/hostname").read_bytes() == b"piped\n"
+
+
+def test_an_opaque_directory_keeps_what_its_own_layer_put_there(area, tmp_path: Path) -> None:
+    tree, _ = area
+    paths = layers(
+        tmp_path,
+        [E("d/old/x", data=b"lower"), E("d/keep-not", data=b"lower")],
+        [E("d/old/new", data=b"this layer"), E("d/.wh..wh..opq")],
+    )
+    unpack.extract_layers(paths, tree)
+    assert sorted(os.listdir(tree / "d")) == ["old"] and os.listdir(tree / "d/old") == ["new"]

@@ -139,7 +139,8 @@ class Extractor:
                 raise Unsafe(f"{m.name}: would replace the root of the tree")
             self._attrs(self.root, m)
             return
-        self._touched.add("/".join(parts))
+        for i in range(1, len(parts) + 1):  # its parents belong to this layer too (opaque dirs keep them)
+            self._touched.add("/".join(parts[:i]))
         if m.ischr() or m.isblk():
             self.skipped.append(f"{m.name}: device node")
             return
@@ -233,13 +234,7 @@ class Extractor:
         parent = self._open_dir(member, parts[:-1], create=True)
         try:
             if name == OPAQUE:
-                prefix = "/".join(parts[:-1])
-                for child in os.listdir(parent):
-                    rel = f"{prefix}/{child}" if prefix else child
-                    if rel not in self._touched:
-                        st = _lstat(parent, child)
-                        if st is not None:
-                            _remove(parent, child, st)
+                self._prune(parent, "/".join(parts[:-1]))
                 return
             victim = name[len(WHITEOUT) :]
             if victim in ("", ".", ".."):
@@ -249,6 +244,22 @@ class Extractor:
                 _remove(parent, victim, st)
         finally:
             os.close(parent)
+
+    def _prune(self, dir_fd: int, prefix: str) -> None:
+        """Remove everything under ``prefix`` that this layer did not put there (opaque dir)."""
+        for child in os.listdir(dir_fd):
+            rel = f"{prefix}/{child}" if prefix else child
+            st = _lstat(dir_fd, child)
+            if st is None:
+                continue
+            if rel not in self._touched:
+                _remove(dir_fd, child, st)
+            elif stat.S_ISDIR(st.st_mode):
+                fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+                try:
+                    self._prune(fd, rel)
+                finally:
+                    os.close(fd)
 
     # --- paths and attributes ------------------------------------------------------------
 
