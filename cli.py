@@ -506,6 +506,31 @@ def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool
     click.echo(f"{entry.name}  {entry.digest}  {entry.tree}")
 
 
+@rootfs_group.command("build")
+@click.argument("name", required=False)
+@click.option(
+    "--recipe",
+    default=None,
+    help="A recipe file, or a shipped recipe's name [default: NAME if it is one, else default].",
+)
+@click.option("--quiet", "-q", is_flag=True, help="Do not show mmdebstrap's progress.")
+def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
+    """Build a root filesystem with mmdebstrap (rootless with subordinate ids, or as root).
+
+    With no arguments it builds the paper's environment as "default"."""
+    from sandbox.rootfs import build
+
+    if recipe is None:
+        recipe = name if name in build.recipe_names() else "default"
+    started = time.monotonic()
+    try:
+        entry = build.build(name, recipe, log=None if quiet else lambda line: click.echo(line, err=True))
+    except SandboxError as exc:
+        _rootfs_fail(exc)
+    took = time.monotonic() - started
+    click.echo(f"{entry.name}  {entry.size / 1e6:.0f} MB in {took:.0f} s  {entry.tree}")
+
+
 @rootfs_group.command("import")
 @click.argument("source", type=click.Path(exists=True))
 @click.argument("name")

@@ -27,6 +27,10 @@ class UnsafeArchive(RootfsError):
     """An archive member tries to leave its tree, or is absurd; the message names the member."""
 
 
+class RootfsBuildError(RootfsError):
+    """mmdebstrap failed, or a recipe cannot be built here; the message carries its last lines."""
+
+
 class RegistryError(RootfsError):
     """An OCI registry refused or answered something unusable (auth, missing tag, bad manifest)."""
 
