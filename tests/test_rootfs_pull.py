@@ -403,3 +403,22 @@ def test_ctrl_c_keeps_the_partial_download_and_the_next_pull_resumes(
     entry = pull(f"{proxy.host}/test/img:v1", store=store)
     assert [rng for path, rng in proxy.log.requests if path.endswith(top)][-1] == f"bytes={1 << 20}-"
     assert tree_of(entry.tree) == expected_tree()
+
+
+def test_cli_pull_then_exec_on_it(mini_image: str, store: Store) -> None:
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "JAILBOX_CACHE_DIR": str(store.root)}
+    jailbox = [sys.executable, "-c", "import cli; cli.main()"]
+    r = subprocess.run([*jailbox, "rootfs", "pull", mini_image], capture_output=True, text=True, env=env, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("/tree") and mini_image in r.stdout
+    r = subprocess.run(
+        [*jailbox, "exec", "--rootfs", mini_image, "--", "sh", "-c", "pwd; hello"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+    )
+    assert (r.returncode, r.stdout) == (0, "/work\nhello from the image\n"), r.stderr
+    r = subprocess.run([*jailbox, "rootfs", "pull", "127.0.0.1:1/nope:1"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and r.stderr.startswith("jailbox: ")
