@@ -61,10 +61,10 @@ def pull(
         config = manifest.get("config")
         if not isinstance(layers, list) or not isinstance(config, dict):
             raise RegistryError(f"{ref}: manifest {digest} ({media}) has no config or layers")
+        if not isinstance(config.get("size"), int) or config["size"] > MAX_CONFIG:
+            raise RegistryError(f"{ref}: image config missing or larger than {MAX_CONFIG} bytes")
         cache = BlobCache(store.root / "blobs")
         config_path = _fetch(cache, reg, config, progress)
-        if config_path.stat().st_size > MAX_CONFIG:
-            raise RegistryError(f"{ref}: image config larger than {MAX_CONFIG} bytes")
         paths = []
         for layer in layers:
             kind = layer.get("mediaType") if isinstance(layer, dict) else None

@@ -129,14 +129,21 @@ class Registry:
 
     def manifest(self, reference: str) -> tuple[dict, str, str]:
         """(manifest, media type, digest) of a tag or digest; a pinned digest is verified."""
-        resp = self._send(f"{self.base}/manifests/{reference}", {"Accept": ", ".join(MANIFEST_TYPES)}, stream=False)
-        if resp.status_code == 404:
-            raise RegistryError(f"{self.ref.registry}/{self.ref.repository}:{reference} not found")
-        if resp.status_code != 200:
-            raise RegistryError(f"manifest {reference}: HTTP {resp.status_code} from {self.ref.registry}")
-        body = resp.content
-        if len(body) > MAX_MANIFEST:
-            raise RegistryError(f"manifest {reference} is larger than {MAX_MANIFEST} bytes")
+        resp = self._send(f"{self.base}/manifests/{reference}", {"Accept": ", ".join(MANIFEST_TYPES)}, stream=True)
+        try:
+            if resp.status_code == 404:
+                raise RegistryError(f"{self.ref.registry}/{self.ref.repository}:{reference} not found")
+            if resp.status_code != 200:
+                raise RegistryError(f"manifest {reference}: HTTP {resp.status_code} from {self.ref.registry}")
+            body = b""
+            for chunk in resp.iter_bytes(1 << 16):
+                body += chunk
+                if len(body) > MAX_MANIFEST:
+                    raise RegistryError(f"manifest {reference} is larger than {MAX_MANIFEST} bytes")
+        except httpx.HTTPError as exc:
+            raise RegistryError(f"manifest {reference}: {type(exc).__name__}: {exc}") from None
+        finally:
+            resp.close()
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         if reference.startswith("sha256:") and digest != reference:
             raise DigestMismatch(f"manifest {reference}: the registry sent one hashing to {digest}")

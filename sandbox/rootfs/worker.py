@@ -124,5 +124,7 @@ def main(request: str) -> None:
         _say({"ok": False, "unsafe": True, "error": str(exc)})
     except untar.Failed as exc:
         _say({"ok": False, "error": str(exc)})
+    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the host cleans up
+        os._exit(130)
     except Exception as exc:
         _say({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
