@@ -208,6 +208,7 @@ class LocalRegistry:
 class ProxyLog:
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
     blob_bytes: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
 
 
 class Proxy:
@@ -257,9 +258,14 @@ class Proxy:
                     return
                 conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-                conn.request("GET", self.path, headers=headers)
-                resp = conn.getresponse()
-                body = resp.read()
+                try:
+                    conn.request("GET", self.path, headers=headers)
+                    resp = conn.getresponse()
+                    body = resp.read()
+                except OSError as exc:  # say what went wrong upstream instead of dropping the line
+                    proxy.log.errors.append(f"{self.path}: {exc!r}")
+                    self._plain(502, repr(exc).encode(), {})
+                    return
                 digest = self.path.rsplit("/", 1)[-1] if "/blobs/" in self.path else None
                 if digest and proxy.tamper == digest and body:
                     body = bytes([body[0] ^ 0xFF]) + body[1:]

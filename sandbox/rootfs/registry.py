@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,8 @@ MANIFEST_TYPES = (
 )
 INDEX_TYPES = MANIFEST_TYPES[:2]
 MAX_MANIFEST = 4 << 20
+RETRIES = 3
+RETRY_PAUSE = 0.5
 CHUNK = 1 << 20
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 
@@ -77,19 +80,32 @@ class Registry:
 
     def _send(self, url: str, headers: dict[str, str], stream: bool) -> httpx.Response:
         for attempt in range(2):
-            h = dict(headers)
-            if self.auth:
-                h["Authorization"] = self.auth
-            try:
-                req = self.client.build_request("GET", url, headers=h)
-                resp = self.client.send(req, stream=stream)
-            except httpx.HTTPError as exc:
-                raise RegistryError(f"{self.ref.registry}: {type(exc).__name__}: {exc}") from None
+            resp = self._get(url, headers, stream)
             if resp.status_code != 401 or attempt:
                 return resp
             challenge = resp.headers.get("www-authenticate", "")
             resp.close()
             self._authenticate(challenge)
+        raise AssertionError("unreachable")
+
+    def _get(self, url: str, headers: dict[str, str], stream: bool) -> httpx.Response:
+        """A GET, retried (it is idempotent) when the connection drops or a gateway says 502-504."""
+        for attempt in range(RETRIES):
+            h = dict(headers)
+            if self.auth:
+                h["Authorization"] = self.auth
+            try:
+                resp = self.client.send(self.client.build_request("GET", url, headers=h), stream=stream)
+            except httpx.TransportError as exc:
+                if attempt + 1 == RETRIES:
+                    raise RegistryError(f"{self.ref.registry}: {type(exc).__name__}: {exc}") from None
+            except httpx.HTTPError as exc:
+                raise RegistryError(f"{self.ref.registry}: {type(exc).__name__}: {exc}") from None
+            else:
+                if resp.status_code not in (502, 503, 504) or attempt + 1 == RETRIES:
+                    return resp
+                resp.close()
+            time.sleep(RETRY_PAUSE * 2**attempt)
         raise AssertionError("unreachable")
 
     def _authenticate(self, challenge: str) -> None:
