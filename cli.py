@@ -535,12 +535,13 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
 @click.argument("source", type=click.Path(exists=True))
 @click.argument("name")
 @click.option("--platform", default=None, help="os/arch from a multi-platform OCI layout (default: this host).")
-def rootfs_import(source: str, name: str, platform: str | None) -> None:
+@click.option("--tag", default=None, help="Which image of an archive or layout holding several (its tag).")
+def rootfs_import(source: str, name: str, platform: str | None, tag: str | None) -> None:
     """Import SOURCE (docker/podman save archive, OCI layout directory, rootfs tarball) as NAME."""
     from sandbox.rootfs.importer import import_rootfs
 
     try:
-        entry = import_rootfs(source, name, platform=platform)
+        entry = import_rootfs(source, name, platform=platform, tag=tag)
     except SandboxError as exc:
         _rootfs_fail(exc)
     click.echo(f"{entry.name}  {entry.tree}")

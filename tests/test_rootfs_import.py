@@ -16,7 +16,7 @@ import pytest
 from oci_images import E, Layout, content, tar_bytes, tree_of
 
 from sandbox import Sandbox, idmap
-from sandbox.errors import RootfsError
+from sandbox.errors import RootfsError, UnsafeArchive
 from sandbox.rootfs.importer import import_rootfs
 from sandbox.rootfs.store import Store
 
@@ -151,3 +151,26 @@ def test_rootfs_commands(tmp_path: Path, store: Store) -> None:
 def test_a_directory_path_still_works_and_workdir_defaults(mini_rootfs: Path) -> None:
     with Sandbox(rootfs=str(mini_rootfs)) as sb:
         assert sb.exec("pwd").stdout == "/testbed\n"
+
+
+def test_a_layout_with_several_images_needs_a_tag(tmp_path: Path, store: Store) -> None:
+    mine = Layout(tmp_path / "mine")
+    mine.tag("one", mine.image([tar_bytes([E("which", data=b"one")])]))
+    mine.tag("two", mine.image([tar_bytes([E("which", data=b"two")])]))
+    for desc in mine.index:
+        desc.pop("platform")
+    (mine.path / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": mine.index}))
+    with pytest.raises(RootfsError, match=r"several images \(tags: one, two\); pick one with --tag"):
+        import_rootfs(mine.path, "x", store=store)
+    entry = import_rootfs(mine.path, "x", store=store, tag="two")
+    assert (entry.tree / "which").read_bytes() == b"two"
+    with pytest.raises(RootfsError, match="no image tagged 'three'"):
+        import_rootfs(mine.path, "y", store=store, tag="three")
+
+
+def test_a_hostile_image_archive_is_refused(tmp_path: Path, store: Store) -> None:
+    archive = tmp_path / "evil.tar"
+    archive.write_bytes(tar_bytes([E("manifest.json", data=b"[]"), E("../escaped", data=b"x")]))
+    with pytest.raises(UnsafeArchive, match=r"\.\./escaped: '\.\.' in its path"):
+        import_rootfs(archive, "evil", store=store)
+    assert not (tmp_path.parent / "escaped").exists() and store.list() == []

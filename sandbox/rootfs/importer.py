@@ -17,29 +17,43 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from sandbox.errors import RootfsError
+from sandbox.errors import RootfsError, UnsafeArchive
 from sandbox.rootfs import unpack, untar
 from sandbox.rootfs.image import ImageConfig, host_platform
 from sandbox.rootfs.pull import choose, platform_of
 from sandbox.rootfs.store import Entry, Store
 
 MAX_JSON = 8 << 20
+REF_NAME = "org.opencontainers.image.ref.name"
 
 
-def import_rootfs(source: str | Path, name: str, *, store: Store | None = None, platform: str | None = None) -> Entry:
+def import_rootfs(
+    source: str | Path, name: str, *, store: Store | None = None, platform: str | None = None, tag: str | None = None
+) -> Entry:
+    """Import ``source`` as ``name``; ``tag`` picks one image of an archive or layout holding several."""
     store = store or Store()
-    src = Path(source).expanduser().absolute()
+    try:
+        return _import(Path(source).expanduser().absolute(), name, store, platform, tag)
+    except untar.Unsafe as exc:
+        raise UnsafeArchive(str(exc)) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, RootfsError):
+            raise
+        raise RootfsError(f"{source}: not a usable image archive or layout ({type(exc).__name__}: {exc})") from None
+
+
+def _import(src: Path, name: str, store: Store, platform: str | None, tag: str | None) -> Entry:
     if src.is_dir():
         if not (src / "oci-layout").is_file() and not (src / "manifest.json").is_file():
             raise RootfsError(f"{src} is neither an OCI image layout (no oci-layout file) nor a docker save directory")
-        return _import_dir(src, src, name, store, platform)
+        return _import_dir(src, src, name, store, platform, tag)
     if not src.is_file():
         raise RootfsError(f"{src} does not exist")
     if _is_image_archive(src):
         store.ensure()
         with tempfile.TemporaryDirectory(dir=store.root / "tmp", prefix="import-") as tmp:
             _open_archive(src, Path(tmp))
-            return _import_dir(Path(tmp), src, name, store, platform)
+            return _import_dir(Path(tmp), src, name, store, platform, tag)
     with store.create(name, source=str(src), kind="import") as staging, open(src, "rb") as f:
         staging.add_stats(unpack.extract_tar(f, staging.tree))
     entry = store.get(name)
@@ -91,11 +105,11 @@ def _join(parts: list[str], link: str) -> str:
     return os.path.normpath("/".join([*parts[:-1], link]))
 
 
-def _import_dir(root: Path, origin: Path, name: str, store: Store, platform: str | None) -> Entry:
+def _import_dir(root: Path, origin: Path, name: str, store: Store, platform: str | None, tag: str | None) -> Entry:
     if (root / "oci-layout").is_file():
-        layers, config, digest = _oci_layout(root, platform or host_platform())
+        layers, config, digest = _oci_layout(root, platform or host_platform(), tag)
     else:
-        layers, config, digest = _docker_archive(root)
+        layers, config, digest = _docker_archive(root, tag)
     image = json.loads(_read_small(config))
     with store.create(name, source=str(origin), kind="import") as staging:
         staging.add_stats(unpack.extract_layers(layers, staging.tree))
@@ -107,12 +121,23 @@ def _import_dir(root: Path, origin: Path, name: str, store: Store, platform: str
     return entry
 
 
-def _oci_layout(root: Path, platform: str) -> tuple[list[Path], Path, str]:
+def _oci_layout(root: Path, platform: str, tag: str | None) -> tuple[list[Path], Path, str]:
     index = json.loads(_read_small(root / "index.json"))
     manifests = [m for m in index.get("manifests") or [] if isinstance(m, dict)]
+    tags = [(m.get("annotations") or {}).get(REF_NAME) for m in manifests]
+    if tag is not None:
+        manifests = [m for m, t in zip(manifests, tags, strict=True) if t == tag]
     if not manifests:
-        raise RootfsError(f"{root}: index.json lists no image")
-    desc = manifests[0] if len(manifests) == 1 else {"digest": choose(index, platform, str(root))}
+        have = ", ".join(sorted(t for t in tags if t)) or "none"
+        raise RootfsError(f"{root}: no image{f' tagged {tag!r}' if tag else ''} in index.json (tags: {have})")
+    if len(manifests) > 1 and all(m.get("platform") for m in manifests):
+        desc = {"digest": choose({"manifests": manifests}, platform, str(root))}
+    elif len(manifests) > 1:
+        raise RootfsError(
+            f"{root} holds several images (tags: {', '.join(t or '?' for t in tags)}); pick one with --tag"
+        )
+    else:
+        desc = manifests[0]
     while True:
         digest = desc.get("digest")
         doc = json.loads(_read_small(_blob(root, digest)))
@@ -124,12 +149,18 @@ def _oci_layout(root: Path, platform: str) -> tuple[list[Path], Path, str]:
     return layers, _blob(root, (doc.get("config") or {}).get("digest")), str(digest)
 
 
-def _docker_archive(root: Path) -> tuple[list[Path], Path, str]:
+def _docker_archive(root: Path, tag: str | None) -> tuple[list[Path], Path, str]:
     manifest = json.loads(_read_small(root / "manifest.json"))
-    if not isinstance(manifest, list) or not manifest or not isinstance(manifest[0], dict):
+    if not isinstance(manifest, list) or not all(isinstance(m, dict) for m in manifest):
         raise RootfsError(f"{root}: manifest.json is not a docker save manifest")
-    if len(manifest) > 1:
-        raise RootfsError(f"{root}: the archive holds {len(manifest)} images; save one image per archive")
+    tags = [t for m in manifest for t in (m.get("RepoTags") or [])]
+    if tag is not None:
+        manifest = [m for m in manifest if tag in (m.get("RepoTags") or [])]
+    if len(manifest) != 1:
+        raise RootfsError(
+            f"{root}: {'no image' if not manifest else 'several images'}{f' tagged {tag!r}' if tag else ''} "
+            f"in the archive (tags: {', '.join(tags) or 'none'}); pick one with --tag"
+        )
     item = manifest[0]
     config = _inside(root, item.get("Config"))
     layers = [_inside(root, layer) for layer in item.get("Layers") or []]
