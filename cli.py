@@ -564,14 +564,15 @@ def rootfs_list(as_json: bool) -> None:
 
 @rootfs_group.command("rm")
 @click.argument("names", nargs=-1, required=True)
-def rootfs_rm(names: tuple[str, ...]) -> None:
+@click.option("--force", is_flag=True, help="Remove even while live sandboxes use it.")
+def rootfs_rm(names: tuple[str, ...], force: bool) -> None:
     """Remove stored root filesystems (their files may belong to subordinate ids)."""
     from sandbox.rootfs.store import Store
 
     store = Store()
     for name in names:
         try:
-            click.echo(f"removed {store.remove(name).name}")
+            click.echo(f"removed {store.remove(name, force=force).name}")
         except SandboxError as exc:
             _rootfs_fail(exc)
 

@@ -137,6 +137,7 @@ class Jail:
                 init_pid=init_pid,
                 init_start=state.process_start(init_pid),
                 idmap=self._spec["idmap"],
+                lower=self._spec["lower"],  # `jailbox rootfs rm` will not pull a tree from under a live jail
             )
         return sock, pidfd, init_pid
 

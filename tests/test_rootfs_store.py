@@ -108,3 +108,17 @@ def test_bad_references_are_refused(bad: str) -> None:
 def test_local_registries_may_be_plain_http() -> None:
     assert Reference.parse("localhost:5000/x").is_local and Reference.parse("127.0.0.1:1/x").is_local
     assert not Reference.parse("ghcr.io/x").is_local
+
+
+def test_rm_refuses_a_tree_a_live_sandbox_uses(store: Store, mini_rootfs: Path) -> None:
+    from sandbox import Sandbox
+
+    with store.create("live", source="test", kind="import") as staging:
+        subprocess.run(["cp", "-a", f"{mini_rootfs}/.", str(staging.tree)], check=True)
+    with Sandbox(rootfs="live") as sb:
+        assert sb.exec("echo up").stdout == "up\n"
+        expected = f"live is in use by 1 live sandbox(es) (host pids {os.getpid()})"
+        with pytest.raises(RootfsError, match=re.escape(expected)):
+            store.remove("live")
+    store.remove("live")
+    assert store.list() == []

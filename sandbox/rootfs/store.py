@@ -225,10 +225,17 @@ class Store:
         found = [_read(p) for p in sorted(base.iterdir())]
         return [e for e in found if e is not None]
 
-    def remove(self, name: str) -> Entry:
+    def remove(self, name: str, force: bool = False) -> Entry:
+        """Remove an entry; refused while a live sandbox (with a disk writable layer) uses it."""
         entry = self.resolve(name)
         if entry is None:
             raise RootfsNotFound(not_found_message(name, [e.name for e in self.list()]))
+        users = [] if force else users_of(entry.tree)
+        if users:
+            raise RootfsError(
+                f"{entry.name} is in use by {len(users)} live sandbox(es) (host pids "
+                f"{', '.join(str(u) for u in sorted(set(users)))}); close them first, or force the removal"
+            )
         with self.lock(entry.name):
             trash = self.root / "trash" / f"{entry.path.name}.{uuid.uuid4().hex[:8]}"
             os.rename(entry.path, trash)
@@ -244,6 +251,19 @@ class Store:
         if trash.is_dir():
             for path in trash.iterdir():
                 unpack.rmtree(path)
+
+
+def users_of(tree: Path) -> list[int]:
+    """Host pids of live sandboxes in the default state directory whose lower layer is ``tree``."""
+    from sandbox import state
+
+    base = state.state_dir() / "sandboxes"
+    pids = []
+    for path in base.iterdir() if base.is_dir() else []:
+        meta = state.read_meta(path)
+        if meta.get("lower") == str(tree) and state.owner_alive(meta):
+            pids.append(int(meta["host_pid"]))
+    return pids
 
 
 def _read(path: Path) -> Entry | None:
