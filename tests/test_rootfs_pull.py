@@ -312,6 +312,14 @@ def test_sandbox_runs_on_a_pulled_tree_without_copying_it(mini_image: str, store
     assert (entry.tree / "etc/root-owned").read_text() == "root\n"  # the lower layer never changes
     with Sandbox(SandboxConfig(rootfs=mini_image, workdir="/srv", env={"FOO": "explicit"})) as sb:
         assert sb.exec("echo $FOO; pwd").stdout == "explicit\n/srv\n"
+    from sandbox import SandboxPool
+
+    with SandboxPool(size=2, rootfs=mini_image) as pool:  # pooled jails get the image's settings too
+        sb = pool.acquire()
+        assert sb.exec("echo $FOO; pwd").stdout == "from-image\n/work\n"
+        sb.reset()
+        assert sb.exec("pwd").stdout == "/work\n"
+        sb.close()
 
 
 def _files_under(path: Path | None) -> list[Path]:
