@@ -21,8 +21,8 @@ Making an entry (pull, import and build all do this)::
 
 ``create`` holds the name's lock for the whole block, so two processes making the same name run
 one after the other; inside the block ``store.get(name)`` shows what the other one left, and
-``staging.abandon()`` keeps it instead. A process killed mid-way leaves a ``tmp/`` directory that
-the next ``create`` of that name removes.
+``staging.abandon()`` keeps it instead. A process killed mid-way leaves a ``tmp/`` (or ``trash/``)
+directory that the next ``create`` or ``remove`` of that name removes.
 
 Reading: ``get(name)`` (exact), ``resolve(name)`` (also an image reference's canonical form, so
 ``python:3.11-slim`` finds ``docker.io/library/python:3.11-slim``), ``list()``, ``remove(name)``,
@@ -186,11 +186,13 @@ class Store:
             unpack.rmtree(old)
 
     def _remove_stale(self, name: str) -> None:
-        """Staging directories of ``name`` left by a killed process (we hold the lock: none is live)."""
+        """What a killed process left of ``name``: staging trees in ``tmp/``, replaced or removed trees
+        in ``trash/`` (we hold the name's lock, and every rename and removal happens under it)."""
         prefix = _quote(name) + "."
-        for path in (self.root / "tmp").iterdir():
-            if path.name.startswith(prefix) and "." not in path.name[len(prefix) :]:
-                unpack.rmtree(path)
+        for sub in ("tmp", "trash"):
+            for path in (self.root / sub).iterdir():
+                if path.name.startswith(prefix) and "." not in path.name[len(prefix) :]:
+                    unpack.rmtree(path)
 
     def get(self, name: str) -> Entry | None:
         try:
@@ -239,18 +241,12 @@ class Store:
         with self.lock(entry.name):
             trash = self.root / "trash" / f"{entry.path.name}.{uuid.uuid4().hex[:8]}"
             os.rename(entry.path, trash)
-        unpack.rmtree(trash)
+            unpack.rmtree(trash)
+            self._remove_stale(entry.name)
         return entry
 
     def du(self, name: str) -> dict:
         return unpack.du(self.require(name).tree)
-
-    def empty_trash(self) -> None:
-        """Remove what a killed ``remove`` or replace left in ``trash/``."""
-        trash = self.root / "trash"
-        if trash.is_dir():
-            for path in trash.iterdir():
-                unpack.rmtree(path)
 
 
 def users_of(tree: Path) -> list[int]:
