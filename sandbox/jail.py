@@ -153,11 +153,13 @@ class Jail:
         return Ready.model_validate(msg[0])
 
 
-def _user(cfg: SandboxConfig, lower: str, generated: dict[str, str]) -> User:
+def _user(cfg: SandboxConfig, lower: str, generated: dict[str, str]) -> User | None:
+    """The ids to switch commands to; None for root (what the init is already)."""
     from sandbox.rootfs import unpack, users
 
     assert cfg.user is not None
-    return users.resolve(cfg.user, lower, generated, unpack.max_id(idmap.plan(cfg.idmap)))
+    user = users.resolve(cfg.user, lower, generated, unpack.max_id(idmap.plan(cfg.idmap)))
+    return None if (user.uid, user.gid) == (0, 0) else user
 
 
 def _seccomp_spec(policy: SeccompPolicy | None) -> dict | None:

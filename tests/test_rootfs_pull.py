@@ -336,6 +336,8 @@ def test_the_images_user_runs_commands(mini_image: str, store: Store) -> None:
     if not idmap.full_range_available():  # stored flattened: only root exists, the image's User is moot
         with Sandbox(rootfs="withuser") as sb:
             assert sb.exec("id -u").stdout == "0\n"
+        with Sandbox(rootfs="withuser", user="root", idmap="single") as sb:
+            assert sb.exec("id -u").stdout == "0\n"
         return
     with Sandbox(rootfs="withuser") as sb:
         r = sb.exec("id -u; id -g; id -G; echo $HOME; touch /home/app/mine && echo wrote; touch /etc/x")
@@ -344,6 +346,10 @@ def test_the_images_user_runs_commands(mini_image: str, store: Store) -> None:
         assert lines[4] == "wrote" and "Permission denied" in r.stderr
     with Sandbox(rootfs="withuser", user="root") as sb:  # the sandbox's own choice wins
         assert sb.exec("id -u; echo $HOME").stdout == "0\n/root\n"
+    with Sandbox(rootfs="withuser", user="root", idmap="single") as sb:  # root needs no id switch
+        assert sb.exec("id -u").stdout == "0\n"
+    with pytest.raises(ConfigError, match="needs id 1000, which this jail's id map lacks"):
+        Sandbox(rootfs="withuser", idmap="single")
     with Sandbox(rootfs="withuser", user="1000:2000") as sb:
         assert sb.exec("id -u; id -g").stdout == "1000\n2000\n"
     with pytest.raises(ConfigError, match="'nobody-here' is not in the root filesystem's /etc/passwd"):
