@@ -122,3 +122,12 @@ def test_rm_refuses_a_tree_a_live_sandbox_uses(store: Store, mini_rootfs: Path) 
             store.remove("live")
     store.remove("live")
     assert store.list() == []
+
+
+def test_a_cache_directory_open_to_others_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    with pytest.raises(RootfsError, match="open to other users"):
+        Store(shared).ensure()
+    assert oct(shared.stat().st_mode & 0o777) == "0o755"

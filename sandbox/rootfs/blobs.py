@@ -36,9 +36,10 @@ def hex_of(digest: str) -> str:
 
 class BlobCache:
     def __init__(self, root: Path) -> None:
-        self.root = root
+        self.root = root  # inside the store, which is made private first (Store.ensure)
+        root.mkdir(exist_ok=True, mode=0o700)
         for sub in ("sha256", "partial", "locks"):
-            (root / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+            (root / sub).mkdir(exist_ok=True, mode=0o700)
 
     def path(self, digest: str) -> Path:
         return self.root / "sha256" / hex_of(digest)

@@ -63,6 +63,7 @@ def pull(
             raise RegistryError(f"{ref}: manifest {digest} ({media}) has no config or layers")
         if not isinstance(config.get("size"), int) or config["size"] > MAX_CONFIG:
             raise RegistryError(f"{ref}: image config missing or larger than {MAX_CONFIG} bytes")
+        store.ensure()
         cache = BlobCache(store.root / "blobs")
         config_path = _fetch(cache, reg, config, progress)
         paths = []

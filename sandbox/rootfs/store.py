@@ -126,8 +126,11 @@ class Store:
         st = self.root.stat()
         if st.st_uid != os.getuid():
             raise RootfsError(f"{self.root} belongs to uid {st.st_uid}, not to you; set JAILBOX_CACHE_DIR")
-        if st.st_mode & 0o077:
-            os.chmod(self.root, 0o700)
+        if st.st_mode & 0o077:  # never chmod a directory we did not make (JAILBOX_CACHE_DIR=/tmp...)
+            raise RootfsError(
+                f"{self.root} is open to other users (mode {oct(st.st_mode & 0o777)}); stored trees may hold "
+                f"setuid files, so it must be private: chmod 700 {self.root}, or set JAILBOX_CACHE_DIR elsewhere"
+            )
         for sub in ("rootfs", "tmp", "trash", "locks", "blobs"):
             (self.root / sub).mkdir(exist_ok=True, mode=0o700)
 
