@@ -12,7 +12,7 @@ import termios
 import time
 import tty
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from pydantic import ValidationError
@@ -33,11 +33,16 @@ NETWORK_HELP = (
 
 def _jail_options(func: Any) -> Any:
     options = [
-        click.option("--rootfs", default="host", show_default=True, help='"host" or a root filesystem directory.'),
+        click.option(
+            "--rootfs",
+            default="host",
+            show_default=True,
+            help='"host", a stored name (jailbox rootfs list) or a directory.',
+        ),
         click.option(
             "--bind", "binds", multiple=True, metavar="SRC:DST[:ro|rw]", help="Bind a host path (ro default)."
         ),
-        click.option("--workdir", default="/testbed", show_default=True, help="Working directory inside."),
+        click.option("--workdir", default=None, help="Working directory inside [default: the image's, else /testbed]."),
         click.option("--env", "envs", multiple=True, metavar="K=V", help="Set a variable inside (repeatable)."),
         click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP),
         click.option(
@@ -64,7 +69,7 @@ def _jail_options(func: Any) -> Any:
 def _config(
     rootfs: str,
     binds: tuple[str, ...],
-    workdir: str,
+    workdir: str | None,
     envs: tuple[str, ...],
     network: str,
     publishes: tuple[str, ...],
@@ -82,8 +87,9 @@ def _config(
         policy = NetworkPolicy.parse(network)
         if publishes:
             policy = NetworkPolicy(mode=policy.mode, publish=publishes)
+        extra = {"workdir": workdir} if workdir else {}
         return SandboxConfig(
-            rootfs=rootfs, mounts=mounts, workdir=workdir, env=env, network=policy, hostname=hostname, upper=upper
+            rootfs=rootfs, mounts=mounts, env=env, network=policy, hostname=hostname, upper=upper, **extra
         )
     except (ValidationError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
@@ -491,6 +497,147 @@ def cleanup(force: bool) -> None:
         click.echo(f"could not remove {path}: {why}", err=True)
     click.echo(f"{len(removed)} removed, {len(failed)} failed")
     sys.exit(1 if failed else 0)
+
+
+@main.group("rootfs")
+def rootfs_group() -> None:
+    """Root filesystems: pull OCI images, import archives, list and remove them."""
+
+
+def _rootfs_fail(exc: Exception) -> NoReturn:
+    click.echo(f"jailbox: {exc}", err=True)
+    sys.exit(1)
+
+
+def _progress() -> Any:
+    """A one-line progress display per blob on stderr (only on a terminal)."""
+    if not sys.stderr.isatty():
+        return None
+    last = {"t": 0.0}
+
+    def show(digest: str, done: int, total: int | None) -> None:
+        now = time.monotonic()
+        if now - last["t"] < 0.1 and done != total:
+            return
+        last["t"] = now
+        pct = f"{100 * done / total:5.1f}%" if total else ""
+        click.echo(f"\r{digest[7:19]}  {done / 1e6:9.1f} MB {pct}", nl=done == total, err=True)
+
+    return show
+
+
+@rootfs_group.command("pull")
+@click.argument("ref")
+@click.option("--name", default=None, help="Store it under this name (default: the full reference).")
+@click.option("--platform", default=None, help="os/arch[/variant] from a multi-platform image (default: this host).")
+@click.option("--insecure", is_flag=True, help="Plain HTTP (always allowed for localhost registries).")
+def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool) -> None:
+    """Pull image REF (python:3.11-slim, ghcr.io/org/img@sha256:..., localhost:5000/x:y), no Docker."""
+    from sandbox.rootfs.pull import pull
+
+    try:
+        entry = pull(ref, name, platform=platform, insecure=insecure, progress=_progress(), log=click.echo)
+    except SandboxError as exc:
+        _rootfs_fail(exc)
+    click.echo(f"{entry.name}  {entry.digest}  {entry.tree}")
+
+
+@rootfs_group.command("build")
+@click.argument("name", required=False)
+@click.option(
+    "--recipe",
+    default=None,
+    help="A recipe file, or a shipped recipe's name [default: NAME if it is one, else default].",
+)
+@click.option("--quiet", "-q", is_flag=True, help="Do not show mmdebstrap's progress.")
+def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
+    """Build a root filesystem with mmdebstrap (rootless with subordinate ids, or as root).
+
+    With no arguments it builds the paper's environment as "default"."""
+    from sandbox.rootfs import build
+
+    if recipe is None:
+        recipe = name if name in build.recipe_names() else "default"
+    started = time.monotonic()
+    try:
+        entry = build.build(name, recipe, log=None if quiet else lambda line: click.echo(line, err=True))
+    except SandboxError as exc:
+        _rootfs_fail(exc)
+    took = time.monotonic() - started
+    click.echo(f"{entry.name}  {entry.size / 1e6:.0f} MB in {took:.0f} s  {entry.tree}")
+
+
+@rootfs_group.command("import")
+@click.argument("source", type=click.Path(exists=True))
+@click.argument("name")
+@click.option("--platform", default=None, help="os/arch from a multi-platform OCI layout (default: this host).")
+@click.option("--tag", default=None, help="Which image of an archive or layout holding several (its tag).")
+def rootfs_import(source: str, name: str, platform: str | None, tag: str | None) -> None:
+    """Import SOURCE (docker/podman save archive, OCI layout directory, rootfs tarball) as NAME."""
+    from sandbox.rootfs.importer import import_rootfs
+
+    try:
+        entry = import_rootfs(source, name, platform=platform, tag=tag)
+    except SandboxError as exc:
+        _rootfs_fail(exc)
+    click.echo(f"{entry.name}  {entry.tree}")
+
+
+@rootfs_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def rootfs_list(as_json: bool) -> None:
+    """Stored root filesystems with kind, size, creation date and source."""
+    from sandbox.rootfs.store import Store
+
+    entries = Store().list()
+    if as_json:
+        click.echo(json.dumps([{**e.model_dump(mode="json"), "path": str(e.tree)} for e in entries], indent=2))
+        return
+    for e in entries:
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.created))
+        click.echo(f"{e.name:40} {e.kind:6} {e.size / 1e6:9.1f} MB  {created}  {e.source}")
+
+
+@rootfs_group.command("rm")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--force", is_flag=True, help="Remove even while live sandboxes use it.")
+def rootfs_rm(names: tuple[str, ...], force: bool) -> None:
+    """Remove stored root filesystems (their files may belong to subordinate ids)."""
+    from sandbox.rootfs.store import Store
+
+    store = Store()
+    for name in names:
+        try:
+            click.echo(f"removed {store.remove(name, force=force).name}")
+        except SandboxError as exc:
+            _rootfs_fail(exc)
+
+
+@rootfs_group.command("path")
+@click.argument("name")
+def rootfs_path(name: str) -> None:
+    """Print the directory of a stored root filesystem."""
+    from sandbox.rootfs.store import Store
+
+    try:
+        click.echo(str(Store().require(name).tree))
+    except SandboxError as exc:
+        _rootfs_fail(exc)
+
+
+@rootfs_group.command("du")
+@click.argument("name")
+def rootfs_du(name: str) -> None:
+    """Bytes used by a stored root filesystem (apparent and on disk; hard links once)."""
+    from sandbox.rootfs.store import Store
+
+    try:
+        usage = Store().du(name)
+    except SandboxError as exc:
+        _rootfs_fail(exc)
+    click.echo(
+        f"{usage['bytes'] / 1e6:.1f} MB apparent, {usage['disk'] / 1e6:.1f} MB on disk, {usage['entries']} entries"
+    )
 
 
 if __name__ == "__main__":

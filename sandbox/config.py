@@ -14,6 +14,7 @@ from sandbox.netpolicy import NetworkPolicy, fields_of
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$")
 
 
 def parse_size(value: int | str) -> int:
@@ -142,11 +143,16 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    rootfs: str = Field("host", description='"host" (host /usr etc. read-only) or a root filesystem directory')
+    rootfs: str = Field(
+        "host", description='"host" (host /usr etc. read-only), a stored root filesystem\'s name, or a directory'
+    )
     mounts: list[Mount] = Field(default_factory=list)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     hostname: str = "sandbox"
     workdir: str = "/testbed"
+    user: str | None = Field(
+        None, description="run commands as NAME, UID, NAME:GROUP or UID:GID of the root filesystem (default root)"
+    )
     env: dict[str, str] = Field(default_factory=dict, description="added to every command's clean environment")
     upper: Literal["disk", "tmpfs"] = Field("disk", description="where the writable layer lives")
     tmpfs_size: int = Field(1 << 30, description="size cap of a tmpfs writable layer")
@@ -179,6 +185,13 @@ class SandboxConfig(BaseModel):
             raise ValueError(f"workdir {v} is reserved")
         return v
 
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not _USER.match(v):
+            raise ValueError(f"user {v!r}: expected NAME, UID, NAME:GROUP or UID:GID")
+        return v
+
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
@@ -193,7 +206,7 @@ class SandboxConfig(BaseModel):
     @classmethod
     def _rootfs(cls, v: str) -> str:
         if v != "host" and not v.strip():
-            raise ValueError('rootfs must be "host" or a directory path')
+            raise ValueError('rootfs must be "host", a stored root filesystem name or a directory path')
         return v
 
     @model_validator(mode="after")

@@ -19,6 +19,30 @@ class RootfsNotFound(ConfigError):
     """The root filesystem directory does not exist or is not a directory."""
 
 
+class RootfsError(SandboxError):
+    """Storing, pulling, importing or unpacking a root filesystem failed."""
+
+
+class UnsafeArchive(RootfsError):
+    """An archive member tries to leave its tree, or is absurd; the message names the member."""
+
+
+class RootfsBuildError(RootfsError):
+    """mmdebstrap failed, or a recipe cannot be built here; the message carries its last lines."""
+
+
+class RegistryError(RootfsError):
+    """An OCI registry refused or answered something unusable (auth, missing tag, bad manifest)."""
+
+
+class DownloadInterrupted(RegistryError):
+    """A blob download broke off; what arrived is kept and the next attempt resumes it."""
+
+
+class DigestMismatch(RegistryError):
+    """Downloaded bytes do not hash to the digest the manifest promised; nothing was kept."""
+
+
 class KernelRefused(SandboxError):
     """The kernel (or a security module) refused a namespace, mount or id-map step."""
 

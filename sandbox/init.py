@@ -201,7 +201,7 @@ class Init:
             try:
                 if req.get("tty"):
                     pid = self._start_tty(argv, req, tag, reply)
-                elif self.child_filter is not None:
+                elif self.child_filter is not None or req.get("user"):
                     pid = self._fork_exec(argv, req, fds[:3], tag, tty=False)
                 else:
                     pid = self._spawn(argv, req, fds, tag)
@@ -267,6 +267,12 @@ class Init:
             if tty:
                 fcntl.ioctl(0, termios.TIOCSCTTY, 0)
             os.closerange(3, 1 << 20)
+            if req.get("user"):
+                uid, gid, groups = req["user"]
+                what = f"switch to uid {uid} gid {gid}"
+                os.setgroups(groups)
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
             what = f"cd {req['cwd']}"
             os.chdir(req["cwd"])
             what = f"exec {argv[0]}"

@@ -14,22 +14,28 @@ import uuid
 import warnings
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandbox import cgroups, hostroot, idmap, limits, network, seccomp, state, wire
 from sandbox.cgroups import Cgroup, CgroupV1, CgroupV2
 from sandbox.channel import Channel
 from sandbox.config import Limits, SandboxConfig, SeccompPolicy
 from sandbox.diagnose import explain
-from sandbox.errors import ConfigError, ProtocolError, RootfsNotFound, SandboxSetupError, SecurityWarning
+from sandbox.errors import ConfigError, ProtocolError, SandboxSetupError, SecurityWarning
 from sandbox.launcher import LAUNCHER
 from sandbox.messages import Ready
+
+if TYPE_CHECKING:
+    from sandbox.rootfs.users import User
 
 EXIT_WAIT = 2.0
 
 
 class Jail:
     def __init__(self, config: SandboxConfig) -> None:
-        self.config = config
+        from sandbox.rootfs.resolve import apply_image
+
+        self.config = apply_image(config)  # a stored image's Env and WorkingDir, under the config's own
         self.id = uuid.uuid4().hex[:12]
         self.cgroup = _make_cgroup(self.id, config.limits)
         kind = None if self.cgroup is None else self.cgroup.kind
@@ -51,6 +57,11 @@ class Jail:
         )
         self.channel = Channel(channel_sock)
 
+    @property
+    def user_env(self) -> dict[str, str]:
+        """HOME of the user commands run as (from the root filesystem's /etc/passwd)."""
+        return {} if self.user is None else {"HOME": self.user.home}
+
     def close(self) -> None:
         """Kill every process of the jail and remove its mounts, writable layer and state."""
         self._finalizer()
@@ -62,13 +73,11 @@ class Jail:
         if host:
             lower, system_binds = hostroot.layout(base)
         else:
-            root = Path(cfg.rootfs).expanduser().absolute()
-            if not root.is_dir():
-                raise RootfsNotFound(
-                    f"root filesystem {root} does not exist or is not a directory; "
-                    'use rootfs="host" or give the path of an unpacked root filesystem'
-                )
-            lower, system_binds = str(root), []
+            from sandbox.rootfs.resolve import lower_dir
+
+            lower, system_binds = str(lower_dir(cfg.rootfs)), []
+        generated = network.files(cfg.network, hostroot.generated_files(cfg.hostname, host))
+        self.user: User | None = None if cfg.user is None else _user(cfg, lower, generated)
         if not cfg.userns and os.getuid() != 0:
             raise ConfigError("userns=False needs root; unprivileged jails always use a user namespace")
         user_binds = [
@@ -87,7 +96,7 @@ class Jail:
             "trusted_lower": host,
             "system_binds": system_binds,
             "user_binds": user_binds,
-            "generated": network.files(cfg.network, hostroot.generated_files(cfg.hostname, host)),
+            "generated": generated,
             "upper": cfg.upper,
             "tmpfs_size": min(cfg.tmpfs_size, cfg.limits.disk or cfg.tmpfs_size),
             "rlimits": rlimits,
@@ -142,6 +151,7 @@ class Jail:
                 init_pid=init_pid,
                 init_start=state.process_start(init_pid),
                 idmap=self._spec["idmap"],
+                lower=self._spec["lower"],  # `jailbox rootfs rm` will not pull a tree from under a live jail
             )
         return sock, pidfd, init_pid, net_fds
 
@@ -155,6 +165,15 @@ class Jail:
         if msg is None:
             raise SandboxSetupError("the jail's init exited during setup")
         return Ready.model_validate(msg[0]), msg[1]
+
+
+def _user(cfg: SandboxConfig, lower: str, generated: dict[str, str]) -> User | None:
+    """The ids to switch commands to; None for root (what the init is already)."""
+    from sandbox.rootfs import unpack, users
+
+    assert cfg.user is not None
+    user = users.resolve(cfg.user, lower, generated, unpack.max_id(idmap.plan(cfg.idmap)))
+    return None if (user.uid, user.gid) == (0, 0) else user
 
 
 def _seccomp_spec(policy: SeccompPolicy | None) -> dict | None:

@@ -43,6 +43,7 @@ class Sandbox:
         self._pool: SandboxPool | None = None
         self._stats = SandboxStats()
         self._jail = Jail(self.config)
+        self.config = self._jail.config
 
     @classmethod
     def _adopt(cls, jail: Jail, pool: SandboxPool) -> Sandbox:
@@ -102,7 +103,15 @@ class Sandbox:
         if "\0" in (request.get("shell") or "".join(request.get("argv", []))):
             raise ExecError("command contains a NUL byte")
         request["cwd"] = self._abs(cwd) if cwd else self.config.workdir
-        request["env"] = {**BASE_ENV, **self._jail.env, **self.config.env, **check_env(dict(env or {}))}
+        request["env"] = {
+            **BASE_ENV,
+            **self._jail.env,
+            **self._jail.user_env,
+            **self.config.env,
+            **check_env(dict(env or {})),
+        }
+        if self._jail.user is not None:
+            request["user"] = self._jail.user.request()
         data = stdin.encode() if isinstance(stdin, str) else stdin
         cgroup = self._jail.cgroup
         counters = cgroup.counters if cgroup is not None else None
@@ -146,8 +155,16 @@ class Sandbox:
             "argv": argv,
             "tty": True,
             "cwd": self.config.workdir,
-            "env": {**BASE_ENV, **self._jail.env, **self.config.env, **check_env(dict(env or {}))},
+            "env": {
+                **BASE_ENV,
+                **self._jail.env,
+                **self._jail.user_env,
+                **self.config.env,
+                **check_env(dict(env or {})),
+            },
         }
+        if self._jail.user is not None:
+            request["user"] = self._jail.user.request()
         return TtyCommand(self._channel.open_call(request))
 
     def network_log(self) -> list[NetworkLogEntry]:

@@ -1,0 +1,1 @@
+"""Root filesystem recipes (``*.yaml``), installed as the package ``sandbox.rootfs.recipes``."""

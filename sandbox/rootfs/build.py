@@ -1,0 +1,212 @@
+"""Build a root filesystem from a recipe with mmdebstrap, rootless or as root, into the store.
+
+mmdebstrap writes a tar stream on stdout whose owners are the ids *inside* its namespace (root is
+0), and the store's extractor unpacks that stream inside a user namespace with the jail's own id map.
+So a built tree has the owners a jail expects (in-jail root may write everything root owns, apt's
+``_apt`` is ``_apt``) without a chown pass over 1 GB, and the same path serves rootless and root builds.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable
+from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
+from typing import IO
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sandbox.config import check_env, jail_path
+from sandbox.errors import ConfigError, RootfsBuildError
+from sandbox.rootfs import store as store_mod
+from sandbox.rootfs import unpack
+from sandbox.rootfs.image import ImageConfig
+
+_RECIPES = "sandbox.rootfs.recipes"
+_PACKAGE = r"^[a-z0-9][a-z0-9+.\-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:\-]+)?$"
+
+
+class Recipe(BaseModel):
+    """A recipe file (``rootfs/*.yaml``): what goes into the tree and how sandboxes start in it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    description: str = ""
+    suite: str = Field("bookworm", pattern=r"^[a-z0-9][a-z0-9.-]*$")
+    mirror: str = Field("http://deb.debian.org/debian", pattern=r"^(https?|file)://\S+$")
+    components: tuple[str, ...] = ("main",)
+    variant: str = Field("apt", pattern=r"^(apt|minbase|required|important|standard|essential)$")
+    packages: tuple[str, ...] = ()
+    pip: tuple[str, ...] = Field((), description="pip requirements installed after the packages")
+    pip_index_url: str | None = None
+    run: tuple[str, ...] = Field((), description="shell commands run as root inside the tree, in order")
+    apt_lists: bool = Field(True, description="keep apt's package lists so apt-get install works at once")
+    env: dict[str, str] = Field(default_factory=dict, description="added to every command's environment")
+    workdir: str = "/testbed"
+
+    @field_validator("packages")
+    @classmethod
+    def _packages(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        import re
+
+        bad = [p for p in v if not re.match(_PACKAGE, p)]
+        if bad:
+            raise ValueError(f"not Debian package names: {', '.join(bad)}")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env(v)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str) -> str:
+        return jail_path(v)
+
+
+def _recipes() -> Traversable:
+    """Installed: the package ``sandbox.rootfs.recipes``; run from a checkout: its ``rootfs/``."""
+    try:
+        return resources.files(_RECIPES)
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "rootfs"
+
+
+def recipe_names() -> list[str]:
+    """Recipes shipped with jailbox (the files of the top-level ``rootfs/`` directory)."""
+    return sorted(p.name[: -len(".yaml")] for p in _recipes().iterdir() if p.name.endswith(".yaml"))
+
+
+def load_recipe(name_or_path: str | Path) -> Recipe:
+    """A shipped recipe by name, or a recipe file by path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ConfigError(f"recipe {path}: {e.strerror}") from e
+        where = str(path)
+    else:
+        shipped = _recipes() / f"{name_or_path}.yaml"
+        if not shipped.is_file():
+            raise ConfigError(
+                f"no recipe named {name_or_path!r}; shipped recipes: {', '.join(recipe_names())} "
+                "(or give a recipe file with --recipe FILE)"
+            )
+        text, where = shipped.read_text(), f"recipe {name_or_path}"
+    try:
+        data = yaml.safe_load(text)
+        return Recipe.model_validate(data if isinstance(data, dict) else {})
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where} is not valid YAML: {e}") from e
+    except ValidationError as e:
+        raise ConfigError(f"{where} is not a valid recipe:\n{e}") from e
+
+
+def mmdebstrap_argv(recipe: Recipe, mode: str) -> list[str]:
+    """The mmdebstrap command line for a recipe; the tree comes out as a tar stream on stdout."""
+    argv = [
+        "mmdebstrap",
+        f"--mode={mode}",
+        f"--variant={recipe.variant}",
+        f"--components={','.join(recipe.components)}",
+        # apt inside a jail runs as (namespaced) root: without subordinate ids there is no _apt user.
+        '--aptopt=APT::Sandbox::User "root"',
+    ]
+    if recipe.packages:
+        argv.append(f"--include={','.join(recipe.packages)}")
+    if recipe.apt_lists:
+        argv.append("--skip=cleanup/apt/lists")
+    hooks = [f"mkdir -p {shlex.quote(recipe.workdir)}"]
+    if recipe.pip:
+        index = f" --index-url {shlex.quote(recipe.pip_index_url)}" if recipe.pip_index_url else ""
+        reqs = " ".join(shlex.quote(r) for r in recipe.pip)
+        pip = "python3 -m pip install --no-cache-dir --break-system-packages --root-user-action=ignore"
+        hooks.append(f"{pip}{index} {reqs}")
+    hooks.extend(recipe.run)
+    for hook in hooks:
+        argv.append(f'--customize-hook=chroot "$1" /bin/sh -euc {shlex.quote(hook)}')
+    argv += [recipe.suite, "-", recipe.mirror]
+    return argv
+
+
+def _mode() -> str:
+    if os.getuid() == 0:
+        return "root"
+    from sandbox import idmap
+
+    if not idmap.full_range_available():
+        raise RootfsBuildError(
+            "a rootless build needs this user's subordinate ids (mmdebstrap --mode=unshare); fix: "
+            f"apt-get install uidmap && usermod --add-subuids 100000-165535 --add-subgids 100000-165535 "
+            f"{os.environ.get('USER') or os.getuid()}"
+        )
+    return "unshare"
+
+
+def build(
+    name: str | None = None,
+    recipe: str | Path = "default",
+    *,
+    log: Callable[[str], None] | None = None,
+    root: Path | None = None,
+) -> store_mod.Entry:
+    """Build ``recipe`` into the store as ``name`` (default: the recipe's name) and return the entry.
+
+    The tree is unpacked into a staging directory and renamed into place only when mmdebstrap
+    succeeded, so a failed or interrupted build leaves the previous tree (if any) untouched.
+    """
+    spec = load_recipe(recipe)
+    if shutil.which("mmdebstrap") is None:
+        raise RootfsBuildError("rootfs build needs mmdebstrap; fix: apt-get install mmdebstrap")
+    argv = mmdebstrap_argv(spec, _mode())
+    name = name or spec.name
+    store = store_mod.Store(root)
+    with store.create(name, source=f"recipe {recipe}", kind="build") as staging:
+        staging.add_stats(_run(argv, staging.tree, log))
+        staging.config = ImageConfig(env=spec.env, workdir=spec.workdir)
+    return store.require(name)
+
+
+def _run(argv: list[str], tree: Path, log: Callable[[str], None] | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR", "http_proxy", "https_proxy")}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    tail: list[str] = []
+    reader = threading.Thread(target=_read_log, args=(proc.stderr, tail, log), daemon=True)
+    reader.start()
+    try:
+        stats = unpack.extract_tar(proc.stdout, tree)
+    except BaseException as e:
+        proc.kill()
+        code = proc.wait()
+        reader.join()
+        if code > 0:  # mmdebstrap failed first, and its message is the one that explains
+            raise _failed(code, tail) from e
+        raise
+    code = proc.wait()
+    reader.join()
+    if code != 0:
+        raise _failed(code, tail)
+    return stats
+
+
+def _failed(code: int, tail: list[str]) -> RootfsBuildError:
+    return RootfsBuildError(f"mmdebstrap failed (exit {code}):\n" + "\n".join(tail[-25:]))
+
+
+def _read_log(stream: IO[bytes], tail: list[str], log: Callable[[str], None] | None) -> None:
+    for raw in stream:
+        line = raw.decode(errors="replace").rstrip()
+        tail.append(line)
+        del tail[:-200]
+        if log is not None:
+            log(line)

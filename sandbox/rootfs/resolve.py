@@ -1,0 +1,71 @@
+"""What ``SandboxConfig.rootfs`` names: ``"host"``, a directory path, or a stored root filesystem.
+
+A path is anything starting with ``/``, ``.`` or ``~``; other strings are looked up in the store
+first (``default``, ``docker.io/library/python:3.11-slim``, or its short form ``python:3.11-slim``),
+then as a relative directory. A stored tree is used as the jail's lower layer directly (no copy),
+and its image config supplies the environment (under the sandbox's own ``env``), the working
+directory and the user commands run as (unless the sandbox sets them). A tree stored without
+subordinate ids has only root, so its image's User is not used there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandbox.config import SandboxConfig, jail_path
+from sandbox.errors import RootfsNotFound
+from sandbox.rootfs import unpack
+from sandbox.rootfs.store import Entry, Store, not_found_message
+
+RESERVED_WORKDIRS = ("/", "/proc", "/dev", "/sys", "/tmp")
+ROOT_USERS = ("root", "0", "root:root", "0:0")
+
+
+def _is_path(value: str) -> bool:
+    return value.startswith(("/", ".", "~"))
+
+
+def stored(value: str) -> Entry | None:
+    if value == "host" or _is_path(value):
+        return None
+    return Store().resolve(value)
+
+
+def lower_dir(value: str) -> Path:
+    """The directory a jail mounts as its lower layer for ``rootfs=value`` (not ``host``)."""
+    entry = stored(value)
+    if entry is not None:
+        return entry.tree
+    root = Path(value).expanduser().absolute()
+    if root.is_dir():
+        return root
+    if _is_path(value):
+        raise RootfsNotFound(
+            f"root filesystem {root} does not exist or is not a directory; "
+            'use rootfs="host", the name of a stored root filesystem, or the path of an unpacked one'
+        )
+    store = Store()
+    raise RootfsNotFound(not_found_message(value, [e.name for e in store.list()]))
+
+
+def apply_image(config: SandboxConfig) -> SandboxConfig:
+    """``config`` with the stored image's Env and WorkingDir filled in under what it sets itself."""
+    entry = stored(config.rootfs)
+    if entry is None:
+        return config
+    update: dict = {}
+    image = entry.config
+    if image.env:
+        update["env"] = {**image.env, **config.env}
+    workdir = image.workdir
+    if "workdir" not in config.model_fields_set and workdir:
+        try:
+            workdir = jail_path(workdir)
+        except ValueError:
+            workdir = None
+        if workdir and workdir not in RESERVED_WORKDIRS:
+            update["workdir"] = workdir
+    if "user" not in config.model_fields_set and image.user and image.user not in ROOT_USERS:
+        if entry.idmap and unpack.max_id(entry.idmap) > 0:  # a flattened tree (no subordinate ids): all root
+            update["user"] = image.user
+    return config.model_copy(update=update) if update else config

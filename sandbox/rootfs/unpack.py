@@ -1,0 +1,202 @@
+"""Host side of unpacking: run the worker (``sandbox/rootfs/worker.py``) inside the jail's id map.
+
+API (all raise ``UnsafeArchive`` naming the member for a refused member, ``RootfsError`` otherwise):
+
+- ``extract_tar(stream, dest)``: a plain tar stream (a rootfs tarball, ``mmdebstrap ... -`` on
+  stdout) into the existing directory ``dest``. ``stream`` is a binary file object; one with a real
+  descriptor (a pipe, a file) is handed to the worker as its stdin, anything else is pumped in.
+  Compression (gzip, xz, bzip2, zstd) is detected.
+- ``extract_layers(paths, dest)``: OCI/Docker layer blobs in order, with whiteouts.
+- ``rmtree(path)``, ``du(path)``: for trees owned by subordinate ids.
+
+Owners: files get the archive's ids as the jail will see them (``max_id`` from the jail's default
+map, ``idmap.plan("auto")``). Without subordinate ids (a single-id map) everything belongs to the
+user, i.e. to root inside. See ``untar`` for what is refused and why setuid bits are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+from sandbox import idmap
+from sandbox.errors import RootfsError, UnsafeArchive
+
+MAX_MEMBER = 64 << 30
+MAX_TOTAL = 1 << 40
+MAX_ENTRIES = 4_000_000
+_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.rootfs.worker import main; main(sys.argv[2])"
+MAP_WAIT = 30.0
+
+
+def jail_map() -> dict:
+    """The id map of a default jail (``idmap="auto"``): what stored trees are owned for."""
+    return idmap.plan("auto")
+
+
+def max_id(plan: dict) -> int:
+    """Highest id inside the namespace that maps to a host id (0: a single-id map)."""
+    if os.getuid() == 0:
+        return int(plan["uid_map"].split()[2]) - 1
+    counts = []
+    for key in ("uid_map", "gid_map"):
+        fields = [int(x) for x in plan[key].split()]
+        counts.append(max(fields[i] + fields[i + 2] for i in range(0, len(fields), 3)) - 1)
+    return min(counts)
+
+
+def extract_tar(
+    stream: IO[bytes],
+    dest: str | Path,
+    *,
+    max_member: int = MAX_MEMBER,
+    max_total: int = MAX_TOTAL,
+    max_entries: int = MAX_ENTRIES,
+) -> dict:
+    """Extract a plain tar stream into ``dest``; returns ``{"entries", "bytes", "skipped"}``."""
+    limits = {"max_member": max_member, "max_total": max_total, "max_entries": max_entries}
+    return _extract([{"stdin": True}], dest, layer=False, limits=limits, stream=stream)
+
+
+def extract_layers(
+    paths: list[str | Path],
+    dest: str | Path,
+    *,
+    max_member: int = MAX_MEMBER,
+    max_total: int = MAX_TOTAL,
+    max_entries: int = MAX_ENTRIES,
+) -> dict:
+    """Apply image layers (compressed or not) in order onto ``dest``, whiteouts included."""
+    limits = {"max_member": max_member, "max_total": max_total, "max_entries": max_entries}
+    return _extract([{"path": str(p)} for p in paths], dest, layer=True, limits=limits, stream=None)
+
+
+def rmtree(path: str | Path) -> None:
+    """Remove a tree whose files may belong to subordinate ids."""
+    if not os.path.lexists(path):
+        return
+    run({"op": "rmtree", "path": str(Path(path).absolute())})
+    if os.path.lexists(path):
+        raise RootfsError(f"could not remove {path}")
+
+
+def du(path: str | Path) -> dict:
+    """``{"bytes": apparent size, "disk": bytes allocated, "entries": n}`` of a stored tree."""
+    return run({"op": "du", "path": str(Path(path).absolute())})
+
+
+def _extract(sources: list[dict], dest: str | Path, layer: bool, limits: dict, stream: IO[bytes] | None) -> dict:
+    plan = jail_map()
+    top = max_id(plan)
+    req = {
+        "op": "extract",
+        "dest": str(Path(dest).absolute()),
+        "sources": sources,
+        "layer": layer,
+        "max_id": top,
+        "flatten": top == 0,
+        "limits": limits,
+    }
+    return run(req, stream=stream, plan=plan)
+
+
+def run(req: dict, stream: IO[bytes] | None = None, plan: dict | None = None) -> dict:
+    """Run one worker request in the jail's namespace; its answer, or raise."""
+    plan = plan or jail_map()
+    userns = os.getuid() != 0
+    go_r, go_w = os.pipe()
+    req = {**req, "userns": userns, "go_fd": go_r}
+    stdin: Any = subprocess.DEVNULL
+    pump = None
+    if stream is not None:
+        stdin = _fd_of(stream)
+        if stdin is None:
+            stdin = subprocess.PIPE
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _BOOT, _PACKAGE_PARENT, json.dumps(req)],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            pass_fds=[go_r],
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+        )
+    finally:
+        os.close(go_r)
+    assert proc.stdout is not None
+    try:
+        if userns:
+            first = _answer(proc)
+            if not first.get("ready"):
+                raise RootfsError(first.get("error", "the unpack worker could not enter a user namespace"))
+            _write_maps(proc.pid, plan)
+            os.write(go_w, b"1")
+        if stdin is subprocess.PIPE:
+            assert stream is not None
+            pump = threading.Thread(target=_pump, args=(stream, proc), daemon=True)
+            pump.start()
+        reply = _answer(proc)
+    except BaseException:
+        proc.kill()
+        raise
+    finally:
+        os.close(go_w)
+        proc.wait()
+        proc.stdout.close()
+        if pump is not None:
+            pump.join()
+    if not reply.get("ok"):
+        cls = UnsafeArchive if reply.get("unsafe") else RootfsError
+        raise cls(str(reply.get("error", "the unpack worker failed"))[:4000])
+    return reply
+
+
+def _answer(proc: subprocess.Popen) -> dict:
+    assert proc.stdout is not None
+    line = proc.stdout.readline(1 << 20)
+    if not line:
+        proc.wait()
+        raise RootfsError(f"the unpack worker exited (status {proc.returncode}) without an answer")
+    return json.loads(line)
+
+
+def _write_maps(pid: int, plan: dict) -> None:
+    from sandbox.zygote import _write_maps as write
+
+    try:
+        write(pid, plan)
+    except OSError as exc:
+        raise RootfsError(f"writing the unpack worker's id map: {exc.strerror or exc}") from None
+
+
+def _fd_of(stream: IO[bytes]) -> int | None:
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    if hasattr(stream, "peek") or hasattr(stream, "tell"):
+        try:
+            if stream.seekable() and stream.tell() != os.lseek(fd, 0, os.SEEK_CUR):
+                return None  # buffered ahead of the descriptor: pump what the object holds
+        except OSError:
+            pass
+    return fd
+
+
+def _pump(stream: IO[bytes], proc: subprocess.Popen) -> None:
+    assert proc.stdin is not None
+    try:
+        shutil.copyfileobj(stream, proc.stdin, 1 << 20)
+    except (BrokenPipeError, OSError):
+        pass
+    finally:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass

@@ -1,0 +1,358 @@
+"""Safe tar extraction into one directory: the engine the unpack worker runs (stdlib only).
+
+Every path is resolved with ``openat2(RESOLVE_BENEATH)`` from the target's descriptor, so no
+member can write outside the target, whatever symlinks earlier members (or layers) created:
+
+- absolute names and ``..`` components are refused; so is any member whose parent path passes
+  through a symbolic link that leaves the tree (or an absolute one), and a hard link whose target
+  is not a file inside the tree;
+- the final component is never followed: an existing entry is replaced, not written through;
+- device nodes are skipped and reported (the jail builds its own ``/dev``); FIFOs are kept;
+- setuid/setgid bits are kept: commands in a jail run with ``no_new_privs`` (the kernel ignores
+  the bits), and the store directory is 0700 so no other host user can reach those files;
+- a member larger than ``max_member`` bytes, an archive of more than ``max_entries`` members or
+  ``max_total`` bytes, or a name longer than ``PATH_MAX`` is refused, as is a truncated member.
+
+Layers (``layer=True``) also apply OCI whiteouts: ``.wh.NAME`` deletes NAME from the layers below,
+``.wh..wh..opq`` empties its directory of everything the layers below put there.
+
+Owners: the caller says which ids exist in the namespace the extraction runs in (``max_id``); an
+image id above it becomes 65534 (nobody) where that exists, else 0; ``flatten`` makes everything 0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import stat
+import struct
+import tarfile
+from typing import IO
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+PATH_MAX = 4096
+CHUNK = 1 << 20
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_BENEATH = 0x08
+NOBODY = 65534
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_OPENAT2 = 437  # the same number on x86_64 and aarch64
+
+
+class Failed(Exception):
+    """A member could not be extracted (disk full, ...); the message starts with the member's name."""
+
+
+class Unsafe(Failed):
+    """A member the extraction refuses; the message starts with the member's name."""
+
+
+class Limits:
+    def __init__(self, max_member: int, max_total: int, max_entries: int) -> None:
+        self.max_member = max_member
+        self.max_total = max_total
+        self.max_entries = max_entries
+
+
+def open_beneath(dir_fd: int, path: str, flags: int) -> int:
+    """openat2 with RESOLVE_BENEATH: EXDEV when resolution would leave ``dir_fd``."""
+    how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+    buf = ctypes.create_string_buffer(how, len(how))
+    res = _libc.syscall(_OPENAT2, dir_fd, os.fsencode(path or "."), buf, len(how))
+    if res < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return int(res)
+
+
+def clean(member: str, name: str) -> list[str]:
+    """The components of an archive path, refusing what could point outside the tree."""
+    if len(name.encode(errors="surrogateescape")) > PATH_MAX:
+        raise Unsafe(f"{member[:200]}...: name longer than {PATH_MAX} bytes")
+    if name.startswith("/"):
+        raise Unsafe(f"{member}: absolute path")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise Unsafe(f"{member}: '..' in its path")
+    return parts
+
+
+class Extractor:
+    def __init__(self, dest: str, *, layer: bool, max_id: int, flatten: bool, limits: Limits) -> None:
+        self.root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.layer = layer
+        self.max_id = max_id
+        self.flatten = flatten
+        self.limits = limits
+        self.entries = 0
+        self.bytes = 0
+        self.skipped: list[str] = []
+        self._dir_times: list[tuple[str, int]] = []
+        self._touched: set[str] = set()
+
+    def close(self) -> None:
+        os.close(self.root)
+
+    # --- the archive ----------------------------------------------------------------------
+
+    def extract(self, stream: IO[bytes]) -> None:
+        self._touched = set()
+        try:
+            tf = tarfile.open(fileobj=stream, mode="r|*", errorlevel=2)
+        except tarfile.ReadError as exc:
+            raise Unsafe(f"(archive): not a readable tar stream: {exc}") from None
+        while True:
+            try:
+                member = tf.next()
+            except tarfile.TarError as exc:
+                raise Unsafe(f"(archive after {self.entries} members): corrupt header: {exc}") from None
+            if member is None:
+                break
+            tf.members.clear()  # a stream can hold millions of members: keep none
+            self.entries += 1
+            if self.entries > self.limits.max_entries:
+                raise Unsafe(f"{member.name}: more than {self.limits.max_entries} members in the archive")
+            try:
+                self._member(tf, member)
+            except OSError as exc:
+                raise Failed(f"{member.name}: {exc.strerror or exc}") from None
+            except (tarfile.TarError, EOFError) as exc:
+                raise Unsafe(f"{member.name}: the archive ends inside its data or is corrupt ({exc})") from None
+        self._apply_dir_times()
+
+    def _member(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+        parts = clean(m.name, m.name)
+        if m.size > self.limits.max_member:
+            raise Unsafe(f"{m.name}: claims {m.size} bytes, more than the limit of {self.limits.max_member}")
+        if m.isreg() and self.bytes + m.size > self.limits.max_total:
+            raise Unsafe(f"{m.name}: the archive exceeds {self.limits.max_total} bytes in total")
+        if self.layer and parts and parts[-1].startswith(WHITEOUT):
+            self._whiteout(m.name, parts)
+            return
+        if not parts:
+            if not m.isdir():
+                raise Unsafe(f"{m.name}: would replace the root of the tree")
+            self._attrs(self.root, m)
+            return
+        for i in range(1, len(parts) + 1):  # its parents belong to this layer too (opaque dirs keep them)
+            self._touched.add("/".join(parts[:i]))
+        if m.ischr() or m.isblk():
+            self.skipped.append(f"{m.name}: device node")
+            return
+        parent = self._parent(m.name, parts[:-1])
+        try:
+            self._create(tf, m, parent, parts)
+        finally:
+            os.close(parent)
+
+    def _create(self, tf: tarfile.TarFile, m: tarfile.TarInfo, parent: int, parts: list[str]) -> None:
+        name = parts[-1]
+        existing = _lstat(parent, name)
+        if m.isdir():
+            if existing is not None and not stat.S_ISDIR(existing.st_mode):
+                os.unlink(name, dir_fd=parent)
+                existing = None
+            if existing is None:
+                os.mkdir(name, 0o700, dir_fd=parent)
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            try:
+                self._attrs(fd, m)
+            finally:
+                os.close(fd)
+            self._dir_times.append(("/".join(parts), int(m.mtime)))
+            return
+        if existing is not None:
+            _remove(parent, name, existing)
+        if m.isreg():
+            self._file(tf, m, parent, name)
+        elif m.issym():
+            if len(m.linkname.encode(errors="surrogateescape")) > PATH_MAX:
+                raise Unsafe(f"{m.name}: symlink target longer than {PATH_MAX} bytes")
+            os.symlink(m.linkname, name, dir_fd=parent)
+            uid, gid = self._ids(m)
+            os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
+        elif m.islnk():
+            self._hardlink(m, parent, name)
+        elif m.isfifo():
+            os.mkfifo(name, 0o600, dir_fd=parent)
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            try:
+                uid, gid = self._ids(m)
+                os.chown(f"/proc/self/fd/{fd}", uid, gid)
+                os.chmod(f"/proc/self/fd/{fd}", m.mode & 0o7777)
+            finally:
+                os.close(fd)
+        else:
+            self.skipped.append(f"{m.name}: unsupported member type {m.type!r}")
+
+    def _file(self, tf: tarfile.TarFile, m: tarfile.TarInfo, parent: int, name: str) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o600, dir_fd=parent)
+        try:
+            src = tf.extractfile(m)
+            written = 0
+            if src is not None:
+                while True:
+                    chunk = src.read(min(CHUNK, m.size - written))
+                    if not chunk:
+                        break
+                    written += len(chunk)
+                    _write_all(fd, chunk)
+                    if written >= m.size:
+                        break
+            if written != m.size:
+                raise Unsafe(f"{m.name}: the archive ends inside its data ({written} of {m.size} bytes)")
+            self.bytes += written
+            self._attrs(fd, m)
+        finally:
+            os.close(fd)
+
+    def _hardlink(self, m: tarfile.TarInfo, parent: int, name: str) -> None:
+        target = clean(m.name, m.linkname)
+        if not target:
+            raise Unsafe(f"{m.name}: hard link to the root of the tree")
+        tparent = self._open_dir(m.name, target[:-1], create=False)
+        try:
+            st = _lstat(tparent, target[-1])
+            if st is None:
+                raise Unsafe(f"{m.name}: hard link to {m.linkname}, which is not in the tree")
+            if stat.S_ISDIR(st.st_mode):
+                raise Unsafe(f"{m.name}: hard link to a directory ({m.linkname})")
+            os.link(target[-1], name, src_dir_fd=tparent, dst_dir_fd=parent, follow_symlinks=False)
+        finally:
+            os.close(tparent)
+
+    def _whiteout(self, member: str, parts: list[str]) -> None:
+        name = parts[-1]
+        if name.startswith(WHITEOUT + WHITEOUT) and name != OPAQUE:
+            return  # aufs bookkeeping (.wh..wh.plnk and the like): nothing to apply
+        parent = self._open_dir(member, parts[:-1], create=True)
+        try:
+            if name == OPAQUE:
+                self._prune(parent, "/".join(parts[:-1]))
+                return
+            victim = name[len(WHITEOUT) :]
+            if victim in ("", ".", ".."):
+                raise Unsafe(f"{member}: a whiteout of {victim!r}")
+            st = _lstat(parent, victim)
+            if st is not None:
+                _remove(parent, victim, st)
+        finally:
+            os.close(parent)
+
+    def _prune(self, dir_fd: int, prefix: str) -> None:
+        """Remove everything under ``prefix`` that this layer did not put there (opaque dir)."""
+        for child in os.listdir(dir_fd):
+            rel = f"{prefix}/{child}" if prefix else child
+            st = _lstat(dir_fd, child)
+            if st is None:
+                continue
+            if rel not in self._touched:
+                _remove(dir_fd, child, st)
+            elif stat.S_ISDIR(st.st_mode):
+                fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+                try:
+                    self._prune(fd, rel)
+                finally:
+                    os.close(fd)
+
+    # --- paths and attributes ------------------------------------------------------------
+
+    def _parent(self, member: str, parts: list[str]) -> int:
+        return self._open_dir(member, parts, create=True)
+
+    def _open_dir(self, member: str, parts: list[str], create: bool) -> int:
+        """A descriptor of the directory ``parts`` under the root, created if missing (owner 0)."""
+        flags = os.O_RDONLY | os.O_DIRECTORY
+        try:
+            return open_beneath(self.root, "/".join(parts), flags)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT or not create:
+                raise _path_error(member, exc) from None
+        for i in range(len(parts)):
+            try:
+                fd = open_beneath(self.root, "/".join(parts[: i + 1]), flags)
+                os.close(fd)
+                continue
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise _path_error(member, exc) from None
+            up = open_beneath(self.root, "/".join(parts[:i]), flags)
+            try:
+                if _lstat(up, parts[i]) is not None:  # a dangling symlink: replace nothing, refuse
+                    raise Unsafe(f"{member}: its path goes through a symbolic link that leads nowhere")
+                os.mkdir(parts[i], 0o755, dir_fd=up)
+                os.chown(parts[i], 0, 0, dir_fd=up, follow_symlinks=False)
+            finally:
+                os.close(up)
+        try:
+            return open_beneath(self.root, "/".join(parts), flags)
+        except OSError as exc:
+            raise _path_error(member, exc) from None
+
+    def _ids(self, m: tarfile.TarInfo) -> tuple[int, int]:
+        if self.flatten:
+            return 0, 0
+        return self._map(m.uid), self._map(m.gid)
+
+    def _map(self, value: int) -> int:
+        if 0 <= value <= self.max_id:
+            return value
+        return NOBODY if NOBODY <= self.max_id else 0
+
+    def _attrs(self, fd: int, m: tarfile.TarInfo) -> None:
+        uid, gid = self._ids(m)
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, m.mode & 0o7777)  # after chown, which clears setuid bits
+        if not m.isdir():
+            os.utime(fd, (int(m.mtime), int(m.mtime)))
+
+    def _apply_dir_times(self) -> None:
+        for path, mtime in reversed(self._dir_times):
+            try:
+                fd = open_beneath(self.root, path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError:
+                continue  # removed by a later whiteout or replaced
+            try:
+                os.utime(fd, (mtime, mtime))
+            finally:
+                os.close(fd)
+        self._dir_times = []
+
+
+def _path_error(member: str, exc: OSError) -> Unsafe:
+    if exc.errno == errno.EXDEV:
+        return Unsafe(f"{member}: its path goes through a symbolic link that leaves the tree")
+    if exc.errno == errno.ELOOP:
+        return Unsafe(f"{member}: its path goes through a symbolic link loop")
+    if exc.errno == errno.ENOTDIR:
+        return Unsafe(f"{member}: a parent in its path is not a directory")
+    if exc.errno == errno.ENOENT:
+        return Unsafe(f"{member}: refers to a directory that is not in the tree")
+    return Unsafe(f"{member}: {exc.strerror}")
+
+
+def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _remove(dir_fd: int, name: str, st: os.stat_result) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dir_fd)
+    else:
+        os.unlink(name, dir_fd=dir_fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]

@@ -1,0 +1,130 @@
+"""The unpack worker: a fresh ``python -I -S`` that works on stored trees inside the jail's id map.
+
+Why a separate process: files in a stored tree belong to the ids the jail will see (in-image root,
+``_apt``...), which rootless means subordinate host ids. Only a process that is root of a user
+namespace with exactly the jail's map can create, chown or remove them. The worker unshares its
+user namespace, says ``ready`` on stdout, and waits on the ``go`` descriptor while the host writes
+its maps (``newuidmap``/``newgidmap``); as host root it needs no namespace (the identity map).
+
+Request: one JSON object in ``argv``; answers: JSON lines on stdout. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+from typing import IO
+
+from sandbox.rootfs import untar
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+CLONE_NEWUSER = 0x10000000
+
+
+def _say(obj: dict) -> None:
+    data = (json.dumps(obj) + "\n").encode()
+    while data:
+        data = data[os.write(1, data) :]
+
+
+def _enter_userns(go_fd: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWUSER) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"creating a user namespace: {os.strerror(err)}")
+    _say({"ready": True})
+    if os.read(go_fd, 1) != b"1":
+        os._exit(1)
+
+
+def _open_source(source: dict) -> tuple[IO[bytes], subprocess.Popen | None]:
+    raw = sys.stdin.buffer if source.get("stdin") else open(source["path"], "rb")
+    head = raw.peek(4)[:4] if hasattr(raw, "peek") else b""
+    if head == ZSTD_MAGIC:
+        if shutil.which("zstd") is None:
+            raise untar.Unsafe("(layer): zstd-compressed and no zstd program; fix: apt-get install zstd")
+        proc = subprocess.Popen(["zstd", "-dcq"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        threading.Thread(target=_feed, args=(raw, proc.stdin), daemon=True).start()
+        return proc.stdout, proc
+    return raw, None
+
+
+def _feed(src: IO[bytes], dst: IO[bytes]) -> None:
+    """Copy what ``src`` holds (its buffer included) into the decompressor."""
+    try:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.close()
+        except OSError:
+            pass
+
+
+def extract(req: dict) -> dict:
+    limits = untar.Limits(**req["limits"])
+    ex = untar.Extractor(req["dest"], layer=req["layer"], max_id=req["max_id"], flatten=req["flatten"], limits=limits)
+    try:
+        for source in req["sources"]:
+            stream, proc = _open_source(source)
+            try:
+                ex.extract(stream)
+            finally:
+                stream.close()
+                if proc is not None and proc.wait() != 0:
+                    raise untar.Unsafe(f"(layer {source.get('path')}): zstd could not decompress it")
+    finally:
+        ex.close()
+    return {"ok": True, "entries": ex.entries, "bytes": ex.bytes, "skipped": ex.skipped[:1000]}
+
+
+def du(path: str) -> dict:
+    """Apparent bytes, bytes on disk and entries; hard links counted once."""
+    seen: set[tuple[int, int]] = set()
+    apparent = disk = entries = 0
+    for top, dirs, files in os.walk(path):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(top, name))
+            entries += 1
+            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+            apparent += st.st_size
+            disk += st.st_blocks * 512
+    return {"ok": True, "bytes": apparent, "disk": disk, "entries": entries}
+
+
+def main(request: str) -> None:
+    req = json.loads(request)
+    try:
+        os.umask(0o022)
+        if req["userns"]:
+            _enter_userns(req["go_fd"])
+        if req["op"] == "extract":
+            _say(extract(req))
+        elif req["op"] == "rmtree":
+            if os.path.lexists(req["path"]):
+                shutil.rmtree(req["path"])
+            _say({"ok": True})
+        elif req["op"] == "du":
+            _say(du(req["path"]))
+        else:
+            _say({"ok": False, "error": f"unknown op {req['op']!r}"})
+    except untar.Unsafe as exc:
+        _say({"ok": False, "unsafe": True, "error": str(exc)})
+    except untar.Failed as exc:
+        _say({"ok": False, "error": str(exc)})
+    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the host cleans up
+        os._exit(130)
+    except Exception as exc:
+        _say({"ok": False, "error": f"{type(exc).__name__}: {exc}"})

@@ -1,0 +1,225 @@
+"""`jailbox rootfs build`: real mmdebstrap builds from Debian's mirror (rootless in the unprivileged
+pass, root mode in the root pass), then real sandboxes on the built trees."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import io
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sandbox import Sandbox, SandboxConfig
+from sandbox.errors import ConfigError, RootfsBuildError
+from sandbox.rootfs import build
+from sandbox.rootfs.store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+PAPER_IMPORTS = "import numpy, scipy, sympy, matplotlib, mpmath, IPython, chardet"
+
+needs_mmdebstrap = pytest.mark.skipif(shutil.which("mmdebstrap") is None, reason="mmdebstrap is not installed")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory):
+    """A store of this module's own; its trees belong to subordinate ids, so the store removes them."""
+    root = tmp_path_factory.mktemp("rootfs-cache")
+    old = os.environ.get("JAILBOX_CACHE_DIR")
+    os.environ["JAILBOX_CACHE_DIR"] = str(root)
+    yield root
+    store = Store(root)
+    for entry in store.list():
+        store.remove(entry.name)
+    if old is None:
+        del os.environ["JAILBOX_CACHE_DIR"]
+    else:
+        os.environ["JAILBOX_CACHE_DIR"] = old
+
+
+def _jailbox(*args: str, cache: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAILBOX_CACHE_DIR": str(cache)}
+    return subprocess.run(
+        [sys.executable, str(REPO / "cli.py"), *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def paper(cache: Path) -> str:
+    """The paper's environment, built once by the CLI with no arguments, as the README says."""
+    if shutil.which("mmdebstrap") is None:
+        pytest.skip("mmdebstrap is not installed")
+    r = _jailbox("rootfs", "build", cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "default" in r.stdout
+    return "default"
+
+
+def test_shipped_recipes_load():
+    assert {"default", "slim"} <= set(build.recipe_names())
+    paper = build.load_recipe("default")
+    for pkg in ("python3", "python-is-python3", "python3-pip", "git", "curl", "wget", "build-essential"):
+        assert pkg in paper.packages
+    assert paper.workdir == "/testbed"
+    assert paper.env["PIP_DISABLE_PIP_VERSION_CHECK"] == "1"
+
+
+def test_bad_recipes_get_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"no recipe named 'nope'.*default.*slim"):
+        build.load_recipe("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\npackages: ['ok', 'rm -rf /']\nsuite: bookworm\n")
+    with pytest.raises(ConfigError, match="not Debian package names: rm -rf /"):
+        build.load_recipe(bad)
+    bad.write_text("name: x\npackagez: [bash]\n")
+    with pytest.raises(ConfigError, match="packagez"):
+        build.load_recipe(bad)
+    bad.write_text("name: x\npackages: [bash\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        build.load_recipe(bad)
+    with pytest.raises(ConfigError, match=r"nothere\.yaml"):
+        build.load_recipe(tmp_path / "nothere.yaml")
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_paper_environment(paper, cache):
+    entry = Store(cache).require(paper)
+    assert entry.kind == "build"
+    listing = _jailbox("rootfs", "list", cache=cache)
+    assert listing.returncode == 0 and "default" in listing.stdout and "build" in listing.stdout
+    with Sandbox(SandboxConfig(rootfs=paper)) as sb:
+        r = sb.exec(f"python3 -c '{PAPER_IMPORTS}; print(numpy.arange(4).sum())'")
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout == "6\n"
+        r = sb.exec("pwd; id -u; python --version; pip --version; echo $PIP_DISABLE_PIP_VERSION_CHECK")
+        lines = r.stdout.splitlines()
+        assert lines[0] == "/testbed" and lines[1] == "0"
+        assert lines[2].startswith("Python 3.11")
+        assert lines[3].startswith("pip ") and lines[4] == "1"
+        sb.write_file("/testbed/script.py", "import sympy\nprint(sympy.factorint(588))\n")
+        r = sb.exec("python script.py")  # recorded trajectories call `python`, not `python3`
+        assert r.stdout == "{2: 2, 3: 1, 7: 2}\n", r.stderr
+        r = sb.exec("gcc --version && git --version && curl --version && wget --version", timeout=60)
+        assert r.exit_code == 0, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_apt_get_install_lands_in_the_overlay(paper, cache):
+    tree = Store(cache).require(paper).tree
+    assert not (tree / "usr/bin/hello").exists()
+    with Sandbox(SandboxConfig(rootfs=paper, network="host")) as sb:
+        r = sb.exec("apt-get install -y --no-install-recommends hello && hello", timeout=300)
+        assert r.exit_code == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert r.stdout.endswith("Hello, world!\n")
+    assert not (tree / "usr/bin/hello").exists()  # the stored tree is untouched
+    with Sandbox(SandboxConfig(rootfs=paper)) as sb:
+        assert sb.exec("command -v hello").exit_code != 0
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_sandboxes_share_the_tree_without_copying_it(paper, cache, _state_dir):
+    entry = Store(cache).require(paper)
+    assert entry.size > 500_000_000
+    with Sandbox(SandboxConfig(rootfs=paper)) as sb:
+        sb.exec("true")
+        used = sum(
+            os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(_state_dir / "sandboxes") for f in files
+        )
+        assert used < 1_000_000  # the writable layer only: the tree is the overlay's lower layer
+
+
+def _wheel(name: str, version: str, source: str) -> tuple[str, bytes]:
+    """A minimal pure-Python wheel, so the test needs no index but its own."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": source.encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: jailbox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
+
+
+@pytest.fixture
+def package_index(tmp_path):
+    """A PEP 503 simple index on 127.0.0.1 holding one wheel."""
+    filename, data = _wheel("jbprobe", "1.0", "ANSWER = 42\n")
+    project = tmp_path / "index" / "simple" / "jbprobe"
+    project.mkdir(parents=True)
+    (project / filename).write_bytes(data)
+    (project / "index.html").write_text(f'<a href="{filename}">{filename}</a>\n')
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path / "index"))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    server.shutdown()
+    server.server_close()
+
+
+@needs_mmdebstrap
+@pytest.mark.slow
+@pytest.mark.network
+def test_custom_recipe_with_pip_and_run_steps(tmp_path, cache, package_index):
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(
+        "name: tiny\n"
+        "packages: [python3-pip]\n"
+        "pip: [jbprobe]\n"
+        f"pip_index_url: {package_index}\n"
+        "run:\n  - echo built-by-recipe > /etc/jailbox-recipe\n  - chown 42:42 /etc/jailbox-recipe\n"
+        "env: {GREETING: hello}\n"
+        "workdir: /work\n"
+        "apt_lists: false\n"
+    )
+    r = _jailbox("rootfs", "build", "mine", "--recipe", str(recipe), "--quiet", cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with Sandbox(SandboxConfig(rootfs="mine")) as sb:
+        r = sb.exec("import_ok=$(python3 -c 'import jbprobe; print(jbprobe.ANSWER)'); echo $import_ok $GREETING; pwd")
+        assert r.stdout == "42 hello\n/work\n", r.stderr
+        assert sb.exec("cat /etc/jailbox-recipe").stdout == "built-by-recipe\n"
+        # owners come out as the recipe left them, seen through the jail's id map
+        owners = sb.exec("stat -c '%u:%g' / /etc/jailbox-recipe").stdout.split()
+        assert owners[0] == "0:0"
+        assert owners[1] == ("42:42" if os.getuid() == 0 or _has_subids() else "0:0")
+        assert sb.exec("ls /var/lib/apt/lists | grep -c Packages").stdout.strip() == "0"
+    removed = _jailbox("rootfs", "rm", "mine", cache=cache)
+    assert removed.returncode == 0, removed.stderr
+    assert not (cache / "rootfs" / "mine").exists()
+
+
+@needs_mmdebstrap
+@pytest.mark.slow
+@pytest.mark.network
+def test_failed_build_reports_mmdebstrap_and_stores_nothing(tmp_path, cache):
+    recipe = tmp_path / "broken.yaml"
+    recipe.write_text("name: broken\npackages: [no-such-package-jailbox]\n")
+    with pytest.raises(RootfsBuildError, match=r"(?s)mmdebstrap failed.*no-such-package-jailbox"):
+        build.build(recipe=recipe)
+    store = Store(cache)
+    assert store.get("broken") is None
+    assert not any((cache / "tmp").iterdir())
+
+
+def _has_subids() -> bool:
+    from sandbox import idmap
+
+    return idmap.full_range_available()

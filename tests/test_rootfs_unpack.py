@@ -1,0 +1,183 @@
+"""Crafted malicious archives: each trick is refused with an error naming the member, and nothing
+is written outside the target (the worker runs inside the jail's id map, as root inside)."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+from oci_images import E, tar_bytes
+
+from sandbox.errors import RootfsError, UnsafeArchive
+from sandbox.rootfs import unpack
+
+
+@pytest.fixture
+def area(tmp_path: Path):
+    """``tree`` (the target) next to ``outside`` (a directory the archive must not reach)."""
+    tree, outside = tmp_path / "tree", tmp_path / "outside"
+    tree.mkdir()
+    outside.mkdir()
+    (outside / "victim").write_text("untouched\n")
+    yield tree, outside
+    unpack.rmtree(tree)  # may hold files of subordinate ids
+
+
+def snapshot(path: Path) -> dict[str, bytes | None]:
+    out = {}
+    for top, dirs, files in os.walk(path):
+        for name in dirs + files:
+            p = Path(top) / name
+            out[str(p.relative_to(path))] = p.read_bytes() if p.is_file() and not p.is_symlink() else None
+    return out
+
+
+def layers(tmp_path: Path, *layer_entries: list[E]) -> list[Path]:
+    paths = []
+    for i, entries in enumerate(layer_entries):
+        path = tmp_path / f"layer{i}.tar"
+        path.write_bytes(tar_bytes(entries))
+        paths.append(path)
+    return paths
+
+
+ATTACKS = {
+    "dotdot": ([E("../outside/evil", data=b"x")], "../outside/evil: '..' in its path"),
+    "dotdot_inner": ([E("a/../../outside/evil", data=b"x")], "a/../../outside/evil: '..' in its path"),
+    "absolute": ([E("/tmp/evil-abs", data=b"x")], "/tmp/evil-abs: absolute path"),
+    "symlink_escape_relative": (
+        [E("link", "symlink", link="../outside"), E("link/evil", data=b"x")],
+        "link/evil: its path goes through a symbolic link that leaves the tree",
+    ),
+    "symlink_escape_absolute": (
+        [E("abs", "symlink", link="/"), E("abs/tmp/evil", data=b"x")],
+        "abs/tmp/evil: its path goes through a symbolic link that leaves the tree",
+    ),
+    "symlink_chain": (
+        [E("a", "dir"), E("a/up", "symlink", link=".."), E("a/up/up", "symlink", link=".."), E("a/up/up/evil")],
+        "a/up/up/evil: its path goes through a symbolic link that leaves the tree",
+    ),
+    "hardlink_outside_relative": (
+        [E("h", "hardlink", link="../outside/victim")],
+        "h: '..' in its path",
+    ),
+    "hardlink_outside_absolute": (
+        [E("h", "hardlink", link="/etc/passwd")],
+        "h: absolute path",
+    ),
+    "hardlink_through_symlink": (
+        [E("l", "symlink", link="../outside"), E("h", "hardlink", link="l/victim")],
+        "h: its path goes through a symbolic link that leaves the tree",
+    ),
+    "huge_member": ([E("huge", data=b"x" * 10, size=10**15)], "huge: claims 1000000000000000 bytes"),
+    "truncated": (tar_bytes([E("short", data=b"x" * 5000)])[: 512 + 1000], "short: the archive ends inside its data"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_malicious_member_is_refused_and_nothing_leaves_the_tree(area, tmp_path: Path, name: str) -> None:
+    tree, outside = area
+    entries, message = ATTACKS[name]
+    before = snapshot(tmp_path)
+    with pytest.raises(UnsafeArchive) as info:
+        unpack.extract_tar(io.BytesIO(entries if isinstance(entries, bytes) else tar_bytes(entries)), tree)
+    assert message in str(info.value)
+    after = snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith("tree/")} == {
+        k: v for k, v in before.items() if not k.startswith("tree/")
+    }
+    assert (outside / "victim").read_text() == "untouched\n"
+    assert not os.path.exists("/tmp/evil-abs") and not os.path.exists("/tmp/evil")
+
+
+def test_symlink_planted_by_an_earlier_layer_cannot_be_written_through(area, tmp_path: Path) -> None:
+    tree, outside = area
+    paths = layers(
+        tmp_path,
+        [E("usr", "dir"), E("usr/lib", "symlink", link="../../outside")],
+        [E("usr/lib/evil", data=b"x")],
+    )
+    with pytest.raises(UnsafeArchive, match="usr/lib/evil: its path goes through a symbolic link that leaves"):
+        unpack.extract_layers(paths, tree)
+    assert sorted(os.listdir(outside)) == ["victim"]
+
+
+def test_a_symlink_in_the_final_component_is_replaced_not_followed(area) -> None:
+    tree, outside = area
+    entries = [E("victim", "symlink", link="../outside/victim"), E("victim", data=b"replaced")]
+    unpack.extract_tar(io.BytesIO(tar_bytes(entries)), tree)
+    assert (outside / "victim").read_text() == "untouched\n"
+    assert not (tree / "victim").is_symlink() and (tree / "victim").read_bytes() == b"replaced"
+
+
+def test_symlinks_that_stay_inside_are_followed_and_kept(area) -> None:
+    tree, _ = area
+    entries = [E("usr/lib", "dir"), E("lib", "symlink", link="usr/lib"), E("lib/x.so", data=b"so")]
+    unpack.extract_tar(io.BytesIO(tar_bytes(entries)), tree)
+    assert (tree / "usr/lib/x.so").read_bytes() == b"so"
+
+
+def test_device_nodes_are_skipped_and_reported(area) -> None:
+    tree, _ = area
+    result = unpack.extract_tar(io.BytesIO(tar_bytes([E("dev/evil-null", "chr"), E("ok", data=b"1")])), tree)
+    assert result["skipped"] == ["dev/evil-null: device node"]
+    assert not (tree / "dev/evil-null").exists() and (tree / "ok").exists()
+
+
+def test_too_many_members_is_refused(area) -> None:
+    tree, _ = area
+    entries = [E(f"f{i}", data=b"") for i in range(20)]
+    with pytest.raises(UnsafeArchive, match="f10: more than 10 members"):
+        unpack.extract_tar(io.BytesIO(tar_bytes(entries)), tree, max_entries=10)
+
+
+def test_total_size_is_bounded(area) -> None:
+    tree, _ = area
+    entries = [E(f"f{i}", data=b"x" * 1000) for i in range(5)]
+    with pytest.raises(UnsafeArchive, match="f3: the archive exceeds 3500 bytes in total"):
+        unpack.extract_tar(io.BytesIO(tar_bytes(entries)), tree, max_total=3500)
+
+
+def test_setuid_bits_are_kept_for_the_jail(area) -> None:
+    """Kept on purpose: jails run commands with no_new_privs (the kernel ignores the bits) and the
+    store is 0700, so no other host user can execute them."""
+    tree, _ = area
+    unpack.extract_tar(io.BytesIO(tar_bytes([E("su", data=b"x", mode=0o4755), E("sg", data=b"x", mode=0o2755)])), tree)
+    assert oct((tree / "su").stat().st_mode & 0o7777) == "0o4755"
+    assert oct((tree / "sg").stat().st_mode & 0o7777) == "0o2755"
+
+
+def test_garbage_is_not_a_tar(area) -> None:
+    tree, _ = area
+    with pytest.raises(RootfsError, match="not a readable tar stream"):
+        unpack.extract_tar(io.BytesIO(b"\x00garbage" * 100), tree)
+
+
+def test_plain_stream_from_a_pipe(area) -> None:
+    """What a build does: a producer's stdout handed straight to the worker."""
+    import subprocess
+    import sys
+
+    tree, _ = area
+    data = tar_bytes([E("etc/hostname", data=b"piped\n"), E("root", "dir", mode=0o700)])
+    code = "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(data)
+    proc.stdin.close()
+    result = unpack.extract_tar(proc.stdout, tree)
+    proc.wait()
+    assert result["entries"] == 2 and (tree / "etc/hostname").read_bytes() == b"piped\n"
+
+
+def test_an_opaque_directory_keeps_what_its_own_layer_put_there(area, tmp_path: Path) -> None:
+    tree, _ = area
+    paths = layers(
+        tmp_path,
+        [E("d/old/x", data=b"lower"), E("d/keep-not", data=b"lower")],
+        [E("d/old/new", data=b"this layer"), E("d/.wh..wh..opq")],
+    )
+    unpack.extract_layers(paths, tree)
+    assert sorted(os.listdir(tree / "d")) == ["old"] and os.listdir(tree / "d/old") == ["new"]
