@@ -16,6 +16,7 @@ PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
 SLIRP_NET = ipaddress.IPv4Network("10.0.2.0/24")
 SLIRP_DNS = "10.0.2.3"
 NO_PROXY = "localhost,127.0.0.1,::1"
+RESOLV_CONF_MAX = 64 << 10
 
 
 def child_spec(policy: NetworkPolicy, userns: bool, keep_caps: bool) -> dict:
@@ -46,13 +47,25 @@ def expected_fds(policy: NetworkPolicy, userns: bool) -> int:
 def files(policy: NetworkPolicy, generated: dict[str, str]) -> dict[str, str]:
     """``generated`` (the jail's /etc files) with the network's resolv.conf and hosts entries."""
     out = dict(generated)
-    if policy.mode == "allow":
+    if policy.mode == "host":  # the host's resolvers, as Docker does, not whatever the rootfs was built with
+        host = _host_resolv_conf()
+        if host is not None:
+            out["etc/resolv.conf"] = host
+    elif policy.mode == "allow":
         out["etc/resolv.conf"] = f"# jailbox 'allow' network: names resolve through the proxy ({PROXY_URL})\n"
     elif policy.mode == "full":
         out["etc/resolv.conf"] = f"nameserver {SLIRP_DNS}\n"
         extra = "".join(f"{addr}\t{name}\n" for name, addr in policy.hosts.items())
         out["etc/hosts"] = out.get("etc/hosts", "") + extra
     return out
+
+
+def _host_resolv_conf() -> str | None:
+    try:
+        with open("/etc/resolv.conf", "rb") as f:
+            return f.read(RESOLV_CONF_MAX).decode(errors="replace")
+    except OSError:
+        return None
 
 
 def env(policy: NetworkPolicy) -> dict[str, str]:

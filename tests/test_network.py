@@ -4,6 +4,7 @@ none, full (slirp4netns) and published ports. Runs as root and rootless alike.""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -541,3 +542,15 @@ def test_full_with_keep_caps_warns_that_routes_can_be_changed():
     with Sandbox(network="full") as sb:
         r = sb.exec("ip route del 10.0.0.0/23")
         assert r.exit_code != 0 and "Operation not permitted" in r.stderr
+
+
+def test_host_mode_uses_the_hosts_resolvers_not_the_rootfs_copy(mini_rootfs, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(mini_rootfs, root, symlinks=True)
+    (root / "etc" / "resolv.conf").write_text("nameserver 192.0.2.1\n")  # what a build machine left behind
+    with open("/etc/resolv.conf", "rb") as f:
+        host = f.read()
+    with Sandbox(rootfs=str(root), network="host") as sb:
+        assert sb.read_file("/etc/resolv.conf") == host
+    with Sandbox(rootfs=str(root)) as sb:
+        assert sb.read_file("/etc/resolv.conf") == b"nameserver 192.0.2.1\n"
