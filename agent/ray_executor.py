@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -34,6 +35,22 @@ from agent.batch import (
 )
 from sandbox import Sandbox, SandboxConfig
 from sandbox.errors import SandboxError
+
+
+def _token_auth_if_available() -> None:
+    """Ray 2.59+ clusters started by ``ray start`` demand the token ``ray start`` wrote to
+    ``~/.ray/auth_token``, but a driver joining one sends it only with ``RAY_AUTH_MODE=token`` set
+    before Ray is imported; clusters without auth accept a token too. So send it whenever there is
+    one and the user chose no mode. Not once Ray is imported: it has read the mode, and a cluster
+    it starts would inherit a different one."""
+    if os.environ.get("RAY_AUTH_MODE") or "ray" in sys.modules:
+        return
+    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+_token_auth_if_available()
 
 try:
     import ray

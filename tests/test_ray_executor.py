@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -160,3 +162,42 @@ def test_ray_kill_ends_tasks_stuck_in_llm_requests(tmp_path, _state_dir, ray_tmp
         assert not runner.is_alive()
     assert read_results(tmp_path / "out" / "results.jsonl") == []
     assert jails_left(_state_dir) == []
+
+
+def test_ray_joins_a_running_cluster_by_address(tmp_path, _state_dir, ray_tmpdir):
+    """A cluster started with `ray start --head` (token auth on, as Ray 2.59+ does) joined with --ray-address."""
+    ray_cli = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["RAY_TMPDIR"] = ray_tmpdir
+    head = [
+        *ray_cli,
+        "start",
+        "--head",
+        f"--port={port}",
+        "--node-ip-address=127.0.0.1",
+        "--num-cpus=4",
+        "--include-dashboard=false",
+        "--object-store-memory=100000000",
+        f"--temp-dir={ray_tmpdir}",
+        "--disable-usage-stats",
+    ]
+    started = subprocess.run(head, env=env, capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stderr[-3000:]
+    try:
+        path = tasks_file(tmp_path / "tasks.jsonl", 8)
+        out = tmp_path / "out"
+        with ScriptedServer(responder=responder()) as server:
+            cmd = bench_command(path, server.url, out, "--workers", "4", "--executor", "ray")
+            r = subprocess.run(
+                [*cmd, "--ray-address", f"127.0.0.1:{port}"], cwd=ROOT, capture_output=True, text=True, env=env
+            )
+        assert r.returncode == 0, r.stderr[-3000:]
+        results = read_results(out / "results.jsonl")
+        assert sorted(x.id for x in results) == sorted(f"t{i}" for i in range(8))
+        assert all(x.score == 1.0 for x in results)
+        assert jails_left(_state_dir) == []
+    finally:
+        subprocess.run([*ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=120)
