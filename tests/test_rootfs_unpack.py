@@ -51,9 +51,17 @@ ATTACKS = {
         [E("link", "symlink", link="../outside"), E("link/evil", data=b"x")],
         "link/evil: its path goes through a symbolic link that leaves the tree",
     ),
-    "symlink_escape_absolute": (
-        [E("abs", "symlink", link="/"), E("abs/tmp/evil", data=b"x")],
-        "abs/tmp/evil: its path goes through a symbolic link that leaves the tree",
+    "symlink_escape_after_absolute": (
+        [E("b", "dir"), E("a", "symlink", link="/b"), E("b/up", "symlink", link="../.."), E("a/up/evil")],
+        "a/up/evil: its path goes through a symbolic link that leaves the tree",
+    ),
+    "symlink_loop": (
+        [E("l1", "symlink", link="l2"), E("l2", "symlink", link="/l1"), E("l1/evil")],
+        "l1/evil: its path goes through a symbolic link loop",
+    ),
+    "symlink_to_nothing": (
+        [E("var/run", "symlink", link="/run"), E("var/run/evil")],
+        "var/run/evil: its path goes through a symbolic link that leads nowhere",
     ),
     "symlink_chain": (
         [E("a", "dir"), E("a/up", "symlink", link=".."), E("a/up/up", "symlink", link=".."), E("a/up/up/evil")],
@@ -117,6 +125,74 @@ def test_symlinks_that_stay_inside_are_followed_and_kept(area) -> None:
     entries = [E("usr/lib", "dir"), E("lib", "symlink", link="usr/lib"), E("lib/x.so", data=b"so")]
     unpack.extract_tar(io.BytesIO(tar_bytes(entries)), tree)
     assert (tree / "usr/lib/x.so").read_bytes() == b"so"
+
+
+def test_an_absolute_symlink_from_an_earlier_layer_is_followed_from_the_trees_root(area, tmp_path: Path) -> None:
+    """Ubuntu's /var/run -> /run: what the jail sees as /var/run/foo is <tree>/run/foo."""
+    tree, outside = area
+    paths = layers(
+        tmp_path,
+        [E("run", "dir"), E("var", "dir"), E("var/run", "symlink", link="/run")],
+        [E("var/run/foo", data=b"pid"), E("var/run/sub/bar", data=b"deeper")],
+    )
+    unpack.extract_layers(paths, tree)
+    assert (tree / "run/foo").read_bytes() == b"pid" and (tree / "run/sub/bar").read_bytes() == b"deeper"
+    assert os.readlink(tree / "var/run") == "/run"
+    assert sorted(os.listdir(outside)) == ["victim"]
+
+
+def test_a_chain_of_absolute_and_relative_symlinks_resolves_inside(area) -> None:
+    tree, _ = area
+    entries = [
+        E("c", "dir"),
+        E("b", "symlink", link="c"),
+        E("a", "symlink", link="/b"),
+        E("a/x", data=b"x"),
+        E("a/d", "dir"),
+        E("usr/lib64/ld.so", data=b"ld"),
+        E("lib64", "symlink", link="/usr/lib64"),
+        E("h", "hardlink", link="lib64/ld.so"),
+    ]
+    unpack.extract_tar(io.BytesIO(tar_bytes(entries)), tree)
+    assert (tree / "c/x").read_bytes() == b"x" and os.readlink(tree / "a") == "/b" and os.readlink(tree / "b") == "c"
+    assert (tree / "c/d").stat().st_mtime == 1700000000  # directory times reach it through the links too
+    assert (tree / "h").stat().st_ino == (tree / "usr/lib64/ld.so").stat().st_ino
+
+
+def test_dotdot_at_the_root_of_an_absolute_symlink_stays_at_the_root(area) -> None:
+    """As the kernel does for ``/..`` (and so the jail): never above the tree."""
+    tree, outside = area
+    entries = [
+        E("etc", "dir"),
+        E("up", "symlink", link="/../../etc"),
+        E("up/x", data=b"x"),
+        E("abs", "symlink", link="/"),
+        E("abs/tmp/evil", data=b"x"),
+    ]
+    unpack.extract_tar(io.BytesIO(tar_bytes(entries)), tree)
+    assert (tree / "etc/x").read_bytes() == b"x" and (tree / "tmp/evil").read_bytes() == b"x"
+    assert sorted(os.listdir(outside)) == ["victim"] and not os.path.exists("/tmp/evil")
+
+
+@pytest.mark.root
+def test_walking_symlinks_leaves_no_descriptor_open(area) -> None:
+    """The engine in this process (root: it chowns to 0), through every refusal path."""
+    from sandbox.rootfs import untar
+
+    tree, _ = area
+    archives = [entries for entries, _ in ATTACKS.values() if not isinstance(entries, bytes)]
+    archives.append([E("c", "dir"), E("a", "symlink", link="/../c"), E("a/b/x", data=b"x"), E("a/b", "dir")])
+    before = sorted(os.listdir("/proc/self/fd"))
+    for entries in archives:
+        ex = untar.Extractor(str(tree), layer=True, max_id=65535, flatten=False, limits=untar.Limits(10**9, 10**9, 100))
+        try:
+            ex.extract(io.BytesIO(tar_bytes(entries)))
+        except untar.Failed:
+            pass
+        finally:
+            ex.close()
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert (tree / "c/b/x").read_bytes() == b"x"
 
 
 def test_device_nodes_are_skipped_and_reported(area) -> None:

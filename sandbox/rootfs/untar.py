@@ -1,11 +1,17 @@
 """Safe tar extraction into one directory: the engine the unpack worker runs (stdlib only).
 
-Every path is resolved with ``openat2(RESOLVE_BENEATH)`` from the target's descriptor, so no
-member can write outside the target, whatever symlinks earlier members (or layers) created:
+A member's parent path is walked one component at a time from the target's descriptor, never
+letting the kernel follow a link (``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``): a
+symbolic link met on the way is read and its target walked in turn, so no member can write outside
+the target, whatever symlinks earlier members (or layers) created:
 
+- symlinks get the meaning they will have in the jail, where the tree is ``/``: an absolute target
+  is walked from the tree's root (``var/run -> /run`` reaches ``<tree>/run``), and in it ``..`` at
+  the root stays at the root, as the kernel's ``/..`` does;
 - absolute names and ``..`` components are refused; so is any member whose parent path passes
-  through a symbolic link that leaves the tree (or an absolute one), and a hard link whose target
-  is not a file inside the tree;
+  through a relative symbolic link whose ``..`` climbs above the tree's root (it leaves the tree),
+  a link loop (more than 40 links), a link to nothing, and a hard link whose target is not a file
+  inside the tree;
 - the final component is never followed: an existing entry is replaced, not written through;
 - device nodes are skipped and reported (the jail builds its own ``/dev``); FIFOs are kept;
 - setuid/setgid bits are kept: commands in a jail run with ``no_new_privs`` (the kernel ignores
@@ -36,8 +42,13 @@ OPAQUE = ".wh..wh..opq"
 PATH_MAX = 4096
 CHUNK = 1 << 20
 RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
+MAX_HOPS = 40  # symbolic links followed for one path, the kernel's own limit
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY
 NOBODY = 65534
+
+_MEMBER, _RELATIVE, _ABSOLUTE = range(3)  # where a path component came from: the name or a link
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -59,9 +70,9 @@ class Limits:
         self.max_entries = max_entries
 
 
-def open_beneath(dir_fd: int, path: str, flags: int) -> int:
+def open_beneath(dir_fd: int, path: str, flags: int, resolve: int = 0) -> int:
     """openat2 with RESOLVE_BENEATH: EXDEV when resolution would leave ``dir_fd``."""
-    how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+    how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | resolve)
     buf = ctypes.create_string_buffer(how, len(how))
     res = _libc.syscall(_OPENAT2, dir_fd, os.fsencode(path or "."), buf, len(how))
     if res < 0:
@@ -92,7 +103,7 @@ class Extractor:
         self.entries = 0
         self.bytes = 0
         self.skipped: list[str] = []
-        self._dir_times: list[tuple[str, int]] = []
+        self._dir_times: list[tuple[list[str], int]] = []
         self._touched: set[str] = set()
 
     def close(self) -> None:
@@ -164,7 +175,7 @@ class Extractor:
                 self._attrs(fd, m)
             finally:
                 os.close(fd)
-            self._dir_times.append(("/".join(parts), int(m.mtime)))
+            self._dir_times.append((parts, int(m.mtime)))
             return
         if existing is not None:
             _remove(parent, name, existing)
@@ -267,31 +278,71 @@ class Extractor:
         return self._open_dir(member, parts, create=True)
 
     def _open_dir(self, member: str, parts: list[str], create: bool) -> int:
-        """A descriptor of the directory ``parts`` under the root, created if missing (owner 0)."""
-        flags = os.O_RDONLY | os.O_DIRECTORY
+        """A descriptor of the directory ``parts`` under the root, created if missing (owner 0).
+
+        The kernel never follows a link here: each component is opened alone with
+        RESOLVE_NO_SYMLINKS, and a symlink's target is pushed back on the path to walk (from the
+        root if absolute), so the jail's meaning of the link is what counts. ``names`` is the
+        real, link-free path walked so far: ``..`` reopens its parent from the root, since
+        RESOLVE_BENEATH refuses ``..`` from a descriptor. Only the member's own missing
+        components are created, never one a link names (that link leads nowhere).
+        """
+        todo = [(part, _MEMBER) for part in reversed(parts)]
+        names: list[str] = []
+        hops = 0
+        cur = os.dup(self.root)
         try:
-            return open_beneath(self.root, "/".join(parts), flags)
+            while todo:
+                name, origin = todo.pop()
+                if name in ("", "."):
+                    continue
+                if name == "..":
+                    if names:
+                        names.pop()
+                    elif origin != _ABSOLUTE:  # the root's '..' is the root only for an absolute link
+                        raise Unsafe(f"{member}: its path goes through a symbolic link that leaves the tree")
+                    nxt = self._reopen(member, names)
+                else:
+                    nxt = self._child(member, cur, name, create=create, linked=origin != _MEMBER)
+                    if nxt is None:  # a symlink: walk its target instead
+                        hops += 1
+                        if hops > MAX_HOPS:
+                            raise Unsafe(f"{member}: its path goes through a symbolic link loop")
+                        target = os.readlink(name, dir_fd=cur)
+                        kind = _ABSOLUTE if target.startswith("/") else _RELATIVE
+                        todo.extend((part, kind) for part in reversed(target.split("/")))
+                        if kind != _ABSOLUTE:
+                            continue
+                        names = []
+                        nxt = os.dup(self.root)
+                    else:
+                        names.append(name)
+                os.close(cur)
+                cur = nxt
+        except BaseException:
+            os.close(cur)
+            raise
+        return cur
+
+    def _child(self, member: str, cur: int, name: str, create: bool, linked: bool) -> int | None:
+        """The directory ``name`` in ``cur``, None if it is a symlink. If missing, made when
+        ``create``, unless a link named it (``linked``): that link leads nowhere."""
+        try:
+            return open_beneath(cur, name, DIR_FLAGS, RESOLVE_NO_SYMLINKS)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None
+            if exc.errno == errno.ENOENT and linked:
+                raise Unsafe(f"{member}: its path goes through a symbolic link that leads nowhere") from None
             if exc.errno != errno.ENOENT or not create:
                 raise _path_error(member, exc) from None
-        for i in range(len(parts)):
-            try:
-                fd = open_beneath(self.root, "/".join(parts[: i + 1]), flags)
-                os.close(fd)
-                continue
-            except OSError as exc:
-                if exc.errno != errno.ENOENT:
-                    raise _path_error(member, exc) from None
-            up = open_beneath(self.root, "/".join(parts[:i]), flags)
-            try:
-                if _lstat(up, parts[i]) is not None:  # a dangling symlink: replace nothing, refuse
-                    raise Unsafe(f"{member}: its path goes through a symbolic link that leads nowhere")
-                os.mkdir(parts[i], 0o755, dir_fd=up)
-                os.chown(parts[i], 0, 0, dir_fd=up, follow_symlinks=False)
-            finally:
-                os.close(up)
+        os.mkdir(name, 0o755, dir_fd=cur)
+        os.chown(name, 0, 0, dir_fd=cur, follow_symlinks=False)
+        return open_beneath(cur, name, DIR_FLAGS, RESOLVE_NO_SYMLINKS)
+
+    def _reopen(self, member: str, names: list[str]) -> int:
         try:
-            return open_beneath(self.root, "/".join(parts), flags)
+            return open_beneath(self.root, "/".join(names), DIR_FLAGS, RESOLVE_NO_SYMLINKS)
         except OSError as exc:
             raise _path_error(member, exc) from None
 
@@ -313,11 +364,17 @@ class Extractor:
             os.utime(fd, (int(m.mtime), int(m.mtime)))
 
     def _apply_dir_times(self) -> None:
-        for path, mtime in reversed(self._dir_times):
+        for parts, mtime in reversed(self._dir_times):
             try:
-                fd = open_beneath(self.root, path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            except OSError:
+                parent = self._open_dir("/".join(parts), parts[:-1], create=False)
+            except (Failed, OSError):
                 continue  # removed by a later whiteout or replaced
+            try:
+                fd = os.open(parts[-1], DIR_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            except OSError:
+                continue
+            finally:
+                os.close(parent)
             try:
                 os.utime(fd, (mtime, mtime))
             finally:
