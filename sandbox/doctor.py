@@ -251,6 +251,27 @@ def slirp4netns(host: Host) -> Probe:
     return Probe(name="slirp4netns", status="ok", detail=tool)
 
 
+def rootfs_build(host: Host) -> Probe:
+    """``jailbox rootfs build`` needs mmdebstrap, and rootless its ``--mode=unshare`` needs an id range."""
+    tool = shutil.which("mmdebstrap", path=host.path)
+    if tool is None:
+        return Probe(
+            name="rootfs build",
+            status="degraded",
+            detail="mmdebstrap not installed: no `jailbox rootfs build` (pull and import still work)",
+            fix="sudo apt-get install mmdebstrap",
+        )
+    if host.uid != 0 and (_subordinate(host.subuid, host) is None or _subordinate(host.subgid, host) is None):
+        return Probe(
+            name="rootfs build",
+            status="degraded",
+            detail=f"{tool}, but its rootless mode needs a subordinate id range for {host.user}",
+            fix=f"sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {host.user}",
+        )
+    mode = "root" if host.uid == 0 else "unshare"
+    return Probe(name="rootfs build", status="ok", detail=f"{tool} (--mode={mode})")
+
+
 def state(base: Path) -> Probe:
     try:
         base.mkdir(parents=True, exist_ok=True)
@@ -287,5 +308,6 @@ def run(host: Host | None = None, base: Path | None = None) -> list[Probe]:
         seccomp_notify(),
         cgroup(host),
         slirp4netns(host),
+        rootfs_build(host),
         state(base or state_dir()),
     ]

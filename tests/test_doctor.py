@@ -78,6 +78,20 @@ def test_slirp4netns_and_state_dir_fixes(tmp_path):
     assert doctor.state(tmp_path / "state").status == "ok"
 
 
+def test_rootfs_build_fixes(tmp_path):
+    host = fake_host(tmp_path)
+    probe = doctor.rootfs_build(host)
+    assert probe.status == "degraded" and probe.fix == "sudo apt-get install mmdebstrap"
+    (tmp_path / "bin").mkdir()
+    shutil.copy("/bin/true", tmp_path / "bin" / "mmdebstrap")
+    probe = doctor.rootfs_build(host)
+    assert probe.status == "degraded" and probe.fix.endswith("--add-subgids 100000-165535 alice")
+    (tmp_path / "subuid").write_text("alice:100000:65536\n")
+    (tmp_path / "subgid").write_text("alice:100000:65536\n")
+    assert doctor.rootfs_build(host).status == "ok"
+    assert doctor.rootfs_build(dataclasses.replace(host, uid=0, subuid=tmp_path / "none")).status == "ok"
+
+
 def test_doctor_on_this_machine_line_by_line():
     r = subprocess.run([sys.executable, "-c", "import cli; cli.main()", "doctor", "--json"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -92,6 +106,9 @@ def test_doctor_on_this_machine_line_by_line():
         "cgroups": "ok" if os.getuid() == 0 else "degraded",
         "slirp4netns": "ok"
         if shutil.which("slirp4netns") and os.access("/dev/net/tun", os.R_OK | os.W_OK)
+        else "degraded",
+        "rootfs build": "ok"
+        if shutil.which("mmdebstrap") and (os.getuid() == 0 or doctor.id_ranges(Host()).status == "ok")
         else "degraded",
         "state directory": "ok",
     }
