@@ -33,9 +33,10 @@ EXIT_WAIT = 2.0
 
 class Jail:
     def __init__(self, config: SandboxConfig) -> None:
-        from sandbox.rootfs.resolve import apply_image
+        from sandbox.rootfs.resolve import resolve
 
-        self.config = apply_image(config)  # a stored image's Env and WorkingDir, under the config's own
+        # a stored image's Env, WorkingDir and User, under the config's own; and its tree
+        self.config, self._lower = resolve(config)
         self.id = uuid.uuid4().hex[:12]
         self.cgroup = _make_cgroup(self.id, config.limits)
         kind = None if self.cgroup is None else self.cgroup.kind
@@ -69,13 +70,11 @@ class Jail:
     def _prepare(self, rlimits: dict[str, int]) -> tuple[dict, Path | None]:
         cfg = self.config
         base = state.state_dir(cfg.state_dir)
-        host = cfg.rootfs == "host"
-        if host:
+        host = self._lower is None
+        if self._lower is None:
             lower, system_binds = hostroot.layout(base)
         else:
-            from sandbox.rootfs.resolve import lower_dir
-
-            lower, system_binds = str(lower_dir(cfg.rootfs)), []
+            lower, system_binds = str(self._lower), []
         generated = network.files(cfg.network, hostroot.generated_files(cfg.hostname, host))
         self.user: User | None = None if cfg.user is None else _user(cfg, lower, generated)
         if not cfg.userns and os.getuid() != 0:

@@ -31,9 +31,9 @@ def stored(value: str) -> Entry | None:
     return Store().resolve(value)
 
 
-def lower_dir(value: str) -> Path:
-    """The directory a jail mounts as its lower layer for ``rootfs=value`` (not ``host``)."""
-    entry = stored(value)
+def lower_dir(value: str, entry: Entry | None) -> Path:
+    """The directory a jail mounts as its lower layer for ``rootfs=value`` (not ``host``), given
+    what ``stored(value)`` found."""
     if entry is not None:
         return entry.tree
     root = Path(value).expanduser().absolute()
@@ -48,9 +48,17 @@ def lower_dir(value: str) -> Path:
     raise RootfsNotFound(not_found_message(value, [e.name for e in store.list()]))
 
 
-def apply_image(config: SandboxConfig) -> SandboxConfig:
-    """``config`` with the stored image's Env and WorkingDir filled in under what it sets itself."""
+def resolve(config: SandboxConfig) -> tuple[SandboxConfig, Path | None]:
+    """One lookup per jail: ``config`` with the stored image's settings applied, and the lower
+    layer (None for ``host``), so the tree and the image config come from the same entry."""
+    if config.rootfs == "host":
+        return config, None
     entry = stored(config.rootfs)
+    return apply_image(config, entry), lower_dir(config.rootfs, entry)
+
+
+def apply_image(config: SandboxConfig, entry: Entry | None) -> SandboxConfig:
+    """``config`` with the stored image's Env and WorkingDir filled in under what it sets itself."""
     if entry is None:
         return config
     update: dict = {}
