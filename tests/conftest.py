@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from sandbox import ExecResult, Sandbox, cgroups
+from sandbox.rootfs.store import Store
 
 MINI_TOOLS = ("bash", "sh", "cat", "ls", "rm", "echo", "touch", "mkdir", "id", "ln", "readlink", "sleep", "env")
 
@@ -42,6 +43,17 @@ def _state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     base = tmp_path_factory.getbasetemp() / "state"
     monkeypatch.setenv("JAILBOX_STATE_DIR", str(base))
     return base
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An empty rootfs store of the test's own. Its trees may belong to subordinate ids, which
+    pytest could not remove, so the store removes them."""
+    monkeypatch.setenv("JAILBOX_CACHE_DIR", str(tmp_path / "cache"))
+    store = Store()
+    yield store
+    for entry in store.list():
+        store.remove(entry.name)
 
 
 @pytest.fixture

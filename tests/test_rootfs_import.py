@@ -36,15 +36,6 @@ def jail_id(inside: int) -> int:
     return inside if idmap.full_range_available() else 0
 
 
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("JAILBOX_CACHE_DIR", str(tmp_path / "cache"))
-    store = Store()
-    yield store
-    for entry in store.list():
-        store.remove(entry.name)
-
-
 def check_rootfs(tree: Path) -> None:
     seen = tree_of(tree)
     a = jail_id(42)

@@ -115,15 +115,6 @@ def _digest_of(raw: bytes) -> str:
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("JAILBOX_CACHE_DIR", str(tmp_path / "cache"))
-    store = Store()
-    yield store
-    for entry in store.list():  # trees owned by subordinate ids: pytest could not remove them
-        store.remove(entry.name)
-
-
-@pytest.fixture
 def proxy(registry: LocalRegistry):
     p = Proxy(registry.port)
     yield p

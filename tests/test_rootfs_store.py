@@ -22,15 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TREE = [E("etc/hello", data=b"hi\n"), E("home/apt", "dir", uid=42, gid=42), E("home/apt/x", data=b"x", uid=42)]
 
 
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("JAILBOX_CACHE_DIR", str(tmp_path / "cache"))
-    store = Store()
-    yield store
-    for entry in store.list():
-        store.remove(entry.name)
-
-
 def make(store: Store, name: str, entries: list[E], config: ImageConfig | None = None) -> None:
     with store.create(name, source="test", kind="build") as staging:
         staging.add_stats(unpack.extract_tar(io.BytesIO(tar_bytes(entries)), staging.tree))
