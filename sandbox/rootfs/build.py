@@ -9,6 +9,7 @@ So a built tree has the owners a jail expects (in-jail root may write everything
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -29,7 +30,7 @@ from sandbox.rootfs import unpack
 from sandbox.rootfs.image import ImageConfig
 
 _RECIPES = "sandbox.rootfs.recipes"
-_PACKAGE = r"^[a-z0-9][a-z0-9+.\-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:\-]+)?$"
+_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.\-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:\-]+)?$")
 
 
 class Recipe(BaseModel):
@@ -54,9 +55,7 @@ class Recipe(BaseModel):
     @field_validator("packages")
     @classmethod
     def _packages(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        import re
-
-        bad = [p for p in v if not re.match(_PACKAGE, p)]
+        bad = [p for p in v if not _PACKAGE.match(p)]
         if bad:
             raise ValueError(f"not Debian package names: {', '.join(bad)}")
         return v
