@@ -17,11 +17,11 @@ from typing import Any, NoReturn
 import click
 from pydantic import ValidationError
 
-from sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
-from sandbox.errors import SandboxError
-from sandbox.execution import TtyCommand
-from sandbox.state import cleanup as cleanup_state
-from sandbox.state import state_dir
+from .sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
+from .sandbox.errors import SandboxError
+from .sandbox.execution import TtyCommand
+from .sandbox.state import cleanup as cleanup_state
+from .sandbox.state import state_dir
 
 TIMEOUT_EXIT = 124
 SHELL = "command -v bash >/dev/null 2>&1 && exec bash -l || exec sh -l"
@@ -273,11 +273,11 @@ def run_cmd(
     as_json: bool,
 ) -> None:
     """Give a model a fresh sandbox and let it work on QUERY until it submits."""
-    from agent import prompts as prompt_configs
-    from agent.llm import LLMConfig
-    from agent.loop import AgentConfig
-    from agent.run import run_task
-    from sandbox.config import Limits
+    from .agent import prompts as prompt_configs
+    from .agent.llm import LLMConfig
+    from .agent.loop import AgentConfig
+    from .agent.run import run_task
+    from .sandbox.config import Limits
 
     if query.startswith("@"):
         query = Path(query[1:]).read_text()
@@ -381,10 +381,10 @@ def bench_cmd(
 ) -> None:
     """Run every task of TASKS (JSONL) in its own sandbox, N at once, and score the answers.
     Ctrl-C once: running tasks finish, no new one starts; twice: they are killed."""
-    from agent.batch import Batch, BatchConfig, ExecutorError, load_tasks, markdown, read_results, summary
-    from agent.llm import LLMConfig
-    from agent.loop import AgentConfig
-    from agent.progress import Progress
+    from .agent.batch import Batch, BatchConfig, ExecutorError, load_tasks, markdown, read_results, summary
+    from .agent.llm import LLMConfig
+    from .agent.loop import AgentConfig
+    from .agent.progress import Progress
 
     try:
         tasks = load_tasks(tasks_file)
@@ -448,7 +448,7 @@ def bench_cmd(
 def replay(trajectory: str, timeout: float, as_json: bool, **jail: Any) -> None:
     """Re-run TRAJECTORY's actions (jailbox's or the reference package's) in a fresh sandbox and report,
     step by step, where the observation now differs. Exit 1 if any step differs."""
-    from agent.replay import replay as run_replay
+    from .agent.replay import replay as run_replay
 
     config = _config(**jail)
     try:
@@ -472,7 +472,7 @@ def replay(trajectory: str, timeout: float, as_json: bool, **jail: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(as_json: bool) -> None:
     """Check what this host allows (namespaces, overlayfs, id ranges, seccomp, cgroups) and print fixes."""
-    from sandbox.doctor import run
+    from .sandbox.checks.doctor import run
 
     probes = run()
     if as_json:
@@ -533,7 +533,7 @@ def _progress() -> Any:
 @click.option("--insecure", is_flag=True, help="Plain HTTP (always allowed for localhost registries).")
 def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool) -> None:
     """Pull image REF (python:3.11-slim, ghcr.io/org/img@sha256:..., localhost:5000/x:y), no Docker."""
-    from sandbox.rootfs.pull import pull
+    from .sandbox.rootfs.pull import pull
 
     try:
         entry = pull(ref, name, platform=platform, insecure=insecure, progress=_progress(), log=click.echo)
@@ -554,7 +554,7 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
     """Build a root filesystem with mmdebstrap (rootless with subordinate ids, or as root).
 
     With no arguments it builds the paper's environment as "default"."""
-    from sandbox.rootfs import build
+    from .sandbox.rootfs import build
 
     if recipe is None:
         recipe = name if name in build.recipe_names() else "default"
@@ -574,7 +574,7 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
 @click.option("--tag", default=None, help="Which image of an archive or layout holding several (its tag).")
 def rootfs_import(source: str, name: str, platform: str | None, tag: str | None) -> None:
     """Import SOURCE (docker/podman save archive, OCI layout directory, rootfs tarball) as NAME."""
-    from sandbox.rootfs.importer import import_rootfs
+    from .sandbox.rootfs.importer import import_rootfs
 
     try:
         entry = import_rootfs(source, name, platform=platform, tag=tag)
@@ -587,7 +587,7 @@ def rootfs_import(source: str, name: str, platform: str | None, tag: str | None)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def rootfs_list(as_json: bool) -> None:
     """Stored root filesystems with kind, size, creation date and source."""
-    from sandbox.rootfs.store import Store
+    from .sandbox.rootfs.store import Store
 
     entries = Store().list()
     if as_json:
@@ -603,7 +603,7 @@ def rootfs_list(as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="Remove even while live sandboxes use it.")
 def rootfs_rm(names: tuple[str, ...], force: bool) -> None:
     """Remove stored root filesystems (their files may belong to subordinate ids)."""
-    from sandbox.rootfs.store import Store
+    from .sandbox.rootfs.store import Store
 
     store = Store()
     for name in names:
@@ -617,7 +617,7 @@ def rootfs_rm(names: tuple[str, ...], force: bool) -> None:
 @click.argument("name")
 def rootfs_path(name: str) -> None:
     """Print the directory of a stored root filesystem."""
-    from sandbox.rootfs.store import Store
+    from .sandbox.rootfs.store import Store
 
     try:
         click.echo(str(Store().require(name).tree))
@@ -629,7 +629,7 @@ def rootfs_path(name: str) -> None:
 @click.argument("name")
 def rootfs_du(name: str) -> None:
     """Bytes used by a stored root filesystem (apparent and on disk; hard links once)."""
-    from sandbox.rootfs.store import Store
+    from .sandbox.rootfs.store import Store
 
     try:
         usage = Store().du(name)

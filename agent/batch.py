@@ -23,14 +23,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agent import prompts as prompt_configs
-from agent.llm import LLMClient, LLMConfig, LLMError
-from agent.loop import AgentConfig
-from agent.run import prepare, run_in
-from agent.scoring import score
-from agent.trajectory import Step
-from sandbox import Sandbox, SandboxConfig
-from sandbox.errors import SandboxError
+from ..sandbox import Sandbox, SandboxConfig
+from ..sandbox.errors import SandboxError
+from . import prompts as prompt_configs
+from .llm import LLMClient, LLMConfig, LLMError
+from .loop import AgentConfig
+from .run import prepare, run_in
+from .scoring import score
+from .trajectory import Step
 
 Mode = Literal["sandbox", "llm"]
 LLM_MODE_SUFFIX = "\n\nAnswer directly. Put the final answer in \\boxed{}."
@@ -395,7 +395,7 @@ class Batch:
 
     def _executor(self) -> Executor:
         if self.config.executor == "ray":
-            from agent.ray_executor import RayExecutor
+            from .ray_executor import RayExecutor
 
             return RayExecutor(self.job, self.out_dir, self.config, self.observer)
         return ThreadExecutor(self.job, self.out_dir, self.config, self.observer)

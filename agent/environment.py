@@ -12,13 +12,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agent import prompts as prompt_configs
-from agent.batch import Task
-from agent.run import prepare
-from agent.scoring import score
-from agent.tools import TOOL_SCHEMAS, ToolResult, Tools
-from sandbox import Sandbox, SandboxConfig, SandboxPool
-from sandbox.errors import SandboxError
+from ..sandbox import Sandbox, SandboxConfig, SandboxPool
+from ..sandbox.errors import SandboxError
+from . import prompts as prompt_configs
+from .batch import Task
+from .run import prepare
+from .scoring import score
+from .tools import TOOL_SCHEMAS, ToolResult, Tools
 
 
 class StepResult(BaseModel):

@@ -15,12 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from agent.llm import LLMClient, LLMError, parse_text_action
-from agent.prompts import PromptConfig
-from agent.tools import TOOL_SCHEMAS, Tools
-from agent.trajectory import Action, ExecFacts, ExitStatus, Step, Trajectory
-from sandbox import Sandbox
-from sandbox.errors import SandboxError
+from ..sandbox import Sandbox
+from ..sandbox.errors import SandboxError
+from .llm import LLMClient, LLMError, parse_text_action
+from .prompts import PromptConfig
+from .tools import TOOL_SCHEMAS, Tools
+from .trajectory import Action, ExecFacts, ExitStatus, Step, Trajectory
 
 NO_TOOL_CALL = (
     "Your reply did not call a tool. Use execute_bash, str_replace_editor or submit (one function call per "

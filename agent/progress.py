@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from typing import TextIO
 
-from agent.batch import Observer, Task, TaskResult
+from .batch import Observer, Task, TaskResult
 
 REDRAW = 0.2
 BAR = 30

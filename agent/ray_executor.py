@@ -21,20 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agent.batch import (
-    BatchConfig,
-    Executor,
-    ExecutorError,
-    Guard,
-    Job,
-    Observer,
-    Task,
-    TaskResult,
-    execute,
-    task_dir,
-)
-from sandbox import Sandbox, SandboxConfig
-from sandbox.errors import SandboxError
+from ..sandbox import Sandbox, SandboxConfig
+from ..sandbox.errors import SandboxError
+from .batch import BatchConfig, Executor, ExecutorError, Guard, Job, Observer, Task, TaskResult, execute, task_dir
 
 
 def _token_auth_if_available() -> None:

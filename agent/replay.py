@@ -16,9 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from agent.tools import Tools
-from agent.trajectory import load
-from sandbox import Sandbox, SandboxConfig
+from ..sandbox import Sandbox, SandboxConfig
+from .tools import Tools
+from .trajectory import load
 
 Verdict = Literal["same", "differs", "network"]
 _WRAPPERS = re.compile(

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.llm import LLMClient, LLMConfig
-from agent.loop import Agent, AgentConfig
-from agent.prompts import PromptConfig
-from agent.trajectory import Step, Trajectory
-from sandbox import Mount, Sandbox, SandboxConfig
-from sandbox.errors import SandboxError
+from ..sandbox import Mount, Sandbox, SandboxConfig
+from ..sandbox.errors import SandboxError
+from .llm import LLMClient, LLMConfig
+from .loop import Agent, AgentConfig
+from .prompts import PromptConfig
+from .trajectory import Step, Trajectory
 
 
 def prepare(sb: Sandbox, prompts: PromptConfig, input_files: dict[str, str] | None = None) -> None:

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox.errors import ExecError, SandboxFileError
+from ..sandbox.errors import ExecError, SandboxFileError
 
 if TYPE_CHECKING:
-    from sandbox import ExecResult, Sandbox
+    from ..sandbox import ExecResult, Sandbox
 
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_MAX_CHARS = 30_000

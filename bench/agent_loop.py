@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.llm import Completion, Usage, UsageTotals
-from agent.loop import Agent, AgentConfig
 from bench.results import CaseResult, Row
 from bench.settings import Settings
 from bench.timing import Summary
-from sandbox import Sandbox
+from jailbox.agent.llm import Completion, Usage, UsageTotals
+from jailbox.agent.loop import Agent, AgentConfig
+from jailbox.sandbox import Sandbox
 
 
 class InstantModel:

@@ -10,7 +10,7 @@ from bench.baselines import TRUE, bwrap_argv, container_runs, failure, spawn_wai
 from bench.results import CaseResult, Row, Target, ratio
 from bench.settings import Settings
 from bench.timing import Summary, Thunk, interleave, rate, timed
-from sandbox import Sandbox, SandboxPool
+from jailbox.sandbox import Sandbox, SandboxPool
 
 THROUGHPUT_TARGET = 1000.0
 

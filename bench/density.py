@@ -10,8 +10,8 @@ import psutil
 from bench.results import CaseResult, Row, Target
 from bench.settings import Settings
 from bench.timing import Summary
-from sandbox import Sandbox
-from sandbox.launcher import LAUNCHER
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.launcher import LAUNCHER
 
 TARGET_COUNT = 512
 TARGET_MB = 4.0

@@ -13,8 +13,8 @@ from pathlib import Path
 from bench.results import CaseResult, Row, Target, ratio
 from bench.settings import Settings
 from bench.timing import Summary, interleave, timed
-from sandbox import Sandbox, SandboxConfig
-from sandbox.rootfs.store import Store
+from jailbox.sandbox import Sandbox, SandboxConfig
+from jailbox.sandbox.rootfs.store import Store
 
 TOOLS = ("bash", "true", "cat", "ls")
 NAME = "bench-small"

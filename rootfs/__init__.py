@@ -1,1 +1,1 @@
-"""Root filesystem recipes (``*.yaml``), installed as the package ``sandbox.rootfs.recipes``."""
+"""Root filesystem recipes (``*.yaml``), installed as the package ``jailbox.sandbox.rootfs.recipes``."""

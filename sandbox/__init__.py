@@ -1,51 +1,55 @@
-"""jailbox's jail: rootless Linux sandboxes with an init inside.
+"""jailbox's jail: rootless Linux sandboxes with an init inside. Knows nothing of LLMs.
 
-Public names are imported lazily so the launcher and the in-jail init, which import child-side
-modules of this package, never pay for pydantic.
+Public names are imported lazily so the launcher and the in-jail init, which import the child side
+of this package (``child/`` and ``floor/``), never pay for pydantic.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "AsyncSandbox",
     "ExecResult",
+    "Limits",
     "Mount",
     "NetworkLogEntry",
     "NetworkPolicy",
     "Sandbox",
     "SandboxConfig",
     "SandboxPool",
+    "SeccompPolicy",
     "errors",
 ]
 
-_LAZY = {
-    "AsyncSandbox": "sandbox.aio",
-    "ExecResult": "sandbox.results",
-    "Mount": "sandbox.config",
-    "NetworkLogEntry": "sandbox.proxy",
-    "NetworkPolicy": "sandbox.netpolicy",
-    "Sandbox": "sandbox.sandbox",
-    "SandboxConfig": "sandbox.config",
-    "SandboxPool": "sandbox.pool",
+_LAZY = {  # public name -> the module (relative to this package) that defines it
+    "AsyncSandbox": ".aio",
+    "ExecResult": ".results",
+    "Limits": ".config",
+    "Mount": ".config",
+    "NetworkLogEntry": ".net.proxy",
+    "NetworkPolicy": ".net.policy",
+    "Sandbox": ".sandbox",
+    "SandboxConfig": ".config",
+    "SandboxPool": ".pool",
+    "SeccompPolicy": ".config",
 }
 
 if TYPE_CHECKING:
-    from sandbox.aio import AsyncSandbox
-    from sandbox.config import Mount, SandboxConfig
-    from sandbox.netpolicy import NetworkPolicy
-    from sandbox.pool import SandboxPool
-    from sandbox.proxy import NetworkLogEntry
-    from sandbox.results import ExecResult
-    from sandbox.sandbox import Sandbox
+    from . import errors
+    from .aio import AsyncSandbox
+    from .config import Limits, Mount, SandboxConfig, SeccompPolicy
+    from .net.policy import NetworkPolicy
+    from .net.proxy import NetworkLogEntry
+    from .pool import SandboxPool
+    from .results import ExecResult
+    from .sandbox import Sandbox
 
 
 def __getattr__(name: str) -> Any:
-    import importlib
-
     if name == "errors":
-        return importlib.import_module("sandbox.errors")
+        return importlib.import_module(".errors", __name__)
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,12 +12,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from sandbox.config import SandboxConfig
-from sandbox.errors import SandboxClosed
-from sandbox.execution import run_async
-from sandbox.proxy import NetworkLogEntry
-from sandbox.results import ExecResult, SandboxStats
-from sandbox.sandbox import Command, Sandbox
+from .config import SandboxConfig
+from .errors import SandboxClosed
+from .execution import run_async
+from .net.proxy import NetworkLogEntry
+from .results import ExecResult, SandboxStats
+from .sandbox import Command, Sandbox
 
 
 class AsyncSandbox:

@@ -9,9 +9,9 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from sandbox import wire
-from sandbox.errors import ProtocolError, SandboxClosed, SandboxFileError
-from sandbox.messages import Failure
+from .errors import ProtocolError, SandboxClosed, SandboxFileError
+from .floor import wire
+from .messages import Failure
 
 M = TypeVar("M", bound=BaseModel)
 CALL_TIMEOUT = 60.0

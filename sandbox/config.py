@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sandbox.netpolicy import NetworkPolicy, fields_of
+from .net.policy import NetworkPolicy, fields_of
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
@@ -132,9 +132,9 @@ class SeccompPolicy(BaseModel):
     @field_validator("allow", "deny")
     @classmethod
     def _known(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        from sandbox import seccomp
+        from .seccomp import bpf
 
-        seccomp.resolve(list(names), seccomp.arch(), strict=True)
+        bpf.resolve(list(names), bpf.arch(), strict=True)
         return names
 
 

@@ -17,12 +17,12 @@ import socket
 import time
 from collections.abc import Callable
 
-from sandbox import seccomp
-from sandbox.capture import Capture
-from sandbox.channel import Channel, parse_reply
-from sandbox.errors import ExecError, ProtocolError, SandboxClosed
-from sandbox.messages import Exit, PtyOpened
-from sandbox.results import ExecResult
+from .capture import Capture
+from .channel import Channel, parse_reply
+from .errors import ExecError, ProtocolError, SandboxClosed
+from .messages import Exit, PtyOpened
+from .results import ExecResult
+from .seccomp import bpf as seccomp
 
 Callback = Callable[[bytes], None]
 KILL_GRACE = 10.0

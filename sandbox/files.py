@@ -13,9 +13,9 @@ import posixpath
 import stat
 from pathlib import Path
 
-from sandbox.channel import Channel
-from sandbox.errors import ProtocolError, SandboxFileError
-from sandbox.messages import Done, Opened, Stat, Walk
+from .channel import Channel
+from .errors import ProtocolError, SandboxFileError
+from .messages import Done, Opened, Stat, Walk
 
 CHUNK = 1 << 20
 

@@ -15,7 +15,7 @@ import os
 import pwd
 import shutil
 
-from sandbox.errors import ConfigError
+from .errors import ConfigError
 
 ROOT_RANGE = 65536
 

@@ -16,43 +16,47 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandbox import cgroups, hostroot, idmap, limits, network, seccomp, state, wire
-from sandbox.cgroups import Cgroup, CgroupV1, CgroupV2
-from sandbox.channel import Channel
-from sandbox.config import Limits, SandboxConfig, SeccompPolicy
-from sandbox.diagnose import explain
-from sandbox.errors import ConfigError, ProtocolError, SandboxSetupError, SecurityWarning
-from sandbox.launcher import LAUNCHER
-from sandbox.messages import Ready
+from . import hostroot, idmap, state
+from .channel import Channel
+from .checks.diagnose import explain
+from .config import Limits, SandboxConfig, SeccompPolicy
+from .errors import ConfigError, ProtocolError, SandboxSetupError, SecurityWarning
+from .floor import wire
+from .launcher import LAUNCHER
+from .limits import cgroups, rlimits
+from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
+from .messages import Ready
+from .net import modes
+from .seccomp import bpf
 
 if TYPE_CHECKING:
-    from sandbox.rootfs.users import User
+    from .rootfs.users import User
 
 EXIT_WAIT = 2.0
 
 
 class Jail:
     def __init__(self, config: SandboxConfig) -> None:
-        from sandbox.rootfs.resolve import resolve
+        from .rootfs.resolve import resolve
 
         # a stored image's Env, WorkingDir and User, under the config's own; and its tree
         self.config, self._lower = resolve(config)
         self.id = uuid.uuid4().hex[:12]
         self.cgroup = _make_cgroup(self.id, config.limits)
         kind = None if self.cgroup is None else self.cgroup.kind
-        rlimits, self.enforcement = limits.plan(config.limits, config.upper, kind)
+        planned, self.enforcement = rlimits.plan(config.limits, config.upper, kind)
         try:
-            self._spec, self.dir = self._prepare(rlimits)
+            self._spec, self.dir = self._prepare(planned)
         except BaseException:
             _teardown(None, -1, None, {}, self.cgroup)
             raise
         channel_sock, self._pidfd, self.init_pid, net_fds = self._launch()
         try:
-            self.network = network.Network(self.id, config.network, net_fds, config.setup_timeout)
+            self.network = modes.Network(self.id, config.network, net_fds, config.setup_timeout)
         except BaseException:
             _teardown(channel_sock, self._pidfd, self.dir, self._spec, self.cgroup)
             raise
-        self.env = network.env(config.network)
+        self.env = modes.env(config.network)
         self._finalizer = weakref.finalize(
             self, _teardown, channel_sock, self._pidfd, self.dir, self._spec, self.cgroup, self.network
         )
@@ -67,7 +71,7 @@ class Jail:
         """Kill every process of the jail and remove its mounts, writable layer and state."""
         self._finalizer()
 
-    def _prepare(self, rlimits: dict[str, int]) -> tuple[dict, Path | None]:
+    def _prepare(self, planned: dict[str, int]) -> tuple[dict, Path | None]:
         cfg = self.config
         base = state.state_dir(cfg.state_dir)
         host = self._lower is None
@@ -75,7 +79,7 @@ class Jail:
             lower, system_binds = hostroot.layout(base)
         else:
             lower, system_binds = str(self._lower), []
-        generated = network.files(cfg.network, hostroot.generated_files(cfg.hostname, host))
+        generated = modes.files(cfg.network, hostroot.generated_files(cfg.hostname, host))
         self.user: User | None = None if cfg.user is None else _user(cfg, lower, generated)
         if not cfg.userns and os.getuid() != 0:
             raise ConfigError("userns=False needs root; unprivileged jails always use a user namespace")
@@ -98,10 +102,10 @@ class Jail:
             "generated": generated,
             "upper": cfg.upper,
             "tmpfs_size": min(cfg.tmpfs_size, cfg.limits.disk or cfg.tmpfs_size),
-            "rlimits": rlimits,
+            "rlimits": planned,
             "hostname": cfg.hostname,
             "network": cfg.network.mode,
-            "net": network.child_spec(cfg.network, cfg.userns, cfg.keep_caps),
+            "net": modes.child_spec(cfg.network, cfg.userns, cfg.keep_caps),
             "workdir": cfg.workdir,
             "keep_caps": cfg.keep_caps,
             "seccomp": _seccomp_spec(cfg.seccomp),
@@ -126,7 +130,7 @@ class Jail:
             ready, net_fds = self._await_ready(sock)
             if ready.error is not None:
                 raise explain(ready.error, ready.errno)
-            if len(net_fds) != network.expected_fds(self.config.network, self.config.userns):
+            if len(net_fds) != modes.expected_fds(self.config.network, self.config.userns):
                 raise ProtocolError(f"the jail's init handed over {len(net_fds)} network descriptors")
         except BaseException:
             for fd in net_fds:
@@ -168,7 +172,7 @@ class Jail:
 
 def _user(cfg: SandboxConfig, lower: str, generated: dict[str, str]) -> User | None:
     """The ids to switch commands to; None for root (what the init is already)."""
-    from sandbox.rootfs import unpack, users
+    from .rootfs import unpack, users
 
     assert cfg.user is not None
     user = users.resolve(cfg.user, lower, generated, unpack.max_id(idmap.plan(cfg.idmap)))
@@ -189,11 +193,11 @@ def _seccomp_spec(policy: SeccompPolicy | None) -> dict | None:
 @functools.lru_cache(maxsize=32)
 def _compiled(policy: SeccompPolicy) -> dict:
     return {
-        "notify": base64.b64encode(seccomp.compile_policy(policy, notify=True)).decode(),
-        "errno": base64.b64encode(seccomp.compile_policy(policy, notify=False)).decode(),
+        "notify": base64.b64encode(bpf.compile_policy(policy, notify=True)).decode(),
+        "errno": base64.b64encode(bpf.compile_policy(policy, notify=False)).decode(),
         "errno_value": policy.errno,
-        "in_child": not seccomp.init_can_live_under(policy),
-        "audit_arch": seccomp.AUDIT_ARCH[seccomp.arch()],
+        "in_child": not bpf.init_can_live_under(policy),
+        "audit_arch": bpf.AUDIT_ARCH[bpf.arch()],
     }
 
 
@@ -220,7 +224,7 @@ def _teardown(
     sandbox_dir: Path | None,
     spec: dict,
     cgroup: Cgroup | None,
-    net: network.Network | None = None,
+    net: modes.Network | None = None,
 ) -> None:
     """Close the control socket (the init exits on EOF), make sure it died, remove the state."""
     if net is not None:

@@ -14,14 +14,16 @@ import sys
 import threading
 from pathlib import Path
 
-from sandbox import wire
-from sandbox.errors import SandboxSetupError
+from .errors import SandboxSetupError
+from .floor import wire
 
+# The launcher's interpreter starts with -I -S: no site-packages, so the directory holding the
+# top-level package goes first on its path (site-packages when installed).
 _BOOT = (
     "import sys; sys.path.insert(0, sys.argv[3]); "
-    "from sandbox.zygote import main; main(int(sys.argv[1]), int(sys.argv[2]))"
+    f"from {__package__}.child.zygote import main; main(int(sys.argv[1]), int(sys.argv[2]))"
 )
-_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[len(__package__.split("."))])
 REPLY_TIMEOUT = 60.0
 
 

@@ -12,10 +12,10 @@ import queue
 import threading
 from typing import Any
 
-from sandbox.config import SandboxConfig
-from sandbox.errors import SandboxClosed
-from sandbox.jail import Jail
-from sandbox.sandbox import Sandbox
+from .config import SandboxConfig
+from .errors import SandboxClosed
+from .jail import Jail
+from .sandbox import Sandbox
 
 
 class SandboxPool:

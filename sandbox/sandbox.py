@@ -10,17 +10,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox import files
-from sandbox.channel import Channel
-from sandbox.config import SandboxConfig, check_env, jail_path
-from sandbox.errors import ExecError, SandboxClosed
-from sandbox.execution import ExecRun, TtyCommand, run_sync
-from sandbox.jail import Jail
-from sandbox.proxy import NetworkLogEntry
-from sandbox.results import ExecResult, SandboxStats
+from . import files
+from .channel import Channel
+from .config import SandboxConfig, check_env, jail_path
+from .errors import ExecError, SandboxClosed
+from .execution import ExecRun, TtyCommand, run_sync
+from .jail import Jail
+from .net.proxy import NetworkLogEntry
+from .results import ExecResult, SandboxStats
 
 if TYPE_CHECKING:
-    from sandbox.pool import SandboxPool
+    from .pool import SandboxPool
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}

@@ -103,7 +103,7 @@ def _younger_than(path: Path, seconds: float) -> bool:
 
 def cleanup(base: Path, force: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
     """Kill and remove sandboxes whose host process is gone. Returns (removed, failed)."""
-    from sandbox.jail import remove_sandbox_dir
+    from .jail import remove_sandbox_dir
 
     removed: list[Path] = []
     failed: list[tuple[Path, str]] = []

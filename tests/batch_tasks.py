@@ -14,10 +14,10 @@ from pathlib import Path
 
 from llm_server import ScriptedServer, Step, reply
 
-from agent.batch import read_results
+from jailbox.agent.batch import read_results
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH = [sys.executable, "-c", "import cli; cli.main()", "bench"]
+BENCH = [sys.executable, "-c", "from jailbox.cli import main; main()", "bench"]
 FOREVER = 3600.0  # a stalled server: only cancelling the request ends the wait
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox import ExecResult, Sandbox, cgroups
-from sandbox.rootfs.store import Store
+from jailbox.sandbox import ExecResult, Sandbox
+from jailbox.sandbox.limits import cgroups
+from jailbox.sandbox.rootfs.store import Store
 
 MINI_TOOLS = ("bash", "sh", "cat", "ls", "rm", "echo", "touch", "mkdir", "id", "ln", "readlink", "sleep", "env")
 

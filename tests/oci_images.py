@@ -336,7 +336,7 @@ print(json.dumps(out))
 def tree_of(root: Path) -> dict[str, tuple]:
     """Every entry under ``root`` as a jail sees it (the owners through the jail's id map):
     (type, mode, uid, gid, sha256 of the content or the link target)."""
-    from sandbox import Mount, Sandbox
+    from jailbox.sandbox import Mount, Sandbox
 
     with Sandbox(mounts=[Mount(root, "/mnt/tree")], keep_caps=True) as sb:  # reads 0700 dirs of any owner
         r = sb.exec(["python3", "-c", TREE_SCRIPT, "/mnt/tree"], timeout=120)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from llm_server import ScriptedServer, error, reply
 
-from agent.llm import LLMConfig
-from agent.loop import CUT_OFF, NO_TOOL_CALL, AgentConfig
-from agent.prompts import PromptConfig, load
-from agent.run import run_task
-from agent.trajectory import load as load_trajectory
+from jailbox.agent.llm import LLMConfig
+from jailbox.agent.loop import CUT_OFF, NO_TOOL_CALL, AgentConfig
+from jailbox.agent.prompts import PromptConfig, load
+from jailbox.agent.run import run_task
+from jailbox.agent.trajectory import load as load_trajectory
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
@@ -58,7 +58,7 @@ def run(server: ScriptedServer, tmp_path: Path, **agent):
     return run_task("What is 6*7?", llm, tmp_path / "out", agent=AgentConfig(**agent))
 
 
-JAILBOX_RUN = [sys.executable, "-c", "import cli; cli.main()", "run", "--query", "6*7?"]
+JAILBOX_RUN = [sys.executable, "-c", "from jailbox.cli import main; main()", "run", "--query", "6*7?"]
 
 
 def cli_run(server: ScriptedServer, out: Path, *extra: str) -> list[str]:

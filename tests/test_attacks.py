@@ -14,9 +14,9 @@ import time
 import pytest
 from conftest import eventually_usable
 
-from sandbox import Sandbox
-from sandbox.config import Limits
-from sandbox.errors import SandboxClosed
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.config import Limits
+from jailbox.sandbox.errors import SandboxClosed
 
 PY = "import ctypes, errno, os, sys; libc = ctypes.CDLL(None, use_errno=True)\n"
 

@@ -13,9 +13,9 @@ import pytest
 from batch_tasks import ROOT, asked, bench_command, jails_left, responder, tasks_file
 from llm_server import ScriptedServer
 
-from agent.batch import Batch, BatchConfig, Task, load_tasks, read_results, summary
-from agent.llm import LLMConfig
-from sandbox.launcher import LAUNCHER
+from jailbox.agent.batch import Batch, BatchConfig, Task, load_tasks, read_results, summary
+from jailbox.agent.llm import LLMConfig
+from jailbox.sandbox.launcher import LAUNCHER
 
 
 def test_fifty_tasks_sixteen_workers_all_scored(tmp_path, _state_dir):

@@ -53,14 +53,14 @@ JAILBOX_STATE_DIR=/tmp/jb-root {pytest_cmd}
 mkdir /tmp/u && chown {user.pw_uid}:{user.pw_gid} /tmp/u
 AS_USER="setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --init-groups env HOME=/tmp/u JAILBOX_STATE_DIR=/tmp/u/jb"
 echo "=== doctor before delegation"
-$AS_USER /tmp/venv/bin/python -c 'import cli; cli.main()' doctor --json | tr -d '\n'; echo
+$AS_USER /tmp/venv/bin/python -c 'from jailbox.cli import main; main()' doctor --json | tr -d '\n'; echo
 # what systemd's Delegate=yes does for a user's scope
 mkdir -p /sys/fs/cgroup/user/session
 chown -R {user.pw_uid}:{user.pw_gid} /sys/fs/cgroup/user
 echo '+memory +pids +cpu' > /sys/fs/cgroup/user/cgroup.subtree_control
 echo $$ > /sys/fs/cgroup/user/session/cgroup.procs
 echo "=== doctor after delegation"
-$AS_USER /tmp/venv/bin/python -c 'import cli; cli.main()' doctor --json | tr -d '\n'; echo
+$AS_USER /tmp/venv/bin/python -c 'from jailbox.cli import main; main()' doctor --json | tr -d '\n'; echo
 echo "=== {user.pw_name}"
 $AS_USER {pytest_cmd}
 """

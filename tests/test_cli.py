@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-JAILBOX = [sys.executable, "-c", "import cli; cli.main()"]
+JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -7,7 +7,7 @@ import threading
 
 from conftest import run_threads
 
-from sandbox import AsyncSandbox, Sandbox
+from jailbox.sandbox import AsyncSandbox, Sandbox
 
 
 def test_thirty_two_sandboxes_from_thirty_two_threads():

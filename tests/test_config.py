@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from sandbox import Mount, Sandbox, SandboxConfig
-from sandbox.config import parse_size
-from sandbox.errors import ExecError, RootfsNotFound, SandboxClosed
+from jailbox.sandbox import Mount, Sandbox, SandboxConfig
+from jailbox.sandbox.config import parse_size
+from jailbox.sandbox.errors import ExecError, RootfsNotFound, SandboxClosed
 
 
 def test_sizes():

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import doctor
-from sandbox.doctor import Host
+from jailbox.sandbox.checks import doctor
+from jailbox.sandbox.checks.doctor import Host
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +93,7 @@ def test_rootfs_build_fixes(tmp_path):
 
 
 def test_doctor_on_this_machine_line_by_line():
-    r = subprocess.run([sys.executable, "-c", "import cli; cli.main()", "doctor", "--json"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-c", "from jailbox.cli import main; main()", "doctor", "--json"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     probes = {p["name"]: p for p in json.loads(r.stdout)}
     expected = {
@@ -116,14 +116,14 @@ def test_doctor_on_this_machine_line_by_line():
     assert r.returncode == 0
     if os.getuid() != 0:
         assert "cpus not enforced" in probes["cgroups"]["detail"]
-    text = subprocess.run([sys.executable, "-c", "import cli; cli.main()", "doctor"], cwd=ROOT,
+    text = subprocess.run([sys.executable, "-c", "from jailbox.cli import main; main()", "doctor"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120).stdout  # fmt: skip
     assert len([line for line in text.splitlines() if not line.startswith(" ")]) == len(expected)
 
 
 def test_live_userns_failure_is_reported_with_the_fix():
     """A real refusal: inside a user namespace whose own namespace limit is 0."""
-    doctor_json = f"{sys.executable} -c 'import cli; cli.main()' doctor --json"
+    doctor_json = f"{sys.executable} -c 'from jailbox.cli import main; main()' doctor --json"
     script = f"echo 0 > /proc/sys/user/max_user_namespaces && exec {doctor_json}"
     r = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -136,14 +136,13 @@ def test_live_userns_failure_is_reported_with_the_fix():
 
 def test_doctor_inside_a_jail_names_the_container_fix():
     """A real container-like host: jailbox's own sandbox, whose seccomp policy refuses unshare."""
-    from sandbox import Mount, Sandbox
+    from jailbox.sandbox import Mount, Sandbox
 
     mounts = [Mount(ROOT, str(ROOT))]
     if not Path(sys.prefix).is_relative_to(ROOT):
         mounts.append(Mount(sys.prefix, sys.prefix))
     with Sandbox(mounts=mounts, env={"JAILBOX_STATE_DIR": "/tmp/jb"}) as sb:
-        r = sb.exec([f"{sys.prefix}/bin/python", "-c", "import cli; cli.main()", "doctor", "--json"], cwd=str(ROOT),
-                    timeout=120)  # fmt: skip
+        r = sb.exec([f"{sys.prefix}/bin/jailbox", "doctor", "--json"], cwd=str(ROOT), timeout=120)
     probes = {p["name"]: p for p in json.loads(r.stdout)}
     assert r.exit_code == 1, r.stderr
     live = probes["user namespace (live)"]

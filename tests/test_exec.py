@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import resource
 
-from sandbox import Sandbox
+from jailbox.sandbox import Sandbox
 
 
 def _count(sb: Sandbox, name: str) -> int:

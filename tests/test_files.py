@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from sandbox import Sandbox
-from sandbox.errors import SandboxFileError
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.errors import SandboxFileError
 
 
 def test_fifty_megabyte_file_round_trips_byte_for_byte(sb, tmp_path):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import Sandbox
-from sandbox.errors import ConfigError
-from sandbox.idmap import full_range_available
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.errors import ConfigError
+from jailbox.sandbox.idmap import full_range_available
 
 
 def _uid_map(sb: Sandbox) -> list[list[int]]:

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import Mount, Sandbox
+from jailbox.sandbox import Mount, Sandbox
 
 
 def test_pid1_is_the_init_and_no_host_process_is_visible(sb):
     r = sb.exec("for p in /proc/[0-9]*; do echo ${p#/proc/} $(tr '\\0' ' ' < $p/cmdline); done")
     assert r.exit_code == 0, r.stderr
     procs = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
-    assert "sandbox.zygote" in procs["1"]
+    assert "jailbox.sandbox.child.zygote" in procs["1"]
     assert sb.exec("cat /proc/1/comm").stdout == "jailbox-init\n"
     assert str(os.getpid()) not in procs or "pytest" not in procs.get(str(os.getpid()), "")
     assert all("pytest" not in cmd for cmd in procs.values())

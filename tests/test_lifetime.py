@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 from conftest import jail_processes
 
-from sandbox import Sandbox
-from sandbox.launcher import LAUNCHER
-from sandbox.state import cleanup
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.launcher import LAUNCHER
+from jailbox.sandbox.state import cleanup
 
 CHILD = r"""
 import json, sys, time

@@ -7,9 +7,9 @@ import signal
 import pytest
 from conftest import eventually_usable
 
-from sandbox import Sandbox
-from sandbox.config import Limits
-from sandbox.errors import LimitNotEnforced
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.config import Limits
+from jailbox.sandbox.errors import LimitNotEnforced
 
 MEMORY_BOMB = "python3 -c 'x = bytearray(512 * 1024 * 1024); print(len(x))'"
 FORK_BOMB = "for i in $(seq 200); do sleep 2 & done; wait"

@@ -8,7 +8,7 @@ import pytest
 from llm_server import DROP, ScriptedServer, Step, error, reply
 from pydantic import ValidationError
 
-from agent.llm import (
+from jailbox.agent.llm import (
     AsyncLLMClient,
     Completion,
     ContextLengthError,

@@ -17,10 +17,10 @@ import pytest
 from pydantic import ValidationError
 from standin import CA_ENV, NAMES, StandIn, host_address, make_ca
 
-from sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
-from sandbox import proxy as proxy_mod
-from sandbox.errors import SandboxSetupError, SecurityWarning
-from sandbox.proxy import PROXY
+from jailbox.sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
+from jailbox.sandbox.errors import SandboxSetupError, SecurityWarning
+from jailbox.sandbox.net import proxy as proxy_mod
+from jailbox.sandbox.net.proxy import PROXY
 
 ROOT = Path(__file__).resolve().parent.parent
 LAN = host_address()
@@ -358,7 +358,7 @@ def test_reset_keeps_the_policy_and_starts_a_fresh_log(web):
 def test_pooled_and_async_sandboxes_use_the_proxy(web):
     import asyncio
 
-    from sandbox import AsyncSandbox, SandboxPool
+    from jailbox.sandbox import AsyncSandbox, SandboxPool
 
     plain, _ = web
     policy = {"mode": "allow", "allow": ["allowed.test"], "hosts": {"allowed.test": "127.0.0.1"}}
@@ -505,7 +505,7 @@ def test_policy_strings_presets_and_validation():
     ]:
         with pytest.raises(ValidationError, match=message):
             SandboxConfig(network=bad)
-    from sandbox.netpolicy import Rules
+    from jailbox.sandbox.net.policy import Rules
 
     rules = Rules(("pypi", "*.example.com", "10.0.0.0/8"), ("bad.example.com",))
     assert rules.check_name("files.pythonhosted.org") == (True, "allowed by rule 'pypi (files.pythonhosted.org)'")
@@ -520,7 +520,7 @@ def test_policy_strings_presets_and_validation():
 
 
 def _jailbox(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-c", "import cli; cli.main()", *args]
+    cmd = [sys.executable, "-c", "from jailbox.cli import main; main()", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 

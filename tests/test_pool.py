@@ -7,9 +7,9 @@ import asyncio
 import psutil
 from conftest import jail_processes, run_threads
 
-from sandbox import AsyncSandbox, Sandbox, SandboxPool
-from sandbox.errors import SandboxClosed
-from sandbox.launcher import LAUNCHER
+from jailbox.sandbox import AsyncSandbox, Sandbox, SandboxPool
+from jailbox.sandbox.errors import SandboxClosed
+from jailbox.sandbox.launcher import LAUNCHER
 
 
 def _state(sb: Sandbox) -> str:

@@ -14,9 +14,9 @@ import termios
 from batch_tasks import ROOT, bench_command, jails_left, responder, tasks_file
 from llm_server import ScriptedServer
 
-from agent.batch import Batch, BatchConfig, load_tasks
-from agent.llm import LLMConfig
-from agent.progress import Progress
+from jailbox.agent.batch import Batch, BatchConfig, load_tasks
+from jailbox.agent.llm import LLMConfig
+from jailbox.agent.progress import Progress
 
 ESC = "\x1b"
 

@@ -27,8 +27,8 @@ from batch_tasks import (
 )
 from llm_server import ScriptedServer
 
-from agent.batch import Batch, BatchConfig, load_tasks, read_results
-from agent.llm import LLMConfig
+from jailbox.agent.batch import Batch, BatchConfig, load_tasks, read_results
+from jailbox.agent.llm import LLMConfig
 
 pytest.importorskip("ray", reason="the Ray executor needs the jailbox[ray] extra")
 

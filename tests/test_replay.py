@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.replay import normalise, replay
-from sandbox import Mount, SandboxConfig
+from jailbox.agent.replay import normalise, replay
+from jailbox.sandbox import Mount, SandboxConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT.parent / "shared" / "data" / "reference-trajectories"
@@ -57,7 +57,7 @@ def test_a_changed_observation_is_reported_with_a_diff(tmp_path, with_python):
         [
             sys.executable,
             "-c",
-            "import cli; cli.main()",
+            "from jailbox.cli import main; main()",
             "replay",
             str(tampered),
             "--bind",

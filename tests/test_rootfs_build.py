@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import Sandbox, SandboxConfig
-from sandbox.errors import ConfigError, RootfsBuildError
-from sandbox.rootfs import build
-from sandbox.rootfs.store import Store
+from jailbox.sandbox import Sandbox, SandboxConfig
+from jailbox.sandbox.errors import ConfigError, RootfsBuildError
+from jailbox.sandbox.rootfs import build
+from jailbox.sandbox.rootfs.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER_IMPORTS = "import numpy, scipy, sympy, matplotlib, mpmath, IPython, chardet"
@@ -47,7 +47,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory):
 def _jailbox(*args: str, cache: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "JAILBOX_CACHE_DIR": str(cache)}
     return subprocess.run(
-        [sys.executable, str(REPO / "cli.py"), *args], capture_output=True, text=True, env=env, timeout=timeout
+        [sys.executable, "-m", "jailbox.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
     )
 
 
@@ -220,6 +220,6 @@ def test_failed_build_reports_mmdebstrap_and_stores_nothing(tmp_path, cache):
 
 
 def _has_subids() -> bool:
-    from sandbox import idmap
+    from jailbox.sandbox import idmap
 
     return idmap.full_range_available()

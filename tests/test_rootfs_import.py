@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from oci_images import E, Layout, content, tar_bytes, tree_of
 
-from sandbox import Sandbox, idmap
-from sandbox.errors import RootfsError, UnsafeArchive
-from sandbox.rootfs.importer import import_rootfs
-from sandbox.rootfs.store import Store
+from jailbox.sandbox import Sandbox, idmap
+from jailbox.sandbox.errors import RootfsError, UnsafeArchive
+from jailbox.sandbox.rootfs.importer import import_rootfs
+from jailbox.sandbox.rootfs.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
-JAILBOX = [sys.executable, "-c", "import cli; cli.main()"]
+JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 ROOTFS = [
     E("etc", "dir"),
     E("etc/hello", data=b"hello\n"),

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from oci_images import E, Layout, LocalRegistry, Proxy, content, have_tools, tar_bytes, tree_of
 
-from sandbox import Sandbox, SandboxConfig, idmap
-from sandbox.errors import ConfigError, DigestMismatch, RegistryError, RootfsNotFound
-from sandbox.rootfs.pull import pull
-from sandbox.rootfs.store import Store
+from jailbox.sandbox import Sandbox, SandboxConfig, idmap
+from jailbox.sandbox.errors import ConfigError, DigestMismatch, RegistryError, RootfsNotFound
+from jailbox.sandbox.rootfs.pull import pull
+from jailbox.sandbox.rootfs.store import Store
 
 pytestmark = pytest.mark.skipif(have_tools() is not None, reason=str(have_tools()))
 
@@ -162,7 +162,7 @@ def test_partial_download_survives_a_failed_pull(registry: LocalRegistry, proxy:
     """A pull that gives up (here: every attempt cut off) keeps what arrived; the next resumes."""
     top = registry.layers["top"]
     proxy.cut_after = 1 << 20
-    import sandbox.rootfs.pull as pull_module
+    from jailbox.sandbox.rootfs import pull as pull_module
 
     original = pull_module.ATTEMPTS
     pull_module.ATTEMPTS = 1
@@ -198,8 +198,8 @@ def test_blob_with_a_wrong_digest_is_refused(registry: LocalRegistry, store: Sto
 
 
 def _manifest(registry: LocalRegistry, tag: str) -> dict:
-    from sandbox.rootfs.reference import Reference
-    from sandbox.rootfs.registry import Registry
+    from jailbox.sandbox.rootfs.reference import Reference
+    from jailbox.sandbox.rootfs.registry import Registry
 
     with Registry(Reference.parse(f"{registry.host}/test/img:{tag}")) as reg:
         return reg.manifest(tag)[0]
@@ -303,7 +303,7 @@ def test_sandbox_runs_on_a_pulled_tree_without_copying_it(mini_image: str, store
     assert (entry.tree / "etc/root-owned").read_text() == "root\n"  # the lower layer never changes
     with Sandbox(SandboxConfig(rootfs=mini_image, workdir="/srv", env={"FOO": "explicit"})) as sb:
         assert sb.exec("echo $FOO; pwd").stdout == "explicit\n/srv\n"
-    from sandbox import SandboxPool
+    from jailbox.sandbox import SandboxPool
 
     with SandboxPool(size=2, rootfs=mini_image) as pool:  # pooled jails get the image's settings too
         sb = pool.acquire()
@@ -413,7 +413,7 @@ def test_ctrl_c_keeps_the_partial_download_and_the_next_pull_resumes(
 def test_cli_pull_then_exec_on_it(mini_image: str, store: Store) -> None:
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "JAILBOX_CACHE_DIR": str(store.root)}
-    jailbox = [sys.executable, "-c", "import cli; cli.main()"]
+    jailbox = [sys.executable, "-c", "from jailbox.cli import main; main()"]
     r = subprocess.run([*jailbox, "rootfs", "pull", mini_image], capture_output=True, text=True, env=env, cwd=root)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("/tree") and mini_image in r.stdout

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from oci_images import E, tar_bytes
 
-from sandbox.errors import RootfsError, RootfsNotFound
-from sandbox.rootfs import unpack
-from sandbox.rootfs.image import ImageConfig
-from sandbox.rootfs.reference import Reference
-from sandbox.rootfs.store import Store
+from jailbox.sandbox.errors import RootfsError, RootfsNotFound
+from jailbox.sandbox.rootfs import unpack
+from jailbox.sandbox.rootfs.image import ImageConfig
+from jailbox.sandbox.rootfs.reference import Reference
+from jailbox.sandbox.rootfs.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 TREE = [E("etc/hello", data=b"hi\n"), E("home/apt", "dir", uid=42, gid=42), E("home/apt/x", data=b"x", uid=42)]
@@ -102,7 +102,7 @@ def test_local_registries_may_be_plain_http() -> None:
 
 
 def test_rm_refuses_a_tree_a_live_sandbox_uses(store: Store, mini_rootfs: Path) -> None:
-    from sandbox import Sandbox
+    from jailbox.sandbox import Sandbox
 
     with store.create("live", source="test", kind="import") as staging:
         subprocess.run(["cp", "-a", f"{mini_rootfs}/.", str(staging.tree)], check=True)

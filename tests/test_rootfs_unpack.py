@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from oci_images import E, tar_bytes
 
-from sandbox.errors import RootfsError, UnsafeArchive
-from sandbox.rootfs import unpack
+from jailbox.sandbox.errors import RootfsError, UnsafeArchive
+from jailbox.sandbox.rootfs import unpack
 
 
 @pytest.fixture
@@ -177,7 +177,7 @@ def test_dotdot_at_the_root_of_an_absolute_symlink_stays_at_the_root(area) -> No
 @pytest.mark.root
 def test_walking_symlinks_leaves_no_descriptor_open(area) -> None:
     """The engine in this process (root: it chowns to 0), through every refusal path."""
-    from sandbox.rootfs import untar
+    from jailbox.sandbox.rootfs import untar
 
     tree, _ = area
     archives = [entries for entries, _ in ATTACKS.values() if not isinstance(entries, bytes)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.scoring import SCORERS, choice_letter, choice_set, last_boxed, resolve_scorer, rouge_l, score
+from jailbox.agent.scoring import SCORERS, choice_letter, choice_set, last_boxed, resolve_scorer, rouge_l, score
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 TRAJECTORIES = SHARED / "reference-trajectories"
@@ -341,8 +341,8 @@ def test_custom_scorers_by_dotted_path(custom_module):
     assert score("x", "y", f"{custom_module}:generous") == 1.0
     assert score("x", "y", f"{custom_module}:harsh") == 0.0
     assert score("x", "y", f"{custom_module}:undefined") == 0.0
-    assert resolve_scorer("agent.scoring:rouge_l") is SCORERS["rouge_l"]
-    assert resolve_scorer("agent.scoring.math_equal") is SCORERS["math"]
+    assert resolve_scorer("jailbox.agent.scoring:rouge_l") is SCORERS["rouge_l"]
+    assert resolve_scorer("jailbox.agent.scoring.math_equal") is SCORERS["math"]
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ import zipfile
 import pytest
 from pydantic import ValidationError
 
-from sandbox import Sandbox, SandboxConfig
-from sandbox.config import SeccompPolicy
-from sandbox.errors import SecurityWarning
+from jailbox.sandbox import Sandbox, SandboxConfig
+from jailbox.sandbox.config import SeccompPolicy
+from jailbox.sandbox.errors import SecurityWarning
 
 SYSCALL = "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long\n"
 

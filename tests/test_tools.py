@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from agent.tools import TOOL_SCHEMAS, ToolResult, Tools
-from sandbox import Sandbox
-from sandbox.config import Limits
+from jailbox.agent.tools import TOOL_SCHEMAS, ToolResult, Tools
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.config import Limits
 
 EMPTY_STDERR = "[STDERR]\n(empty)\n"
 

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from sandbox.errors import DigestMismatch, DownloadInterrupted, RegistryError
+from ..errors import DigestMismatch, DownloadInterrupted, RegistryError
 
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 Progress = Callable[[str, int, int | None], None]  # digest, bytes so far, total

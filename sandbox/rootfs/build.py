@@ -23,13 +23,13 @@ from typing import IO
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sandbox.config import check_env, jail_path
-from sandbox.errors import ConfigError, RootfsBuildError
-from sandbox.rootfs import store as store_mod
-from sandbox.rootfs import unpack
-from sandbox.rootfs.image import ImageConfig
+from ..config import check_env, jail_path
+from ..errors import ConfigError, RootfsBuildError
+from . import store as store_mod
+from . import unpack
+from .image import ImageConfig
 
-_RECIPES = "sandbox.rootfs.recipes"
+_RECIPES = f"{__package__}.recipes"  # the top-level rootfs/ folder, shipped as package data
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.\-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:\-]+)?$")
 
 
@@ -72,11 +72,7 @@ class Recipe(BaseModel):
 
 
 def _recipes() -> Traversable:
-    """Installed: the package ``sandbox.rootfs.recipes``; run from a checkout: its ``rootfs/``."""
-    try:
-        return resources.files(_RECIPES)
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parents[2] / "rootfs"
+    return resources.files(_RECIPES)
 
 
 def recipe_names() -> list[str]:
@@ -140,7 +136,7 @@ def mmdebstrap_argv(recipe: Recipe, mode: str) -> list[str]:
 def _mode() -> str:
     if os.getuid() == 0:
         return "root"
-    from sandbox import idmap
+    from .. import idmap
 
     if not idmap.full_range_available():
         raise RootfsBuildError(

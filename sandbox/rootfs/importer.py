@@ -17,11 +17,11 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from sandbox.errors import RootfsError, UnsafeArchive
-from sandbox.rootfs import unpack, untar
-from sandbox.rootfs.image import ImageConfig, host_platform
-from sandbox.rootfs.pull import choose, platform_of
-from sandbox.rootfs.store import Entry, Store
+from ..errors import RootfsError, UnsafeArchive
+from . import unpack, untar
+from .image import ImageConfig, host_platform
+from .pull import choose, platform_of
+from .store import Entry, Store
 
 MAX_JSON = 8 << 20
 REF_NAME = "org.opencontainers.image.ref.name"

@@ -12,13 +12,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from sandbox.errors import DownloadInterrupted, RegistryError
-from sandbox.rootfs import unpack
-from sandbox.rootfs.blobs import BlobCache, Progress
-from sandbox.rootfs.image import ImageConfig, host_platform, matches
-from sandbox.rootfs.reference import Reference
-from sandbox.rootfs.registry import INDEX_TYPES, Registry
-from sandbox.rootfs.store import Entry, Store
+from ..errors import DownloadInterrupted, RegistryError
+from . import unpack
+from .blobs import BlobCache, Progress
+from .image import ImageConfig, host_platform, matches
+from .reference import Reference
+from .registry import INDEX_TYPES, Registry
+from .store import Entry, Store
 
 ATTEMPTS = 4
 LAYER_TYPES = (

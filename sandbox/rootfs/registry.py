@@ -20,8 +20,8 @@ from pathlib import Path
 
 import httpx
 
-from sandbox.errors import DigestMismatch, DownloadInterrupted, RegistryError
-from sandbox.rootfs.reference import Reference
+from ..errors import DigestMismatch, DownloadInterrupted, RegistryError
+from .reference import Reference
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",

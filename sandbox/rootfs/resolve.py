@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox.config import SandboxConfig, jail_path
-from sandbox.errors import RootfsNotFound
-from sandbox.rootfs import unpack
-from sandbox.rootfs.store import Entry, Store, not_found_message
+from ..config import SandboxConfig, jail_path
+from ..errors import RootfsNotFound
+from . import unpack
+from .store import Entry, Store, not_found_message
 
 RESERVED_WORKDIRS = ("/", "/proc", "/dev", "/sys", "/tmp")
 ROOT_USERS = ("root", "0", "root:root", "0:0")

@@ -44,9 +44,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.errors import RootfsError, RootfsNotFound
-from sandbox.rootfs import unpack
-from sandbox.rootfs.image import ImageConfig
+from ..errors import RootfsError, RootfsNotFound
+from . import unpack
+from .image import ImageConfig
 
 Kind = Literal["pull", "import", "build"]
 MAX_NAME = 200
@@ -209,7 +209,7 @@ class Store:
         entry = self.get(name)
         if entry is not None:
             return entry
-        from sandbox.rootfs.reference import Reference
+        from .reference import Reference
 
         try:
             canonical = str(Reference.parse(name))
@@ -254,7 +254,7 @@ class Store:
 
 def users_of(tree: Path) -> list[int]:
     """Host pids of live sandboxes in the default state directory whose lower layer is ``tree``."""
-    from sandbox import state
+    from .. import state
 
     base = state.state_dir() / "sandboxes"
     pids = []

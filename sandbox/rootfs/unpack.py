@@ -25,14 +25,14 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from sandbox import idmap
-from sandbox.errors import RootfsError, UnsafeArchive
+from .. import idmap
+from ..errors import RootfsError, UnsafeArchive
 
 MAX_MEMBER = 64 << 30
 MAX_TOTAL = 1 << 40
 MAX_ENTRIES = 4_000_000
-_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.rootfs.worker import main; main(sys.argv[2])"
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[len(__package__.split("."))])
+_BOOT = f"import sys; sys.path.insert(0, sys.argv[1]); from {__package__}.worker import main; main(sys.argv[2])"
 MAP_WAIT = 30.0
 
 
@@ -167,7 +167,7 @@ def _answer(proc: subprocess.Popen) -> dict:
 
 
 def _write_maps(pid: int, plan: dict) -> None:
-    from sandbox.zygote import _write_maps as write
+    from ..child.zygote import _write_maps as write
 
     try:
         write(pid, plan)

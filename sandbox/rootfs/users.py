@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sandbox import linux as L
-from sandbox.errors import ConfigError
+from ..errors import ConfigError
+from ..floor import linux as L
 
 MAX_DB = 4 << 20
 

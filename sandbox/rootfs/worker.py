@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import IO
 
-from sandbox.rootfs import untar
+from . import untar
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CLONE_NEWUSER = 0x10000000

@@ -19,8 +19,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from sandbox import cgroups
-from sandbox import linux as L
+from ..floor import linux as L
+from ..limits import cgroups
 
 Status = Literal["ok", "degraded", "failing"]
 
@@ -183,10 +183,10 @@ def id_ranges(host: Host) -> Probe:
 
 
 def seccomp_notify() -> Probe:
-    from sandbox import seccomp
-    from sandbox.config import SeccompPolicy
+    from ..config import SeccompPolicy
+    from ..seccomp import bpf
 
-    program = seccomp.compile_policy(SeccompPolicy(), notify=True)
+    program = bpf.compile_policy(SeccompPolicy(), notify=True)
 
     def body() -> None:
         L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
@@ -295,7 +295,7 @@ def state(base: Path) -> Probe:
 
 
 def run(host: Host | None = None, base: Path | None = None) -> list[Probe]:
-    from sandbox.state import state_dir
+    from ..state import state_dir
 
     host = host or Host()
     live = userns_live()

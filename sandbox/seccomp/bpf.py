@@ -18,8 +18,8 @@ import platform
 import struct
 from functools import lru_cache
 
-from sandbox.config import SeccompPolicy
-from sandbox.errors import ConfigError
+from ..config import SeccompPolicy
+from ..errors import ConfigError
 
 # classic BPF
 _LD_W_ABS = 0x20

@@ -24,7 +24,7 @@ import signal
 import time
 from pathlib import Path
 
-from sandbox.config import Limits
+from ..config import Limits
 
 CPU_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "pids", "cpu")

@@ -24,9 +24,9 @@ import subprocess
 import tempfile
 import time
 
-from sandbox import wire
-from sandbox.errors import SandboxSetupError
-from sandbox.netpolicy import PortMapping
+from ..errors import SandboxSetupError
+from ..floor import wire
+from .policy import PortMapping
 
 TUN = "/dev/net/tun"
 MTU = 65520

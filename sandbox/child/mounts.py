@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from sandbox import linux as L
+from ..floor import linux as L
 
 # Docker's default masked and read-only /proc and /sys paths.
 MASKED_PATHS = (

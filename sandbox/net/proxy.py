@@ -30,8 +30,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox.errors import SandboxSetupError
-from sandbox.netpolicy import IPAddress, NetworkPolicy, Rules, normalize_host
+from ..errors import SandboxSetupError
+from .policy import IPAddress, NetworkPolicy, Rules, normalize_host
 
 CHUNK = 16 * 1024
 HIGH_WATER = 32 * 1024

@@ -6,10 +6,10 @@ from __future__ import annotations
 import ipaddress
 import warnings
 
-from sandbox.errors import SecurityWarning
-from sandbox.netpolicy import NetworkPolicy, blocked_routes
-from sandbox.proxy import PROXY, NetworkLogEntry, Tenant
-from sandbox.slirp import Slirp
+from ..errors import SecurityWarning
+from .policy import NetworkPolicy, blocked_routes
+from .proxy import PROXY, NetworkLogEntry, Tenant
+from .slirp import Slirp
 
 PROXY_PORT = 3128
 PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"

@@ -27,8 +27,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from sandbox import init, wire
-from sandbox import linux as L
+from ..floor import linux as L
+from ..floor import wire
+from . import init
 
 STEP_TIMEOUT = 10.0
 Body = Callable[[socket.socket], None]

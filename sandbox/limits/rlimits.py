@@ -11,8 +11,8 @@ import os
 import resource
 import warnings
 
-from sandbox.config import Limits
-from sandbox.errors import LimitNotEnforced
+from ..config import Limits
+from ..errors import LimitNotEnforced
 
 Enforcement = dict[str, str]
 

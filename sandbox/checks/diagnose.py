@@ -8,8 +8,8 @@ from __future__ import annotations
 import errno
 import platform
 
-from sandbox.doctor import Host, userns_settings
-from sandbox.errors import KernelRefused, SandboxError, SandboxSetupError
+from ..errors import KernelRefused, SandboxError, SandboxSetupError
+from .doctor import Host, userns_settings
 
 
 def explain(message: str, err: int) -> SandboxError:

@@ -26,8 +26,9 @@ import struct
 import termios
 import time
 
-from sandbox import linux as L
-from sandbox import mounts, netns, wire
+from ..floor import linux as L
+from ..floor import wire
+from . import mounts, netns
 
 MAX_WALK_ENTRIES = 500_000
 SLACK_BASE = 50_000

@@ -1,0 +1,48 @@
+"""jailbox: rootless Linux sandboxes for LLM agents and untrusted code, without Docker.
+
+The installed package: this file is ``jailbox/__init__.py``, ``sandbox/`` is ``jailbox.sandbox`` (the
+jail), ``agent/`` is ``jailbox.agent`` (the agent loop, over the jail's public API) and ``cli.py`` is
+``jailbox.cli``. The names below are the public face, pinned by ``tests/test_exported_members.py``.
+
+They are imported lazily: the launcher and the jail's init import ``jailbox.sandbox.child`` with
+``python -I -S`` and must not pay for pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncSandbox",
+    "ExecResult",
+    "Limits",
+    "Mount",
+    "NetworkPolicy",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxPool",
+    "SeccompPolicy",
+]
+
+if TYPE_CHECKING:
+    from .sandbox import (
+        AsyncSandbox,
+        ExecResult,
+        Limits,
+        Mount,
+        NetworkPolicy,
+        Sandbox,
+        SandboxConfig,
+        SandboxPool,
+        SeccompPolicy,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import sandbox
+
+        return getattr(sandbox, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
