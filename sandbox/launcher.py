@@ -10,20 +10,11 @@ import os
 import resource
 import socket
 import subprocess
-import sys
 import threading
-from pathlib import Path
 
 from .errors import SandboxSetupError
-from .floor import wire
+from .floor import boot, wire
 
-# The launcher's interpreter starts with -I -S: no site-packages, so the directory holding the
-# top-level package goes first on its path (site-packages when installed).
-_BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[3]); "
-    f"from {__package__}.child.zygote import main; main(int(sys.argv[1]), int(sys.argv[2]))"
-)
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[len(__package__.split("."))])
 REPLY_TIMEOUT = 60.0
 
 
@@ -48,7 +39,7 @@ class Launcher:
             self._sock.close()
         mine, theirs = wire.seqpacket_pair()
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _BOOT, str(theirs.fileno()), str(os.getpid()), _PACKAGE_PARENT],
+            boot.command("sandbox.child.zygote", str(theirs.fileno()), str(os.getpid())),
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -69,7 +69,7 @@ def test_kernel_refusal_names_the_sysctl_that_fixes_it():
     """A real refusal: inside a user namespace whose own user-namespace limit is 0."""
     script = (
         "echo 0 > /proc/sys/user/max_user_namespaces && exec " + sys.executable + " -c '"
-        "from sandbox import Sandbox\nfrom sandbox.errors import KernelRefused\n"
+        "from jailbox.sandbox import Sandbox\nfrom jailbox.sandbox.errors import KernelRefused\n"
         "try:\n    Sandbox()\nexcept KernelRefused as exc:\n    print(exc)'"
     )
     r = subprocess.run(

@@ -19,8 +19,8 @@ from jailbox.sandbox.state import cleanup
 
 CHILD = r"""
 import json, sys, time
-from sandbox import Sandbox
-from sandbox.launcher import LAUNCHER
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.launcher import LAUNCHER
 sb = Sandbox()
 sb.exec("sleep 1000 & setsid sleep 1001 &")
 print(json.dumps({"init": sb.init_pid, "ns": sb.exec("readlink /proc/self/ns/pid").stdout.strip(),

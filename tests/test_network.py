@@ -466,7 +466,7 @@ def test_slirp_goes_with_close_and_with_the_host_process():
     assert _slirps() == []
     assert len(os.listdir("/proc/self/fd")) == fds
     script = (
-        "import os, sys, time; sys.path.insert(0, sys.argv[1]); from sandbox import Sandbox; "
+        "import os, sys, time; sys.path.insert(0, sys.argv[1]); from jailbox.sandbox import Sandbox; "
         "sb = Sandbox(network='full'); sb2 = Sandbox(network='allow:pypi'); print('up', flush=True); time.sleep(600)"
     )
     host = subprocess.Popen([sys.executable, "-c", script, str(ROOT)], stdout=subprocess.PIPE, text=True)

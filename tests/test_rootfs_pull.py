@@ -221,10 +221,9 @@ def test_index_picks_the_host_platform(registry: LocalRegistry, store: Store) ->
 
 
 def test_two_concurrent_pulls_make_one_correct_tree(registry: LocalRegistry, store: Store) -> None:
-    code = (
-        f"import sys; from sandbox.rootfs.pull import pull; e = pull({registry.host + '/test/img:v1'!r}); print(e.tree)"
-    )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    ref = registry.host + "/test/img:v1"
+    code = f"from jailbox.sandbox.rootfs.pull import pull; print(pull({ref!r}).tree)"
+    env = dict(os.environ)
     procs = [
         subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for _ in range(2)
@@ -390,8 +389,8 @@ def test_ctrl_c_keeps_the_partial_download_and_the_next_pull_resumes(
 
     top = registry.layers["top"]
     proxy.stall_after = 1 << 20
-    code = f"from sandbox.rootfs.pull import pull; pull({proxy.host + '/test/img:v1'!r})"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    code = f"from jailbox.sandbox.rootfs.pull import pull; pull({proxy.host + '/test/img:v1'!r})"
+    env = dict(os.environ)
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
     partial = store.root / "blobs" / "partial" / top[7:]
     for _ in range(1200):  # bounded wait until the first MiB of the big layer is on disk

@@ -24,7 +24,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Callable
 
 from ..floor import linux as L
@@ -36,7 +35,9 @@ Body = Callable[[socket.socket], None]
 NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
 
 
-def main(ctl_fd: int, host_pid: int) -> None:
+def main(argv: list[str]) -> None:
+    """argv: the control socket's descriptor and the host process's pid."""
+    ctl_fd, host_pid = int(argv[0]), int(argv[1])
     ctl = socket.socket(fileno=ctl_fd)
     host = os.pidfd_open(host_pid)
     if os.getppid() != host_pid:
@@ -274,7 +275,3 @@ def _write_maps(pid: int, idmap: dict) -> None:
     for key in ("uid_map", "gid_map"):
         with open(f"/proc/{pid}/{key}", "w") as f:
             f.write(idmap[key])
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))

@@ -20,19 +20,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import IO, Any
 
 from .. import idmap
 from ..errors import RootfsError, UnsafeArchive
+from ..floor import boot
 
 MAX_MEMBER = 64 << 30
 MAX_TOTAL = 1 << 40
 MAX_ENTRIES = 4_000_000
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[len(__package__.split("."))])
-_BOOT = f"import sys; sys.path.insert(0, sys.argv[1]); from {__package__}.worker import main; main(sys.argv[2])"
 MAP_WAIT = 30.0
 
 
@@ -121,7 +119,7 @@ def run(req: dict, stream: IO[bytes] | None = None, plan: dict | None = None) ->
             stdin = subprocess.PIPE
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _BOOT, _PACKAGE_PARENT, json.dumps(req)],
+            boot.command("sandbox.rootfs.worker", json.dumps(req)),
             stdin=stdin,
             stdout=subprocess.PIPE,
             pass_fds=[go_r],

@@ -104,8 +104,8 @@ def du(path: str) -> dict:
     return {"ok": True, "bytes": apparent, "disk": disk, "entries": entries}
 
 
-def main(request: str) -> None:
-    req = json.loads(request)
+def main(argv: list[str]) -> None:
+    req = json.loads(argv[0])
     try:
         os.umask(0o022)
         if req["userns"]:
