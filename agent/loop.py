@@ -3,6 +3,9 @@
 Every limit ends the run with a status, never an exception: ``submitted``, ``max_steps``,
 ``token_limit``, ``time_limit``, ``format_errors``, ``llm_error``, ``sandbox_error``. The
 trajectory is saved after every step.
+
+Runs in the host process that drives the model (the CLI's, a batch's worker thread, a Ray worker);
+the model is anything with the ``ChatModel`` protocol, the jail is reached only through ``Tools``.
 """
 
 from __future__ import annotations

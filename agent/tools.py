@@ -1,5 +1,9 @@
 """The three tools of LLM-in-Sandbox (``str_replace_editor``, ``execute_bash``, ``submit``) on a jailbox ``Sandbox``.
 
+Runs in the host process that drives the agent. It bounds each command by ``timeout``, each observation by
+``max_chars``, what the editor reads of a file by ``MAX_FILE_BYTES`` and its undo history by ``HISTORY_DEPTH``.
+The schemas are data in ``agent.schemas``; the pure text work (argument checks, clipping) is ``agent.text``.
+
 Names, JSON parameter schemas and their order match the reference package, so its prompts and models trained on
 it carry over. ``str_replace_editor`` also accepts ``undo_edit`` (as in SWE-agent and OpenHands, whose editor the
 reference copied). Where the reference broke, this does better, through the sandbox's public API only:
