@@ -84,7 +84,7 @@ class Batch:
         self.config = config or BatchConfig()
         self.job = Job(llm=llm, sandbox=sandbox or SandboxConfig(), agent=agent or AgentConfig(), mode=self.config.mode)
         self.observer = observer or Observer()
-        self.executor = executor
+        self.make_executor = executor
         self.results_path = out_dir / "results.jsonl"
         self.stopping = threading.Event()
         self.killing = threading.Event()
@@ -103,7 +103,7 @@ class Batch:
         if not self.config.resume and self.results_path.exists():
             self.results_path.unlink()
         results: list[TaskResult] = []
-        executor: Executor = self.executor(self.job, self.out_dir, self.config, self.observer.stepped)
+        executor: Executor = self.make_executor(self.job, self.out_dir, self.config, self.observer.stepped)
         killed = False
         try:
             queue = iter(pending)

@@ -21,6 +21,8 @@ from .tasks import Task, TaskResult, task_dir
 
 
 class ExecutorConfig(BaseModel):
+    """What an executor is told of its batch: how many tasks and starting sandboxes at once, and Ray's settings."""
+
     workers: int = Field(4, ge=1, description="tasks (so live sandboxes) at once")
     max_starting: int = Field(4, ge=1, description="sandboxes being created at once")
     ray_address: str | None = Field(None, description="a running Ray cluster; None: $RAY_ADDRESS, else a local one")
