@@ -1,4 +1,4 @@
-"""The ``jailbox`` command: thin over ``sandbox/`` (parse, call, print)."""
+"""The ``jailbox`` command, in the user's process: click commands only (parse, call ``sandbox``/``agent``, print)."""
 
 from __future__ import annotations
 
