@@ -1,16 +1,12 @@
-"""The ``jailbox`` command: thin over ``sandbox/`` (parse, call, print)."""
+"""The ``jailbox`` command, in the user's process: click commands only (parse, call ``sandbox``/``agent``, print)."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import select
 import signal
 import sys
-import termios
 import time
-import tty
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -19,9 +15,9 @@ from pydantic import ValidationError
 
 from .sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
 from .sandbox.errors import SandboxError
-from .sandbox.execution import TtyCommand
 from .sandbox.state import cleanup as cleanup_state
 from .sandbox.state import state_dir
+from .sandbox.terminal import attach
 
 TIMEOUT_EXIT = 124
 SHELL = "command -v bash >/dev/null 2>&1 && exec bash -l || exec sh -l"
@@ -104,9 +100,12 @@ def _settings() -> dict[str, Any]:
         if not path.exists():
             continue
         if name.endswith(".toml"):
-            import tomllib
+            if sys.version_info >= (3, 11):
+                import tomllib
 
-            data = tomllib.loads(path.read_text())
+                data = tomllib.loads(path.read_text())
+            else:  # tomllib came with 3.11, and jailbox adds no TOML dependency for 3.10
+                raise click.UsageError(f"{path}: TOML settings need Python 3.11 or newer; use config.yaml")
         else:
             import yaml
 
@@ -160,64 +159,12 @@ def shell(**jail: Any) -> None:
     config = _config(**jail)
     try:
         with Sandbox(config) as sb:
-            code = _interactive(sb)
+            command = sb.exec_tty(["/bin/sh", "-c", SHELL], env={"TERM": os.environ.get("TERM", "xterm")})
+            code = attach(command, sys.stdin.fileno(), sys.stdout.fileno())
     except SandboxError as exc:
         click.echo(f"jailbox: {exc}", err=True)
         sys.exit(125)
     sys.exit(code)
-
-
-def _interactive(sb: Sandbox) -> int:
-    in_fd, out_fd = sys.stdin.fileno(), sys.stdout.fileno()
-    interactive = os.isatty(in_fd)
-    command = sb.exec_tty(["/bin/sh", "-c", SHELL], env={"TERM": os.environ.get("TERM", "xterm")})
-
-    def resize(*_: object) -> None:
-        if interactive:
-            size = fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8)
-            fcntl.ioctl(command.master, termios.TIOCSWINSZ, size)
-
-    resize()
-    saved = termios.tcgetattr(in_fd) if interactive else None
-    previous = signal.signal(signal.SIGWINCH, resize)
-    try:
-        if interactive:
-            tty.setraw(in_fd, termios.TCSADRAIN)  # keep typeahead
-        return _pump(in_fd, out_fd, command)
-    finally:
-        if saved is not None:
-            termios.tcsetattr(in_fd, termios.TCSADRAIN, saved)
-        signal.signal(signal.SIGWINCH, previous)
-        command.close()
-
-
-def _pump(in_fd: int, out_fd: int, command: TtyCommand) -> int:
-    master = command.master
-    watch = [in_fd, master, command.fileno()]
-    while True:
-        try:
-            ready, _, _ = select.select(watch, [], [])
-        except InterruptedError:
-            continue
-        if master in ready and not _copy(master, out_fd):
-            watch.remove(master)
-        if in_fd in ready and not _copy(in_fd, master):
-            watch.remove(in_fd)
-        if command.fileno() in ready:
-            os.set_blocking(master, False)
-            while _copy(master, out_fd):
-                pass
-            return command.exit_code()
-
-
-def _copy(src: int, dst: int) -> bool:
-    try:
-        data = os.read(src, 65536)
-    except OSError:
-        return False
-    if data:
-        os.write(dst, data)
-    return bool(data)
 
 
 def _trim(text: str, limit: int = 600) -> str:
@@ -381,10 +328,13 @@ def bench_cmd(
 ) -> None:
     """Run every task of TASKS (JSONL) in its own sandbox, N at once, and score the answers.
     Ctrl-C once: running tasks finish, no new one starts; twice: they are killed."""
-    from .agent.batch import Batch, BatchConfig, ExecutorError, load_tasks, markdown, read_results, summary
+    from .agent.batch import Batch, BatchConfig, find_executor
+    from .agent.executors import ExecutorError
     from .agent.llm import LLMConfig
     from .agent.loop import AgentConfig
     from .agent.progress import Progress
+    from .agent.report import write_summary
+    from .agent.tasks import load_tasks, read_results
 
     try:
         tasks = load_tasks(tasks_file)
@@ -398,7 +348,6 @@ def bench_cmd(
             max_starting=min(workers, 4),
             mode=mode,
             resume=resume,
-            executor=executor,
             ray_address=ray_address,
         )
         batch = Batch(
@@ -408,6 +357,7 @@ def bench_cmd(
             config,
             SandboxConfig(rootfs=rootfs, network=network),
             AgentConfig(max_steps=max_steps),
+            executor=find_executor(executor),
         )
     except (ValidationError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
@@ -432,10 +382,7 @@ def bench_cmd(
         sys.exit(2)
     finally:
         signal.signal(signal.SIGINT, previous)
-    rows = summary(read_results(batch.results_path))
-    (Path(output_dir) / "summary.json").write_text(json.dumps(rows, indent=1))
-    (Path(output_dir) / "summary.md").write_text(markdown(rows))
-    click.echo(markdown(rows))
+    click.echo(write_summary(read_results(batch.results_path), Path(output_dir)))
     if batch.stopping.is_set():
         sys.exit(130)  # interrupted: the results file has what finished, --resume does the rest
 

@@ -15,10 +15,11 @@ from pydantic import BaseModel
 from ..sandbox import Sandbox, SandboxConfig, SandboxPool
 from ..sandbox.errors import SandboxError
 from . import prompts as prompt_configs
-from .batch import Task
 from .run import prepare
+from .schemas import TOOL_SCHEMAS
 from .scoring import score
-from .tools import TOOL_SCHEMAS, ToolResult, Tools
+from .tasks import Task
+from .tools import ToolResult, Tools
 
 
 class StepResult(BaseModel):

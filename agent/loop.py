@@ -3,6 +3,9 @@
 Every limit ends the run with a status, never an exception: ``submitted``, ``max_steps``,
 ``token_limit``, ``time_limit``, ``format_errors``, ``llm_error``, ``sandbox_error``. The
 trajectory is saved after every step.
+
+Runs in the host process that drives the model (the CLI's, a batch's worker thread, a Ray worker);
+the model is anything with the ``ChatModel`` protocol, the jail is reached only through ``Tools``.
 """
 
 from __future__ import annotations
@@ -11,15 +14,16 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from ..sandbox import Sandbox
 from ..sandbox.errors import SandboxError
-from .llm import LLMClient, LLMError, parse_text_action
+from .llm import Completion, LLMError, Usage, parse_text_action
 from .prompts import PromptConfig
-from .tools import TOOL_SCHEMAS, Tools
+from .schemas import TOOL_SCHEMAS
+from .tools import Tools
 from .trajectory import Action, ExecFacts, ExitStatus, Step, Trajectory
 
 NO_TOOL_CALL = (
@@ -32,6 +36,22 @@ CUT_OFF = (
 )
 LAST_STEP = "This is your last step: write the answer to {output_dir}/answer.txt now and call submit."
 TEXT_MODE_HELP = "Call a tool with one fenced block: ```<tool_name>\\n{{json arguments}}\\n```. Tools: {names}."
+
+
+class ChatModel(Protocol):
+    """What the loop needs of a model: one chat completion per step, and the tokens spent so far.
+
+    ``LLMClient`` is one; so is any fake that answers ``complete`` (raising ``LLMError`` when it cannot).
+    """
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens over every completion so far; ``total_tokens`` is what ``max_total_tokens`` bounds."""
+        ...
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Completion:
+        """The model's reply to ``messages``, offered ``tools`` (None in text mode)."""
+        ...
 
 
 class AgentConfig(BaseModel):
@@ -49,7 +69,7 @@ class Agent:
 
     def __init__(
         self,
-        llm: LLMClient,
+        llm: ChatModel,
         sandbox: Sandbox,
         prompts: PromptConfig | None = None,
         config: AgentConfig | None = None,

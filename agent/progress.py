@@ -17,7 +17,8 @@ import time
 from collections import Counter
 from typing import TextIO
 
-from .batch import Observer, Task, TaskResult
+from .batch import Observer
+from .tasks import Task, TaskResult
 
 REDRAW = 0.2
 BAR = 30

@@ -6,6 +6,9 @@ cluster-wide gate on sandboxes starting at once, held by a small actor (the hub)
 task's step count back for the live display and the kill signal out to the workers. A killed task's
 worker ends its sandbox and LLM request itself; a worker that does not within ``KILL_GRACE`` is
 force-cancelled (its process dies, and jailbox's launcher removes the jail it leaves).
+
+``RayExecutor`` runs in the driver process; ``_run`` and ``_probe`` run in Ray's worker processes, on
+any node, and ``_Hub`` in an actor. What a task sends back is bounded by ``RETURN_LIMIT``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from pydantic import BaseModel
 
 from ..sandbox import Sandbox, SandboxConfig
 from ..sandbox.errors import SandboxError
-from .batch import BatchConfig, Executor, ExecutorError, Guard, Job, Observer, Task, TaskResult, execute, task_dir
+from .execution import Guard, Job, Stepped, execute
+from .executors import Executor, ExecutorConfig, ExecutorError
+from .tasks import Task, TaskResult, task_dir
 
 
 def _token_auth_if_available() -> None:
@@ -45,8 +50,10 @@ try:
     import ray
     from ray.exceptions import RayError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    HAVE_RAY = True
 except ImportError:  # pragma: no cover - the extra is installed wherever the suite runs
-    ray = None
+    HAVE_RAY = False
 
 KILL_GRACE = 10.0
 RETURN_LIMIT = 256 << 20  # bytes of trajectory and output one task may send back to the driver
@@ -173,13 +180,13 @@ def _probe(config: SandboxConfig) -> tuple[str, str | None]:
 class RayExecutor(Executor):
     """Tasks as Ray tasks; connects to ``ray_address`` (or ``$RAY_ADDRESS``), else starts a local cluster."""
 
-    def __init__(self, job: Job, out_dir: Path, config: BatchConfig, observer: Observer) -> None:
-        if ray is None:
+    def __init__(self, job: Job, out_dir: Path, config: ExecutorConfig, stepped: Stepped) -> None:
+        if not HAVE_RAY:
             raise ExecutorError("the Ray executor needs Ray: pip install 'jailbox[ray]'")
         self.job = job
         self.out_dir = out_dir
         self.config = config
-        self.observer = observer
+        self.stepped = stepped
         self._connected_here = False
         self.hub: Any = None
         if not ray.is_initialized():
@@ -195,7 +202,7 @@ class RayExecutor(Executor):
             self.close()
             raise
 
-    def _init(self, config: BatchConfig) -> None:
+    def _init(self, config: ExecutorConfig) -> None:
         address = config.ray_address or os.environ.get("RAY_ADDRESS")
         if address:
             try:
@@ -250,7 +257,7 @@ class RayExecutor(Executor):
             rest = [r for r in self._refs if r not in ready]
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else []
         for task_id, (step, tokens) in ray.get(self.hub.steps.remote()).items():
-            self.observer.stepped(task_id, step, tokens)
+            self.stepped(task_id, step, tokens)
         results = []
         for ref in ready:
             task = self._refs.pop(ref)

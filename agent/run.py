@@ -13,7 +13,7 @@ from typing import Any
 from ..sandbox import Mount, Sandbox, SandboxConfig
 from ..sandbox.errors import SandboxError
 from .llm import LLMClient, LLMConfig
-from .loop import Agent, AgentConfig
+from .loop import Agent, AgentConfig, ChatModel
 from .prompts import PromptConfig
 from .trajectory import Step, Trajectory
 
@@ -30,7 +30,7 @@ def prepare(sb: Sandbox, prompts: PromptConfig, input_files: dict[str, str] | No
 
 def run_in(
     sb: Sandbox,
-    client: LLMClient,
+    client: ChatModel,
     problem: str,
     trajectory_path: Path,
     output_dir: Path,

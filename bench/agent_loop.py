@@ -43,7 +43,7 @@ def agent_loop(settings: Settings) -> CaseResult:
         agent = Agent(
             InstantModel(),
             sb,
-            config=AgentConfig(max_steps=steps),  # type: ignore[arg-type]
+            config=AgentConfig(max_steps=steps),
             trajectory_path=Path(tmp) / "trajectory.json",
         )
         stamps: list[float] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from llm_server import ScriptedServer, Step, reply
 
-from jailbox.agent.batch import read_results
+from jailbox.agent.tasks import read_results
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = [sys.executable, "-c", "from jailbox.cli import main; main()", "bench"]

@@ -13,8 +13,10 @@ import pytest
 from batch_tasks import ROOT, asked, bench_command, jails_left, responder, tasks_file
 from llm_server import ScriptedServer
 
-from jailbox.agent.batch import Batch, BatchConfig, Task, load_tasks, read_results, summary
+from jailbox.agent.batch import Batch, BatchConfig
 from jailbox.agent.llm import LLMConfig
+from jailbox.agent.report import summary
+from jailbox.agent.tasks import Task, load_tasks, read_results
 from jailbox.sandbox.launcher import LAUNCHER
 
 

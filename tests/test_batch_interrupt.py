@@ -21,8 +21,9 @@ from batch_tasks import (
 )
 from llm_server import ScriptedServer
 
-from jailbox.agent.batch import Batch, BatchConfig, Task, read_results
+from jailbox.agent.batch import Batch, BatchConfig
 from jailbox.agent.llm import LLMCancelled, LLMClient, LLMConfig
+from jailbox.agent.tasks import Task, read_results
 
 
 def test_first_sigint_lets_running_tasks_finish_and_starts_no_new_one(tmp_path, _state_dir):

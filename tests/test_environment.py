@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import run_threads
 
-from jailbox.agent.batch import Task
 from jailbox.agent.environment import Environment
+from jailbox.agent.tasks import Task
 from jailbox.sandbox import SandboxPool
 
 TASK = Task(id="e1", query="What is 6*7?", answer="42", scorer="exact", input_files={"/testbed/input/n.txt": "6 7"})

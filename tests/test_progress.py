@@ -14,9 +14,10 @@ import termios
 from batch_tasks import ROOT, bench_command, jails_left, responder, tasks_file
 from llm_server import ScriptedServer
 
-from jailbox.agent.batch import Batch, BatchConfig, load_tasks
+from jailbox.agent.batch import Batch, BatchConfig
 from jailbox.agent.llm import LLMConfig
 from jailbox.agent.progress import Progress
+from jailbox.agent.tasks import load_tasks
 
 ESC = "\x1b"
 

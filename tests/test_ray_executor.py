@@ -27,8 +27,9 @@ from batch_tasks import (
 )
 from llm_server import ScriptedServer
 
-from jailbox.agent.batch import Batch, BatchConfig, load_tasks, read_results
+from jailbox.agent.batch import Batch, BatchConfig, find_executor
 from jailbox.agent.llm import LLMConfig
+from jailbox.agent.tasks import load_tasks, read_results
 
 pytest.importorskip("ray", reason="the Ray executor needs the jailbox[ray] extra")
 
@@ -150,7 +151,7 @@ def test_ray_kill_ends_tasks_stuck_in_llm_requests(tmp_path, _state_dir, ray_tmp
     tasks = load_tasks(tasks_file(tmp_path / "tasks.jsonl", 6))
     with ScriptedServer(responder=responder(delay=FOREVER)) as server:
         llm = LLMConfig(model="m", base_url=server.url, api_key="k")
-        batch = Batch(tasks, llm, tmp_path / "out", BatchConfig(workers=3, executor="ray"))
+        batch = Batch(tasks, llm, tmp_path / "out", BatchConfig(workers=3), executor=find_executor("ray"))
         runner = threading.Thread(target=batch.run)
         runner.start()
         deadline = time.monotonic() + 300

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from jailbox.agent.tools import TOOL_SCHEMAS, ToolResult, Tools
+from jailbox.agent.schemas import TOOL_SCHEMAS
+from jailbox.agent.tools import ToolResult, Tools
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.config import Limits
 
