@@ -184,7 +184,9 @@ def test_walking_symlinks_leaves_no_descriptor_open(area) -> None:
     archives.append([E("c", "dir"), E("a", "symlink", link="/../c"), E("a/b/x", data=b"x"), E("a/b", "dir")])
     before = sorted(os.listdir("/proc/self/fd"))
     for entries in archives:
-        ex = untar.Extractor(str(tree), layer=True, max_id=65535, flatten=False, limits=untar.Limits(10**9, 10**9, 100))
+        ex = untar.Extractor(
+            str(tree), layer=True, max_id=65535, flatten=False, limits=untar.ArchiveBounds(10**9, 10**9, 100)
+        )
         try:
             ex.extract(io.BytesIO(tar_bytes(entries)))
         except untar.Failed:

@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from ..floor import linux as L
+from ..idmap import subordinate_range, subuid_fix
 from ..limits import cgroups
 
 Status = Literal["ok", "degraded", "failing"]
@@ -146,24 +147,15 @@ def overlay_in_userns(userns: Probe) -> Probe:
 
 
 def _subordinate(path: Path, host: Host) -> str | None:
-    try:
-        for line in path.read_text().splitlines():
-            parts = line.split(":")
-            if len(parts) == 3 and parts[0] in (host.user, str(host.uid)):
-                return f"{parts[1]}+{parts[2]}"
-    except OSError:
-        return None
-    return None
+    found = subordinate_range(path, host.uid, host.user)
+    return None if found is None else f"{found[0]}+{found[1]}"
 
 
 def id_ranges(host: Host) -> Probe:
     if host.uid == 0:
         return Probe(name="id ranges", status="ok", detail="root: identity map of 65536 ids")
     tool = shutil.which("newuidmap", path=host.path)
-    fix = (
-        f"sudo apt-get install uidmap && sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 "
-        f"{host.user}"
-    )
+    fix = f"sudo apt-get install uidmap && {subuid_fix(host.user)}"
     if tool is None or not os.stat(tool).st_mode & stat.S_ISUID:
         return Probe(
             name="id ranges",
@@ -183,8 +175,8 @@ def id_ranges(host: Host) -> Probe:
 
 
 def seccomp_notify() -> Probe:
-    from ..config import SeccompPolicy
     from ..seccomp import bpf
+    from ..seccomp.policy import SeccompPolicy
 
     program = bpf.compile_policy(SeccompPolicy(), notify=True)
 
@@ -266,7 +258,7 @@ def rootfs_build(host: Host) -> Probe:
             name="rootfs build",
             status="degraded",
             detail=f"{tool}, but its rootless mode needs a subordinate id range for {host.user}",
-            fix=f"sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {host.user}",
+            fix=subuid_fix(host.user),
         )
     mode = "root" if host.uid == 0 else "unshare"
     return Probe(name="rootfs build", status="ok", detail=f"{tool} (--mode={mode})")
