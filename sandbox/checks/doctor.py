@@ -146,7 +146,7 @@ def overlay_in_userns(userns: Probe) -> Probe:
     return Probe(name="overlayfs in a user namespace", status="ok", detail="mounted one")
 
 
-def _subordinate(path: Path, host: Host) -> str | None:
+def _range_text(path: Path, host: Host) -> str | None:
     found = subordinate_range(path, host.uid, host.user)
     return None if found is None else f"{found[0]}+{found[1]}"
 
@@ -163,7 +163,7 @@ def id_ranges(host: Host) -> Probe:
             fix=fix,
             detail="newuidmap missing or not setuid: one id only, so apt and pip cannot switch users",
         )
-    uids, gids = _subordinate(host.subuid, host), _subordinate(host.subgid, host)
+    uids, gids = _range_text(host.subuid, host), _range_text(host.subgid, host)
     if not uids or not gids:
         return Probe(
             name="id ranges",
@@ -253,7 +253,7 @@ def rootfs_build(host: Host) -> Probe:
             detail="mmdebstrap not installed: no `jailbox rootfs build` (pull and import still work)",
             fix="sudo apt-get install mmdebstrap",
         )
-    if host.uid != 0 and (_subordinate(host.subuid, host) is None or _subordinate(host.subgid, host) is None):
+    if host.uid != 0 and (_range_text(host.subuid, host) is None or _range_text(host.subgid, host) is None):
         return Probe(
             name="rootfs build",
             status="degraded",
