@@ -125,7 +125,14 @@ class Sandbox:
         cgroup = self._jail.cgroup
         counters = cgroup.counters if cgroup is not None else None
         return ExecRun(
-            self._channel, request, data, self.config.output_limit, on_stdout, on_stderr, counters, self._account
+            self._channel,
+            request,
+            data,
+            self.config.output_limit,
+            on_stdout,
+            on_stderr,
+            counters,
+            on_result=self._account,
         )
 
     def exec(
