@@ -5,12 +5,11 @@ jail), ``agent/`` is ``jailbox.agent`` (the agent loop, over the jail's public A
 ``jailbox.cli``. The names below are the public face, pinned by ``tests/test_exported_members.py``.
 
 They are imported lazily: the launcher and the jail's init import ``jailbox.sandbox.child`` with
-``python -I -S`` and must not pay for pydantic.
+``python -I -S`` and must not pay for pydantic. Nothing else public lives here (no
+``from __future__`` or ``typing`` names), so ``dir(jailbox)`` shows exactly the public face.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 __version__ = "0.1.0"
 
@@ -26,7 +25,7 @@ __all__ = [
     "SeccompPolicy",
 ]
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from .sandbox import (
         AsyncSandbox,
         ExecResult,
@@ -40,9 +39,13 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     if name in __all__:
         from . import sandbox
 
         return getattr(sandbox, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

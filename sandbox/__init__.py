@@ -33,18 +33,19 @@ _LAZY = {  # public name -> the module (relative to this package) that defines i
     "Sandbox": ".sandbox",
     "SandboxConfig": ".config",
     "SandboxPool": ".pool",
-    "SeccompPolicy": ".config",
+    "SeccompPolicy": ".seccomp.policy",
 }
 
 if TYPE_CHECKING:
     from . import errors
     from .aio import AsyncSandbox
-    from .config import Limits, Mount, SandboxConfig, SeccompPolicy
+    from .config import Limits, Mount, SandboxConfig
     from .net.policy import NetworkPolicy
     from .net.proxy import NetworkLogEntry
     from .pool import SandboxPool
     from .results import ExecResult
     from .sandbox import Sandbox
+    from .seccomp.policy import SeccompPolicy
 
 
 def __getattr__(name: str) -> Any:

@@ -50,8 +50,7 @@ class AsyncSandbox:
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
     ) -> ExecResult:
-        run = self.sandbox._begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr)
-        return self.sandbox._account(await run_async(run, timeout))
+        return await run_async(self.sandbox.begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr), timeout)
 
     def stats(self) -> SandboxStats:
         return self.sandbox.stats()

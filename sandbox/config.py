@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .net.policy import NetworkPolicy, fields_of
+from .seccomp.policy import SeccompPolicy
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
@@ -111,31 +112,6 @@ class Limits(BaseModel):
     @classmethod
     def _sizes(cls, v: int | str | None) -> int | None:
         return None if v is None else parse_size(v)
-
-
-class SeccompPolicy(BaseModel):
-    """Which syscalls a jail may make, by name. The default is Docker's default profile.
-
-    ``default``: what happens to a syscall in neither list. ``deny`` wins over ``allow``. Refused
-    calls fail with ``errno`` and are reported by name in each ``ExecResult``. Every policy keeps
-    the jail's argument rules (``clone`` with namespace flags, AF_ALG/AF_VSOCK sockets, TIOCSTI).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    default: Literal["allow", "deny"] = "allow"
-    allow: tuple[str, ...] = ()
-    deny: tuple[str, ...] = ()
-    errno: int = Field(1, ge=1, le=4095, description="errno of a refused call (1 = EPERM)")
-    docker_defaults: bool = Field(True, description="also refuse Docker's default denylist")
-
-    @field_validator("allow", "deny")
-    @classmethod
-    def _known(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        from .seccomp import bpf
-
-        bpf.resolve(list(names), bpf.arch(), strict=True)
-        return names
 
 
 class SandboxConfig(BaseModel):

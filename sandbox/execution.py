@@ -22,7 +22,7 @@ from .channel import Channel, parse_reply
 from .errors import ExecError, ProtocolError, SandboxClosed
 from .messages import Exit, PtyOpened
 from .results import ExecResult
-from .seccomp import bpf as seccomp
+from .seccomp import syscalls
 
 Callback = Callable[[bytes], None]
 KILL_GRACE = 10.0
@@ -30,7 +30,8 @@ CHUNK = 1 << 16
 
 
 class ExecRun:
-    """One command in flight. Drivers call ``on_ready(fd)`` and watch ``readers``/``writers``."""
+    """One command in flight. Drivers call ``on_ready(fd)`` and watch ``readers``/``writers``,
+    then ``finish()``, which hands the result to ``on_result`` (the sandbox's accounting) too."""
 
     def __init__(
         self,
@@ -41,8 +42,10 @@ class ExecRun:
         on_stdout: Callback | None = None,
         on_stderr: Callback | None = None,
         counters: Callable[[], dict[str, int]] | None = None,
+        on_result: Callable[[ExecResult], None] | None = None,
     ) -> None:
         self.channel = channel
+        self.on_result = on_result
         self.counters = counters
         self.counters_before = counters() if counters is not None else {}
         self.exec_id = request["id"]
@@ -179,7 +182,7 @@ class ExecRun:
                 pass
         (out, out_drop), (err, err_drop) = self.captures[self.out_r].result(), self.captures[self.err_r].result()
         self.abandon()
-        return ExecResult(
+        result = ExecResult(
             exit_code=self.exit.exit,
             signal=self.exit.signal,
             stdout_bytes=out,
@@ -195,6 +198,9 @@ class ExecRun:
             peak_memory=self.exit.maxrss_kb * 1024,
             **self._limit_events(),
         )
+        if self.on_result is not None:
+            self.on_result(result)
+        return result
 
     def _limit_events(self) -> dict[str, bool | None]:
         """Did the sandbox's cgroup count an OOM kill or a refused fork while this command ran?"""
@@ -208,10 +214,10 @@ class ExecRun:
 def _names(refused: dict[str, int]) -> dict[str, int]:
     if not refused:
         return {}
-    machine = seccomp.arch()
+    machine = syscalls.arch()
     named: dict[str, int] = {}
     for key, count in refused.items():
-        name = seccomp.name_of(key, machine)
+        name = syscalls.name_of(key, machine)
         named[name] = named.get(name, 0) + count
     return named
 

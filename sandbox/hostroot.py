@@ -79,7 +79,7 @@ def _fingerprint(links: list, copies: list, binds: list) -> str:
 
 def _quick_key() -> tuple:
     """Cheap change detector: stat of each top-level entry (and of a symlink's target)."""
-    key = []
+    key: list[tuple[object, ...]] = []
     for path in [f"/{n}" for n in SYSTEM_DIRS] + [f"/etc/{n}" for n in ETC_ENTRIES]:
         for follow in (False, True):
             try:

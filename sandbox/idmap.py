@@ -20,20 +20,28 @@ from .errors import ConfigError
 ROOT_RANGE = 65536
 
 
-def _subordinate(path: str, uid: int) -> tuple[int, int] | None:
-    try:
-        name = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        name = getpass.getuser()
+def subordinate_range(path: str | os.PathLike[str], uid: int, user: str | None = None) -> tuple[int, int] | None:
+    """(first id, count) of ``uid``'s range in ``path`` (``/etc/subuid`` or ``/etc/subgid``), whose
+    lines name the user (``user``, default the name of ``uid``) or the uid."""
+    if user is None:
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = getpass.getuser()
     try:
         with open(path) as f:
             for line in f:
                 parts = line.strip().split(":")
-                if len(parts) == 3 and parts[0] in (name, str(uid)) and parts[2].isdigit():
+                if len(parts) == 3 and parts[0] in (user, str(uid)) and parts[1].isdigit() and parts[2].isdigit():
                     return int(parts[1]), int(parts[2])
     except OSError:
         return None
     return None
+
+
+def subuid_fix(user: str) -> str:
+    """The command that gives ``user`` subordinate ids (the ``uidmap`` package has the helpers)."""
+    return f"sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}"
 
 
 def full_range_available() -> bool:
@@ -41,8 +49,8 @@ def full_range_available() -> bool:
     return uid == 0 or (
         shutil.which("newuidmap", path="/usr/bin:/bin") is not None
         and shutil.which("newgidmap", path="/usr/bin:/bin") is not None
-        and _subordinate("/etc/subuid", uid) is not None
-        and _subordinate("/etc/subgid", uid) is not None
+        and subordinate_range("/etc/subuid", uid) is not None
+        and subordinate_range("/etc/subgid", uid) is not None
     )
 
 
@@ -65,13 +73,12 @@ def _compute(mode: str) -> dict:
     full = mode == "full" or (mode == "auto" and full_range_available())
     if not full:
         return {"uid_map": f"0 {uid} 1\n", "gid_map": f"0 {gid} 1\n", "helper": False, "deny_setgroups": True}
-    sub_u = _subordinate("/etc/subuid", uid)
-    sub_g = _subordinate("/etc/subgid", uid)
+    sub_u = subordinate_range("/etc/subuid", uid)
+    sub_g = subordinate_range("/etc/subgid", uid)
     if not (sub_u and sub_g) or not full_range_available():
         raise ConfigError(
             "idmap='full' needs newuidmap/newgidmap and entries for this user in /etc/subuid and "
-            f"/etc/subgid; fix: apt-get install uidmap && usermod --add-subuids 100000-165535 "
-            f"--add-subgids 100000-165535 {getpass.getuser()}"
+            f"/etc/subgid; fix: sudo apt-get install uidmap && {subuid_fix(getpass.getuser())}"
         )
     return {
         "uid_map": f"0 {uid} 1 1 {sub_u[0]} {sub_u[1]}",

@@ -37,10 +37,10 @@ EXIT_WAIT = 2.0
 
 class Jail:
     def __init__(self, config: SandboxConfig) -> None:
-        from .rootfs.resolve import resolve
+        from .rootfs.resolve import apply_stored_rootfs
 
         # a stored image's Env, WorkingDir and User, under the config's own; and its tree
-        self.config, self._lower = resolve(config)
+        self.config, self._lower = apply_stored_rootfs(config)
         self.id = uuid.uuid4().hex[:12]
         self.cgroup = _make_cgroup(self.id, config.limits)
         kind = None if self.cgroup is None else self.cgroup.kind
@@ -175,7 +175,7 @@ def _user(cfg: SandboxConfig, lower: str, generated: dict[str, str]) -> User | N
     from .rootfs import unpack, users
 
     assert cfg.user is not None
-    user = users.resolve(cfg.user, lower, generated, unpack.max_id(idmap.plan(cfg.idmap)))
+    user = users.lookup(cfg.user, lower, generated, unpack.max_id(idmap.plan(cfg.idmap)))
     return None if (user.uid, user.gid) == (0, 0) else user
 
 

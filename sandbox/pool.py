@@ -15,10 +15,10 @@ from typing import Any
 from .config import SandboxConfig
 from .errors import SandboxClosed
 from .jail import Jail
-from .sandbox import Sandbox
+from .sandbox import JailSource, Sandbox
 
 
-class SandboxPool:
+class SandboxPool(JailSource):
     """``with SandboxPool(size=8) as pool: sb = pool.acquire(); ...; sb.close()``."""
 
     def __init__(self, size: int = 4, config: SandboxConfig | None = None, **options: Any) -> None:
@@ -38,9 +38,10 @@ class SandboxPool:
 
     def acquire(self) -> Sandbox:
         """A ready sandbox; built on the spot when the pool is momentarily empty."""
-        return Sandbox._adopt(self.take_jail(), self)
+        return Sandbox.adopt(self.take_jail(), self)
 
     def take_jail(self) -> Jail:
+        """A ready jail (``JailSource``: what an acquired sandbox's ``reset()`` swaps in)."""
         if self._closed:
             raise SandboxClosed("the pool is closed")
         try:
@@ -51,7 +52,7 @@ class SandboxPool:
         return jail
 
     def retire(self, jail: Jail) -> None:
-        """Tear a jail down in the background."""
+        """Tear a jail down in the background (``JailSource``: an acquired sandbox's old jails)."""
         if self._closed:
             jail.close()
             return

@@ -8,7 +8,7 @@ import posixpath
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import files
 from .channel import Channel
@@ -19,14 +19,19 @@ from .jail import Jail
 from .net.proxy import NetworkLogEntry
 from .results import ExecResult, SandboxStats
 
-if TYPE_CHECKING:
-    from .pool import SandboxPool
-
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}
-EXIT_WAIT = 2.0
 
 Command = str | list[str] | tuple[str, ...]
+
+
+class JailSource(Protocol):
+    """Where an adopted ``Sandbox`` gets a fresh jail on ``reset()`` and hands its jails back (a
+    ``SandboxPool``, which builds them ahead of time and tears them down in the background)."""
+
+    def take_jail(self) -> Jail: ...
+
+    def retire(self, jail: Jail) -> None: ...
 
 
 class Sandbox:
@@ -40,20 +45,21 @@ class Sandbox:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
-        self._pool: SandboxPool | None = None
+        self._source: JailSource | None = None
         self._stats = SandboxStats()
         self._jail = Jail(self.config)
         self.config = self._jail.config
 
     @classmethod
-    def _adopt(cls, jail: Jail, pool: SandboxPool) -> Sandbox:
-        """A sandbox around a jail a pool built ahead of time."""
+    def adopt(cls, jail: Jail, source: JailSource) -> Sandbox:
+        """A sandbox around a jail ``source`` built ahead of time; its later jails come from
+        ``source`` too, and go back to it when reset or closed."""
         sb = cls.__new__(cls)
         sb.config = jail.config
         sb._ids = itertools.count(1)
         sb._lock = threading.Lock()
         sb._closed = False
-        sb._pool = pool
+        sb._source = source
         sb._stats = SandboxStats()
         sb._jail = jail
         return sb
@@ -82,15 +88,18 @@ class Sandbox:
 
     # --- commands -----------------------------------------------------------------------------
 
-    def _begin_exec(
+    def begin_exec(
         self,
         cmd: Command,
-        cwd: str | None,
-        env: dict[str, str] | None,
-        stdin: bytes | str | None,
-        on_stdout: Callable[[bytes], None] | None,
-        on_stderr: Callable[[bytes], None] | None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        on_stdout: Callable[[bytes], None] | None = None,
+        on_stderr: Callable[[bytes], None] | None = None,
     ) -> ExecRun:
+        """Start ``cmd`` and return it in flight, for a driver of its own (``exec()`` polls it,
+        ``AsyncSandbox`` drives it from the event loop). Its result counts in ``stats()`` once
+        the driver has finished it."""
         self._check_open()
         request: dict[str, Any] = {"op": "exec", "id": next(self._ids)}
         if isinstance(cmd, str):
@@ -115,7 +124,16 @@ class Sandbox:
         data = stdin.encode() if isinstance(stdin, str) else stdin
         cgroup = self._jail.cgroup
         counters = cgroup.counters if cgroup is not None else None
-        return ExecRun(self._channel, request, data, self.config.output_limit, on_stdout, on_stderr, counters)
+        return ExecRun(
+            self._channel,
+            request,
+            data,
+            self.config.output_limit,
+            on_stdout,
+            on_stderr,
+            counters,
+            on_result=self._account,
+        )
 
     def exec(
         self,
@@ -133,13 +151,11 @@ class Sandbox:
         On ``timeout`` the command's whole tree is killed, daemonised descendants included, and the
         result says ``timed_out``. Background processes it starts on purpose keep running.
         """
-        run = self._begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr)
-        return self._account(run_sync(run, timeout))
+        return run_sync(self.begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr), timeout)
 
-    def _account(self, result: ExecResult) -> ExecResult:
+    def _account(self, result: ExecResult) -> None:
         with self._lock:
             self._stats.add(result)
-        return result
 
     def stats(self) -> SandboxStats:
         """Totals over every command this sandbox has run (since the last ``reset()``)."""
@@ -210,17 +226,17 @@ class Sandbox:
     def reset(self) -> None:
         """Start over: every process killed, a fresh writable layer, same configuration.
 
-        In a ``SandboxPool`` this swaps in a jail built ahead of time and retires the old one in
+        From a ``SandboxPool`` this swaps in a jail built ahead of time and retires the old one in
         the background; otherwise it builds a new jail and tears the old one down.
         """
         self._check_open()
-        fresh = self._pool.take_jail() if self._pool is not None else Jail(self.config)
+        fresh = self._source.take_jail() if self._source is not None else Jail(self.config)
         with self._lock:
             old, self._jail = self._jail, fresh
             self._ids = itertools.count(1)
             self._stats = SandboxStats()
-        if self._pool is not None:
-            self._pool.retire(old)
+        if self._source is not None:
+            self._source.retire(old)
         else:
             old.close()
 
@@ -230,8 +246,8 @@ class Sandbox:
             if self._closed:
                 return
             self._closed = True
-        if self._pool is not None:
-            self._pool.retire(self._jail)
+        if self._source is not None:
+            self._source.retire(self._jail)
         else:
             self._jail.close()
 

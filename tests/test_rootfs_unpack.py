@@ -184,7 +184,9 @@ def test_walking_symlinks_leaves_no_descriptor_open(area) -> None:
     archives.append([E("c", "dir"), E("a", "symlink", link="/../c"), E("a/b/x", data=b"x"), E("a/b", "dir")])
     before = sorted(os.listdir("/proc/self/fd"))
     for entries in archives:
-        ex = untar.Extractor(str(tree), layer=True, max_id=65535, flatten=False, limits=untar.Limits(10**9, 10**9, 100))
+        ex = untar.Extractor(
+            str(tree), layer=True, max_id=65535, flatten=False, limits=untar.ArchiveBounds(10**9, 10**9, 100)
+        )
         try:
             ex.extract(io.BytesIO(tar_bytes(entries)))
         except untar.Failed:
@@ -257,3 +259,18 @@ def test_an_opaque_directory_keeps_what_its_own_layer_put_there(area, tmp_path: 
     )
     unpack.extract_layers(paths, tree)
     assert sorted(os.listdir(tree / "d")) == ["old"] and os.listdir(tree / "d/old") == ["new"]
+
+
+def test_a_whiteout_removes_a_deep_tree_without_following_its_links(area, tmp_path: Path) -> None:
+    """Deeper than Python's recursion limit, with a link out of the tree inside: all of it goes,
+    nothing outside does."""
+    tree, outside = area
+    deep = "/".join(["d"] * 1200)
+    paths = layers(
+        tmp_path,
+        [E(f"gone/{deep}/file", data=b"x"), E("gone/out", "symlink", link=str(outside)), E("keep", data=b"k")],
+        [E(".wh.gone")],
+    )
+    unpack.extract_layers(paths, tree)
+    assert sorted(os.listdir(tree)) == ["keep"]
+    assert sorted(os.listdir(outside)) == ["victim"]

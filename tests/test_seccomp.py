@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from jailbox.sandbox import Sandbox, SandboxConfig
-from jailbox.sandbox.config import SeccompPolicy
 from jailbox.sandbox.errors import SecurityWarning
+from jailbox.sandbox.seccomp.policy import SeccompPolicy
 
 SYSCALL = "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long\n"
 

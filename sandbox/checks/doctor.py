@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from ..floor import linux as L
+from ..idmap import subordinate_range, subuid_fix
 from ..limits import cgroups
 
 Status = Literal["ok", "degraded", "failing"]
@@ -145,25 +146,16 @@ def overlay_in_userns(userns: Probe) -> Probe:
     return Probe(name="overlayfs in a user namespace", status="ok", detail="mounted one")
 
 
-def _subordinate(path: Path, host: Host) -> str | None:
-    try:
-        for line in path.read_text().splitlines():
-            parts = line.split(":")
-            if len(parts) == 3 and parts[0] in (host.user, str(host.uid)):
-                return f"{parts[1]}+{parts[2]}"
-    except OSError:
-        return None
-    return None
+def _range_text(path: Path, host: Host) -> str | None:
+    found = subordinate_range(path, host.uid, host.user)
+    return None if found is None else f"{found[0]}+{found[1]}"
 
 
 def id_ranges(host: Host) -> Probe:
     if host.uid == 0:
         return Probe(name="id ranges", status="ok", detail="root: identity map of 65536 ids")
     tool = shutil.which("newuidmap", path=host.path)
-    fix = (
-        f"sudo apt-get install uidmap && sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 "
-        f"{host.user}"
-    )
+    fix = f"sudo apt-get install uidmap && {subuid_fix(host.user)}"
     if tool is None or not os.stat(tool).st_mode & stat.S_ISUID:
         return Probe(
             name="id ranges",
@@ -171,7 +163,7 @@ def id_ranges(host: Host) -> Probe:
             fix=fix,
             detail="newuidmap missing or not setuid: one id only, so apt and pip cannot switch users",
         )
-    uids, gids = _subordinate(host.subuid, host), _subordinate(host.subgid, host)
+    uids, gids = _range_text(host.subuid, host), _range_text(host.subgid, host)
     if not uids or not gids:
         return Probe(
             name="id ranges",
@@ -183,8 +175,8 @@ def id_ranges(host: Host) -> Probe:
 
 
 def seccomp_notify() -> Probe:
-    from ..config import SeccompPolicy
     from ..seccomp import bpf
+    from ..seccomp.policy import SeccompPolicy
 
     program = bpf.compile_policy(SeccompPolicy(), notify=True)
 
@@ -261,12 +253,12 @@ def rootfs_build(host: Host) -> Probe:
             detail="mmdebstrap not installed: no `jailbox rootfs build` (pull and import still work)",
             fix="sudo apt-get install mmdebstrap",
         )
-    if host.uid != 0 and (_subordinate(host.subuid, host) is None or _subordinate(host.subgid, host) is None):
+    if host.uid != 0 and (_range_text(host.subuid, host) is None or _range_text(host.subgid, host) is None):
         return Probe(
             name="rootfs build",
             status="degraded",
             detail=f"{tool}, but its rootless mode needs a subordinate id range for {host.user}",
-            fix=f"sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {host.user}",
+            fix=subuid_fix(host.user),
         )
     mode = "root" if host.uid == 0 else "unshare"
     return Probe(name="rootfs build", status="ok", detail=f"{tool} (--mode={mode})")

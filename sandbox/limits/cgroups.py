@@ -13,8 +13,9 @@ Either way the init is moved in before the jail reports ready, so every command 
 Counters read around each command give ``oom_killed`` (``oom_kill`` in memory.events or
 memory.oom_control, never ``failcnt``) and ``pids_limit_hit`` (``max`` in pids.events).
 
-Where no cgroup is usable, ``plan_rlimits`` says what the init enforces with rlimits instead and
-``Enforcement`` records, limit by limit, how (or whether) it is enforced.
+Both back ends implement ``Cgroup`` (an interface, as libcgroups' ``CgroupManager``), which is all
+the jail holds. Where no cgroup is usable, ``rlimits.plan`` says what the init enforces with
+rlimits instead and records, limit by limit, how (or whether) each is enforced.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Protocol
 
 from ..config import Limits
 
@@ -30,6 +32,21 @@ CPU_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 V2_ROOT = Path("/sys/fs/cgroup")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
+
+
+class Cgroup(Protocol):
+    """One sandbox's cgroup, whichever version backs it."""
+
+    kind: str  # how ``Sandbox.enforcement`` names it: "cgroup v1" or "cgroup v2"
+
+    def attach(self, pid: int) -> None:
+        """Move ``pid`` (the jail's init, before it reports ready) into the group."""
+
+    def counters(self) -> dict[str, int]:
+        """Monotonic counters: ``oom_kill`` and ``pids_max`` events so far."""
+
+    def destroy(self) -> None:
+        """Kill what is left in the group and remove it."""
 
 
 def _v1_mounts() -> dict[str, Path]:
@@ -68,7 +85,7 @@ def v1_usable() -> bool:
     return os.geteuid() == 0 and all(c in mounts for c in V1_CONTROLLERS)
 
 
-class CgroupV1:
+class CgroupV1(Cgroup):
     """One sandbox's groups; ``destroy()`` kills what is left in them and removes them."""
 
     kind = "cgroup v1"
@@ -195,7 +212,7 @@ def v2_parent() -> tuple[Path | None, str]:
     return None, "no delegated cgroup this user may write (run under systemd-run --user --scope -p Delegate=yes)"
 
 
-class CgroupV2:
+class CgroupV2(Cgroup):
     """One sandbox's group in a delegated v2 subtree."""
 
     kind = "cgroup v2"
@@ -251,6 +268,3 @@ def _field(path: Path, key: str) -> int:
     except (OSError, ValueError):
         pass
     return 0
-
-
-Cgroup = CgroupV1 | CgroupV2

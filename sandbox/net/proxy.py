@@ -45,6 +45,7 @@ RESOLVE_TIMEOUT = 20.0
 CALL_TIMEOUT = 10.0
 LOG_LIMIT = 2_000
 RESOLVERS = 8
+Verdict = Literal["allowed", "denied", "failed"]
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te"}
 
 
@@ -57,7 +58,7 @@ class NetworkLogEntry(BaseModel):
     method: str
     host: str
     port: int
-    verdict: Literal["allowed", "denied", "failed"]
+    verdict: Verdict
     reason: str
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -78,9 +79,10 @@ class ProxyStats(BaseModel):
 class _Record:
     __slots__ = ("host", "method", "port", "reason", "received", "sent", "time", "verdict")
 
-    def __init__(self, method: str, host: str, port: int, verdict: str, reason: str) -> None:
+    def __init__(self, method: str, host: str, port: int, verdict: Verdict, reason: str) -> None:
+        self.verdict: Verdict = verdict
         self.time = time.time()
-        self.method, self.host, self.port, self.verdict, self.reason = method, host, port, verdict, reason
+        self.method, self.host, self.port, self.reason = method, host, port, reason
         self.sent = self.received = 0
 
     def entry(self) -> NetworkLogEntry:
@@ -89,7 +91,7 @@ class _Record:
             method=self.method,
             host=self.host,
             port=self.port,
-            verdict=self.verdict,  # type: ignore[arg-type]
+            verdict=self.verdict,
             reason=self.reason,
             bytes_sent=self.sent,
             bytes_received=self.received,
@@ -104,15 +106,12 @@ class Tenant:
         self.rules = Rules(policy.allow, policy.deny)
         self.hosts = {name: ipaddress.ip_address(str(addr)) for name, addr in policy.hosts.items()}
         self.log: collections.deque[_Record] = collections.deque(maxlen=LOG_LIMIT)
-        self.dropped = 0
         self.conns: set[_Conn] = set()
         self.server: asyncio.AbstractServer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def record(self, method: str, host: str, port: int, verdict: str, reason: str) -> _Record:
+    def record(self, method: str, host: str, port: int, verdict: Verdict, reason: str) -> _Record:
         rec = _Record(method, host, port, verdict, reason)
-        if len(self.log) == LOG_LIMIT:
-            self.dropped += 1
         self.log.append(rec)
         return rec
 
@@ -311,7 +310,7 @@ class _Conn:
             ok, reason = self.tenant.rules.check_name(req.host)
             candidates = []
             if ok:
-                candidates, reason = await self.resolve(req)
+                candidates, reason = await self.reachable_addresses(req)
                 if self.closed:
                     return
         self.record = self.tenant.record(req.method, req.host, req.port, "allowed" if candidates else "denied", reason)
@@ -325,9 +324,13 @@ class _Conn:
         error = ""
         for addr in candidates:
             side = _Side(self, upstream=True)
+
+            def protocol(side: _Side = side) -> _Side:
+                return side
+
             try:
                 loop = asyncio.get_running_loop()
-                await asyncio.wait_for(loop.create_connection(lambda s=side: s, str(addr), req.port), CONNECT_TIMEOUT)
+                await asyncio.wait_for(loop.create_connection(protocol, str(addr), req.port), CONNECT_TIMEOUT)
             except (OSError, asyncio.TimeoutError) as exc:
                 error = f"connecting to {addr} port {req.port}: {getattr(exc, 'strerror', None) or 'timed out'}"
                 continue
@@ -354,7 +357,7 @@ class _Conn:
         self.client.transport.resume_reading()
         self.server.transport.resume_reading()
 
-    async def resolve(self, req: _Request) -> tuple[list[IPAddress], str]:
+    async def reachable_addresses(self, req: _Request) -> tuple[list[IPAddress], str]:
         """Addresses of an allowed name that its rules let the jail reach (pinned ones first)."""
         pinned = self.tenant.hosts.get(req.host)
         if pinned is not None:
@@ -367,7 +370,7 @@ class _Conn:
                 )
             except (OSError, asyncio.TimeoutError) as exc:
                 return [], f"cannot resolve {req.host}: {getattr(exc, 'strerror', None) or 'timed out'}"
-            found = list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
+            found = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
         good, reason = [], ""
         for addr in found:
             ok, why = self.tenant.rules.check_resolved(addr, pinned is not None)

@@ -44,9 +44,6 @@ class BlobCache:
     def path(self, digest: str) -> Path:
         return self.root / "sha256" / hex_of(digest)
 
-    def has(self, digest: str) -> bool:
-        return self.path(digest).is_file()
-
     @contextlib.contextmanager
     def _lock(self, digest: str) -> Iterator[None]:
         fd = os.open(self.root / "locks" / (hex_of(digest) + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -95,10 +92,6 @@ class BlobCache:
                 raise DigestMismatch(f"{digest}: the downloaded bytes hash to {got}; the blob was discarded")
             os.replace(partial, final)
             return final
-
-    def add(self, digest: str, chunks: Iterator[bytes]) -> Path:
-        """Store bytes from elsewhere (an imported archive) under their digest, verified."""
-        return self.fetch(digest, None, lambda _offset: (chunks, 0))
 
 
 def _hash_prefix(path: Path) -> tuple[hashlib._Hash, int]:

@@ -141,8 +141,7 @@ def _mode() -> str:
     if not idmap.full_range_available():
         raise RootfsBuildError(
             "a rootless build needs this user's subordinate ids (mmdebstrap --mode=unshare); fix: "
-            f"apt-get install uidmap && usermod --add-subuids 100000-165535 --add-subgids 100000-165535 "
-            f"{os.environ.get('USER') or os.getuid()}"
+            f"sudo apt-get install uidmap && {idmap.subuid_fix(os.environ.get('USER') or str(os.getuid()))}"
         )
     return "unshare"
 

@@ -134,12 +134,12 @@ class Registry:
             )
         try:
             body = resp.json()
-            token = body.get("token") or body.get("access_token")
+            bearer = body.get("token") or body.get("access_token")
         except ValueError:
-            token = None
-        if not isinstance(token, str):
+            bearer = None
+        if not isinstance(bearer, str):
             raise RegistryError(f"token service {realm} answered without a token")
-        self.auth = f"Bearer {token}"
+        self.auth = f"Bearer {bearer}"
 
     # --- API ----------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ def lower_dir(value: str, entry: Entry | None) -> Path:
     raise RootfsNotFound(not_found_message(value, [e.name for e in store.list()]))
 
 
-def resolve(config: SandboxConfig) -> tuple[SandboxConfig, Path | None]:
+def apply_stored_rootfs(config: SandboxConfig) -> tuple[SandboxConfig, Path | None]:
     """One lookup per jail: ``config`` with the stored image's settings applied, and the lower
     layer (None for ``host``), so the tree and the image config come from the same entry."""
     if config.rootfs == "host":

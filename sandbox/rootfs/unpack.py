@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -64,7 +65,7 @@ def extract_tar(
 
 
 def extract_layers(
-    paths: list[str | Path],
+    paths: Sequence[str | Path],
     dest: str | Path,
     *,
     max_member: int = MAX_MEMBER,

@@ -31,7 +31,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import shutil
 import stat
 import struct
 import tarfile
@@ -63,7 +62,9 @@ class Unsafe(Failed):
     """A member the extraction refuses; the message starts with the member's name."""
 
 
-class Limits:
+class ArchiveBounds:
+    """What one extraction may write: bytes per member, bytes in all, and members."""
+
     def __init__(self, max_member: int, max_total: int, max_entries: int) -> None:
         self.max_member = max_member
         self.max_total = max_total
@@ -94,7 +95,7 @@ def clean(member: str, name: str) -> list[str]:
 
 
 class Extractor:
-    def __init__(self, dest: str, *, layer: bool, max_id: int, flatten: bool, limits: Limits) -> None:
+    def __init__(self, dest: str, *, layer: bool, max_id: int, flatten: bool, limits: ArchiveBounds) -> None:
         self.root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         self.layer = layer
         self.max_id = max_id
@@ -124,7 +125,8 @@ class Extractor:
                 raise Unsafe(f"(archive after {self.entries} members): corrupt header: {exc}") from None
             if member is None:
                 break
-            tf.members.clear()  # a stream can hold millions of members: keep none
+            # a stream can hold millions of members: keep none (typeshed lacks the attribute)
+            tf.members.clear()  # type: ignore[attr-defined]
             self.entries += 1
             if self.entries > self.limits.max_entries:
                 raise Unsafe(f"{member.name}: more than {self.limits.max_entries} members in the archive")
@@ -303,8 +305,8 @@ class Extractor:
                         raise Unsafe(f"{member}: its path goes through a symbolic link that leaves the tree")
                     nxt = self._reopen(member, names)
                 else:
-                    nxt = self._child(member, cur, name, create=create, linked=origin != _MEMBER)
-                    if nxt is None:  # a symlink: walk its target instead
+                    child = self._child(member, cur, name, create=create, linked=origin != _MEMBER)
+                    if child is None:  # a symlink: walk its target instead
                         hops += 1
                         if hops > MAX_HOPS:
                             raise Unsafe(f"{member}: its path goes through a symbolic link loop")
@@ -317,6 +319,7 @@ class Extractor:
                         nxt = os.dup(self.root)
                     else:
                         names.append(name)
+                        nxt = child
                 os.close(cur)
                 cur = nxt
         except BaseException:
@@ -403,9 +406,35 @@ def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
 
 def _remove(dir_fd: int, name: str, st: os.stat_result) -> None:
     if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=dir_fd)
+        _rmtree_at(dir_fd, name)
     else:
         os.unlink(name, dir_fd=dir_fd)
+
+
+def _rmtree_at(dir_fd: int, name: str) -> None:
+    """Remove directory ``name`` of ``dir_fd`` and all in it, never following a link: what
+    ``shutil.rmtree(dir_fd=)`` does from Python 3.11, without a stack frame per level (a layer
+    may nest directories as deep as PATH_MAX allows)."""
+    stack = [(dir_fd, name, os.open(name, DIR_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd))]
+    try:
+        while stack:
+            parent, current, fd = stack[-1]
+            subdir = None
+            with os.scandir(fd) as entries:  # scans a dup of fd and rewinds it, so fd can be scanned again
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        subdir = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+            if subdir is not None:
+                stack.append((fd, subdir, os.open(subdir, DIR_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)))
+                continue
+            stack.pop()
+            os.close(fd)
+            os.rmdir(current, dir_fd=parent)
+    finally:
+        for _, _, fd in stack:
+            os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -8,11 +8,13 @@ The ids must exist in the jail's map: rootless without subordinate ids there is 
 
 from __future__ import annotations
 
+import getpass
 import os
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..floor import linux as L
+from ..idmap import subuid_fix
 
 MAX_DB = 4 << 20
 
@@ -46,7 +48,7 @@ def _read(root: str, path: str, generated: dict[str, str]) -> list[list[str]]:
     return [line.split(":") for line in text.splitlines() if line and not line.startswith("#")]
 
 
-def resolve(spec: str, root: str, generated: dict[str, str], max_id: int) -> User:
+def lookup(spec: str, root: str, generated: dict[str, str], max_id: int) -> User:
     """The ids of ``spec`` in the tree at ``root`` (``generated`` files override the tree's)."""
     name, _, group = spec.partition(":")
     passwd = _read(root, "etc/passwd", generated)
@@ -78,7 +80,7 @@ def resolve(spec: str, root: str, generated: dict[str, str], max_id: int) -> Use
         if value > max_id:
             raise ConfigError(
                 f"user {spec!r} needs id {value}, which this jail's id map lacks (it maps 0..{max_id}); "
-                "rootless, give yourself subordinate ids: usermod --add-subuids 100000-165535 "
-                "--add-subgids 100000-165535 $USER (package uidmap)"
+                "rootless, give yourself subordinate ids: "
+                f"sudo apt-get install uidmap && {subuid_fix(getpass.getuser())}"
             )
     return User(uid, gid, tuple(extra), home)

@@ -71,7 +71,7 @@ def _feed(src: IO[bytes], dst: IO[bytes]) -> None:
 
 
 def extract(req: dict) -> dict:
-    limits = untar.Limits(**req["limits"])
+    limits = untar.ArchiveBounds(**req["limits"])
     ex = untar.Extractor(req["dest"], layer=req["layer"], max_id=req["max_id"], flatten=req["flatten"], limits=limits)
     try:
         for source in req["sources"]:

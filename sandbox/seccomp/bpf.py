@@ -14,17 +14,15 @@ listener: the init answers with the policy's errno and counts them per command, 
 from __future__ import annotations
 
 import errno as errnos
-import platform
 import struct
-from functools import lru_cache
 
-from ..config import SeccompPolicy
 from ..errors import ConfigError
+from .policy import SeccompPolicy
+from .syscalls import AUDIT_ARCH, arch, syscall_numbers, syscall_table
 
 # classic BPF
 _LD_W_ABS = 0x20
 _JEQ = 0x15
-_JGE = 0x35
 _JGT = 0x25
 _JSET = 0x45
 _RET = 0x06
@@ -36,22 +34,10 @@ RET_ERRNO = 0x00050000
 # seccomp_data offsets
 _NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24
 
-AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 X32_BIT = 0x40000000
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 AF_ALG, AF_VSOCK = 38, 40
 TIOCSTI = 0x5412
-
-# Syscalls newer than python-ptrace's table (the generic numbers, shared by x86_64 and aarch64).
-NEWER = {
-    441: "epoll_pwait2", 442: "mount_setattr", 443: "quotactl_fd", 444: "landlock_create_ruleset",
-    445: "landlock_add_rule", 446: "landlock_restrict_self", 447: "memfd_secret", 448: "process_mrelease",
-    449: "futex_waitv", 450: "set_mempolicy_home_node", 451: "cachestat", 452: "fchmodat2",
-    453: "map_shadow_stack", 454: "futex_wake", 455: "futex_wait", 456: "futex_requeue", 457: "statmount",
-    458: "listmount", 459: "lsm_get_self_attr", 460: "lsm_set_self_attr", 461: "lsm_list_modules",
-    462: "mseal", 463: "setxattrat", 464: "getxattrat", 465: "listxattrat", 466: "removexattrat",
-    467: "open_tree_attr",
-}  # fmt: skip
 
 # Docker's default profile, as names: what an unprivileged container may not do.
 DEFAULT_DENY = (
@@ -84,47 +70,17 @@ def init_can_live_under(policy: SeccompPolicy) -> bool:
     return policy.default == "allow" and not (INIT_SYSCALLS & set(policy.deny))
 
 
-def arch() -> str:
-    machine = platform.machine()
-    if machine not in AUDIT_ARCH:
-        raise ConfigError(f"seccomp filters are built for x86_64 and aarch64, not {machine}; use seccomp=None")
-    return machine
-
-
-@lru_cache(maxsize=4)
-def syscall_table(machine: str) -> dict[str, int]:
-    """name -> number for the native ABI (python-ptrace's table plus the newer generic numbers)."""
-    if machine == "x86_64":
-        from ptrace.syscall.linux.x86_64 import SYSCALL_NAMES
-    else:
-        from ptrace.syscall.linux.aarch64 import SYSCALL_NAMES
-    table = {name: nr for nr, name in SYSCALL_NAMES.items() if nr < 512}
-    table.update({name: nr for nr, name in NEWER.items()})
-    return table
-
-
-@lru_cache(maxsize=4)
-def syscall_names(machine: str) -> dict[int, str]:
-    return {nr: name for name, nr in syscall_table(machine).items()}
-
-
-def resolve(names: list[str], machine: str, strict: bool) -> list[int]:
-    """Numbers for ``names``; unknown names are an error when the user wrote them (``strict``)."""
-    table = syscall_table(machine)
-    unknown = [n for n in names if n not in table]
-    if unknown and strict:
-        raise ConfigError(f"unknown syscall name(s) for {machine}: {', '.join(sorted(unknown))}")
-    return sorted({table[n] for n in names if n in table})
+Jump = int | str  # an offset, or the name of a label further on
 
 
 class _Program:
     """A forward-only BPF assembler: jumps name labels, resolved when the program is done."""
 
     def __init__(self) -> None:
-        self.code: list[tuple[int, object, object, int]] = []
+        self.code: list[tuple[int, Jump, Jump, int]] = []
         self.labels: dict[str, int] = {}
 
-    def op(self, code: int, k: int, jt: object = 0, jf: object = 0) -> None:
+    def op(self, code: int, k: int, jt: Jump = 0, jf: Jump = 0) -> None:
         self.code.append((code, jt, jf, k))
 
     def label(self, name: str) -> None:
@@ -149,9 +105,12 @@ def compile_policy(policy: SeccompPolicy, notify: bool) -> bytes:
     table = syscall_table(machine)
     refuse = RET_NOTIFY if notify else RET_ERRNO | policy.errno
     enosys = RET_ERRNO | errnos.ENOSYS
-    custom_deny = set(resolve(list(policy.deny), machine, strict=True))
-    allow = set(resolve(list(policy.allow), machine, strict=True)) - custom_deny
-    deny = custom_deny | (set(resolve(list(DEFAULT_DENY), machine, strict=False)) if policy.docker_defaults else set())
+    custom_deny = set(syscall_numbers(list(policy.deny), machine, strict=True))
+    allow = set(syscall_numbers(list(policy.allow), machine, strict=True)) - custom_deny
+    if policy.docker_defaults:
+        deny = custom_deny | set(syscall_numbers(list(DEFAULT_DENY), machine, strict=False))
+    else:
+        deny = set(custom_deny)
     deny -= allow
     p = _Program()
     p.op(_LD_W_ABS, _ARCH)
@@ -186,10 +145,3 @@ def compile_policy(policy: SeccompPolicy, notify: bool) -> bytes:
     p.label("enosys")
     p.op(_RET, enosys)
     return p.assemble()
-
-
-def name_of(key: str, machine: str) -> str:
-    """A refused-syscall key from the init (``"165"``, ``"x32:165"``, ``"arch:3"``) as a name."""
-    if key.isdigit():
-        return syscall_names(machine).get(int(key), f"syscall_{key}")
-    return key

@@ -1,0 +1,52 @@
+"""The public face: ``jailbox.__all__`` is exactly the documented names, each resolves, and nothing
+else public hangs off the package (in the style of httpx's test of the same name)."""
+
+from __future__ import annotations
+
+import types
+
+import jailbox
+import jailbox.sandbox
+
+PUBLIC = [
+    "AsyncSandbox",
+    "ExecResult",
+    "Limits",
+    "Mount",
+    "NetworkPolicy",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxPool",
+    "SeccompPolicy",
+]
+
+
+def test_all_is_exactly_the_public_names():
+    assert jailbox.__all__ == PUBLIC
+
+
+def test_every_exported_name_resolves_to_a_class_of_the_package():
+    for name in jailbox.__all__:
+        value = getattr(jailbox, name)
+        assert isinstance(value, type), name
+        assert value.__name__ == name
+        assert value.__module__.startswith("jailbox.sandbox."), (name, value.__module__)
+        assert getattr(jailbox.sandbox, name) is value  # one object, whichever door it is taken from
+
+
+def test_every_public_name_is_exported():
+    public = [
+        member
+        for member in dir(jailbox)
+        if not member.startswith("_") and not isinstance(getattr(jailbox, member), types.ModuleType)
+    ]
+    assert sorted(public, key=str.casefold) == sorted(jailbox.__all__, key=str.casefold)
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    try:
+        jailbox.NoSuchThing  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:
+        raise AssertionError("jailbox.NoSuchThing resolved")

@@ -1,0 +1,186 @@
+"""The package's layering, read from the source (nothing is imported):
+
+- the import graph of ``__init__.py``, ``sandbox/``, ``agent/`` and ``cli.py`` has no cycle, counting
+  imports inside functions and ``TYPE_CHECKING`` blocks (a circle hidden in a function is still one);
+- the child side (``sandbox/child``, ``sandbox/floor``), which runs under ``python -I -S`` in the
+  launcher and as the jail's init, imports only the standard library and the floor (child also
+  itself);
+- ``sandbox/`` never imports ``agent`` or ``cli``; ``agent/`` reaches the jail only through the
+  public names of ``jailbox.sandbox`` and ``jailbox.sandbox.errors``.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOP = "jailbox"
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the module imported, or the package a name was taken from
+    names: tuple[str, ...]  # names taken (``from X import a, b``), () for ``import X``
+    absolute: bool  # written as an absolute import
+    line: int
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([TOP, *parts])
+
+
+def _sources() -> dict[str, Path]:
+    files = [ROOT / "__init__.py", ROOT / "cli.py"]
+    for package in ("sandbox", "agent"):
+        files += sorted((ROOT / package).rglob("*.py"))
+    return {_module_name(f): f for f in files}
+
+
+MODULES = _sources()
+
+
+def _is_package(module: str) -> bool:
+    return MODULES[module].name == "__init__.py"
+
+
+def _imports(module: str) -> list[Import]:
+    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    package = module if _is_package(module) else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):  # every import, at any depth: functions and TYPE_CHECKING blocks too
+        if isinstance(node, ast.Import):
+            found += [Import(module, alias.name, (), True, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = tuple(alias.name for alias in node.names)
+            found.append(Import(module, target, names, node.level == 0, node.lineno))
+    return found
+
+
+def _edges(imp: Import) -> set[str]:
+    """Modules of this package that ``imp`` runs: a submodule taken by name, else the module itself."""
+    edges = set()
+    for name in imp.names:
+        if f"{imp.target}.{name}" in MODULES:
+            edges.add(f"{imp.target}.{name}")
+        elif imp.target in MODULES:
+            edges.add(imp.target)
+    if not imp.names and imp.target in MODULES:
+        edges.add(imp.target)
+    return edges
+
+
+GRAPH = {module: {e for imp in _imports(module) for e in _edges(imp)} - {module} for module in MODULES}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path that ends where it starts, or None."""
+    white, grey, black = 0, 1, 2
+    color = dict.fromkeys(graph, white)
+    for start in sorted(graph):
+        if color[start] != white:
+            continue
+        path = [start]
+        stack = [iter(sorted(graph[start]))]
+        color[start] = grey
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                color[path.pop()] = black
+                stack.pop()
+            elif color[nxt] == grey:
+                return [*path[path.index(nxt) :], nxt]
+            elif color[nxt] == white:
+                color[nxt] = grey
+                path.append(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def test_the_graph_is_read():
+    assert "jailbox.sandbox.seccomp.policy" in GRAPH["jailbox.sandbox.config"]
+    assert "jailbox.sandbox.floor.wire" in GRAPH["jailbox.sandbox.child.init"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles():
+    cycle = _cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_child_side_imports_only_the_standard_library_and_the_floor():
+    floor, child = f"{TOP}.sandbox.floor", f"{TOP}.sandbox.child"
+    bad = []
+    for module in MODULES:
+        if not (_inside(module, floor) or _inside(module, child)):
+            continue
+        allowed = (floor,) if _inside(module, floor) else (floor, child)
+        for imp in _imports(module):
+            top = imp.target.split(".")[0]
+            if imp.absolute and top != TOP:
+                ok = top in sys.stdlib_module_names
+            else:
+                ok = all(any(_inside(e, p) for p in allowed) for e in _edges(imp)) and any(
+                    _inside(imp.target, p) for p in allowed
+                )
+            if not ok:
+                bad.append(f"{module}:{imp.line} imports {imp.target} {list(imp.names)}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_jail_never_imports_the_agent_or_the_cli():
+    bad = [
+        f"{imp.source}:{imp.line} imports {imp.target} {list(imp.names)}"
+        for module in MODULES
+        if _inside(module, f"{TOP}.sandbox")
+        for imp in _imports(module)
+        if any(_inside(e, f"{TOP}.agent") or e == f"{TOP}.cli" for e in _edges(imp))
+        or _inside(imp.target, f"{TOP}.agent")
+        or imp.target == f"{TOP}.cli"
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def _public_sandbox_names() -> set[str]:
+    """``jailbox.sandbox.__all__``, read from its source."""
+    tree = ast.parse(MODULES[f"{TOP}.sandbox"].read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("jailbox.sandbox has no __all__")
+
+
+def test_the_agent_uses_only_the_public_jail():
+    public = _public_sandbox_names()
+    sandbox, errors = f"{TOP}.sandbox", f"{TOP}.sandbox.errors"
+    bad = []
+    for module in MODULES:
+        if not _inside(module, f"{TOP}.agent"):
+            continue
+        for imp in _imports(module):
+            if imp.target == errors:
+                continue
+            if imp.target == sandbox:
+                if set(imp.names) <= public:
+                    continue
+            elif not _inside(imp.target, sandbox) and not any(_inside(e, sandbox) for e in _edges(imp)):
+                continue
+            bad.append(f"{module}:{imp.line} imports {imp.target} {list(imp.names)}")
+    assert not bad, "\n".join(bad)
