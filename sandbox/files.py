@@ -2,17 +2,21 @@
 
 No shell, no command line, no tar inside the jail: a path is resolved by the jail's own mount
 namespace (so a symlink to ``/etc/shadow`` reads the jail's file), and the bytes move between
-descriptors on the host at full speed and with no size limit. Listings from the jail are checked
-so a hostile tree cannot make ``get`` write outside its destination.
+descriptors on the host at full speed, holes kept (a sparse file costs the host what it costs the
+jail's disk). What ``get`` writes on the host goes through ``hostfs.Destination``: the jail's names
+never leave the destination, whatever links the jail or an earlier copy left there.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
+from . import hostfs
 from .channel import Channel
 from .errors import ProtocolError, SandboxFileError
 from .messages import Done, Opened, Stat, Walk
@@ -20,22 +24,55 @@ from .messages import Done, Opened, Stat, Walk
 CHUNK = 1 << 20
 
 
-def _copy(src_fd: int, dst_fd: int, limit: int | None = None) -> int:
-    copied = 0
-    while limit is None or copied < limit:
-        want = CHUNK if limit is None else min(CHUNK, limit - copied)
+def copy_data(src_fd: int, dst_fd: int) -> int:
+    """Copy a regular file's bytes keeping its holes: a sparse file costs the destination what it costs
+    the source (the jail's disk), not its apparent size. Returns the apparent size."""
+    size = os.fstat(src_fd).st_size
+    end = 0
+    for start, stop in _data_extents(src_fd, size):
+        end = start + _copy_range(src_fd, dst_fd, start, stop - start)
+    os.ftruncate(dst_fd, max(size, end))
+    return size
+
+
+def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each stretch of data below ``size``, by SEEK_DATA/SEEK_HOLE."""
+    pos = 0
+    while pos < size:
         try:
-            n = os.sendfile(dst_fd, src_fd, None, want)
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole is left
+                return
+            if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):  # no hole support here: one extent
+                yield pos, size
+                return
+            raise
+        stop = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        if stop <= start:
+            return
+        yield start, stop
+        pos = stop
+
+
+def _copy_range(src_fd: int, dst_fd: int, offset: int, count: int) -> int:
+    """Copy ``count`` bytes at ``offset`` to the same offset; fewer if the source shrank meanwhile."""
+    os.lseek(dst_fd, offset, os.SEEK_SET)
+    done = 0
+    while done < count:
+        want = min(count - done, CHUNK)
+        try:
+            n = os.sendfile(dst_fd, src_fd, offset + done, want)
         except OSError:
-            data = os.read(src_fd, want)
-            n = len(data)
+            data = os.pread(src_fd, want, offset + done)
             view = memoryview(data)
             while view:
                 view = view[os.write(dst_fd, view) :]
+            n = len(data)
         if n == 0:
             break
-        copied += n
-    return copied
+        done += n
+    return done
 
 
 def _open(channel: Channel, path: str, write: bool, mode: int | None = None) -> tuple[Opened, int]:
@@ -109,49 +146,45 @@ def _put_file(channel: Channel, src: Path, dst: str) -> None:
     with open(src, "rb") as f:
         _, fd = _open(channel, dst, write=True, mode=stat.S_IMODE(os.fstat(f.fileno()).st_mode))
         try:
-            _copy(f.fileno(), fd)
+            copy_data(f.fileno(), fd)
         finally:
             os.close(fd)
 
 
 def get(channel: Channel, src: str, dst: Path) -> None:
+    """Copy ``src`` out of the jail to ``dst``. Every name below ``dst`` is the jail's: written through
+    ``hostfs.Destination``, which never follows a link and makes only files, directories and links."""
     info = stat_path(channel, src)
     if info.type == "file":
-        _get_file(channel, src, dst, info.mode)
+        with hostfs.Destination(dst.parent) as out:
+            _get_file(channel, src, out, os.fsencode(dst.name), info.mode)
         return
     if info.type != "dir":
         raise SandboxFileError(22, "Not a regular file or directory", src)
     walk = channel.call({"op": "walk", "path": src}, Walk, path=src)[0]
-    dst.mkdir(parents=True, exist_ok=True)
     dirs = {""}
-    for rel, kind, mode, _size, target in walk.entries:
-        parts = rel.split("/")
-        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise ProtocolError(f"the jail listed an unsafe path {rel!r}")
-        parent = "/".join(parts[:-1])
-        if parent not in dirs:
-            raise ProtocolError(f"the jail listed {rel!r} outside a listed directory")
-        host = dst.joinpath(*parts)
-        if kind == "dir":
-            host.mkdir(exist_ok=True)
-            os.chmod(host, mode | 0o700)
-            dirs.add(rel)
-        elif kind == "link" and target is not None:
-            if host.is_symlink() or host.exists():
-                host.unlink()
-            os.symlink(target, host)
-        elif kind == "file":
-            _get_file(channel, posixpath.join(src, rel), host, mode)
+    with hostfs.Destination(dst) as out:
+        for rel, kind, mode, _size, target in walk.entries:
+            parts = hostfs.components(rel)
+            parent = "/".join(os.fsdecode(p) for p in parts[:-1])
+            if parent not in dirs:
+                raise ProtocolError(f"the jail listed {rel!r} outside a listed directory")
+            if kind == "dir":
+                out.mkdir(rel, mode)
+                dirs.add(rel)
+            elif kind == "link" and target is not None:
+                out.symlink(rel, target)
+            elif kind == "file":
+                _get_file(channel, posixpath.join(src, rel), out, rel, mode)
 
 
-def _get_file(channel: Channel, src: str, dst: Path, mode: int) -> None:
+def _get_file(channel: Channel, src: str, out: hostfs.Destination, rel: str | bytes, mode: int) -> None:
     _, fd = _open(channel, src, write=False)
     try:
-        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o777)
+        dst_fd = out.create(rel, mode)
         try:
-            _copy(fd, out)
-            os.fchmod(out, mode & 0o777)
+            copy_data(fd, dst_fd)
         finally:
-            os.close(out)
+            os.close(dst_fd)
     finally:
         os.close(fd)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
 Text = Annotated[str, Field(max_length=4096)]
 JailPath = Annotated[str, Field(max_length=4096)]
@@ -63,12 +63,23 @@ class Stat(_Msg):
     mode: int = Field(ge=0, le=0o7777)
 
 
+def _jail_name(value: object) -> str:
+    """A path as the jail's filesystem spells it: any bytes but NUL, so names that are not UTF-8 arrive as
+    ``os.fsdecode``'s surrogate escapes (pydantic's own ``str`` refuses those, and a jail could then block
+    every copy of its output with one odd name)."""
+    if not isinstance(value, str) or len(value) > 4096 or "\0" in value:
+        raise ValueError("expected a path of at most 4096 characters")
+    return value
+
+
+AnyName = Annotated[str, PlainValidator(_jail_name)]
+
 Entry = tuple[
-    JailPath,
+    AnyName,
     Literal["file", "dir", "link", "other"],
     Annotated[int, Field(ge=0, le=0o7777)],
     Annotated[int, Field(ge=0)],
-    JailPath | None,
+    AnyName | None,
 ]
 
 

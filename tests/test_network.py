@@ -52,7 +52,7 @@ def allow_box(pki, keep_caps: bool = False, **policy) -> Sandbox:
 
 def test_allow_mode_reaches_allowed_names_by_curl_urllib_and_requests(pki, web):
     plain, tls = web
-    with allow_box(pki, allow=("allowed.test", "*.allowed.test")) as sb:
+    with allow_box(pki, allow=("allowed.test:*", "*.allowed.test:*")) as sb:
         r = sb.exec(f"curl -sS http://allowed.test:{plain.port}/hello")
         assert (r.exit_code, r.stdout) == (0, f"hello from allowed.test:{plain.port}\n"), r.stderr
         r = sb.exec(f"curl -sS https://files.allowed.test:{tls.port}/hello")
@@ -84,7 +84,7 @@ def test_git_clones_through_its_own_proxy_setting(pki, tmp_path):
     subprocess.run(["git", "-C", str(repo), "update-server-info"], check=True)
     server = StandIn(cert=(pki[1], pki[2]), static=tmp_path)
     try:
-        with allow_box(pki, allow=("allowed.test",)) as sb:
+        with allow_box(pki, allow=("allowed.test:*",)) as sb:
             names = ("http_proxy", "https_proxy", "all_proxy")
             unset = " ".join(f"-u {v} -u {v.upper()}" for v in names)  # only git's http.proxy is left
             url = f"https://allowed.test:{server.port}/static/demo.git"
@@ -98,11 +98,11 @@ def test_git_clones_through_its_own_proxy_setting(pki, tmp_path):
 def test_denied_and_unlisted_names_get_a_403_naming_the_rule(pki, web):
     plain, tls = web
     before = len(plain.hits) + len(tls.hits)
-    with allow_box(pki, allow=("*.allowed.test",), deny=("blocked.allowed.test",)) as sb:
+    with allow_box(pki, allow=("*.allowed.test:*",), deny=("blocked.allowed.test",)) as sb:
         r = sb.exec(f"curl -sS -w '%{{http_code}}' http://blocked.allowed.test:{plain.port}/hello")
         assert r.stdout.endswith("403") and "denied by rule 'blocked.allowed.test'" in r.stdout
         r = sb.exec(f"curl -sS -w '%{{http_code}}' http://other.test:{plain.port}/hello")
-        assert r.stdout.endswith("403") and "other.test is not in the allow list (*.allowed.test)" in r.stdout
+        assert r.stdout.endswith("403") and "other.test is not in the allow list (*.allowed.test:*)" in r.stdout
         r = sb.exec(f"curl -sS https://other.test:{tls.port}/hello")
         assert r.exit_code == 56 and "403" in r.stderr
         r = sb.exec(
@@ -119,7 +119,7 @@ def test_denied_and_unlisted_names_get_a_403_naming_the_rule(pki, web):
 
 def test_network_log_shows_each_allowed_and_refused_request(pki, web):
     plain, tls = web
-    with allow_box(pki, allow=("allowed.test",)) as sb:
+    with allow_box(pki, allow=("allowed.test:*",)) as sb:
         sb.exec(f"curl -sS http://allowed.test:{plain.port}/hello; curl -sS https://allowed.test:{tls.port}/hello")
         sb.exec(f"curl -sS http://other.test:{plain.port}/x; curl -sS https://other.test:{tls.port}/x")
         log = sb.network_log()
@@ -129,7 +129,7 @@ def test_network_log_shows_each_allowed_and_refused_request(pki, web):
         ("GET", "other.test", plain.port, "denied"),
         ("CONNECT", "other.test", tls.port, "denied"),
     ]
-    assert log[0].reason == "allowed by rule 'allowed.test'" and "not in the allow list" in log[2].reason
+    assert log[0].reason == "allowed by rule 'allowed.test:*'" and "not in the allow list" in log[2].reason
     assert log[0].bytes_received > len("hello from allowed.test") and log[0].bytes_sent > 0
     assert log[1].bytes_received > 500  # the TLS handshake and the response, tunnelled
     assert log[2].bytes_sent == log[2].bytes_received == 0
@@ -138,7 +138,7 @@ def test_network_log_shows_each_allowed_and_refused_request(pki, web):
 
 def test_pip_installs_a_wheel_from_a_local_index_with_default_seccomp_and_limits(pki, web):
     _, tls = web
-    with allow_box(pki, allow=("pypi.test",)) as sb:
+    with allow_box(pki, allow=("pypi.test:*",)) as sb:
         assert sb.config.seccomp is not None and sb.config.limits.pids is not None
         r = sb.exec(
             "python3 -m pip install --no-cache-dir --disable-pip-version-check --target /testbed/lib "
@@ -177,7 +177,7 @@ except OSError:
     print('no-dns')
 """
     for keep_caps in (False, True):
-        with allow_box(pki, allow=("*",), keep_caps=keep_caps) as sb:
+        with allow_box(pki, allow=("*:*",), keep_caps=keep_caps) as sb:
             assert sb.exec("tail -n +3 /proc/net/dev | cut -d: -f1").stdout.split() == ["lo"]
             r = sb.exec(["python3", "-c", probe])
             lines = r.stdout.split("\n")
@@ -209,7 +209,7 @@ def test_one_proxy_serves_64_sandboxes_at_once_within_its_bounds(web):
     lock = threading.Lock()
 
     def make(_: int) -> None:
-        sb = Sandbox(network={"mode": "allow", "allow": ["allowed.test"], "hosts": {"allowed.test": "127.0.0.1"}})
+        sb = Sandbox(network={"mode": "allow", "allow": ["allowed.test:*"], "hosts": {"allowed.test": "127.0.0.1"}})
         with lock:
             boxes.append(sb)
 
@@ -253,11 +253,12 @@ def test_a_jail_that_stops_reading_cannot_grow_the_proxy(web):
     stalls once the kernel's socket buffers are full."""
     plain, _ = web
     body = 64 << 20
-    with Sandbox(network={"mode": "allow", "allow": ["allowed.test"], "hosts": {"allowed.test": "127.0.0.1"}}) as sb:
+    with Sandbox(network={"mode": "allow", "allow": ["allowed.test:*"], "hosts": {"allowed.test": "127.0.0.1"}}) as sb:
         start = plain.sent
+        head = f"GET http://allowed.test:{plain.port}/big?n={body} HTTP/1.1\\r\\nHost: allowed.test:{plain.port}"
         sb.exec(
             "python3 -c \"import socket, time; s = socket.create_connection(('127.0.0.1', 3128)); "
-            f"s.sendall(b'GET http://allowed.test:{plain.port}/big?n={body} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'); "
+            f"s.sendall(b'{head}\\r\\n\\r\\n'); "
             'time.sleep(3600)" &'
         )
         previous = -1
@@ -273,7 +274,7 @@ def test_a_jail_that_stops_reading_cannot_grow_the_proxy(web):
 
 
 def test_proxy_limits_connections_per_sandbox():
-    with Sandbox(network={"mode": "allow", "allow": ["allowed.test"], "hosts": {"allowed.test": "127.0.0.1"}}) as sb:
+    with Sandbox(network={"mode": "allow", "allow": ["allowed.test:*"], "hosts": {"allowed.test": "127.0.0.1"}}) as sb:
         many = proxy_mod.MAX_PER_SANDBOX + 8
         r = sb.exec(
             f"""python3 -c "
@@ -293,7 +294,7 @@ print(len(conns) - len(answered), sum(c.recv(100).startswith(b'HTTP/1.1 503') fo
 
 
 def test_malformed_and_oversized_requests_are_refused(web):
-    with Sandbox(network="allow:allowed.test") as sb:
+    with Sandbox(network="allow:allowed.test:*") as sb:
         r = sb.exec(
             """python3 -c "
 import socket
@@ -319,20 +320,20 @@ def test_names_resolving_to_local_addresses_need_an_ip_rule(web):
     """The resolver cannot point an allowed name at the host: a name that resolves to loopback is
     refused unless an IP rule (or the hosts mapping) allows that address."""
     plain, _ = web
-    with Sandbox(network="allow:*") as sb:
+    with Sandbox(network="allow:*:*") as sb:
         r = sb.exec(f"curl -sS -x http://127.0.0.1:3128 --noproxy '' http://localhost:{plain.port}/hello")
         assert "resolves to 127.0.0.1, a loopback, private or host address" in r.stdout
-    with Sandbox(network="allow:*,127.0.0.0/8") as sb:
+    with Sandbox(network="allow:*:*,127.0.0.0/8") as sb:
         r = sb.exec(f"curl -sS -x http://127.0.0.1:3128 --noproxy '' http://localhost:{plain.port}/hello")
         assert r.stdout == f"hello from localhost:{plain.port}\n"
-    with Sandbox(network="allow:127.0.0.1") as sb:
+    with Sandbox(network="allow:127.0.0.1:*") as sb:
         r = sb.exec(f"curl -sS http://127.0.0.1:{plain.port}/hello --proxy http://127.0.0.1:3128 --noproxy ''")
         assert r.stdout == f"hello from 127.0.0.1:{plain.port}\n"
 
 
 def test_proxy_thread_and_descriptors_go_with_the_last_sandbox(web):
     plain, _ = web
-    policy = {"mode": "allow", "allow": ["allowed.test"], "hosts": {"allowed.test": "127.0.0.1"}}
+    policy = {"mode": "allow", "allow": ["allowed.test:*"], "hosts": {"allowed.test": "127.0.0.1"}}
     Sandbox(network=policy).close()  # the launcher's own descriptors stay; count from here
     fds = len(os.listdir("/proc/self/fd"))
     for _ in range(3):
@@ -346,7 +347,7 @@ def test_proxy_thread_and_descriptors_go_with_the_last_sandbox(web):
 
 def test_reset_keeps_the_policy_and_starts_a_fresh_log(web):
     plain, _ = web
-    policy = {"mode": "allow", "allow": ["allowed.test"], "hosts": {"allowed.test": "127.0.0.1"}}
+    policy = {"mode": "allow", "allow": ["allowed.test:*"], "hosts": {"allowed.test": "127.0.0.1"}}
     with Sandbox(network=policy) as sb:
         sb.exec(f"curl -sS http://allowed.test:{plain.port}/hello")
         sb.reset()
@@ -361,7 +362,7 @@ def test_pooled_and_async_sandboxes_use_the_proxy(web):
     from jailbox.sandbox import AsyncSandbox, SandboxPool
 
     plain, _ = web
-    policy = {"mode": "allow", "allow": ["allowed.test"], "hosts": {"allowed.test": "127.0.0.1"}}
+    policy = {"mode": "allow", "allow": ["allowed.test:*"], "hosts": {"allowed.test": "127.0.0.1"}}
     url = f"http://allowed.test:{plain.port}/hello"
     with SandboxPool(size=2, network=policy) as pool:
         sb = pool.acquire()
@@ -508,13 +509,13 @@ def test_policy_strings_presets_and_validation():
     from jailbox.sandbox.net.policy import Rules
 
     rules = Rules(("pypi", "*.example.com", "10.0.0.0/8"), ("bad.example.com",))
-    assert rules.check_name("files.pythonhosted.org") == (True, "allowed by rule 'pypi (files.pythonhosted.org)'")
-    assert rules.check_name("a.b.example.com")[0] and not rules.check_name("example.com")[0]
-    assert rules.check_name("bad.example.com") == (False, "denied by rule 'bad.example.com'")
+    assert rules.check_name("files.pythonhosted.org", 443) == (True, "allowed by rule 'pypi (files.pythonhosted.org)'")
+    assert rules.check_name("a.b.example.com", 80)[0] and not rules.check_name("example.com", 443)[0]
+    assert rules.check_name("bad.example.com", 443) == (False, "denied by rule 'bad.example.com'")
     import ipaddress
 
-    assert rules.check_address(ipaddress.ip_address("10.1.2.3"))[0]
-    assert not rules.check_address(ipaddress.ip_address("8.8.8.8"))[0]
+    assert rules.check_address(ipaddress.ip_address("10.1.2.3"), 443)[0]
+    assert not rules.check_address(ipaddress.ip_address("8.8.8.8"), 443)[0]
     assert not rules.check_resolved(ipaddress.ip_address("127.0.0.1"), pinned=False)[0]
     assert rules.check_resolved(ipaddress.ip_address("127.0.0.1"), pinned=True)[0]
 

@@ -55,11 +55,57 @@ def _ip_rule(text: str) -> IPNetwork | None:
         return None
 
 
+DEFAULT_PORTS = "80+443"  # an allow rule without ports: plain HTTP and HTTPS only (a deny rule: every port)
+_PORTS = re.compile(r"^(\*|\d{1,5}(-\d{1,5})?(\+\d{1,5}(-\d{1,5})?)*)$")
+
+
+def split_ports(rule: str) -> tuple[str, str | None]:
+    """``name[:ports]`` -> (name, ports or None). IPv6 rules with ports are bracketed: ``[::1]:8080``;
+    a bare IPv6 address or network (several colons) has no port part."""
+    if rule.startswith("["):
+        inner, _, rest = rule[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"rule {rule!r}: expected [IPv6]:PORTS")
+        return inner, rest[1:] if rest else None
+    if rule.count(":") == 1:
+        name, _, ports = rule.partition(":")
+        return name, ports
+    return rule, None
+
+
+def port_ranges(ports: str) -> tuple[tuple[int, int], ...]:
+    """``*``, ``8080``, ``8000-8100`` or several joined by ``+`` (``80+443+8000-8100``) as ranges."""
+    if not _PORTS.match(ports):
+        raise ValueError(f"ports {ports!r}: expected *, a port, a range LOW-HIGH, or several joined by '+'")
+    if ports == "*":
+        return ((1, 65535),)
+    out = []
+    for part in ports.split("+"):
+        low, _, high = part.partition("-")
+        lo, hi = int(low), int(high or low)
+        if not 1 <= lo <= hi <= 65535:
+            raise ValueError(f"ports {ports!r}: {part} is not a port or range between 1 and 65535")
+        out.append((lo, hi))
+    return tuple(out)
+
+
 def check_pattern(pattern: str) -> str:
-    """A preset name, ``*``, ``*.domain``, ``host.domain``, an IP address or a CIDR."""
+    """A preset name, ``*``, ``*.domain``, ``host.domain``, an IP address or a CIDR, each optionally
+    followed by ``:PORTS`` (``*``, ``8080``, ``8000-8100``, ``80+8080``); returned in canonical form."""
     if not isinstance(pattern, str) or not pattern.strip():
         raise ValueError("empty network rule")
-    text = pattern.strip().lower()
+    text, ports = split_ports(pattern.strip().lower())
+    name = _check_name_pattern(pattern, text)
+    if ports is None:
+        return name
+    try:
+        port_ranges(ports)
+    except ValueError as exc:
+        raise ValueError(f"rule {pattern!r}: {exc}") from None
+    return f"[{name}]:{ports}" if ":" in name else f"{name}:{ports}"
+
+
+def _check_name_pattern(pattern: str, text: str) -> str:
     if text in PRESETS or text == "*" or _ip_rule(text) is not None:
         return text
     if text.startswith("*."):
@@ -178,70 +224,85 @@ def fields_of(text: str) -> dict:
     }
 
 
-Compiled = list[tuple[str, str, IPNetwork | None]]  # (name pattern, rule as written, network of an IP rule)
+Ports = tuple[tuple[int, int], ...]
+Compiled = list[tuple[str, str, IPNetwork | None, Ports]]  # (name pattern, rule as written, IP rule's network, ports)
 
 
 class Rules:
     """Allow and deny rules compiled for matching; every verdict names the rule that decided it."""
 
     def __init__(self, allow: tuple[str, ...], deny: tuple[str, ...]) -> None:
-        self.allow = _compile(allow)
-        self.deny = _compile(deny)
+        self.allow = _compile(allow, DEFAULT_PORTS)
+        self.deny = _compile(deny, "*")
         self.summary = ", ".join(allow) or "nothing"
 
-    def check_name(self, host: str) -> tuple[bool, str]:
-        """Verdict on a host name (not an address): (allowed, the rule or why)."""
-        rule = _match_name(self.deny, host)
+    def check_name(self, host: str, port: int) -> tuple[bool, str]:
+        """Verdict on a host name (not an address) and port: (allowed, the rule or why)."""
+        rule = _match_name(self.deny, host, port)
         if rule is not None:
             return False, f"denied by rule {rule!r}"
-        rule = _match_name(self.allow, host)
+        rule = _match_name(self.allow, host, port)
         if rule is not None:
             return True, f"allowed by rule {rule!r}"
+        other = _match_name(self.allow, host, None)
+        if other is not None:
+            return False, f"port {port} of {host} is not allowed by rule {other!r} (name the port: {host}:{port})"
         return False, f"{host} is not in the allow list ({self.summary})"
 
-    def check_address(self, addr: IPAddress) -> tuple[bool, str]:
+    def check_address(self, addr: IPAddress, port: int) -> tuple[bool, str]:
         """Verdict on a literal address in a request: only IP rules match it."""
-        rule = _match_ip(self.deny, addr)
+        rule = _match_ip(self.deny, addr, port)
         if rule is not None:
             return False, f"{addr} denied by rule {rule!r}"
-        rule = _match_ip(self.allow, addr)
+        rule = _match_ip(self.allow, addr, port)
         if rule is not None:
             return True, f"allowed by rule {rule!r}"
+        other = _match_ip(self.allow, addr, None)
+        if other is not None:
+            return False, f"port {port} of {addr} is not allowed by rule {other!r}"
         return False, f"{addr} is not in the allow list ({self.summary})"
 
     def check_resolved(self, addr: IPAddress, pinned: bool) -> tuple[bool, str]:
         """Verdict on an address an allowed name resolved to (``pinned``: from the hosts mapping).
-        Local addresses need an IP rule or the mapping, so DNS cannot point the jail at the host."""
-        rule = _match_ip(self.deny, addr)
+        Local addresses need an IP rule or the mapping, so DNS cannot point the jail at the host.
+        The port was decided with the name."""
+        rule = _match_ip(self.deny, addr, None)
         if rule is not None:
             return False, f"{addr} denied by rule {rule!r}"
-        if pinned or _match_ip(self.allow, addr) is not None or not is_local(addr):
+        if pinned or _match_ip(self.allow, addr, None) is not None or not is_local(addr):
             return True, ""
         return False, f"resolves to {addr}, a loopback, private or host address (allow it with an IP rule)"
 
 
-def _compile(rules: tuple[str, ...]) -> Compiled:
+def _compile(rules: tuple[str, ...], default_ports: str) -> Compiled:
     out: Compiled = []
     for rule in rules:
-        for item in PRESETS.get(rule, (rule,)):
+        name, ports = split_ports(rule)
+        ranges = port_ranges(ports if ports is not None else default_ports)
+        for item in PRESETS.get(name, (name,)):
             net = _ip_rule(item)
-            label = f"{rule} ({item})" if rule in PRESETS else rule
-            out.append(("ip", label, net) if net is not None else (item, label, None))
+            label = f"{rule} ({item})" if name in PRESETS else rule
+            out.append(("ip", label, net, ranges) if net is not None else (item, label, None, ranges))
     return out
 
 
-def _match_name(rules: Compiled, host: str) -> str | None:
-    for pattern, label, net in rules:
-        if net is not None:
+def _in(port: int | None, ranges: Ports) -> bool:
+    return port is None or any(lo <= port <= hi for lo, hi in ranges)
+
+
+def _match_name(rules: Compiled, host: str, port: int | None) -> str | None:
+    """The first rule naming ``host`` on ``port`` (None: on any port)."""
+    for pattern, label, net, ranges in rules:
+        if net is not None or not _in(port, ranges):
             continue
         if pattern == "*" or pattern == host or (pattern.startswith("*.") and host.endswith(pattern[1:])):
             return label
     return None
 
 
-def _match_ip(rules: Compiled, addr: IPAddress) -> str | None:
-    for _, label, net in rules:
-        if net is not None and net.version == addr.version and addr in net:
+def _match_ip(rules: Compiled, addr: IPAddress, port: int | None) -> str | None:
+    for _, label, net, ranges in rules:
+        if net is not None and net.version == addr.version and addr in net and _in(port, ranges):
             return label
     return None
 

@@ -3,10 +3,12 @@
 Each ``allow`` jail's init binds a listening socket to 127.0.0.1:3128 inside the jail's own network
 namespace and hands it over; the proxy accepts from it directly, so there is no relay process in
 the jail and every connection is known to come from that sandbox. A connection carries one
-request: an absolute ``http://`` URL (forwarded with ``Connection: close``) or a ``CONNECT`` tunnel.
-The host name is matched against the sandbox's rules (deny wins), resolved here (names never
-resolve inside the jail), and its addresses checked again so DNS cannot point the jail at the
-host's loopback or LAN. Refusals get a 403 whose body names the rule. Every request is logged.
+request: an absolute ``http://`` URL (forwarded with ``Connection: close`` and the URL's own ``Host``;
+a ``Host`` header naming another place is refused, and bytes after the request's body are never
+forwarded, so a pipelined second request cannot reach another host through the same server) or a
+``CONNECT`` tunnel. The host name and port are matched against the sandbox's rules (deny wins),
+resolved here (names never resolve inside the jail), and its addresses checked again so DNS cannot
+point the jail at the host's loopback or LAN. Refusals get a 403 whose body names the rule. Every request is logged.
 
 Bounds: at most ``MAX_CONNECTIONS`` connections (``MAX_PER_SANDBOX`` per sandbox); each reads into
 two fixed ``CHUNK`` buffers and stops reading a side while the other side's write buffer is above
@@ -120,9 +122,73 @@ class _BadRequest(Exception):
     pass
 
 
+class _Body:
+    """Where one HTTP request's body ends, fed the bytes that follow its head (RFC 9112 section 6):
+    ``Content-Length`` bytes, or chunks up to the last chunk and its trailer. Whatever follows is a
+    second request on the connection, which is never forwarded unchecked."""
+
+    def __init__(self, length: int | None) -> None:
+        self.left = length if length is not None else 0
+        self.chunked = length is None
+        self.state = "size" if self.chunked else "data"
+        self.line = bytearray()
+        self.done = not self.chunked and self.left == 0
+
+    def feed(self, data: bytes) -> int:
+        """How many leading bytes of ``data`` still belong to this request's body."""
+        used = 0
+        while used < len(data) and not self.done:
+            if self.state == "data":
+                take = min(self.left, len(data) - used)
+                used += take
+                self.left -= take
+                if self.left == 0:
+                    self.state = "crlf" if self.chunked else "end"
+                    self.done = not self.chunked
+                continue
+            end = data.find(b"\n", used)
+            stop = len(data) if end < 0 else end + 1
+            self.line += data[used:stop]
+            used = stop
+            if len(self.line) > HEAD_LIMIT:
+                raise _BadRequest("chunk line too long")
+            if end < 0:
+                break
+            self._line(bytes(self.line).rstrip(b"\r\n"))
+            self.line.clear()
+        return used
+
+    def _line(self, line: bytes) -> None:
+        if self.state == "size":
+            size_text = line.split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise _BadRequest("bad chunk size") from None
+            if size < 0:
+                raise _BadRequest("bad chunk size")
+            self.left = size
+            self.state = "data" if size else "trailer"
+        elif self.state == "crlf":
+            if line:
+                raise _BadRequest("chunk data longer than its size")
+            self.state = "size"
+        elif self.state == "trailer" and not line:
+            self.done = True
+
+
 class _Request:
-    def __init__(self, method: str, host: str, port: int, literal: IPAddress | None, forward: bytes | None) -> None:
+    def __init__(
+        self,
+        method: str,
+        host: str,
+        port: int,
+        literal: IPAddress | None,
+        forward: bytes | None,
+        body: _Body | None = None,
+    ) -> None:
         self.method, self.host, self.port, self.literal, self.forward = method, host, port, literal, forward
+        self.body = body  # plain HTTP: where this request ends (CONNECT: a tunnel, no end)
 
 
 def _authority(text: str, default_port: int | None) -> tuple[str, int, IPAddress | None]:
@@ -178,12 +244,40 @@ def parse_head(head: bytes) -> _Request:
         raise _BadRequest("this is jailbox's proxy: send absolute http:// URLs or CONNECT")
     url = urlsplit(target)
     host, port, literal = _authority(url.netloc, 80)
+    _check_host_header(headers, host, port)
     path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    kept = [f"{n}: {v}" for n, v in headers if n.lower() not in HOP_BY_HOP]
-    if not any(n.lower() == "host" for n, _ in headers):
-        kept.append(f"Host: {url.netloc}")
-    forward = "\r\n".join([f"{method} {path} {version}", *kept, "Connection: close", "", ""])
-    return _Request(method, host, port, literal, forward.encode("latin-1"))
+    kept = [f"{n}: {v}" for n, v in headers if n.lower() not in HOP_BY_HOP and n.lower() != "host"]
+    forward = "\r\n".join([f"{method} {path} {version}", f"Host: {url.netloc}", *kept, "Connection: close", "", ""])
+    return _Request(method, host, port, literal, forward.encode("latin-1"), _body_of(headers))
+
+
+def _check_host_header(headers: list[tuple[str, str]], host: str, port: int) -> None:
+    """The server answers for the ``Host`` header, not for the URL the rules were checked on: they must
+    name the same place (the proxy then sends the URL's own ``Host``)."""
+    given = [v for n, v in headers if n.lower() == "host"]
+    if len(given) > 1:
+        raise _BadRequest("more than one Host header")
+    if given:
+        try:
+            named = _authority(given[0], 80)[:2]
+        except _BadRequest:
+            raise _BadRequest(f"bad Host header {given[0]!r}") from None
+        if named != (host, port):
+            raise _BadRequest(f"the Host header names {given[0]!r} but the URL names {host}:{port}")
+
+
+def _body_of(headers: list[tuple[str, str]]) -> _Body:
+    lengths = {v for n, v in headers if n.lower() == "content-length"}
+    codings = [v.strip().lower() for n, v in headers if n.lower() == "transfer-encoding"]
+    if codings:
+        if lengths:
+            raise _BadRequest("both Transfer-Encoding and Content-Length")  # the classic smuggling shape
+        if codings != ["chunked"]:
+            raise _BadRequest(f"unsupported Transfer-Encoding {', '.join(codings)!r}")
+        return _Body(None)
+    if len(lengths) > 1 or (lengths and not next(iter(lengths)).isdigit()):
+        raise _BadRequest("bad Content-Length")
+    return _Body(int(next(iter(lengths))) if lengths else 0)
 
 
 def _response(status: int, phrase: str, message: str) -> bytes:
@@ -249,6 +343,8 @@ class _Conn:
         self.record: _Record | None = None
         self.task: asyncio.Task | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.body: _Body | None = None
+        self.body_overrun = False
 
     def accepted(self) -> None:
         p = self.proxy
@@ -268,6 +364,10 @@ class _Conn:
         if self.relaying:
             other = self.server if side is self.client else self.client
             assert other is not None and other.transport is not None and self.record is not None
+            if side is self.client and self.body is not None:
+                data = self.one_request(data)
+                if not data:
+                    return
             other.transport.write(data)
             if side is self.client:
                 self.record.sent += len(data)
@@ -304,10 +404,10 @@ class _Conn:
             self.reply(400, "Bad Request", str(exc))
             return
         if req.literal is not None:
-            ok, reason = self.tenant.rules.check_address(req.literal)
+            ok, reason = self.tenant.rules.check_address(req.literal, req.port)
             candidates = [req.literal] if ok else []
         else:
-            ok, reason = self.tenant.rules.check_name(req.host)
+            ok, reason = self.tenant.rules.check_name(req.host, req.port)
             candidates = []
             if ok:
                 candidates, reason = await self.reachable_addresses(req)
@@ -345,6 +445,7 @@ class _Conn:
             self.reply(502, "Bad Gateway", error)
             return
         self.relaying = True
+        self.body = req.body
         if req.forward is None:
             self.client.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
@@ -378,8 +479,26 @@ class _Conn:
                 good.append(addr)
             elif not reason:
                 reason = why
-        _, allowed_by = self.tenant.rules.check_name(req.host)
+        _, allowed_by = self.tenant.rules.check_name(req.host, req.port)
         return good, allowed_by if good else reason
+
+    def one_request(self, data: bytes) -> bytes:
+        """The part of ``data`` that is still the forwarded request's body. Anything after it would be a
+        second request on a connection already checked for the first (pipelined, perhaps to another
+        host through the same server): it is logged as refused and the jail's side is read no more."""
+        assert self.body is not None and self.client.transport is not None
+        try:
+            used = self.body.feed(data)
+        except _BadRequest as exc:
+            self.tenant.record("-", "", 0, "denied", str(exc))
+            self.abort()
+            return b""
+        if used < len(data):
+            if not self.body_overrun:
+                self.body_overrun = True
+                self.tenant.record("-", "", 0, "denied", "a second request on one connection (one request each)")
+            self.client.transport.pause_reading()
+        return data[:used]
 
     def reply(self, status: int, phrase: str, message: str) -> None:
         transport = self.client.transport
