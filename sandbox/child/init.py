@@ -25,6 +25,7 @@ import stat
 import struct
 import termios
 import time
+from collections.abc import Sequence
 
 from ..floor import linux as L
 from ..floor import wire
@@ -192,7 +193,7 @@ class Init:
                 reply.close()
 
     @staticmethod
-    def _answer(reply: socket.socket | None, obj: dict, fds: list[int] = ()) -> None:  # type: ignore[assignment]
+    def _answer(reply: socket.socket | None, obj: dict, fds: Sequence[int] = ()) -> None:
         if reply is None:
             return
         try:

@@ -12,6 +12,7 @@ costs two forks:
 B then arms PR_SET_PDEATHSIG against the launcher, and the launcher exits as soon as the host
 process dies (a pidfd of it) or closes the control socket. The host talks to each init directly
 over a socketpair handed back here with SCM_RIGHTS, together with a pidfd of the init.
+Every message here is a typed one of ``child/protocol.py``; a failure names its setup step.
 Stdlib only.
 """
 
@@ -24,7 +25,7 @@ import shutil
 import signal
 import socket
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from ..floor import linux as L
 from ..floor import wire
@@ -36,7 +37,6 @@ from .protocol import (
     Failed,
     Go,
     InitPid,
-    Message,
     Removed,
     RmtreeRequest,
     SetupFailed,
@@ -50,6 +50,7 @@ from .spec import JailSpec
 
 STEP_TIMEOUT = 10.0
 Body = Callable[[socket.socket], None]
+Expected = TypeVar("Expected", UsernsReady, Go, InitPid, Removed)
 NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
 
 
@@ -195,7 +196,6 @@ class Zygote:
             go_r = -1
             with chan:
                 started = _expect(chan, Step.UNSHARE, InitPid)
-            assert isinstance(started, InitPid)
             self.pending[a_pid] = go_w  # reap() says "go" once A has fully exited
             go_w = -1
             if len(self.jails) > 64:
@@ -225,7 +225,6 @@ class Zygote:
         chan, _ = self._spawn_in_userns(req.idmap, body)
         with chan:
             removed = _expect(chan, Step.RMTREE, Removed)
-        assert isinstance(removed, Removed)
         return removed.done
 
 
@@ -265,8 +264,8 @@ def _keep_only(fds: list[int]) -> None:
     os.closerange(low, 1 << 20)
 
 
-def _expect(chan: socket.socket, during: Step, kind: type[Message]) -> Message:
-    """A's next message, which must be ``kind``; A's own failure is raised as it reported it."""
+def _expect(chan: socket.socket, during: Step, kind: type[Expected]) -> Expected:
+    """The peer's next message, which must be ``kind``; its own failure is raised as it reported it."""
     with step(during):
         if not wire.wait_readable(chan, STEP_TIMEOUT):
             raise TimeoutError("jail setup step timed out")
@@ -276,6 +275,8 @@ def _expect(chan: socket.socket, during: Step, kind: type[Message]) -> Message:
         got = decode(msg[0], kind)
     if isinstance(got, Failed):
         raise SetupFailed(got)
+    if not isinstance(got, kind):  # decode admits only ``kind`` and Failed
+        raise SetupFailed(Failed(during, 0, f"unexpected {type(got).__name__} message"))
     return got
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import select
 import socket
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 INLINE_MAX = 48 * 1024
@@ -46,7 +47,7 @@ def seqpacket_pair() -> tuple[socket.socket, socket.socket]:
     return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
-def send(sock: socket.socket, obj: dict, fds: list[int] | tuple[int, ...] = ()) -> None:
+def send(sock: socket.socket, obj: dict, fds: Sequence[int] = ()) -> None:
     data = json.dumps(obj, separators=(",", ":")).encode()
     fds = list(fds)
     memfd = -1
