@@ -125,8 +125,7 @@ class Init:
         self.audit_arch = seccomp.audit_arch if seccomp else 0
         self.refused: dict[int, dict[str, int]] = {}  # exec id -> refused syscall key -> count
         self.by_tag: dict[int, int] = {}  # tag -> exec id
-        in_child = seccomp is not None and seccomp.in_child
-        self.child_filter = base64.b64decode(seccomp.errno) if seccomp and in_child else None
+        self.child_filter = base64.b64decode(seccomp.errno) if seccomp is not None and seccomp.in_child else None
         self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         self.execs: dict[int, tuple[socket.socket, int]] = {}  # pid -> (reply socket, exec id)
         self.tags: dict[int, int] = {}  # exec id -> tag

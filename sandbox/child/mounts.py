@@ -92,7 +92,7 @@ def build(spec: JailSpec) -> None:
         if spec.userns:
             options += ",userxattr"  # trusted.* xattrs are out of reach in a user namespace
         L.mount("overlay", root, "overlay", 0, options)
-    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for op in plan(spec):
             with step(op.step):

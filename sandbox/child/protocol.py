@@ -46,7 +46,7 @@ class Step(enum.Enum):
     RLIMITS = "rlimits"  # setrlimit
     SECCOMP = "seccomp"  # installing the syscall filter
     RMTREE = "rmtree"  # removing a tree inside the jail's id map
-    PROTOCOL = "protocol"  # a setup process sent nothing, too late, or the wrong thing
+    PROTOCOL = "protocol"  # a setup process sent nothing, too late or the wrong thing, or failed outside a step
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,8 @@ class JailSpec:
         upper = wire.typed(f, "upper", str)
         if upper not in UPPERS:
             raise wire.WireError(f"upper: unknown kind {upper!r}")
+        if upper == "disk" and f["dir"] is None:
+            raise wire.WireError("upper: a disk writable layer needs the sandbox directory")
         return cls(
             id=wire.typed(f, "id", str),
             dir=None if f["dir"] is None else wire.typed(f, "dir", str),

@@ -162,7 +162,7 @@ class Zygote:
             _child_a(theirs, body, idmap is not None)
         theirs.close()
         try:
-            _expect(mine, Step.USERNS, UsernsReady)
+            _expect(mine, UsernsReady)
             if idmap is not None:
                 with step(Step.ID_MAP):
                     write_maps(pid, idmap)
@@ -195,7 +195,7 @@ class Zygote:
             os.close(go_r)
             go_r = -1
             with chan:
-                started = _expect(chan, Step.UNSHARE, InitPid)
+                started = _expect(chan, InitPid)
             self.pending[a_pid] = go_w  # reap() says "go" once A has fully exited
             go_w = -1
             if len(self.jails) > 64:
@@ -219,12 +219,14 @@ class Zygote:
         """Remove a tree whose files belong to subordinate ids, as root of a matching namespace."""
 
         def body(chan: socket.socket) -> None:
-            shutil.rmtree(req.path, ignore_errors=True)
-            wire.send(chan, Removed(not os.path.lexists(req.path)).to_wire())
+            with step(Step.RMTREE):
+                shutil.rmtree(req.path, ignore_errors=True)
+                done = not os.path.lexists(req.path)
+            wire.send(chan, Removed(done).to_wire())
 
         chan, _ = self._spawn_in_userns(req.idmap, body)
         with chan:
-            removed = _expect(chan, Step.RMTREE, Removed)
+            removed = _expect(chan, Removed)
         return removed.done
 
 
@@ -238,11 +240,11 @@ def _child_a(chan: socket.socket, body: Body, userns: bool) -> NoReturn:
                     Failed(Step.USERNS, exc.errno or 0, f"creating a user namespace: {exc.strerror}")
                 ) from exc
         wire.send(chan, UsernsReady().to_wire())
-        _expect(chan, Step.ID_MAP, Go)
+        _expect(chan, Go)
         body(chan)
     except BaseException as exc:
         try:
-            wire.send(chan, failure(exc, Step.UNSHARE).to_wire())
+            wire.send(chan, failure(exc, Step.PROTOCOL).to_wire())
         except BaseException:
             pass
     finally:
@@ -264,9 +266,10 @@ def _keep_only(fds: list[int]) -> None:
     os.closerange(low, 1 << 20)
 
 
-def _expect(chan: socket.socket, during: Step, kind: type[Expected]) -> Expected:
-    """The peer's next message, which must be ``kind``; its own failure is raised as it reported it."""
-    with step(during):
+def _expect(chan: socket.socket, kind: type[Expected]) -> Expected:
+    """The peer's next message, which must be ``kind``; its own failure is raised as it reported it.
+    Silence, EOF or a wrong message are the protocol's failure, not that of the step awaited."""
+    with step(Step.PROTOCOL):
         if not wire.wait_readable(chan, STEP_TIMEOUT):
             raise TimeoutError("jail setup step timed out")
         msg = wire.recv(chan, max_fds=0)
@@ -276,7 +279,7 @@ def _expect(chan: socket.socket, during: Step, kind: type[Expected]) -> Expected
     if isinstance(got, Failed):
         raise SetupFailed(got)
     if not isinstance(got, kind):  # decode admits only ``kind`` and Failed
-        raise SetupFailed(Failed(during, 0, f"unexpected {type(got).__name__} message"))
+        raise SetupFailed(Failed(Step.PROTOCOL, 0, f"unexpected {type(got).__name__} message"))
     return got
 
 
