@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import functools
 import getpass
-import json
 import os
 import pwd
 import shutil
 
 from .errors import ConfigError
+from .floor.idmap import IdMap
 
 ROOT_RANGE = 65536
 
@@ -54,25 +54,21 @@ def full_range_available() -> bool:
     )
 
 
+def plan(mode: str) -> IdMap:
+    """The map the launcher writes for a jail of ``mode`` ("auto", "full" or "single")."""
+    return _plan(os.getuid(), mode)
+
+
 @functools.lru_cache(maxsize=8)
-def _plan(uid: int, mode: str) -> str:
-    return json.dumps(_compute(mode))
-
-
-def plan(mode: str) -> dict:
-    """The map the launcher writes: ``{"uid_map", "gid_map", "helper", "deny_setgroups"}``."""
-    return json.loads(_plan(os.getuid(), mode))
-
-
-def _compute(mode: str) -> dict:
-    uid, gid = os.getuid(), os.getgid()
+def _plan(uid: int, mode: str) -> IdMap:  # an IdMap is frozen: the cached one is shared safely
+    gid = os.getgid()
     if uid == 0:
         count = ROOT_RANGE if mode != "single" else 1
         line = f"0 0 {count}\n"
-        return {"uid_map": line, "gid_map": line, "helper": False, "deny_setgroups": False}
+        return IdMap(uid_map=line, gid_map=line, helper=False, deny_setgroups=False)
     full = mode == "full" or (mode == "auto" and full_range_available())
     if not full:
-        return {"uid_map": f"0 {uid} 1\n", "gid_map": f"0 {gid} 1\n", "helper": False, "deny_setgroups": True}
+        return IdMap(uid_map=f"0 {uid} 1\n", gid_map=f"0 {gid} 1\n", helper=False, deny_setgroups=True)
     sub_u = subordinate_range("/etc/subuid", uid)
     sub_g = subordinate_range("/etc/subgid", uid)
     if not (sub_u and sub_g) or not full_range_available():
@@ -80,9 +76,9 @@ def _compute(mode: str) -> dict:
             "idmap='full' needs newuidmap/newgidmap and entries for this user in /etc/subuid and "
             f"/etc/subgid; fix: sudo apt-get install uidmap && {subuid_fix(getpass.getuser())}"
         )
-    return {
-        "uid_map": f"0 {uid} 1 1 {sub_u[0]} {sub_u[1]}",
-        "gid_map": f"0 {gid} 1 1 {sub_g[0]} {sub_g[1]}",
-        "helper": True,
-        "deny_setgroups": False,
-    }
+    return IdMap(
+        uid_map=f"0 {uid} 1 1 {sub_u[0]} {sub_u[1]}",
+        gid_map=f"0 {gid} 1 1 {sub_g[0]} {sub_g[1]}",
+        helper=True,
+        deny_setgroups=False,
+    )

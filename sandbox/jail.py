@@ -1,11 +1,14 @@
 """One running jail as the host sees it: create it, hold its channel, tear it down.
 
 ``Sandbox`` wraps a ``Jail`` with the public API; ``reset()`` and ``SandboxPool`` swap jails under it.
+Everything the host decides about the jail is one ``JailSpec`` (``child/spec.py``), built here once
+and sent to the launcher; what comes back from the jail's init is validated (``messages.Ready``).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import os
 import signal
@@ -16,18 +19,24 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from . import hostroot, idmap, state
 from .channel import Channel
 from .checks.diagnose import explain
-from .config import Limits, SandboxConfig, SeccompPolicy
+from .child.protocol import Created, CreateRequest, Failed, Step, decode
+from .child.spec import Bind, JailSpec, SeccompSpec
+from .config import Limits, SandboxConfig
 from .errors import ConfigError, ProtocolError, SandboxSetupError, SecurityWarning
 from .floor import wire
+from .floor.idmap import IdMap
 from .launcher import LAUNCHER
 from .limits import cgroups, rlimits
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
 from .messages import Ready
 from .net import modes
-from .seccomp import bpf
+from .seccomp import bpf, syscalls
+from .seccomp.policy import SeccompPolicy
 
 if TYPE_CHECKING:
     from .rootfs.users import User
@@ -42,25 +51,23 @@ class Jail:
         # a stored image's Env, WorkingDir and User, under the config's own; and its tree
         self.config, self._lower = apply_stored_rootfs(config)
         self.id = uuid.uuid4().hex[:12]
-        self.cgroup = _make_cgroup(self.id, config.limits)
-        kind = None if self.cgroup is None else self.cgroup.kind
-        planned, self.enforcement = rlimits.plan(config.limits, config.upper, kind)
-        try:
-            self._spec, self.dir = self._prepare(planned)
-        except BaseException:
-            _teardown(None, -1, None, {}, self.cgroup)
-            raise
-        channel_sock, self._pidfd, self.init_pid, net_fds = self._launch()
-        try:
-            self.network = modes.Network(self.id, config.network, net_fds, config.setup_timeout)
-        except BaseException:
-            _teardown(channel_sock, self._pidfd, self.dir, self._spec, self.cgroup)
-            raise
-        self.env = modes.env(config.network)
-        self._finalizer = weakref.finalize(
-            self, _teardown, channel_sock, self._pidfd, self.dir, self._spec, self.cgroup, self.network
-        )
-        self.channel = Channel(channel_sock)
+        self.mode = modes.for_policy(self.config.network)
+        self.env = self.mode.env()
+        self._idmap = idmap.plan(self.config.idmap)
+        base = state.state_dir(self.config.state_dir)
+        lower, system_binds, generated = self._layout(base)
+        # each step that leaves something behind registers its undo; closing runs them in reverse
+        with contextlib.ExitStack() as undo:
+            self.dir = self._make_dir(base, undo)
+            self.cgroup = self._make_cgroup(undo)
+            self.spec = self._spec(base, lower, system_binds, generated)
+            sock, self.init_pid = self._create(undo)
+            net_fds = self._await_ready(sock, undo)
+            self._attach_cgroup()
+            self._write_meta()
+            self.network = self._attach_network(net_fds, undo)
+            self.channel = Channel(sock)
+            self._finalizer = weakref.finalize(self, undo.pop_all().close)
 
     @property
     def user_env(self) -> dict[str, str]:
@@ -71,94 +78,85 @@ class Jail:
         """Kill every process of the jail and remove its mounts, writable layer and state."""
         self._finalizer()
 
-    def _prepare(self, planned: dict[str, int]) -> tuple[dict, Path | None]:
+    # --- the steps, in order ------------------------------------------------------------------
+
+    def _layout(self, base: Path) -> tuple[str, tuple[Bind, ...], dict[str, str]]:
+        """The lower layer, the host-root binds, the generated /etc files; the user to run as."""
         cfg = self.config
-        base = state.state_dir(cfg.state_dir)
-        host = self._lower is None
         if self._lower is None:
-            lower, system_binds = hostroot.layout(base)
+            lower, binds = hostroot.layout(base)
         else:
-            lower, system_binds = str(self._lower), []
-        generated = modes.files(cfg.network, hostroot.generated_files(cfg.hostname, host))
-        self.user: User | None = None if cfg.user is None else _user(cfg, lower, generated)
+            lower, binds = str(self._lower), []
+        generated = self.mode.files(hostroot.generated_files(cfg.hostname, self._lower is None))
+        self.user: User | None = None if cfg.user is None else _user(cfg, lower, generated, self._idmap)
         if not cfg.userns and os.getuid() != 0:
             raise ConfigError("userns=False needs root; unprivileged jails always use a user namespace")
-        user_binds = [
-            {"src": str(m.src), "dst": m.dst, "is_dir": m.src.is_dir(), "readonly": m.readonly}
-            for m in sorted(cfg.mounts, key=lambda m: m.dst.count("/"))
-        ]
-        sandbox_dir = None
-        if cfg.upper == "disk":  # a tmpfs writable layer leaves nothing on disk
-            sandbox_dir = base / "sandboxes" / self.id
-            sandbox_dir.mkdir(mode=0o700)
-        spec = {
-            "id": self.id,
-            "dir": None if sandbox_dir is None else str(sandbox_dir),
-            "stage": str(base / "stage"),
-            "lower": lower,
-            "trusted_lower": host,
-            "system_binds": system_binds,
-            "user_binds": user_binds,
-            "generated": generated,
-            "upper": cfg.upper,
-            "tmpfs_size": min(cfg.tmpfs_size, cfg.limits.disk or cfg.tmpfs_size),
-            "rlimits": planned,
-            "hostname": cfg.hostname,
-            "network": cfg.network.mode,
-            "net": modes.child_spec(cfg.network, cfg.userns, cfg.keep_caps),
-            "workdir": cfg.workdir,
-            "keep_caps": cfg.keep_caps,
-            "seccomp": _seccomp_spec(cfg.seccomp),
-            "userns": cfg.userns,
-            "idmap": idmap.plan(cfg.idmap),
-        }
-        return spec, sandbox_dir
+        return lower, tuple(Bind(**b) for b in binds), generated
 
-    def _launch(self) -> tuple[socket.socket, int, int, list[int]]:
+    def _make_dir(self, base: Path, undo: contextlib.ExitStack) -> Path | None:
+        """The sandbox's state directory, for a disk writable layer (a tmpfs one leaves nothing on disk)."""
+        if self.config.upper != "disk":
+            return None
+        sandbox_dir = base / "sandboxes" / self.id
+        sandbox_dir.mkdir(mode=0o700)
+        undo.callback(state.remove_sandbox_dir, sandbox_dir, self._idmap)
+        return sandbox_dir
+
+    def _make_cgroup(self, undo: contextlib.ExitStack) -> Cgroup | None:
+        cgroup = _make_cgroup(self.id, self.config.limits)
+        if cgroup is not None:
+            undo.callback(cgroup.destroy)
+        return cgroup
+
+    def _spec(self, base: Path, lower: str, system_binds: tuple[Bind, ...], generated: dict[str, str]) -> JailSpec:
+        cfg = self.config
+        kind = None if self.cgroup is None else self.cgroup.kind
+        planned, self.enforcement = rlimits.plan(cfg.limits, cfg.upper, kind)
+        return JailSpec(
+            id=self.id,
+            dir=None if self.dir is None else str(self.dir),
+            stage=str(base / "stage"),
+            lower=lower,
+            trusted_lower=self._lower is None,
+            system_binds=system_binds,
+            user_binds=tuple(
+                Bind(src=str(m.src), dst=m.dst, is_dir=m.src.is_dir(), readonly=m.readonly)
+                for m in sorted(cfg.mounts, key=lambda m: m.dst.count("/"))
+            ),
+            generated=generated,
+            upper=cfg.upper,
+            tmpfs_size=min(cfg.tmpfs_size, cfg.limits.disk or cfg.tmpfs_size),
+            rlimits=planned,
+            hostname=cfg.hostname,
+            net=self.mode.child_spec(cfg.userns, cfg.keep_caps),
+            workdir=cfg.workdir,
+            keep_caps=cfg.keep_caps,
+            seccomp=_seccomp_spec(cfg.seccomp),
+            userns=cfg.userns,
+            idmap=self._idmap,
+        )
+
+    def _create(self, undo: contextlib.ExitStack) -> tuple[socket.socket, int]:
+        """Ask the launcher for the jail: its control socket and init pid (a pidfd of it is kept)."""
+        reply, fds = LAUNCHER.request(CreateRequest(self.spec).to_wire())
         try:
-            reply, fds = LAUNCHER.request({"op": "create", "spec": self._spec})
-            if not reply.get("ok"):
-                raise explain(str(reply.get("error", "jail setup failed"))[:2000], int(reply.get("errno") or 0))
-            if len(fds) != 2:
-                raise SandboxSetupError("the launcher answered without the jail's descriptors")
-        except BaseException:
-            _teardown(None, -1, self.dir, self._spec, self.cgroup)
-            raise
+            created = decode(reply, Created)
+        except wire.WireError as exc:
+            _close_all(fds)
+            raise SandboxSetupError(f"bad reply from the jailbox launcher: {exc}") from None
+        if isinstance(created, Failed):
+            _close_all(fds)
+            raise explain(created)
+        if not isinstance(created, Created) or len(fds) != 2:
+            _close_all(fds)
+            raise SandboxSetupError("the launcher answered without the jail's descriptors")
         sock, pidfd = socket.socket(fileno=fds[0]), fds[1]
-        net_fds: list[int] = []
-        try:
-            ready, net_fds = self._await_ready(sock)
-            if ready.error is not None:
-                raise explain(ready.error, ready.errno)
-            if len(net_fds) != modes.expected_fds(self.config.network, self.config.userns):
-                raise ProtocolError(f"the jail's init handed over {len(net_fds)} network descriptors")
-        except BaseException:
-            for fd in net_fds:
-                os.close(fd)
-            _teardown(sock, pidfd, self.dir, self._spec, self.cgroup)
-            raise
-        init_pid = int(reply["init_pid"])
-        if self.cgroup is not None:
-            try:
-                self.cgroup.attach(init_pid)
-            except BaseException:
-                for fd in net_fds:
-                    os.close(fd)
-                _teardown(sock, pidfd, self.dir, self._spec, self.cgroup)
-                raise
-        if self.dir is not None:
-            state.write_meta(
-                self.dir,
-                host_pid=os.getpid(),
-                host_start=state.own_start(),
-                init_pid=init_pid,
-                init_start=state.process_start(init_pid),
-                idmap=self._spec["idmap"],
-                lower=self._spec["lower"],  # `jailbox rootfs rm` will not pull a tree from under a live jail
-            )
-        return sock, pidfd, init_pid, net_fds
+        undo.callback(_stop_init, pidfd)
+        undo.callback(sock.close)  # first: the init exits on EOF
+        return sock, created.init_pid
 
-    def _await_ready(self, sock: socket.socket) -> tuple[Ready, list[int]]:
+    def _await_ready(self, sock: socket.socket, undo: contextlib.ExitStack) -> list[int]:
+        """The init's ready message; the network side's descriptors, in the mode's order."""
         if not wire.wait_readable(sock, self.config.setup_timeout):
             raise SandboxSetupError(f"the jail was not ready within {self.config.setup_timeout}s")
         try:
@@ -167,19 +165,52 @@ class Jail:
             raise ProtocolError(f"bad message from the jail during setup: {exc}") from exc
         if msg is None:
             raise SandboxSetupError("the jail's init exited during setup")
-        return Ready.model_validate(msg[0]), msg[1]
+        fds = msg[1]
+        undo.callback(_close_all, fds)  # until the network side takes them
+        try:
+            ready = Ready.model_validate(msg[0])
+        except ValidationError as exc:
+            raise ProtocolError(f"bad message from the jail during setup: {exc}") from None
+        if ready.kind == "failed":
+            raise explain(Failed(ready.step or Step.PROTOCOL, ready.errno, ready.error or "jail setup failed"))
+        if len(fds) != self.spec.net.fd_count:
+            raise ProtocolError(f"the jail's init handed over {len(fds)} network descriptors")
+        return fds
+
+    def _attach_cgroup(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.attach(self.init_pid)
+
+    def _write_meta(self) -> None:
+        if self.dir is not None:
+            state.write_meta(
+                self.dir,
+                host_pid=os.getpid(),
+                host_start=state.own_start(),
+                init_pid=self.init_pid,
+                init_start=state.process_start(self.init_pid),
+                idmap=self._idmap.to_wire(),
+                lower=self.spec.lower,  # `jailbox rootfs rm` will not pull a tree from under a live jail
+            )
+
+    def _attach_network(self, fds: list[int], undo: contextlib.ExitStack) -> modes.Network:
+        handed = fds[:]
+        fds.clear()  # the mode's host side owns them now, failing or not
+        network = self.mode.attach(self.id, handed, self.config.setup_timeout)
+        undo.callback(network.close)
+        return network
 
 
-def _user(cfg: SandboxConfig, lower: str, generated: dict[str, str]) -> User | None:
+def _user(cfg: SandboxConfig, lower: str, generated: dict[str, str], id_map: IdMap) -> User | None:
     """The ids to switch commands to; None for root (what the init is already)."""
     from .rootfs import unpack, users
 
     assert cfg.user is not None
-    user = users.lookup(cfg.user, lower, generated, unpack.max_id(idmap.plan(cfg.idmap)))
+    user = users.lookup(cfg.user, lower, generated, unpack.max_id(id_map))
     return None if (user.uid, user.gid) == (0, 0) else user
 
 
-def _seccomp_spec(policy: SeccompPolicy | None) -> dict | None:
+def _seccomp_spec(policy: SeccompPolicy | None) -> SeccompSpec | None:
     if policy is None:
         warnings.warn(
             "seccomp is OFF for this sandbox: every syscall the kernel allows an unprivileged user is open to it",
@@ -191,14 +222,14 @@ def _seccomp_spec(policy: SeccompPolicy | None) -> dict | None:
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(policy: SeccompPolicy) -> dict:
-    return {
-        "notify": base64.b64encode(bpf.compile_policy(policy, notify=True)).decode(),
-        "errno": base64.b64encode(bpf.compile_policy(policy, notify=False)).decode(),
-        "errno_value": policy.errno,
-        "in_child": not bpf.init_can_live_under(policy),
-        "audit_arch": bpf.AUDIT_ARCH[bpf.arch()],
-    }
+def _compiled(policy: SeccompPolicy) -> SeccompSpec:
+    return SeccompSpec(
+        notify=base64.b64encode(bpf.compile_policy(policy, notify=True)).decode(),
+        errno=base64.b64encode(bpf.compile_policy(policy, notify=False)).decode(),
+        errno_value=policy.errno,
+        in_child=not bpf.init_can_live_under(policy),
+        audit_arch=syscalls.AUDIT_ARCH[syscalls.arch()],
+    )
 
 
 def _make_cgroup(sandbox_id: str, wanted: Limits) -> Cgroup | None:
@@ -218,39 +249,17 @@ def _v2_parent() -> Path | None:
     return cgroups.v2_parent()[0]
 
 
-def _teardown(
-    sock: socket.socket | None,
-    pidfd: int,
-    sandbox_dir: Path | None,
-    spec: dict,
-    cgroup: Cgroup | None,
-    net: modes.Network | None = None,
-) -> None:
-    """Close the control socket (the init exits on EOF), make sure it died, remove the state."""
-    if net is not None:
-        net.close()
-    if sock is not None:
-        sock.close()
-    if pidfd >= 0:
-        if not wire.wait_readable(pidfd, EXIT_WAIT):
-            try:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            wire.wait_readable(pidfd, EXIT_WAIT)
-        os.close(pidfd)
-    if cgroup is not None:
-        cgroup.destroy()
-    if sandbox_dir is not None:
-        remove_sandbox_dir(sandbox_dir, spec.get("idmap"))
+def _stop_init(pidfd: int) -> None:
+    """The init exits once its control socket is closed; past EXIT_WAIT it is killed."""
+    if not wire.wait_readable(pidfd, EXIT_WAIT):
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        wire.wait_readable(pidfd, EXIT_WAIT)
+    os.close(pidfd)
 
 
-def remove_sandbox_dir(sandbox_dir: Path, id_map: dict | None) -> None:
-    try:
-        state.force_rmtree(sandbox_dir)
-    except OSError:
-        if not id_map or not id_map.get("helper"):
-            raise
-        reply, _ = LAUNCHER.request({"op": "rmtree", "spec": {"idmap": id_map}, "path": str(sandbox_dir)}, max_fds=0)
-        if not reply.get("ok"):
-            raise SandboxSetupError(f"could not remove {sandbox_dir}: {reply.get('error')}") from None
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)

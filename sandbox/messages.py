@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
+from .child.protocol import Step
+
 Text = Annotated[str, Field(max_length=4096)]
 JailPath = Annotated[str, Field(max_length=4096)]
 
@@ -19,9 +21,12 @@ class _Msg(BaseModel):
 
 
 class Ready(_Msg):
-    ready: Literal[True] | None = None
+    """The init's answer to setup (``child/protocol.py``): ready, or the step that failed."""
+
+    kind: Literal["ready", "failed"]
+    step: Step | None = None  # a failure's setup step, one of ``Step``'s values
     error: Text | None = None
-    errno: int = 0
+    errno: int = Field(0, ge=0, le=4096)
 
 
 class Exit(_Msg):

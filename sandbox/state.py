@@ -16,6 +16,12 @@ from pathlib import Path
 
 import psutil
 
+from .child.protocol import Failed, Removed, RmtreeRequest, decode
+from .errors import SandboxSetupError
+from .floor.idmap import IdMap
+from .floor.wire import WireError
+from .launcher import LAUNCHER
+
 _READY: set[Path] = set()
 
 
@@ -91,6 +97,33 @@ def force_rmtree(path: Path) -> None:
         shutil.rmtree(path, onerror=fix)
 
 
+def remove_sandbox_dir(sandbox_dir: Path, id_map: IdMap | None) -> None:
+    """Remove a sandbox's directory; files its jail left under subordinate ids are removed by the
+    launcher, as root of a user namespace with the jail's map."""
+    try:
+        force_rmtree(sandbox_dir)
+    except OSError:
+        if id_map is None or not id_map.helper:
+            raise
+        reply, _ = LAUNCHER.request(RmtreeRequest(str(sandbox_dir), id_map).to_wire(), max_fds=0)
+        try:
+            removed = decode(reply, Removed)
+        except WireError as exc:
+            raise SandboxSetupError(f"could not remove {sandbox_dir}: bad launcher reply: {exc}") from None
+        if isinstance(removed, Failed):
+            raise SandboxSetupError(f"could not remove {sandbox_dir}: {removed.error}") from None
+        if not (isinstance(removed, Removed) and removed.done):
+            raise SandboxSetupError(f"could not remove {sandbox_dir}: {sandbox_dir} is still there") from None
+
+
+def _meta_idmap(meta: dict) -> IdMap | None:
+    """The id map a sandbox's meta.json recorded (None if it has none we can read)."""
+    try:
+        return IdMap.from_wire(meta["idmap"]) if "idmap" in meta else None
+    except WireError:
+        return None
+
+
 META_GRACE = 120.0
 
 
@@ -103,8 +136,6 @@ def _younger_than(path: Path, seconds: float) -> bool:
 
 def cleanup(base: Path, force: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
     """Kill and remove sandboxes whose host process is gone. Returns (removed, failed)."""
-    from .jail import remove_sandbox_dir
-
     removed: list[Path] = []
     failed: list[tuple[Path, str]] = []
     for path in sorted((base / "sandboxes").iterdir()):
@@ -120,7 +151,7 @@ def cleanup(base: Path, force: bool = False) -> tuple[list[Path], list[tuple[Pat
                 except OSError:
                     pass
         try:
-            remove_sandbox_dir(path, meta.get("idmap"))
+            remove_sandbox_dir(path, _meta_idmap(meta))
             removed.append(path)
         except Exception as exc:  # report every leftover, keep going
             failed.append((path, str(exc)))

@@ -55,9 +55,7 @@ CONFIG = {"Env": ["PATH=/custom/bin:/usr/bin:/bin", "FOO=from-image"], "WorkingD
 def jail_id(inside: int) -> int:
     """How the jail shows a file the image gives to ``inside``: itself, or everything root
     when this user has no subordinate ids (a single-id map)."""
-    single = (
-        idmap.plan("auto")["uid_map"].split()[2:3] == ["1"] and os.getuid() != 0 and not idmap.full_range_available()
-    )
+    single = idmap.plan("auto").uid_map.split()[2:3] == ["1"] and os.getuid() != 0 and not idmap.full_range_available()
     return 0 if single else inside
 
 
@@ -287,7 +285,7 @@ def _as_root(ti):
 def test_sandbox_runs_on_a_pulled_tree_without_copying_it(mini_image: str, store: Store) -> None:
     entry = pull(mini_image, store=store)
     with Sandbox(SandboxConfig(rootfs=mini_image, env={"BAR": "mine"})) as sb:
-        assert sb._jail._spec["lower"] == str(entry.tree)  # the stored tree is the lower layer itself
+        assert sb._jail.spec.lower == str(entry.tree)  # the stored tree is the lower layer itself
         r = sb.exec("echo $FOO $BAR; pwd; hello; ls -nd /home/apt /etc/root-owned")
         assert r.exit_code == 0, r.stderr
         lines = r.stdout.splitlines()

@@ -25,10 +25,13 @@ import stat
 import struct
 import termios
 import time
+from collections.abc import Sequence
 
 from ..floor import linux as L
 from ..floor import wire
 from . import mounts, netns
+from .protocol import InitReady, Step, failure, step
+from .spec import JailSpec, SeccompSpec
 
 MAX_WALK_ENTRIES = 500_000
 SLACK_BASE = 50_000
@@ -50,48 +53,54 @@ class _StartError(Exception):
         self.errno = exc.errno
 
 
-def boot(spec: dict, ctl: socket.socket, lifeline: int, reparented: int) -> None:
+def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> None:
     """Build the jail, tie its life to the launcher, report ready, then serve forever."""
     try:
         mounts.build(spec)
-        L.sethostname(spec["hostname"])
-        set_name("jailbox-init")
-        if spec["network"] != "host":
-            _loopback_up()
-        net_fds = netns.setup(spec["net"])
-        if os.read(reparented, 1) != b"1":
-            os._exit(1)
-        os.close(reparented)
-        L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if wire.wait_readable(lifeline, 0):
-            os._exit(1)
-        L.prctl(L.PR_SET_DUMPABLE, 0)
-        L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
-        if not spec["keep_caps"]:
-            L.shed_exec_privileges()
-        for name, value in spec["rlimits"].items():
-            resource.setrlimit(getattr(resource, name), (value, value))
-        listener = _install_seccomp(spec["seccomp"])
+        with step(Step.HOSTNAME):
+            L.sethostname(spec.hostname)
+            set_name("jailbox-init")
+        if spec.net.new_netns:
+            with step(Step.LOOPBACK):
+                _loopback_up()
+        with step(Step.NETWORK):
+            net_fds = netns.setup(spec.net)
+        with step(Step.LIFELINE):
+            if os.read(reparented, 1) != b"1":
+                os._exit(1)
+            os.close(reparented)
+            L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
+            if wire.wait_readable(lifeline, 0):
+                os._exit(1)
+        with step(Step.PRIVILEGES):
+            L.prctl(L.PR_SET_DUMPABLE, 0)
+            L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
+            if not spec.keep_caps:
+                L.shed_exec_privileges()
+        with step(Step.RLIMITS):
+            for name, value in spec.rlimits.items():
+                resource.setrlimit(getattr(resource, name), (value, value))
+        with step(Step.SECCOMP):
+            listener = _install_seccomp(spec.seccomp)
     except BaseException as exc:
-        message = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-        wire.send(ctl, {"error": message, "errno": getattr(exc, "errno", 0) or 0})
+        wire.send(ctl, failure(exc, Step.PROTOCOL).to_wire())
         os._exit(1)
-    wire.send(ctl, {"ready": True, "seccomp_notify": listener >= 0}, net_fds)  # the network side's descriptors
+    wire.send(ctl, InitReady(seccomp_notify=listener >= 0).to_wire(), net_fds)  # the network side's descriptors
     for fd in net_fds:
         os.close(fd)
-    Init(ctl, spec, listener).serve()
+    Init(ctl, spec.seccomp, listener).serve()
 
 
-def _install_seccomp(filters: dict | None) -> int:
+def _install_seccomp(filters: SeccompSpec | None) -> int:
     """The last step before serving: everything the init starts from now on inherits the filter.
     Returns the user-notify listener, or -1 where the kernel has none (refusals then go unnamed).
     A policy the init could not live under is left to each command's own child (``in_child``)."""
-    if filters is None or filters["in_child"]:
+    if filters is None or filters.in_child:
         return -1
     try:
-        return L.install_seccomp(base64.b64decode(filters["notify"]), listener=True)
+        return L.install_seccomp(base64.b64decode(filters.notify), listener=True)
     except OSError:
-        L.install_seccomp(base64.b64decode(filters["errno"]), listener=False)
+        L.install_seccomp(base64.b64decode(filters.errno), listener=False)
         return -1
 
 
@@ -109,16 +118,14 @@ def _loopback_up() -> None:
 
 
 class Init:
-    def __init__(self, ctl: socket.socket, spec: dict, listener: int) -> None:
+    def __init__(self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int) -> None:
         self.ctl = ctl
         self.listener = listener
-        self.refuse_errno = spec["seccomp"]["errno_value"] if spec["seccomp"] else 1
-        self.audit_arch = spec["seccomp"]["audit_arch"] if spec["seccomp"] else 0
+        self.refuse_errno = seccomp.errno_value if seccomp else 1
+        self.audit_arch = seccomp.audit_arch if seccomp else 0
         self.refused: dict[int, dict[str, int]] = {}  # exec id -> refused syscall key -> count
         self.by_tag: dict[int, int] = {}  # tag -> exec id
-        in_child = spec["seccomp"] is not None and spec["seccomp"]["in_child"]
-        self.child_filter = base64.b64decode(spec["seccomp"]["errno"]) if in_child else None
-        self.keep_caps = spec["keep_caps"]
+        self.child_filter = base64.b64decode(seccomp.errno) if seccomp is not None and seccomp.in_child else None
         self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         self.execs: dict[int, tuple[socket.socket, int]] = {}  # pid -> (reply socket, exec id)
         self.tags: dict[int, int] = {}  # exec id -> tag
@@ -185,7 +192,7 @@ class Init:
                 reply.close()
 
     @staticmethod
-    def _answer(reply: socket.socket | None, obj: dict, fds: list[int] = ()) -> None:  # type: ignore[assignment]
+    def _answer(reply: socket.socket | None, obj: dict, fds: Sequence[int] = ()) -> None:
         if reply is None:
             return
         try:

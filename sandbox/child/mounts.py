@@ -2,15 +2,21 @@
 
 Runs inside the new user and mount namespaces, before any untrusted code. The lower layer may be a
 pulled image full of hostile symlinks, so every mount point is resolved with
-``openat2(RESOLVE_IN_ROOT)`` and created component by component inside the new root.
-Stdlib only.
+``openat2(RESOLVE_IN_ROOT)`` and created component by component inside the new root. The mounts
+are a plan of ops (``plan``) run by one loop; only the fixed paths of a trusted host lower skip
+the resolution. Stdlib only.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..floor import linux as L
+from .protocol import Step, step
+from .spec import Bind, JailSpec
 
 # Docker's default masked and read-only /proc and /sys paths.
 MASKED_PATHS = (
@@ -37,47 +43,69 @@ DEV_LINKS = {
 }
 
 
-def build(spec: dict) -> None:
+@dataclass(frozen=True)
+class Op:
+    """One step of the mount plan: mount something at ``dst`` inside the new root."""
+
+    step: Step  # what a failure is reported as
+    dst: str  # absolute path inside the jail
+    is_dir: bool  # the mount point is a directory (else a file)
+    system: bool  # a fixed path of the layout: a trusted host lower may use it without resolving it
+    run: Callable[[str], None]  # given the resolved host-side path of ``dst``
+
+
+def plan(spec: JailSpec) -> list[Op]:
+    """The mounts of the new root, in order (later ones may land inside earlier ones)."""
+    ops = [Op(Step.BIND, b.dst, b.is_dir, True, functools.partial(_bind, b)) for b in spec.system_binds]
+    ops += [
+        Op(Step.PROC, "/proc", True, True, _mount_proc),
+        Op(Step.SYS, "/sys", True, True, _mount_sys),
+        Op(Step.DEV, "/dev", True, True, _mount_dev),
+        Op(Step.TMP, "/tmp", True, True, _mount_tmp),
+        Op(Step.WORKDIR, spec.workdir, True, False, _workdir),
+    ]
+    ops += [Op(Step.BIND, b.dst, b.is_dir, False, functools.partial(_bind, b)) for b in spec.user_binds]
+    return ops
+
+
+def build(spec: JailSpec) -> None:
     """Mount the whole jail and pivot_root into it.
 
     The staging directory is shared by all jails on the host but each jail mounts its own tmpfs
     over it in its private mount namespace, so the mount points cost nothing on disk. Only a disk
     writable layer lives in the sandbox's own state directory.
     """
-    L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
-    stage = spec["stage"]
-    size = f",size={spec['tmpfs_size']}" if spec["upper"] == "tmpfs" else ",size=1m"
-    L.mount("tmpfs", stage, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=0755" + size)
-    root, lower = stage + "/root", stage + "/lower"
-    rw = stage if spec["upper"] == "tmpfs" else spec["dir"]
-    for path in (root, lower, rw + "/upper", rw + "/work"):
-        os.mkdir(path, 0o755)
-    _write_generated(rw + "/upper", spec["generated"])
-    L.mount(spec["lower"], lower, None, L.MS_BIND | L.MS_REC)
-    options = f"lowerdir={lower},upperdir={rw}/upper,workdir={rw}/work"
-    if spec["userns"]:
-        options += ",userxattr"  # trusted.* xattrs are out of reach in a user namespace
-    L.mount("overlay", root, "overlay", 0, options)
-    trusted = spec["trusted_lower"]
-    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    root, lower = spec.stage + "/root", spec.stage + "/lower"
+    rw = spec.stage if spec.upper == "tmpfs" else spec.dir
+    assert rw is not None  # a disk writable layer has a sandbox directory (JailSpec.dir)
+    with step(Step.STAGE):
+        L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
+        size = f",size={spec.tmpfs_size}" if spec.upper == "tmpfs" else ",size=1m"
+        L.mount("tmpfs", spec.stage, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=0755" + size)
+        for path in (root, lower, rw + "/upper", rw + "/work"):
+            os.mkdir(path, 0o755)
+        _write_generated(rw + "/upper", spec.generated)
+    with step(Step.LOWER):
+        L.mount(spec.lower, lower, None, L.MS_BIND | L.MS_REC)
+    with step(Step.OVERLAY):
+        options = f"lowerdir={lower},upperdir={rw}/upper,workdir={rw}/work"
+        if spec.userns:
+            options += ",userxattr"  # trusted.* xattrs are out of reach in a user namespace
+        L.mount("overlay", root, "overlay", 0, options)
+        root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for bind in spec["system_binds"]:
-            target = root + bind["dst"] if trusted else _mountpoint(root_fd, bind["dst"], bind["is_dir"])
-            _bind(bind, target)
-        _mount_proc(root + "/proc" if trusted else _mountpoint(root_fd, "/proc", True))
-        _mount_sys(root + "/sys" if trusted else _mountpoint(root_fd, "/sys", True))
-        _mount_dev(root + "/dev" if trusted else _mountpoint(root_fd, "/dev", True))
-        tmp = root + "/tmp" if trusted else _mountpoint(root_fd, "/tmp", True)
-        L.mount("tmpfs", tmp, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=1777")
-        os.chmod(_mountpoint(root_fd, spec["workdir"], True), 0o755)
-        for bind in spec["user_binds"]:
-            _bind(bind, _mountpoint(root_fd, bind["dst"], bind["is_dir"]))
+        for op in plan(spec):
+            with step(op.step):
+                # a hostile image's symlinks are resolved inside the new root, never on the host
+                trusted = spec.trusted_lower and op.system
+                op.run(root + op.dst if trusted else _mountpoint(root_fd, op.dst, op.is_dir))
     finally:
         os.close(root_fd)
-    os.chdir(root)
-    L.pivot_root(".", ".")
-    L.umount2(".", L.MNT_DETACH)
-    os.chdir("/")
+    with step(Step.PIVOT):
+        os.chdir(root)
+        L.pivot_root(".", ".")
+        L.umount2(".", L.MNT_DETACH)
+        os.chdir("/")
 
 
 def _write_generated(upper: str, files: dict[str, str]) -> None:
@@ -112,10 +140,18 @@ def _mountpoint(root_fd: int, path: str, is_dir: bool) -> str:
         os.close(fd)
 
 
-def _bind(bind: dict, target: str) -> None:
-    L.mount(bind["src"], target, None, L.MS_BIND | L.MS_REC)
-    if bind["readonly"]:
+def _bind(bind: Bind, target: str) -> None:
+    L.mount(bind.src, target, None, L.MS_BIND | L.MS_REC)
+    if bind.readonly:
         L.make_readonly(target)
+
+
+def _mount_tmp(target: str) -> None:
+    L.mount("tmpfs", target, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=1777")
+
+
+def _workdir(target: str) -> None:
+    os.chmod(target, 0o755)
 
 
 def _mount_proc(proc: str) -> None:

@@ -1,10 +1,10 @@
 """Child side: shape the jail's own network namespace before any untrusted code runs.
 
-``allow`` mode: a listening TCP socket on the jail's 127.0.0.1, handed to the host proxy, which
-accepts the jail's connections itself (no relay process inside, and the proxy knows which
-sandbox each connection comes from). ``full`` mode: unreachable routes for the host's LAN, and
-descriptors of this namespace (and its user namespace) for slirp4netns on the host side.
-Stdlib only.
+Reads only the typed ``NetSpec`` the host's network mode (``net/modes.py``) wrote: a listening TCP
+socket on the jail's 127.0.0.1 handed to the host proxy, which accepts the jail's connections
+itself (no relay process inside, and the proxy knows which sandbox each connection comes from);
+unreachable routes for the host's LAN; descriptors of this namespace (and its user namespace) for
+slirp4netns on the host side. Stdlib only.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import ipaddress
 import os
 import socket
 import struct
+
+from .spec import NetSpec
 
 NETLINK_ROUTE = 0
 RTM_NEWROUTE = 24
@@ -25,23 +27,23 @@ RTA_DST = 1
 PROXY_BACKLOG = 256
 
 
-def setup(net: dict) -> list[int]:
-    """Configure the namespace; return the descriptors the host needs (closed here after sending)."""
-    if net.get("unreachable"):
-        add_unreachable_routes(net["unreachable"])
+def setup(net: NetSpec) -> list[int]:
+    """Configure the namespace; return the descriptors the host needs, in ``NetSpec``'s order
+    (closed here after sending)."""
+    if net.unreachable:
+        add_unreachable_routes(net.unreachable)
     fds: list[int] = []
-    if net.get("proxy_port"):
+    if net.proxy_port:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", net["proxy_port"]))
+        listener.bind(("127.0.0.1", net.proxy_port))
         listener.listen(PROXY_BACKLOG)
         fds.append(listener.detach())
-    if net.get("slirp"):
-        for kind in ("net", "user") if net["userns"] else ("net",):
-            fds.append(os.open(f"/proc/self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC))
+    for kind in net.namespaces:
+        fds.append(os.open(f"/proc/self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC))
     return fds
 
 
-def add_unreachable_routes(prefixes: list[str]) -> None:
+def add_unreachable_routes(prefixes: tuple[str, ...]) -> None:
     """``ip route add unreachable PREFIX`` for each IPv4 prefix, over rtnetlink."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as nl:
         for seq, prefix in enumerate(prefixes, 1):

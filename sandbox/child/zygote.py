@@ -12,6 +12,7 @@ costs two forks:
 B then arms PR_SET_PDEATHSIG against the launcher, and the launcher exits as soon as the host
 process dies (a pidfd of it) or closes the control socket. The host talks to each init directly
 over a socketpair handed back here with SCM_RIGHTS, together with a pidfd of the init.
+Every message here is a typed one of ``child/protocol.py``; a failure names its setup step.
 Stdlib only.
 """
 
@@ -23,15 +24,33 @@ import select
 import shutil
 import signal
 import socket
-import subprocess
 from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 from ..floor import linux as L
 from ..floor import wire
+from ..floor.idmap import IdMap, write_maps
 from . import init
+from .protocol import (
+    Created,
+    CreateRequest,
+    Failed,
+    Go,
+    InitPid,
+    Removed,
+    RmtreeRequest,
+    SetupFailed,
+    Step,
+    UsernsReady,
+    decode,
+    failure,
+    step,
+)
+from .spec import JailSpec
 
 STEP_TIMEOUT = 10.0
 Body = Callable[[socket.socket], None]
+Expected = TypeVar("Expected", UsernsReady, Go, InitPid, Removed)
 NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
 
 
@@ -49,7 +68,7 @@ def main(argv: list[str]) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    launcher = Launcher(lifeline_r)
+    zygote = Zygote(lifeline_r)
     gc.collect()
     gc.freeze()
     poller = select.poll()
@@ -62,20 +81,21 @@ def main(argv: list[str]) -> None:
             continue
         for fd, _ in events:
             if fd == host:
-                launcher.shutdown()
+                zygote.shutdown()
             if fd == wake_r:
-                launcher.reap(wake_r)
+                zygote.reap(wake_r)
                 continue
             msg = wire.recv(ctl, max_fds=1)
             if msg is None:
-                launcher.shutdown()
-            launcher.handle(*msg)
+                zygote.shutdown()
+            req, fds = msg
+            zygote.handle(req, fds)
 
 
-class Launcher:
+class Zygote:
     def __init__(self, lifeline: int) -> None:
         self.lifeline = lifeline
-        self.jails: dict[str, dict] = {}  # sandbox dir -> spec, for cleanup after the host dies
+        self.jails: dict[str, JailSpec] = {}  # sandbox dir -> spec, for cleanup after the host dies
         self.pending: dict[int, int] = {}  # pid of an A -> "go" pipe of its init
         self.live: dict[int, str | None] = {}  # unreaped init pid -> sandbox dir (reaped pids get reused)
 
@@ -87,7 +107,7 @@ class Launcher:
                 os.write(go, b"1")
                 os.close(go)
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> NoReturn:
         """The host process is gone: kill every jail it left and remove their state, then exit."""
         for pid in self.live:
             try:
@@ -102,9 +122,9 @@ class Launcher:
         for path, spec in self.jails.items():
             if os.path.lexists(path):
                 shutil.rmtree(path, ignore_errors=True)
-            if os.path.lexists(path) and spec.get("userns", True):
+            if os.path.lexists(path) and spec.userns:
                 try:
-                    self._rmtree_in_userns(spec, path)
+                    self._rmtree_in_userns(RmtreeRequest(path, spec.idmap))
                 except Exception:
                     pass
         os._exit(0)
@@ -113,76 +133,79 @@ class Launcher:
         for path in [p for p in self.jails if not os.path.lexists(p)]:
             del self.jails[path]
 
-    def handle(self, req: dict, fds: list[int]) -> None:
+    def handle(self, obj: dict, fds: list[int]) -> None:
+        if len(fds) != 1:  # every request carries its reply socket
+            for fd in fds:
+                os.close(fd)
+            return
         reply = socket.socket(fileno=fds[0])
         try:
-            if req["op"] == "create":
-                self.create(req["spec"], reply)
-            elif req["op"] == "rmtree":
-                self.rmtree(req["spec"], req["path"], reply)
+            req = decode(obj, CreateRequest, RmtreeRequest)
+            if isinstance(req, CreateRequest):
+                self.create(req.spec, reply)
+            elif isinstance(req, RmtreeRequest):
+                done = self._rmtree_in_userns(req)
+                _send(reply, Removed(done))
         except Exception as exc:
-            _send(reply, {"ok": False, "error": str(exc), "errno": getattr(exc, "errno", 0) or 0})
+            _send(reply, failure(exc, Step.PROTOCOL))
         finally:
             reply.close()
 
-    def _spawn_in_userns(self, spec: dict, body: Body) -> tuple[socket.socket, int]:
-        """Fork A, let it unshare its user namespace, write its id maps. Returns (channel, pid)."""
+    def _spawn_in_userns(self, idmap: IdMap | None, body: Body) -> tuple[socket.socket, int]:
+        """Fork A, let it unshare its user namespace (unless ``idmap`` is None), write its id maps.
+        Returns (channel, pid)."""
         mine, theirs = wire.seqpacket_pair()
-        userns = spec.get("userns", True)
-        pid = os.fork()
+        with step(Step.FORK):
+            pid = os.fork()
         if pid == 0:
             mine.close()
-            _child_a(theirs, body, userns)
+            _child_a(theirs, body, idmap is not None)
         theirs.close()
         try:
-            first = _expect(mine)
-            if "error" in first:
-                raise OSError(first.get("errno", 0), first["error"])
-            if userns:
-                _write_maps(pid, spec["idmap"])
-            wire.send(mine, {"go": True})
+            _expect(mine, UsernsReady)
+            if idmap is not None:
+                with step(Step.ID_MAP):
+                    write_maps(pid, idmap)
+            wire.send(mine, Go().to_wire())
         except BaseException:
             os.kill(pid, signal.SIGKILL)
             mine.close()
             raise
         return mine, pid
 
-    def create(self, spec: dict, reply: socket.socket) -> None:
+    def create(self, spec: JailSpec, reply: socket.socket) -> None:
         host_end, jail_end = wire.seqpacket_pair()
         lifeline = self.lifeline
         go_r, go_w = os.pipe()  # "your parent is now the launcher": arm PDEATHSIG only after that
 
         def body(chan: socket.socket) -> None:
             os.close(go_w)
-            flags = NS_FLAGS | (L.CLONE_NEWNET if spec["network"] != "host" else 0)
-            L.unshare(flags)
-            pid = os.fork()
+            with step(Step.UNSHARE):
+                L.unshare(NS_FLAGS | (L.CLONE_NEWNET if spec.net.new_netns else 0))
+                pid = os.fork()
             if pid == 0:
                 chan.close()
                 _keep_only([jail_end.fileno(), lifeline, go_r])
                 init.boot(spec, jail_end, lifeline, go_r)
                 os._exit(0)
-            wire.send(chan, {"init_pid": pid})
+            wire.send(chan, InitPid(pid).to_wire())
 
         try:
-            chan, a_pid = self._spawn_in_userns(spec, body)
+            chan, a_pid = self._spawn_in_userns(spec.idmap if spec.userns else None, body)
             os.close(go_r)
             go_r = -1
             with chan:
-                msg = _expect(chan)
-            if "error" in msg:
-                raise OSError(msg.get("errno", 0), msg["error"])
-            init_pid = int(msg["init_pid"])
+                started = _expect(chan, InitPid)
             self.pending[a_pid] = go_w  # reap() says "go" once A has fully exited
             go_w = -1
             if len(self.jails) > 64:
                 self._forget_removed()
-            if spec["dir"]:
-                self.jails[spec["dir"]] = spec
-            self.live[init_pid] = spec["dir"]
-            pidfd = os.pidfd_open(init_pid)
+            if spec.dir:
+                self.jails[spec.dir] = spec
+            self.live[started.pid] = spec.dir
+            pidfd = os.pidfd_open(started.pid)
             try:
-                wire.send(reply, {"ok": True, "init_pid": init_pid}, [host_end.fileno(), pidfd])
+                wire.send(reply, Created(started.pid).to_wire(), [host_end.fileno(), pidfd])
             finally:
                 os.close(pidfd)
         finally:
@@ -192,38 +215,36 @@ class Launcher:
             host_end.close()
             jail_end.close()
 
-    def rmtree(self, spec: dict, path: str, reply: socket.socket) -> None:
-        done = self._rmtree_in_userns(spec, path)
-        _send(reply, {"ok": done, "error": "" if done else f"{path} is still there"})
-
-    def _rmtree_in_userns(self, spec: dict, path: str) -> bool:
+    def _rmtree_in_userns(self, req: RmtreeRequest) -> bool:
         """Remove a tree whose files belong to subordinate ids, as root of a matching namespace."""
 
         def body(chan: socket.socket) -> None:
-            shutil.rmtree(path, ignore_errors=True)
-            wire.send(chan, {"done": not os.path.lexists(path)})
+            with step(Step.RMTREE):
+                shutil.rmtree(req.path, ignore_errors=True)
+                done = not os.path.lexists(req.path)
+            wire.send(chan, Removed(done).to_wire())
 
-        chan, _ = self._spawn_in_userns(spec, body)
+        chan, _ = self._spawn_in_userns(req.idmap, body)
         with chan:
-            msg = _expect(chan)
-        return bool(msg.get("done"))
+            removed = _expect(chan, Removed)
+        return removed.done
 
 
-def _child_a(chan: socket.socket, body: Body, userns: bool) -> None:
+def _child_a(chan: socket.socket, body: Body, userns: bool) -> NoReturn:
     try:
-        try:
-            if userns:
+        if userns:
+            try:
                 L.unshare(L.CLONE_NEWUSER)
-        except OSError as exc:
-            wire.send(chan, {"error": f"creating a user namespace: {exc.strerror}", "errno": exc.errno})
-            os._exit(1)
-        wire.send(chan, {"userns": True})
-        if _expect(chan) is None:
-            os._exit(1)
+            except OSError as exc:
+                raise SetupFailed(
+                    Failed(Step.USERNS, exc.errno or 0, f"creating a user namespace: {exc.strerror}")
+                ) from exc
+        wire.send(chan, UsernsReady().to_wire())
+        _expect(chan, Go)
         body(chan)
     except BaseException as exc:
         try:
-            wire.send(chan, {"error": str(exc), "errno": getattr(exc, "errno", 0) or 0})
+            wire.send(chan, failure(exc, Step.PROTOCOL).to_wire())
         except BaseException:
             pass
     finally:
@@ -245,33 +266,25 @@ def _keep_only(fds: list[int]) -> None:
     os.closerange(low, 1 << 20)
 
 
-def _expect(chan: socket.socket) -> dict:
-    if not wire.wait_readable(chan, STEP_TIMEOUT):
-        raise TimeoutError("jail setup step timed out")
-    msg = wire.recv(chan, max_fds=0)
-    if msg is None:
-        raise OSError(0, "jail setup process exited early")
-    return msg[0]
+def _expect(chan: socket.socket, kind: type[Expected]) -> Expected:
+    """The peer's next message, which must be ``kind``; its own failure is raised as it reported it.
+    Silence, EOF or a wrong message are the protocol's failure, not that of the step awaited."""
+    with step(Step.PROTOCOL):
+        if not wire.wait_readable(chan, STEP_TIMEOUT):
+            raise TimeoutError("jail setup step timed out")
+        msg = wire.recv(chan, max_fds=0)
+        if msg is None:
+            raise OSError(0, "jail setup process exited early")
+        got = decode(msg[0], kind)
+    if isinstance(got, Failed):
+        raise SetupFailed(got)
+    if not isinstance(got, kind):  # decode admits only ``kind`` and Failed
+        raise SetupFailed(Failed(Step.PROTOCOL, 0, f"unexpected {type(got).__name__} message"))
+    return got
 
 
-def _send(sock: socket.socket, obj: dict) -> None:
+def _send(sock: socket.socket, msg: Created | Removed | Failed) -> None:
     try:
-        wire.send(sock, obj)
+        wire.send(sock, msg.to_wire())
     except OSError:
         pass
-
-
-def _write_maps(pid: int, idmap: dict) -> None:
-    if idmap["helper"]:
-        for tool, key in (("newuidmap", "uid_map"), ("newgidmap", "gid_map")):
-            args = [tool, str(pid), *idmap[key].split()]
-            res = subprocess.run(args, capture_output=True, text=True, check=False)
-            if res.returncode:
-                raise OSError(1, f"{tool} failed: {res.stderr.strip()}")
-        return
-    if idmap["deny_setgroups"]:
-        with open(f"/proc/{pid}/setgroups", "w") as f:
-            f.write("deny")
-    for key in ("uid_map", "gid_map"):
-        with open(f"/proc/{pid}/{key}", "w") as f:
-            f.write(idmap[key])

@@ -12,15 +12,19 @@ Stdlib only (runs inside the launcher and the init).
 from __future__ import annotations
 
 import array
+import dataclasses
 import json
 import os
 import select
 import socket
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 INLINE_MAX = 48 * 1024
 RECV_BUF = 64 * 1024
 MEMFD_KEY = "_memfd"
 FD_SIZE = array.array("i").itemsize
+T = TypeVar("T")
 
 
 class WireError(Exception):
@@ -43,7 +47,7 @@ def seqpacket_pair() -> tuple[socket.socket, socket.socket]:
     return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
-def send(sock: socket.socket, obj: dict, fds: list[int] | tuple[int, ...] = ()) -> None:
+def send(sock: socket.socket, obj: dict, fds: Sequence[int] = ()) -> None:
     data = json.dumps(obj, separators=(",", ":")).encode()
     fds = list(fds)
     memfd = -1
@@ -126,3 +130,22 @@ def _decode(data: bytes) -> dict:
     if not isinstance(obj, dict):
         raise WireError("message is not an object")
     return obj
+
+
+def fields_of(cls: type, obj: object) -> dict[str, Any]:
+    """``obj`` as the wire form of the dataclass ``cls``: exactly its fields, none missing or unknown."""
+    if not isinstance(obj, dict):
+        raise WireError(f"{cls.__name__}: expected an object, got {type(obj).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    missing, unknown = names - obj.keys(), obj.keys() - names
+    if missing or unknown:
+        raise WireError(f"{cls.__name__}: missing {sorted(missing)}, unknown {sorted(map(str, unknown))}")
+    return obj
+
+
+def typed(fields: dict[str, Any], name: str, kind: type[T]) -> T:
+    """One field of a wire object, which must be of ``kind`` (a bool is not an int here)."""
+    value = fields[name]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise WireError(f"{name}: expected {kind.__name__}, got {type(value).__name__}")
+    return value

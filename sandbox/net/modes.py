@@ -1,11 +1,13 @@
-"""A jail's network, host side: what the child sets up, the files and variables the jail gets,
-and the proxy attachment or slirp4netns process that lives as long as the jail."""
+"""A jail's network, host side: one object per mode (none, host, allow, full) owns what the child
+sets up (its ``NetSpec``, descriptors included), the files and variables the jail gets, and the
+proxy attachment or slirp4netns process that lives as long as the jail."""
 
 from __future__ import annotations
 
 import ipaddress
 import warnings
 
+from ..child.spec import NetSpec
 from ..errors import SecurityWarning
 from .policy import NetworkPolicy, blocked_routes
 from .proxy import PROXY, NetworkLogEntry, Tenant
@@ -19,45 +21,115 @@ NO_PROXY = "localhost,127.0.0.1,::1"
 RESOLV_CONF_MAX = 64 << 10
 
 
-def child_spec(policy: NetworkPolicy, userns: bool, keep_caps: bool) -> dict:
-    """What the init does in the jail's namespace (see ``sandbox/netns.py``)."""
-    full = policy.mode == "full"
-    if full and keep_caps:
-        warnings.warn(
-            "network 'full' with keep_caps=True: commands may delete the routes that keep the host's LAN out",
-            SecurityWarning,
-            stacklevel=5,
-        )
-    return {
-        "proxy_port": PROXY_PORT if policy.mode == "allow" else 0,
-        "slirp": full,
-        "userns": userns,
-        "unreachable": blocked_routes(policy.lan, SLIRP_NET) if full else [],
-    }
+class Mode:
+    """One network mode: everything the rest of jailbox asks about it, decided once by ``for_policy``.
+
+    The default is a mode of its own namespace with nothing in it but loopback (``none``)."""
+
+    def __init__(self, policy: NetworkPolicy) -> None:
+        self.policy = policy
+
+    def child_spec(self, userns: bool, keep_caps: bool) -> NetSpec:
+        """What the init does in the jail's namespace (``child/netns.py``), and which descriptors it
+        hands back, in order."""
+        return NetSpec(new_netns=True, proxy_port=0, namespaces=(), unreachable=())
+
+    def files(self, generated: dict[str, str]) -> dict[str, str]:
+        """``generated`` (the jail's /etc files) with the network's resolv.conf and hosts entries."""
+        return dict(generated)
+
+    def env(self) -> dict[str, str]:
+        """Variables every command of the jail gets."""
+        return {}
+
+    def attach(self, sandbox_id: str, fds: list[int], timeout: float) -> Network:
+        """The host side that lives as long as the jail; takes ownership of ``fds`` (the child
+        spec's descriptors, in its order)."""
+        return Network()
 
 
-def expected_fds(policy: NetworkPolicy, userns: bool) -> int:
-    if policy.mode == "allow":
-        return 1
-    if policy.mode == "full":
-        return 2 if userns else 1
-    return 0
+class NoNetwork(Mode):
+    """``none``: an empty namespace of its own (loopback only)."""
 
 
-def files(policy: NetworkPolicy, generated: dict[str, str]) -> dict[str, str]:
-    """``generated`` (the jail's /etc files) with the network's resolv.conf and hosts entries."""
-    out = dict(generated)
-    if policy.mode == "host":  # the host's resolvers, as Docker does, not whatever the rootfs was built with
-        host = _host_resolv_conf()
+class HostNetwork(Mode):
+    """``host``: the host's own namespace."""
+
+    def child_spec(self, userns: bool, keep_caps: bool) -> NetSpec:
+        return NetSpec(new_netns=False, proxy_port=0, namespaces=(), unreachable=())
+
+    def files(self, generated: dict[str, str]) -> dict[str, str]:
+        out = dict(generated)
+        host = _host_resolv_conf()  # the host's resolvers, as Docker does, not whatever the rootfs was built with
         if host is not None:
             out["etc/resolv.conf"] = host
-    elif policy.mode == "allow":
-        out["etc/resolv.conf"] = f"# jailbox 'allow' network: names resolve through the proxy ({PROXY_URL})\n"
-    elif policy.mode == "full":
-        out["etc/resolv.conf"] = f"nameserver {SLIRP_DNS}\n"
-        extra = "".join(f"{addr}\t{name}\n" for name, addr in policy.hosts.items())
-        out["etc/hosts"] = out.get("etc/hosts", "") + extra
-    return out
+        return out
+
+
+class AllowNetwork(Mode):
+    """``allow``: an own namespace whose only way out is the host proxy, through a listener on the
+    jail's loopback that the proxy accepts on."""
+
+    def child_spec(self, userns: bool, keep_caps: bool) -> NetSpec:
+        return NetSpec(new_netns=True, proxy_port=PROXY_PORT, namespaces=(), unreachable=())
+
+    def files(self, generated: dict[str, str]) -> dict[str, str]:
+        return {
+            **generated,
+            "etc/resolv.conf": f"# jailbox 'allow' network: names resolve through the proxy ({PROXY_URL})\n",
+        }
+
+    def env(self) -> dict[str, str]:
+        """Proxy settings for curl, Python (urllib, requests, pip), git, apt and most other clients."""
+        out = {}
+        for name in ("http_proxy", "https_proxy", "all_proxy"):
+            out[name] = out[name.upper()] = PROXY_URL
+        out["no_proxy"] = out["NO_PROXY"] = NO_PROXY
+        out["PIP_PROXY"] = PROXY_URL
+        out.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.proxy", GIT_CONFIG_VALUE_0=PROXY_URL)
+        return out
+
+    def attach(self, sandbox_id: str, fds: list[int], timeout: float) -> Network:
+        (listener,) = fds
+        return Network(tenant=PROXY.attach(sandbox_id, listener, self.policy))
+
+
+class FullNetwork(Mode):
+    """``full``: an own namespace with a user-mode stack (slirp4netns, which joins the namespace
+    through the descriptors the init hands over); the host's LAN is routed unreachable."""
+
+    def child_spec(self, userns: bool, keep_caps: bool) -> NetSpec:
+        if keep_caps:
+            warnings.warn(
+                "network 'full' with keep_caps=True: commands may delete the routes that keep the host's LAN out",
+                SecurityWarning,
+                stacklevel=5,
+            )
+        return NetSpec(
+            new_netns=True,
+            proxy_port=0,
+            namespaces=("net", "user") if userns else ("net",),  # slirp4netns joins the user namespace too
+            unreachable=tuple(blocked_routes(self.policy.lan, SLIRP_NET)),
+        )
+
+    def files(self, generated: dict[str, str]) -> dict[str, str]:
+        extra = "".join(f"{addr}\t{name}\n" for name, addr in self.policy.hosts.items())
+        return {
+            **generated,
+            "etc/resolv.conf": f"nameserver {SLIRP_DNS}\n",
+            "etc/hosts": generated.get("etc/hosts", "") + extra,
+        }
+
+    def attach(self, sandbox_id: str, fds: list[int], timeout: float) -> Network:
+        return Network(slirp=Slirp(fds, self.policy.publish, timeout))
+
+
+MODES: dict[str, type[Mode]] = {"none": NoNetwork, "host": HostNetwork, "allow": AllowNetwork, "full": FullNetwork}
+
+
+def for_policy(policy: NetworkPolicy) -> Mode:
+    """The one place the mode name is looked at."""
+    return MODES[policy.mode](policy)
 
 
 def _host_resolv_conf() -> str | None:
@@ -68,30 +140,13 @@ def _host_resolv_conf() -> str | None:
         return None
 
 
-def env(policy: NetworkPolicy) -> dict[str, str]:
-    """Proxy settings for curl, Python (urllib, requests, pip), git, apt and most other clients."""
-    if policy.mode != "allow":
-        return {}
-    out = {}
-    for name in ("http_proxy", "https_proxy", "all_proxy"):
-        out[name] = out[name.upper()] = PROXY_URL
-    out["no_proxy"] = out["NO_PROXY"] = NO_PROXY
-    out["PIP_PROXY"] = PROXY_URL
-    out.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.proxy", GIT_CONFIG_VALUE_0=PROXY_URL)
-    return out
-
-
 class Network:
     """The live part of a jail's network: a proxy tenant (allow) or a slirp4netns process (full)."""
 
-    def __init__(self, sandbox_id: str, policy: NetworkPolicy, fds: list[int], timeout: float) -> None:
-        self.tenant: Tenant | None = None
-        self.slirp: Slirp | None = None
+    def __init__(self, tenant: Tenant | None = None, slirp: Slirp | None = None) -> None:
+        self.tenant = tenant
+        self.slirp = slirp
         self.closed = False
-        if policy.mode == "allow":
-            self.tenant = PROXY.attach(sandbox_id, fds[0], policy)
-        elif policy.mode == "full":
-            self.slirp = Slirp(fds, policy.publish, timeout)
 
     def log(self) -> list[NetworkLogEntry]:
         """Every request so far (kept after ``close()``)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..config import SandboxConfig, jail_path
 from ..errors import RootfsNotFound
+from ..floor.idmap import IdMap
 from . import unpack
 from .store import Entry, Store, not_found_message
 
@@ -74,6 +75,8 @@ def apply_image(config: SandboxConfig, entry: Entry | None) -> SandboxConfig:
         if workdir and workdir not in RESERVED_WORKDIRS:
             update["workdir"] = workdir
     if "user" not in config.model_fields_set and image.user and image.user not in ROOT_USERS:
-        if entry.idmap and unpack.max_id(entry.idmap) > 0:  # a flattened tree (no subordinate ids): all root
+        if (
+            entry.idmap and unpack.max_id(IdMap.from_wire(entry.idmap)) > 0
+        ):  # a flattened tree (no subordinate ids): all root
             update["user"] = image.user
     return config.model_copy(update=update) if update else config

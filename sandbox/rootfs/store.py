@@ -175,7 +175,7 @@ class Store:
             platform=staging.platform,
             size=staging.size,
             entries=staging.entries,
-            idmap=unpack.jail_map(),
+            idmap=unpack.jail_map().to_wire(),
             config=staging.config,
         )
         meta = staging.path / "meta.json"

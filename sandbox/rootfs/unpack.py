@@ -28,25 +28,25 @@ from typing import IO, Any
 from .. import idmap
 from ..errors import RootfsError, UnsafeArchive
 from ..floor import boot
+from ..floor.idmap import IdMap, write_maps
 
 MAX_MEMBER = 64 << 30
 MAX_TOTAL = 1 << 40
 MAX_ENTRIES = 4_000_000
-MAP_WAIT = 30.0
 
 
-def jail_map() -> dict:
+def jail_map() -> IdMap:
     """The id map of a default jail (``idmap="auto"``): what stored trees are owned for."""
     return idmap.plan("auto")
 
 
-def max_id(plan: dict) -> int:
+def max_id(plan: IdMap) -> int:
     """Highest id inside the namespace that maps to a host id (0: a single-id map)."""
     if os.getuid() == 0:
-        return int(plan["uid_map"].split()[2]) - 1
+        return int(plan.uid_map.split()[2]) - 1
     counts = []
-    for key in ("uid_map", "gid_map"):
-        fields = [int(x) for x in plan[key].split()]
+    for text in (plan.uid_map, plan.gid_map):
+        fields = [int(x) for x in text.split()]
         counts.append(max(fields[i] + fields[i + 2] for i in range(0, len(fields), 3)) - 1)
     return min(counts)
 
@@ -106,7 +106,7 @@ def _extract(sources: list[dict], dest: str | Path, layer: bool, limits: dict, s
     return run(req, stream=stream, plan=plan)
 
 
-def run(req: dict, stream: IO[bytes] | None = None, plan: dict | None = None) -> dict:
+def run(req: dict, stream: IO[bytes] | None = None, plan: IdMap | None = None) -> dict:
     """Run one worker request in the jail's namespace; its answer, or raise."""
     plan = plan or jail_map()
     userns = os.getuid() != 0
@@ -165,11 +165,9 @@ def _answer(proc: subprocess.Popen) -> dict:
     return json.loads(line)
 
 
-def _write_maps(pid: int, plan: dict) -> None:
-    from ..child.zygote import _write_maps as write
-
+def _write_maps(pid: int, plan: IdMap) -> None:
     try:
-        write(pid, plan)
+        write_maps(pid, plan)
     except OSError as exc:
         raise RootfsError(f"writing the unpack worker's id map: {exc.strerror or exc}") from None
 

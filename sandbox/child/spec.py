@@ -1,0 +1,163 @@
+"""The jail spec: everything the host decided about one jail, in one typed contract.
+
+Built once on the host (``sandbox/jail.py``), sent to the launcher with the create request, and
+read by the launcher's child A (``child/zygote.py``) and the jail's init (``child/init.py``,
+``child/mounts.py``, ``child/netns.py``). This is the trusted direction: it decides every mount, so
+decoding is strict (an unknown or missing key is an error, every field is type-checked).
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from ..floor import wire
+from ..floor.idmap import IdMap
+
+Upper = Literal["tmpfs", "disk"]
+UPPERS: tuple[Upper, ...] = ("tmpfs", "disk")
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A host path bound into the jail."""
+
+    src: str  # host path; from a config Mount (jail.py) or the host-root layout (hostroot.py)
+    dst: str  # absolute path inside the jail
+    is_dir: bool  # whether the mount point to create is a directory (else an empty file)
+    readonly: bool  # remounted read-only after binding
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Bind:
+        f = wire.fields_of(cls, obj)
+        return cls(
+            src=wire.typed(f, "src", str),
+            dst=wire.typed(f, "dst", str),
+            is_dir=wire.typed(f, "is_dir", bool),
+            readonly=wire.typed(f, "readonly", bool),
+        )
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    """What the init does to the jail's network namespace; set by the mode object (``net/modes.py``).
+
+    Descriptors handed to the host after setup, in this order: the proxy listener (if
+    ``proxy_port``), then one per entry of ``namespaces``."""
+
+    new_netns: bool  # the jail gets its own network namespace (loopback is brought up in it)
+    proxy_port: int  # >0: listen on the jail's 127.0.0.1:PORT and hand the socket to the host proxy
+    namespaces: tuple[str, ...]  # /proc/self/ns entries handed to the host (slirp4netns joins them)
+    unreachable: tuple[str, ...]  # IPv4 prefixes routed as unreachable (the host's LAN, full mode)
+
+    @property
+    def fd_count(self) -> int:
+        """How many descriptors the init hands over with its ready message."""
+        return (1 if self.proxy_port else 0) + len(self.namespaces)
+
+    @classmethod
+    def from_wire(cls, obj: object) -> NetSpec:
+        f = wire.fields_of(cls, obj)
+        port = wire.typed(f, "proxy_port", int)
+        if not 0 <= port < 65536:
+            raise wire.WireError(f"proxy_port out of range: {port}")
+        return cls(
+            new_netns=wire.typed(f, "new_netns", bool),
+            proxy_port=port,
+            namespaces=_strings(f, "namespaces"),
+            unreachable=_strings(f, "unreachable"),
+        )
+
+
+@dataclass(frozen=True)
+class SeccompSpec:
+    """The jail's syscall filters, compiled on the host (``seccomp/bpf.py`` via jail.py)."""
+
+    notify: str  # base64 BPF program: refusals go to the init's user-notify listener (which counts them)
+    errno: str  # base64 BPF program: refusals return ``errno_value`` directly (no listener)
+    errno_value: int  # the errno a refused syscall gets
+    in_child: bool  # the init could not live under the policy: each command's child installs ``errno``
+    audit_arch: int  # AUDIT_ARCH of this host, to name refusals from other ABIs
+
+    @classmethod
+    def from_wire(cls, obj: object) -> SeccompSpec:
+        f = wire.fields_of(cls, obj)
+        return cls(
+            notify=wire.typed(f, "notify", str),
+            errno=wire.typed(f, "errno", str),
+            errno_value=wire.typed(f, "errno_value", int),
+            in_child=wire.typed(f, "in_child", bool),
+            audit_arch=wire.typed(f, "audit_arch", int),
+        )
+
+
+@dataclass(frozen=True)
+class JailSpec:
+    """One jail, as decided by the host (``Jail`` in jail.py builds it from the SandboxConfig)."""
+
+    id: str  # the sandbox id (also its state directory's name)
+    dir: str | None  # the sandbox's state directory (holds a disk writable layer); None for upper="tmpfs"
+    stage: str  # the shared staging directory each jail mounts its private tmpfs over
+    lower: str  # host path of the read-only lower layer: a stored tree, or the host-root skeleton
+    trusted_lower: bool  # the lower is the host's own tree (hostroot), not a possibly hostile image
+    system_binds: tuple[Bind, ...]  # host directories the host-root layout binds in (/usr, /etc...)
+    user_binds: tuple[Bind, ...]  # the config's mounts, shallowest first
+    generated: dict[str, str]  # files written into the writable layer: jail-relative path -> content
+    upper: Upper  # where the writable layer lives: a tmpfs, or ``dir`` on disk
+    tmpfs_size: int  # bytes of the tmpfs writable layer (bounded by limits.disk)
+    rlimits: dict[str, int]  # RLIMIT_* name -> soft and hard value, planned by limits/rlimits.py
+    hostname: str  # the jail's UTS hostname
+    net: NetSpec  # the network mode's child side (net/modes.py)
+    workdir: str  # the default working directory, created mode 0755 if missing
+    keep_caps: bool  # commands keep the user namespace's capabilities (else shed before exec)
+    seccomp: SeccompSpec | None  # None: no filter (the host warned)
+    userns: bool  # a new user namespace (False only as root, on request)
+    idmap: IdMap  # the user namespace's map, written by the launcher (sandbox/idmap.py plans it)
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, obj: object) -> JailSpec:
+        f = wire.fields_of(cls, obj)
+        upper = wire.typed(f, "upper", str)
+        if upper not in UPPERS:
+            raise wire.WireError(f"upper: unknown kind {upper!r}")
+        if upper == "disk" and f["dir"] is None:
+            raise wire.WireError("upper: a disk writable layer needs the sandbox directory")
+        return cls(
+            id=wire.typed(f, "id", str),
+            dir=None if f["dir"] is None else wire.typed(f, "dir", str),
+            stage=wire.typed(f, "stage", str),
+            lower=wire.typed(f, "lower", str),
+            trusted_lower=wire.typed(f, "trusted_lower", bool),
+            system_binds=tuple(Bind.from_wire(b) for b in wire.typed(f, "system_binds", list)),
+            user_binds=tuple(Bind.from_wire(b) for b in wire.typed(f, "user_binds", list)),
+            generated=_string_map(f, "generated", str),
+            upper="tmpfs" if upper == "tmpfs" else "disk",
+            tmpfs_size=wire.typed(f, "tmpfs_size", int),
+            rlimits=_string_map(f, "rlimits", int),
+            hostname=wire.typed(f, "hostname", str),
+            net=NetSpec.from_wire(f["net"]),
+            workdir=wire.typed(f, "workdir", str),
+            keep_caps=wire.typed(f, "keep_caps", bool),
+            seccomp=None if f["seccomp"] is None else SeccompSpec.from_wire(f["seccomp"]),
+            userns=wire.typed(f, "userns", bool),
+            idmap=IdMap.from_wire(f["idmap"]),
+        )
+
+
+def _strings(fields: dict[str, Any], name: str) -> tuple[str, ...]:
+    items = wire.typed(fields, name, list)
+    if not all(isinstance(item, str) for item in items):
+        raise wire.WireError(f"{name}: expected a list of strings")
+    return tuple(items)
+
+
+def _string_map(fields: dict[str, Any], name: str, kind: type) -> dict[str, Any]:
+    items = wire.typed(fields, name, dict)
+    for key, value in items.items():
+        if not isinstance(key, str) or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise wire.WireError(f"{name}: expected a map of str to {kind.__name__}")
+    return dict(items)

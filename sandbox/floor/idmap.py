@@ -1,0 +1,55 @@
+"""The id map of a user namespace, and writing it for a process that just unshared one.
+
+Runs in the launcher (for each jail's child A) and on the host (for the unpack worker). The map
+itself is planned on the host (``sandbox/idmap.py``); this module only carries and applies it.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import asdict, dataclass
+
+from . import wire
+
+HELPERS = (("newuidmap", "uid_map"), ("newgidmap", "gid_map"))
+
+
+@dataclass(frozen=True)
+class IdMap:
+    """Which host ids a user namespace maps; planned by ``sandbox/idmap.py`` on the host."""
+
+    uid_map: str  # "inside outside count" triples, as /proc/PID/uid_map takes them
+    gid_map: str  # the same for groups
+    helper: bool  # subordinate ranges: only the setuid newuidmap/newgidmap may write this map
+    deny_setgroups: bool  # a single-id rootless map: the kernel wants setgroups denied first
+
+    def to_wire(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, obj: object) -> IdMap:
+        f = wire.fields_of(cls, obj)
+        return cls(
+            uid_map=wire.typed(f, "uid_map", str),
+            gid_map=wire.typed(f, "gid_map", str),
+            helper=wire.typed(f, "helper", bool),
+            deny_setgroups=wire.typed(f, "deny_setgroups", bool),
+        )
+
+
+def write_maps(pid: int, idmap: IdMap) -> None:
+    """Write the maps of ``pid``'s user namespace (from its parent namespace). Raises OSError."""
+    if idmap.helper:
+        for tool, key in HELPERS:
+            args = [tool, str(pid), *getattr(idmap, key).split()]
+            res = subprocess.run(args, capture_output=True, text=True, check=False)
+            if res.returncode:
+                raise OSError(1, f"{tool} failed: {res.stderr.strip()}")
+        return
+    if idmap.deny_setgroups:
+        with open(f"/proc/{pid}/setgroups", "w") as f:
+            f.write("deny")
+    for key, text in (("uid_map", idmap.uid_map), ("gid_map", idmap.gid_map)):
+        with open(f"/proc/{pid}/{key}", "w") as f:
+            f.write(text)

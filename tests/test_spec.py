@@ -1,0 +1,133 @@
+"""The typed jail contract: the spec and setup messages are strict on the wire, and a refused setup
+step is explained by its step and errno, wherever it failed (launcher, child A or the init)."""
+
+from __future__ import annotations
+
+import errno
+import json
+from typing import Any
+
+import pytest
+
+from jailbox.sandbox import Sandbox, idmap, jail
+from jailbox.sandbox.checks import diagnose
+from jailbox.sandbox.child.protocol import Created, CreateRequest, Failed, InitPid, Step, decode
+from jailbox.sandbox.child.spec import Bind, JailSpec, NetSpec, SeccompSpec
+from jailbox.sandbox.errors import KernelRefused, SandboxSetupError
+from jailbox.sandbox.floor.idmap import IdMap
+from jailbox.sandbox.floor.wire import WireError
+from jailbox.sandbox.limits import rlimits
+from jailbox.sandbox.net import modes
+from jailbox.sandbox.net.policy import NetworkPolicy
+
+
+def _spec(**changes: object) -> JailSpec:
+    fields: dict = {
+        "id": "abc",
+        "dir": None,
+        "stage": "/tmp/stage",
+        "lower": "/tmp/lower",
+        "trusted_lower": False,
+        "system_binds": (Bind("/usr", "/usr", True, True),),
+        "user_binds": (),
+        "generated": {"etc/hostname": "jail\n"},
+        "upper": "tmpfs",
+        "tmpfs_size": 1 << 20,
+        "rlimits": {"RLIMIT_NOFILE": 1024},
+        "hostname": "jail",
+        "net": NetSpec(new_netns=True, proxy_port=0, namespaces=("net", "user"), unreachable=("10.0.0.0/8",)),
+        "workdir": "/testbed",
+        "keep_caps": False,
+        "seccomp": SeccompSpec(notify="AA==", errno="AA==", errno_value=1, in_child=False, audit_arch=1),
+        "userns": True,
+        "idmap": IdMap("0 1000 1\n", "0 1000 1\n", helper=False, deny_setgroups=True),
+    }
+    fields.update(changes)
+    return JailSpec(**fields)
+
+
+def test_spec_travels_whole_and_strictly():
+    spec = _spec()
+    assert JailSpec.from_wire(json.loads(json.dumps(spec.to_wire()))) == spec
+    assert decode(json.loads(json.dumps(CreateRequest(spec).to_wire())), CreateRequest) == CreateRequest(spec)
+    wired = json.loads(json.dumps(spec.to_wire()))
+    with pytest.raises(WireError, match="unknown"):
+        JailSpec.from_wire({**wired, "network": "host"})
+    missing = dict(wired)
+    del missing["workdir"]
+    with pytest.raises(WireError, match="missing"):
+        JailSpec.from_wire(missing)
+    with pytest.raises(WireError, match="is_dir: expected bool"):
+        JailSpec.from_wire({**wired, "user_binds": [{"src": "/a", "dst": "/b", "is_dir": 1, "readonly": 0}]})
+    with pytest.raises(WireError, match="expected bool"):
+        JailSpec.from_wire({**wired, "trusted_lower": 1})
+    with pytest.raises(WireError, match="upper"):
+        JailSpec.from_wire({**wired, "upper": "nfs"})
+
+
+def test_messages_are_decoded_only_where_expected():
+    assert decode(InitPid(7).to_wire(), InitPid) == InitPid(7)
+    failed = Failed(Step.OVERLAY, errno.EINVAL, "no")
+    assert decode(failed.to_wire(), InitPid) == failed  # a failure is always an answer
+    with pytest.raises(WireError, match="unexpected"):
+        decode(InitPid(7).to_wire(), Created)
+    with pytest.raises(WireError, match="step"):
+        decode({**failed.to_wire(), "step": "mount overlay"}, InitPid)
+
+
+def test_each_network_mode_owns_its_descriptors():
+    userns = {mode: modes.for_policy(NetworkPolicy(mode=mode)).child_spec(True, False) for mode in modes.MODES}
+    assert {mode: spec.fd_count for mode, spec in userns.items()} == {"none": 0, "host": 0, "allow": 1, "full": 2}
+    assert [mode for mode, spec in userns.items() if not spec.new_netns] == ["host"]
+    assert modes.for_policy(NetworkPolicy(mode="full")).child_spec(False, False).namespaces == ("net",)
+    assert "http_proxy" in modes.for_policy(NetworkPolicy(mode="allow")).env()
+
+
+@pytest.mark.parametrize(
+    ("step", "err", "says"),
+    [
+        (Step.OVERLAY, errno.EINVAL, "overlayfs refused the writable layer"),
+        (Step.ID_MAP, errno.EINVAL, "Fix: check /etc/subuid"),
+        (Step.USERNS, errno.ENOSPC, "sudo sysctl -w user.max_user_namespaces=28633"),
+        (Step.USERNS, errno.EINVAL, "seccomp=unconfined"),
+        (Step.BIND, errno.EPERM, "the kernel refused this step inside the user namespace"),
+    ],
+)
+def test_diagnosis_goes_by_step_and_errno_not_wording(step: Step, err: int, says: str):
+    exc = diagnose.explain(Failed(step, err, "something went wrong"))
+    assert isinstance(exc, KernelRefused) and says in str(exc)
+    assert str(exc).startswith("something went wrong")
+    plain = diagnose.explain(Failed(Step.PIVOT, errno.EINVAL, "mount overlay: user namespace uid_map"))
+    assert type(plain) is SandboxSetupError  # words in the message decide nothing
+
+
+def test_a_refused_id_map_is_explained_as_one(monkeypatch: pytest.MonkeyPatch):
+    """A real refusal: the launcher writes a map the kernel rejects (overlapping ranges)."""
+    bad = IdMap("0 0 1\n0 0 1\n", "0 0 1\n0 0 1\n", helper=False, deny_setgroups=False)
+    monkeypatch.setattr(idmap, "plan", lambda mode: bad)
+    with pytest.raises(KernelRefused, match="Writing the user namespace's id map failed"):
+        Sandbox(idmap="single")
+
+
+def test_a_refused_init_step_names_its_step(monkeypatch: pytest.MonkeyPatch):
+    """A real refusal inside the init: an rlimit no process may raise to."""
+    seen: list[Failed] = []
+
+    def explain(failed: Failed) -> Exception:
+        seen.append(failed)
+        return diagnose.explain(failed)
+
+    planned = rlimits.plan
+
+    def too_high(*args: Any) -> tuple[dict[str, int], Any]:
+        limits, enforcement = planned(*args)
+        return {**limits, "RLIMIT_NOFILE": 1 << 40}, enforcement
+
+    monkeypatch.setattr(jail, "explain", explain)
+    monkeypatch.setattr(rlimits, "plan", too_high)
+    with pytest.raises(SandboxSetupError, match="raise maximum limit"):
+        Sandbox()
+    assert [f.step for f in seen] == [Step.RLIMITS]
+    monkeypatch.undo()
+    with Sandbox() as sb:
+        assert sb.exec("true").exit_code == 0
