@@ -1,4 +1,8 @@
-"""Host side of a jail's control socket: fire-and-forget sends and calls with private replies."""
+"""Host side of a jail's control socket: fire-and-forget sends and calls with private replies.
+
+What goes out is one of ``child/requests.py``'s typed requests; what comes back is read through the
+bounded models of ``messages.py`` (the init is untrusted).
+"""
 
 from __future__ import annotations
 
