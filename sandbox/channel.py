@@ -1,4 +1,8 @@
-"""Host side of a jail's control socket: fire-and-forget sends and calls with private replies."""
+"""Host side of a jail's control socket: fire-and-forget sends and calls with private replies.
+
+What goes out is one of ``child/requests.py``'s typed requests; what comes back is read through the
+bounded models of ``messages.py`` (the init is untrusted).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from .child.requests import Request
 from .errors import ProtocolError, SandboxClosed, SandboxFileError
 from .floor import wire
 from .messages import Failure
@@ -21,9 +26,9 @@ class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
 
-    def send(self, req: dict, fds: list[int] | tuple[int, ...] = ()) -> None:
+    def send(self, req: Request, fds: list[int] | tuple[int, ...] = ()) -> None:
         try:
-            wire.send(self.sock, req, fds)
+            wire.send(self.sock, req.to_wire(), fds)
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
             if isinstance(exc, OSError) and exc.errno not in (
                 errno.EPIPE,
@@ -34,7 +39,7 @@ class Channel:
                 raise
             raise SandboxClosed("the sandbox is closed or its init died") from exc
 
-    def open_call(self, req: dict, fds: list[int] | tuple[int, ...] = ()) -> socket.socket:
+    def open_call(self, req: Request, fds: list[int] | tuple[int, ...] = ()) -> socket.socket:
         """Send ``req`` with a fresh reply socket; return our end of it."""
         mine, theirs = wire.seqpacket_pair()
         try:
@@ -46,10 +51,10 @@ class Channel:
             theirs.close()
         return mine
 
-    def call(self, req: dict, model: type[M], max_fds: int = 0, path: str | None = None) -> tuple[M, list[int]]:
+    def call(self, req: Request, model: type[M], max_fds: int = 0, path: str | None = None) -> tuple[M, list[int]]:
         with self.open_call(req) as reply:
             if not wire.wait_readable(reply, CALL_TIMEOUT):
-                raise ProtocolError(f"no answer to {req['op']} within {CALL_TIMEOUT:.0f}s")
+                raise ProtocolError(f"no answer to {req.OP} within {CALL_TIMEOUT:.0f}s")
             return parse_reply(reply, model, max_fds, path)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from .capture import Capture
 from .channel import Channel, parse_reply
+from .child.requests import DrainRequest, ExecRequest, KillRequest
 from .errors import ExecError, ProtocolError, SandboxClosed
 from .messages import Exit, PtyOpened
 from .results import ExecResult
@@ -36,7 +37,7 @@ class ExecRun:
     def __init__(
         self,
         channel: Channel,
-        request: dict,
+        request: ExecRequest,
         stdin: bytes | None,
         limit: int,
         on_stdout: Callback | None = None,
@@ -48,7 +49,7 @@ class ExecRun:
         self.on_result = on_result
         self.counters = counters
         self.counters_before = counters() if counters is not None else {}
-        self.exec_id = request["id"]
+        self.exec_id = request.id
         self.limit = limit
         self.callbacks = {}
         self.captures: dict[int, Capture] = {}
@@ -155,7 +156,7 @@ class ExecRun:
         self.timed_out = True
         if not self.killed:
             self.killed = True
-            self.channel.send({"op": "kill", "id": self.exec_id})
+            self.channel.send(KillRequest(self.exec_id))
 
     def abandon(self) -> None:
         """Release everything without a result (the sandbox died or the caller was cancelled)."""
@@ -177,7 +178,7 @@ class ExecRun:
                 leftovers.append(fd)
         if leftovers:
             try:
-                self.channel.send({"op": "drain"}, leftovers)
+                self.channel.send(DrainRequest(), leftovers)
             except SandboxClosed:
                 pass
         (out, out_drop), (err, err_drop) = self.captures[self.out_r].result(), self.captures[self.err_r].result()

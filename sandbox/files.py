@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import hostfs
 from .channel import Channel
+from .child.requests import MkdirRequest, OpenRequest, StatRequest, SymlinkRequest, WalkRequest
 from .errors import ProtocolError, SandboxFileError
 from .messages import Done, Opened, Stat, Walk
 
@@ -76,7 +77,7 @@ def _copy_range(src_fd: int, dst_fd: int, offset: int, count: int) -> int:
 
 
 def _open(channel: Channel, path: str, write: bool, mode: int | None = None) -> tuple[Opened, int]:
-    req = {"op": "open", "path": path, "write": write, "mode": mode, "parents": write}
+    req = OpenRequest(path=path, write=write, mode=mode, parents=write)
     opened, fds = channel.call(req, Opened, max_fds=1, path=path)
     if len(fds) != 1:
         for fd in fds:
@@ -106,7 +107,7 @@ def write_file(channel: Channel, path: str, data: bytes, mode: int) -> None:
 
 
 def stat_path(channel: Channel, path: str) -> Stat:
-    return channel.call({"op": "stat", "path": path}, Stat, path=path)[0]
+    return channel.call(StatRequest(path), Stat, path=path)[0]
 
 
 def put(channel: Channel, src: Path, dst: str) -> None:
@@ -120,11 +121,8 @@ def put(channel: Channel, src: Path, dst: str) -> None:
             for name in dirnames + filenames:
                 host = os.path.join(dirpath, name)
                 if os.path.islink(host):
-                    channel.call(
-                        {"op": "symlink", "target": os.readlink(host), "path": posixpath.join(base, name)},
-                        Done,
-                        path=posixpath.join(base, name),
-                    )
+                    link = posixpath.join(base, name)
+                    channel.call(SymlinkRequest(path=link, target=os.readlink(host)), Done, path=link)
             for name in dirnames:
                 host = os.path.join(dirpath, name)
                 if not os.path.islink(host):
@@ -139,7 +137,7 @@ def put(channel: Channel, src: Path, dst: str) -> None:
 
 
 def _mkdir(channel: Channel, path: str, mode: int) -> None:
-    channel.call({"op": "mkdir", "path": path, "mode": mode}, Done, path=path)
+    channel.call(MkdirRequest(path, mode), Done, path=path)
 
 
 def _put_file(channel: Channel, src: Path, dst: str) -> None:
@@ -161,7 +159,7 @@ def get(channel: Channel, src: str, dst: Path) -> None:
         return
     if info.type != "dir":
         raise SandboxFileError(22, "Not a regular file or directory", src)
-    walk = channel.call({"op": "walk", "path": src}, Walk, path=src)[0]
+    walk = channel.call(WalkRequest(src), Walk, path=src)[0]
     dirs = {""}
     with hostfs.Destination(dst) as out:
         for rel, kind, mode, _size, target in walk.entries:

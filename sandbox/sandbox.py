@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from . import files
 from .channel import Channel
+from .child.requests import ExecRequest, RunAs
 from .config import SandboxConfig, check_env, jail_path
 from .errors import ExecError, SandboxClosed
 from .execution import ExecRun, TtyCommand, run_sync
@@ -101,26 +102,17 @@ class Sandbox:
         ``AsyncSandbox`` drives it from the event loop). Its result counts in ``stats()`` once
         the driver has finished it."""
         self._check_open()
-        request: dict[str, Any] = {"op": "exec", "id": next(self._ids)}
+        argv: tuple[str, ...] | None = None
+        shell: str | None = None
         if isinstance(cmd, str):
-            request["shell"] = cmd
+            shell = cmd
         else:
-            argv = list(cmd)
+            argv = tuple(cmd)
             if not argv or not all(isinstance(a, str) for a in argv):
                 raise ExecError("cmd must be a shell string or a non-empty list of strings")
-            request["argv"] = argv
-        if "\0" in (request.get("shell") or "".join(request.get("argv", []))):
+        if "\0" in (shell or "".join(argv or ())):
             raise ExecError("command contains a NUL byte")
-        request["cwd"] = self._abs(cwd) if cwd else self.config.workdir
-        request["env"] = {
-            **BASE_ENV,
-            **self._jail.env,
-            **self._jail.user_env,
-            **self.config.env,
-            **check_env(dict(env or {})),
-        }
-        if self._jail.user is not None:
-            request["user"] = self._jail.user.request()
+        request = self._exec_request(argv, shell, self._abs(cwd) if cwd else self.config.workdir, env, tty=False)
         data = stdin.encode() if isinstance(stdin, str) else stdin
         cgroup = self._jail.cgroup
         counters = cgroup.counters if cgroup is not None else None
@@ -165,23 +157,23 @@ class Sandbox:
     def exec_tty(self, argv: list[str], env: dict[str, str] | None = None) -> TtyCommand:
         """Start ``argv`` as session leader on a new pty inside the jail (for interactive shells)."""
         self._check_open()
-        request = {
-            "op": "exec",
-            "id": next(self._ids),
-            "argv": argv,
-            "tty": True,
-            "cwd": self.config.workdir,
-            "env": {
-                **BASE_ENV,
-                **self._jail.env,
-                **self._jail.user_env,
-                **self.config.env,
-                **check_env(dict(env or {})),
-            },
-        }
-        if self._jail.user is not None:
-            request["user"] = self._jail.user.request()
+        request = self._exec_request(tuple(argv), None, self.config.workdir, env, tty=True)
         return TtyCommand(self._channel.open_call(request))
+
+    def _exec_request(
+        self, argv: tuple[str, ...] | None, shell: str | None, cwd: str, env: dict[str, str] | None, tty: bool
+    ) -> ExecRequest:
+        """A command for the init: the caller's environment over the sandbox's, as the jail's user."""
+        user = self._jail.user
+        return ExecRequest(
+            id=next(self._ids),
+            argv=argv,
+            shell=shell,
+            cwd=cwd,
+            env={**BASE_ENV, **self._jail.env, **self._jail.user_env, **self.config.env, **check_env(dict(env or {}))},
+            tty=tty,
+            user=None if user is None else RunAs(user.uid, user.gid, user.groups),
+        )
 
     def network_log(self) -> list[NetworkLogEntry]:
         """Every request through the ``allow`` proxy since the jail was made (or last ``reset()``):

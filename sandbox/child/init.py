@@ -25,12 +25,26 @@ import stat
 import struct
 import termios
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..floor import linux as L
 from ..floor import wire
 from . import mounts, netns
 from .protocol import InitReady, Step, failure, step
+from .requests import (
+    DrainRequest,
+    ExecRequest,
+    KillRequest,
+    MkdirRequest,
+    OpenRequest,
+    Request,
+    StatRequest,
+    SymlinkRequest,
+    WalkRequest,
+    decode_request,
+    wants_reply,
+)
 from .spec import JailSpec, SeccompSpec
 
 MAX_WALK_ENTRIES = 500_000
@@ -40,8 +54,8 @@ NOTIF_SIZE = 80  # struct seccomp_notif
 X32_BIT = 0x40000000
 MAX_REFUSED_KINDS = 256
 SPAWN_ATTEMPTS = 5
-ONE_WAY = ("kill", "drain")  # requests that carry no reply socket
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD)
+Handler = Callable[[Any, list[int], Any], None]  # an ``op_*`` method: its request's own type, fds, reply
 
 
 class _StartError(Exception):
@@ -141,15 +155,15 @@ class Init:
             self.poll.register(listener, select.POLLIN)
 
     def serve(self) -> None:
-        handlers = {
-            "exec": self.op_exec,
-            "kill": self.op_kill,
-            "drain": self.op_drain,
-            "open": self.op_open,
-            "stat": self.op_stat,
-            "mkdir": self.op_mkdir,
-            "walk": self.op_walk,
-            "symlink": self.op_symlink,
+        handlers: dict[type[Request], Handler] = {
+            ExecRequest: self.op_exec,
+            KillRequest: self.op_kill,
+            DrainRequest: self.op_drain,
+            OpenRequest: self.op_open,
+            StatRequest: self.op_stat,
+            MkdirRequest: self.op_mkdir,
+            WalkRequest: self.op_walk,
+            SymlinkRequest: self.op_symlink,
         }
         while True:
             for fd, _ in sorted(self._poll(), key=lambda event: event[0] != self.wake_r):  # reap first
@@ -168,19 +182,22 @@ class Init:
         except InterruptedError:
             return []
 
-    def _request(self, handlers: dict) -> None:
+    def _request(self, handlers: dict[type[Request], Handler]) -> None:
         try:
             msg = wire.recv(self.ctl, max_fds=4)
         except (OSError, wire.WireError):
             os._exit(2)
         if msg is None:
             os._exit(0)
-        req, fds = msg
+        obj, fds = msg
         reply = None
+        req: Request | None = None
         try:
-            if req.get("op") not in ONE_WAY and fds:
-                reply = socket.socket(fileno=fds.pop())
-            handlers[req["op"]](req, fds, reply)
+            if fds and wants_reply(obj):
+                reply = socket.socket(fileno=fds[-1])  # not a socket: it stays in fds, closed below
+                fds.pop()
+            req = decode_request(obj)  # a malformed request is answered below, like any failure
+            handlers[type(req)](req, fds, reply)
         except OSError as exc:
             self._answer(reply, {"ok": False, "errno": exc.errno or 0, "error": exc.strerror or str(exc)})
         except Exception as exc:  # a bug here must not take the jail down
@@ -188,7 +205,7 @@ class Init:
         finally:
             for fd in fds:
                 os.close(fd)
-            if reply is not None and req.get("op") != "exec":
+            if reply is not None and not isinstance(req, ExecRequest):
                 reply.close()
 
     @staticmethod
@@ -202,14 +219,14 @@ class Init:
 
     # --- commands -----------------------------------------------------------------------------
 
-    def op_exec(self, req: dict, fds: list[int], reply: socket.socket) -> None:
-        argv = [self.shell, "-c", req["shell"]] if "shell" in req else req["argv"]
-        tag = SLACK_BASE + 1 + req["id"] % 100_000
+    def op_exec(self, req: ExecRequest, fds: list[int], reply: socket.socket) -> None:
+        argv = [self.shell, "-c", req.shell] if req.shell is not None else list(req.argv or ())
+        tag = SLACK_BASE + 1 + req.id % 100_000
         for attempt in range(SPAWN_ATTEMPTS):
             try:
-                if req.get("tty"):
+                if req.tty:
                     pid = self._start_tty(argv, req, tag, reply)
-                elif self.child_filter is not None or req.get("user"):
+                elif self.child_filter is not None or req.user is not None:
                     pid = self._fork_exec(argv, req, fds[:3], tag, tty=False)
                 else:
                     pid = self._spawn(argv, req, fds, tag)
@@ -223,30 +240,30 @@ class Init:
                 self._answer(reply, {"exit": exc.code, "signal": None, "error": str(exc)})
                 reply.close()
                 return
-        self.execs[pid] = (reply, req["id"])
-        self.tags[req["id"]] = tag
-        self.by_tag[tag] = req["id"]
+        self.execs[pid] = (reply, req.id)
+        self.tags[req.id] = tag
+        self.by_tag[tag] = req.id
 
     @staticmethod
-    def _spawn(argv: list[str], req: dict, fds: list[int], tag: int) -> int:
+    def _spawn(argv: list[str], req: ExecRequest, fds: list[int], tag: int) -> int:
         """vfork+exec: no copy of this process. Privileges were shed at boot, so the command
         inherits the timer-slack tag, a new session, default signals, and nothing else of ours."""
         L.prctl(L.PR_SET_TIMERSLACK, tag)
-        what = f"cd {req['cwd']}"
+        what = f"cd {req.cwd}"
         try:
-            os.chdir(req["cwd"])
+            os.chdir(req.cwd)
             what = f"exec {argv[0]}"
-            path = _which(argv[0], req["env"].get("PATH", ""))
+            path = _which(argv[0], req.env.get("PATH", ""))
             actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds[:3])]
             return os.posix_spawn(
-                path, argv, req["env"], file_actions=actions, setsid=True, setsigdef=DEFAULT_SIGNALS, setsigmask=()
+                path, argv, req.env, file_actions=actions, setsid=True, setsigdef=DEFAULT_SIGNALS, setsigmask=()
             )
         except OSError as exc:
             raise _StartError(what, exc) from None
         finally:
             os.chdir("/")
 
-    def _start_tty(self, argv: list[str], req: dict, tag: int, reply: socket.socket) -> int:
+    def _start_tty(self, argv: list[str], req: ExecRequest, tag: int, reply: socket.socket) -> int:
         """fork+exec on a new pty of the jail's own devpts, so ttyname() works inside."""
         master, slave = os.openpty()
         try:
@@ -257,7 +274,7 @@ class Init:
             os.close(master)
             os.close(slave)
 
-    def _fork_exec(self, argv: list[str], req: dict, stdio: list[int], tag: int, tty: bool) -> int:
+    def _fork_exec(self, argv: list[str], req: ExecRequest, stdio: list[int], tag: int, tty: bool) -> int:
         """fork+exec, for a pty and for policies the init itself could not live under: the
         child installs the seccomp filter as its last step before execve."""
         pid = os.fork()
@@ -275,30 +292,30 @@ class Init:
             if tty:
                 fcntl.ioctl(0, termios.TIOCSCTTY, 0)
             os.closerange(3, 1 << 20)
-            if req.get("user"):
-                uid, gid, groups = req["user"]
+            if req.user is not None:
+                uid, gid = req.user.uid, req.user.gid
                 what = f"switch to uid {uid} gid {gid}"
-                os.setgroups(groups)
+                os.setgroups(req.user.groups)
                 os.setresgid(gid, gid, gid)
                 os.setresuid(uid, uid, uid)
-            what = f"cd {req['cwd']}"
-            os.chdir(req["cwd"])
+            what = f"cd {req.cwd}"
+            os.chdir(req.cwd)
             what = f"exec {argv[0]}"
-            path = _which(argv[0], req["env"].get("PATH", ""))
+            path = _which(argv[0], req.env.get("PATH", ""))
             if self.child_filter is not None:
                 L.install_seccomp(self.child_filter, listener=False)
-            os.execve(path, argv, req["env"])
+            os.execve(path, argv, req.env)
         except OSError as exc:
             os.write(2, f"jailbox: {what}: {exc.strerror}\n".encode(errors="replace"))
             os._exit(127 if exc.errno == errno.ENOENT else 126)
         finally:
             os._exit(127)
 
-    def op_kill(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
-        tag = self.tags.get(req["id"])
+    def op_kill(self, req: KillRequest, fds: list[int], reply: socket.socket | None) -> None:
+        tag = self.tags.get(req.id)
         if tag is not None:
             for pid, (_, exec_id) in list(self.execs.items()):
-                if exec_id == req["id"]:
+                if exec_id == req.id:
                     _kill(pid)
             for _ in range(100):
                 if not self._kill_tagged(tag):
@@ -314,7 +331,7 @@ class Init:
                 _kill(int(name))
         return found
 
-    def op_drain(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
+    def op_drain(self, req: DrainRequest, fds: list[int], reply: socket.socket | None) -> None:
         """Adopt output pipes of finished commands whose background children still write."""
         while fds:
             fd = fds.pop()
@@ -395,12 +412,12 @@ class Init:
 
     # --- files --------------------------------------------------------------------------------
 
-    def op_open(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
-        path = req["path"]
-        if req["write"]:
-            if req.get("parents"):
+    def op_open(self, req: OpenRequest, fds: list[int], reply: socket.socket | None) -> None:
+        path = req.path
+        if req.write:
+            if req.parents:
                 os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, req.get("mode") or 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, req.mode or 0o644)
         else:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
@@ -410,37 +427,36 @@ class Init:
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EINVAL, "Not a regular file")
             os.set_blocking(fd, True)
-            if req["write"]:
+            if req.write:
                 os.ftruncate(fd, 0)
-                if req.get("mode") is not None:
-                    os.fchmod(fd, req["mode"])
+                if req.mode is not None:
+                    os.fchmod(fd, req.mode)
             self._answer(reply, {"ok": True, "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)}, [fd])
         finally:
             os.close(fd)
 
-    def op_stat(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
-        st = os.stat(req["path"])
+    def op_stat(self, req: StatRequest, fds: list[int], reply: socket.socket | None) -> None:
+        st = os.stat(req.path)
         self._answer(
             reply, {"ok": True, "type": _kind(st.st_mode), "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)}
         )
 
-    def op_mkdir(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
-        os.makedirs(req["path"], exist_ok=True)
-        if req.get("mode") is not None:
-            os.chmod(req["path"], req["mode"])
+    def op_mkdir(self, req: MkdirRequest, fds: list[int], reply: socket.socket | None) -> None:
+        os.makedirs(req.path, exist_ok=True)
+        os.chmod(req.path, req.mode)
         self._answer(reply, {"ok": True})
 
-    def op_symlink(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
-        if os.path.lexists(req["path"]) and not os.path.isdir(req["path"]):
-            os.unlink(req["path"])
-        os.symlink(req["target"], req["path"])
+    def op_symlink(self, req: SymlinkRequest, fds: list[int], reply: socket.socket | None) -> None:
+        if os.path.lexists(req.path) and not os.path.isdir(req.path):
+            os.unlink(req.path)
+        os.symlink(req.target, req.path)
         self._answer(reply, {"ok": True})
 
-    def op_walk(self, req: dict, fds: list[int], reply: socket.socket | None) -> None:
+    def op_walk(self, req: WalkRequest, fds: list[int], reply: socket.socket | None) -> None:
         """List a tree without following symlinks: [relpath, kind, mode, size, link target]."""
         entries: list[list] = []
         stack = [""]
-        top = req["path"].rstrip("/") or "/"
+        top = req.path.rstrip("/") or "/"
         while stack:
             rel = stack.pop()
             with os.scandir(f"{top}/{rel}" if rel else top) as it:

@@ -26,10 +26,6 @@ class User:
     groups: tuple[int, ...]
     home: str
 
-    def request(self) -> list:
-        """The form an exec request carries to the jail's init."""
-        return [self.uid, self.gid, list(self.groups)]
-
 
 def _read(root: str, path: str, generated: dict[str, str]) -> list[list[str]]:
     if path in generated:
