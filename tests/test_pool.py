@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import psutil
 from conftest import jail_processes, run_threads
@@ -16,13 +17,24 @@ def _state(sb: Sandbox) -> str:
     return sb.exec("cat /testbed/mark 2>/dev/null; for p in /proc/[0-9]*; do cat $p/comm; done | grep -c sleep").stdout
 
 
+def _settled_state(sb: Sandbox, want: str) -> str:
+    """``_state`` once background commands have started: a ``cmd &`` may still be a shell, not yet
+    exec'd, when the command that started it returns (bounded: 5 s)."""
+    for _ in range(100):
+        state = _state(sb)
+        if state == want:
+            break
+        time.sleep(0.05)
+    return state
+
+
 def test_reset_gives_a_fresh_writable_layer_and_kills_everything():
     with Sandbox() as sb:
         sb.write_file("/testbed/mark", "old\n")
         sb.exec("sleep 1000 & setsid sleep 1001 &")
         ns = sb.exec("readlink /proc/self/ns/pid").stdout.strip()
         old_dir = sb.dir
-        assert _state(sb) == "old\n2\n"
+        assert _settled_state(sb, "old\n2\n") == "old\n2\n"
         sb.reset()
         assert _state(sb) == "0\n"
         assert jail_processes(ns) == []
