@@ -229,7 +229,7 @@ def run_cmd(
     from .agent import prompts as prompt_configs
     from .agent.llm import LLMConfig
     from .agent.loop import AgentConfig
-    from .agent.run import run_task
+    from .agent.run import check_copy_out, run_task
     from .sandbox.config import Limits
 
     if query.startswith("@"):
@@ -252,6 +252,7 @@ def run_cmd(
             max_steps=max_steps, max_total_tokens=max_token_limit, time_limit=time_limit, text_mode=text_mode
         )
         prompts = prompt_configs.load(prompt_config)
+        copy_out = tuple(check_copy_out(rel) for rel in copy_out)
     except (ValidationError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -281,8 +282,6 @@ def run_cmd(
             on_step=None if quiet or as_json else show,
             copy_out=copy_out,
         )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
     except SandboxError as exc:
         click.echo(f"jailbox: {exc}", err=True)
         sys.exit(125)

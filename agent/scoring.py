@@ -478,14 +478,15 @@ def load_scorers(modules: Iterable[str] = ()) -> dict[str, Scorer]:
     """Every scorer a run may name: the built-ins, the installed ``jailbox.scorers`` entry points, and the
     public functions of each module named here (by the user, never by a tasks file), by name.
 
-    A name that two of them give is an error, so a task never gets a scorer other than the one its name says.
+    A name that two of them give to different functions is an error, so a task never gets a scorer other
+    than the one its name says.
     """
     found: dict[str, tuple[Scorer, str]] = {name: (function, "built-in") for name, function in SCORERS.items()}
 
     def add(name: str, function: Any, origin: str) -> None:
         if not callable(function):
             raise ValueError(f"scorer {name!r} from {origin} is not callable")
-        if name in found:
+        if name in found and found[name][0] is not function:
             raise ValueError(f"scorer {name!r} from {origin} clashes with the one from {found[name][1]}")
         found[name] = (function, origin)
 
