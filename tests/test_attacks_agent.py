@@ -17,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -357,3 +358,35 @@ def test_the_environment_holds_tasks_to_the_same_rules(tmp_path, root, outside):
         env.step("execute_bash", {"command": "head -c 2000000 /dev/zero > /testbed/output/answer.txt"})
         last = env.step("submit")
         assert (last.answer, last.reward) == (None, 0.0)
+
+
+# --- the Ray executor: inputs opened on the node, files written back by the driver ----------------
+
+
+@pytest.mark.slow
+def test_ray_reads_inputs_by_the_same_rules_and_writes_back_through_the_same_guard(tmp_path, server, root, outside):
+    pytest.importorskip("ray", reason="the Ray executor needs the jailbox[ray] extra")
+    before = _snapshot(outside)
+    out = tmp_path / "out"
+    (out / "tasks" / "t0").mkdir(parents=True)
+    (out / "tasks" / "t0" / "output").symlink_to(outside / "sub")  # as an earlier run could have left it
+    (out / "tasks" / "t1").symlink_to(outside)
+    good = {
+        **GOOD,
+        "query": f"RUN: {GOOD['query'][5:]} && mkdir /testbed/output/k && ln -s {outside}/secret /testbed/output/k/l",
+        "input_files": {"/testbed/input/n": "@data/n.txt"},
+    }
+    tasks = write_tasks(root / "tasks.jsonl", good, reading("@link"))
+    ray_tmp = Path(tempfile.mkdtemp(prefix="jbray-", dir="/tmp"))  # Ray's socket paths must be short
+    try:
+        env = {**os.environ, "RAY_TMPDIR": str(ray_tmp)}
+        r = bench(tasks, server, out, "--executor", "ray", "--copy-out", "k", cwd=root, env=env)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _snapshot(outside) == before
+    done = results(out)
+    assert done["t0"].answer == "6 7" and "symlink" in done["t1"].error and "input_files" in done["t1"].error
+    assert (out / "tasks" / "t0" / "output" / "answer.txt").read_text() == "6 7\n"
+    assert not (out / "tasks" / "t0" / "output").is_symlink() and not (out / "tasks" / "t1").is_symlink()
+    assert not (out / "tasks" / "t0" / "output" / "k" / "l").exists()  # links are not sent back
