@@ -340,6 +340,28 @@ def test_bench_task_directories_and_resume_stay_in_the_output_directory(tmp_path
     assert sorted(found) == list(range(len(IDS)))  # every task its own directory
 
 
+# --- hostfs: the two writes the agent's record needs ---------------------------------------------
+
+
+def test_a_record_replaced_over_planted_links_never_writes_through_them(tmp_path, outside):
+    from jailbox.sandbox.hostfs import Destination
+
+    before = _snapshot(outside)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "trajectory.json").symlink_to(outside / "secret")
+    (out / "answer.txt").symlink_to(outside / "secret")
+    (out / "keep").mkdir()
+    with Destination(out) as d:
+        d.replace("trajectory.json", b"{}")
+        d.unlink("answer.txt")
+        d.unlink("keep")  # a directory stays
+        d.unlink("absent")
+    assert _snapshot(outside) == before
+    assert (out / "trajectory.json").read_bytes() == b"{}" and not (out / "trajectory.json").is_symlink()
+    assert sorted(p.name for p in out.iterdir()) == ["keep", "trajectory.json"]  # no temporary file left
+
+
 # --- the RL environment: the same rules ----------------------------------------------------------
 
 
