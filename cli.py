@@ -21,6 +21,10 @@ from .sandbox.terminal import attach
 
 TIMEOUT_EXIT = 124
 SHELL = "command -v bash >/dev/null 2>&1 && exec bash -l || exec sh -l"
+COPY_OUT_HELP = (
+    "Also copy PATH (relative to the jail's output directory) into OUTPUT_DIR beside answer.txt (repeatable); "
+    "nothing else the jail writes leaves it."
+)
 NETWORK_HELP = (
     "none (loopback only), host (unconfined), full (slirp4netns: anywhere but the host and its LAN), "
     "or allow:RULES through jailbox's proxy, e.g. allow:pypi,github,*.example.com,!bad.example.com"
@@ -196,6 +200,7 @@ def _trim(text: str, limit: int = 600) -> str:
 @click.option("--rootfs", default="host", show_default=True)
 @click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
 @click.option("--memory", default=None, help="Memory cap for the jail, e.g. 4G.")
+@click.option("--copy-out", "--copy_out", "copy_out", multiple=True, metavar="PATH", help=COPY_OUT_HELP)
 @click.option("--quiet", is_flag=True, help="No per-step output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final result as JSON.")
 def run_cmd(
@@ -216,6 +221,7 @@ def run_cmd(
     rootfs: str,
     network: str,
     memory: str | None,
+    copy_out: tuple[str, ...],
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -223,7 +229,7 @@ def run_cmd(
     from .agent import prompts as prompt_configs
     from .agent.llm import LLMConfig
     from .agent.loop import AgentConfig
-    from .agent.run import run_task
+    from .agent.run import check_copy_out, run_task
     from .sandbox.config import Limits
 
     if query.startswith("@"):
@@ -246,6 +252,7 @@ def run_cmd(
             max_steps=max_steps, max_total_tokens=max_token_limit, time_limit=time_limit, text_mode=text_mode
         )
         prompts = prompt_configs.load(prompt_config)
+        copy_out = tuple(check_copy_out(rel) for rel in copy_out)
     except (ValidationError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -273,6 +280,7 @@ def run_cmd(
             agent=agent,
             sandbox=sandbox,
             on_step=None if quiet or as_json else show,
+            copy_out=copy_out,
         )
     except SandboxError as exc:
         click.echo(f"jailbox: {exc}", err=True)
@@ -311,6 +319,22 @@ def run_cmd(
 @click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
 @click.option("--rootfs", default="host", show_default=True)
 @click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
+@click.option(
+    "--scorer-module",
+    "--scorer_module",
+    "scorer_modules",
+    multiple=True,
+    metavar="MODULE",
+    help="Make MODULE's public functions scorers that tasks may name (repeatable).",
+)
+@click.option(
+    "--inputs-root",
+    "--inputs_root",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Where a task's @path input files are [default: the tasks file's directory].",
+)
+@click.option("--copy-out", "--copy_out", "copy_out", multiple=True, metavar="PATH", help=COPY_OUT_HELP)
 def bench_cmd(
     tasks_file: str,
     llm_name: str,
@@ -325,15 +349,21 @@ def bench_cmd(
     max_steps: int,
     rootfs: str,
     network: str,
+    scorer_modules: tuple[str, ...],
+    inputs_root: str | None,
+    copy_out: tuple[str, ...],
 ) -> None:
     """Run every task of TASKS (JSONL) in its own sandbox, N at once, and score the answers.
-    Ctrl-C once: running tasks finish, no new one starts; twice: they are killed."""
+    Ctrl-C once: running tasks finish, no new one starts; twice: they are killed. TASKS is data: its
+    scorers are names (built-in, --scorer-module, or jailbox.scorers entry points) and its @path inputs
+    lie beneath --inputs-root."""
     from .agent.batch import Batch, BatchConfig, find_executor
     from .agent.executors import ExecutorError
     from .agent.llm import LLMConfig
     from .agent.loop import AgentConfig
     from .agent.progress import Progress
     from .agent.report import write_summary
+    from .agent.scoring import load_scorers
     from .agent.tasks import load_tasks, read_results
 
     try:
@@ -349,6 +379,8 @@ def bench_cmd(
             mode=mode,
             resume=resume,
             ray_address=ray_address,
+            inputs_root=Path(inputs_root or Path(tasks_file).parent).resolve(),
+            copy_out=list(copy_out),
         )
         batch = Batch(
             tasks,
@@ -358,6 +390,7 @@ def bench_cmd(
             SandboxConfig(rootfs=rootfs, network=network),
             AgentConfig(max_steps=max_steps),
             executor=find_executor(executor),
+            scorers=load_scorers(scorer_modules),
         )
     except (ValidationError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -4,7 +4,8 @@
 flushed and synced, so a crashed or interrupted run resumes (``resume=True``) without redoing finished
 work. The driver bounds how many tasks (so live sandboxes) run at once by ``workers``; where they run is
 the ``Executor``'s business, given to the batch (threads by default, others found by name in
-``EXECUTORS``), and the driver loop, the scoring and the results file are the same for all.
+``EXECUTORS``), and the driver loop, the scoring and the results file are the same for all. A task's
+directory is named by ``tasks.dir_name`` and made through ``hostfs``, whatever its id.
 """
 
 from __future__ import annotations
@@ -12,16 +13,18 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from pydantic import Field
 
 from ..sandbox import SandboxConfig
 from .execution import Job
 from .executors import Executor, ExecutorConfig, ExecutorFactory, ThreadExecutor
 from .llm import LLMConfig
 from .loop import AgentConfig
-from .scoring import score
-from .tasks import Mode, Task, TaskResult, read_results
+from .scoring import Scorer, load_scorers, score
+from .tasks import Mode, Task, TaskResult, check_task, read_results
 
 EXECUTORS: dict[str, tuple[str, str]] = {
     "threads": (".executors", "ThreadExecutor"),
@@ -42,6 +45,8 @@ def find_executor(name: str) -> ExecutorFactory:
 class BatchConfig(ExecutorConfig):
     mode: Mode = "sandbox"
     resume: bool = False
+    inputs_root: Path | None = Field(None, description="@path input files are beneath it (the tasks file's directory)")
+    copy_out: list[str] = Field(default_factory=list, description="paths of the jail's output copied beside answer.txt")
 
 
 class Observer:
@@ -61,6 +66,10 @@ class Observer:
 class Batch:
     """``Batch(tasks, llm, out_dir).run()``; ``stop()`` finishes running tasks, ``kill()`` ends them.
 
+    Every task is checked when the batch is made, before anything runs: its scorer is one of ``scorers``
+    (``load_scorers()``: the built-ins and installed entry points) and its ``@path`` inputs stay beneath
+    ``config.inputs_root``.
+
     Both only set a flag (they are safe from a signal handler); the driver acts on it within ``POLL``.
     ``executor`` makes the batch's executor when it runs (``ThreadExecutor``, or ``find_executor(name)``).
     """
@@ -77,12 +86,23 @@ class Batch:
         agent: AgentConfig | None = None,
         observer: Observer | None = None,
         executor: ExecutorFactory = ThreadExecutor,
+        scorers: Mapping[str, Scorer] | None = None,
     ) -> None:
         self.tasks = list(tasks)
+        self.scorers = load_scorers() if scorers is None else scorers
+        for task in self.tasks:
+            check_task(task, self.scorers)
         self._by_id = {t.id: t for t in self.tasks}
         self.out_dir = out_dir
         self.config = config or BatchConfig()
-        self.job = Job(llm=llm, sandbox=sandbox or SandboxConfig(), agent=agent or AgentConfig(), mode=self.config.mode)
+        self.job = Job(
+            llm=llm,
+            sandbox=sandbox or SandboxConfig(),
+            agent=agent or AgentConfig(),
+            mode=self.config.mode,
+            inputs_root=self.config.inputs_root,
+            copy_out=self.config.copy_out,
+        )
         self.observer = observer or Observer()
         self.make_executor = executor
         self.results_path = out_dir / "results.jsonl"
@@ -142,7 +162,7 @@ class Batch:
         """Scored here, on the driver, then appended and synced before anyone is told."""
         expected = self._by_id.get(result.id)
         if expected is not None and expected.answer is not None:
-            result.score = score(result.answer, expected.answer, expected.scorer)
+            result.score = score(result.answer, expected.answer, expected.scorer, self.scorers)
         with open(self.results_path, "a") as f:
             f.write(result.model_dump_json() + "\n")
             f.flush()

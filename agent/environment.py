@@ -3,22 +3,28 @@
 ``reset(task)`` gives a fresh jail and the first prompt, ``step(tool, arguments)`` runs one of the
 paper's tools, and the step that submits carries the reward from the task's scorer. The same
 object may be used from several threads; each environment owns at most one jail at a time.
+
+Runs in the trainer's process. A task is held to the batch's rules: its scorer is one of ``scorers``
+(by name), its ``@path`` inputs are beneath ``inputs_root``, and at most ``ANSWER_LIMIT`` bytes of the
+answer are read back.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from ..sandbox import Sandbox, SandboxConfig, SandboxPool
-from ..sandbox.errors import SandboxError
 from . import prompts as prompt_configs
+from .loop import read_answer
 from .run import prepare
 from .schemas import TOOL_SCHEMAS
-from .scoring import score
-from .tasks import Task
+from .scoring import Scorer, load_scorers, score
+from .tasks import Task, check_task
 from .tools import ToolResult, Tools
 
 
@@ -34,32 +40,40 @@ class Environment:
     tools_schema: list[dict[str, Any]] = TOOL_SCHEMAS
 
     def __init__(
-        self, sandbox: SandboxConfig | None = None, pool: SandboxPool | None = None, command_timeout: float = 120.0
+        self,
+        sandbox: SandboxConfig | None = None,
+        pool: SandboxPool | None = None,
+        command_timeout: float = 120.0,
+        scorers: Mapping[str, Scorer] | None = None,
+        inputs_root: Path | None = None,
     ) -> None:
         self.config = sandbox or SandboxConfig()
         self.pool = pool
         self.command_timeout = command_timeout
+        self.scorers = load_scorers() if scorers is None else scorers
+        self.inputs_root = inputs_root
         self._lock = threading.Lock()
         self._sb: Sandbox | None = None
         self._tools: Tools | None = None
         self._task: Task | None = None
         self._done = True
-        self._answer_path = "/testbed/output/answer.txt"
+        self._output_dir = "/testbed/output"
 
     def reset(self, task: Task) -> str:
         """A fresh jail for ``task``; returns the instance prompt the model starts from."""
         with self._lock:
             self._close()
+            check_task(task, self.scorers)
             prompts = prompt_configs.load(task.prompt_config)
             sb = self.pool.acquire() if self.pool is not None else Sandbox(self.config)
             try:
-                prepare(sb, prompts, task.input_files)
+                prepare(sb, prompts, task, self.inputs_root)
             except BaseException:
                 sb.close()
                 raise
             self._sb, self._task, self._done = sb, task, False
             self._tools = Tools(sb, timeout=self.command_timeout)
-            self._answer_path = f"{prompts.output_dir}/answer.txt"
+            self._output_dir = prompts.output_dir
             return prompts.instance(task.query)
 
     def step(self, tool: str, arguments: str | dict[str, Any] | None = None) -> StepResult:
@@ -70,16 +84,12 @@ class Environment:
             if not result.submitted:
                 return StepResult(observation=result.observation, done=False, reward=0.0, tool=result)
             self._done = True
-            answer = self._read_answer()
-            reward = score(answer, self._task.answer, self._task.scorer) if self._task.answer is not None else 0.0
+            assert self._sb is not None
+            data, _ = read_answer(self._sb, self._output_dir)
+            answer = None if data is None else data.decode(errors="replace").strip()
+            expected = self._task.answer
+            reward = 0.0 if expected is None else score(answer, expected, self._task.scorer, self.scorers)
             return StepResult(observation=result.observation, done=True, reward=reward, answer=answer, tool=result)
-
-    def _read_answer(self) -> str | None:
-        assert self._sb is not None
-        try:
-            return self._sb.read_file(self._answer_path).decode(errors="replace").strip()
-        except SandboxError:
-            return None
 
     def close(self) -> None:
         with self._lock:

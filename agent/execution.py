@@ -14,14 +14,14 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, field_validator
 
 from ..sandbox import Sandbox, SandboxConfig
 from ..sandbox.errors import SandboxError
 from . import prompts as prompt_configs
 from .llm import LLMClient, LLMConfig, LLMError
 from .loop import AgentConfig
-from .run import prepare, run_in
+from .run import check_copy_out, prepare, run_in
 from .tasks import Mode, Task, TaskResult
 from .trajectory import Step
 
@@ -38,6 +38,13 @@ class Job(BaseModel):
     sandbox: SandboxConfig
     agent: AgentConfig
     mode: Mode
+    inputs_root: Path | None = Field(None, description="where @path input files are, on every node that runs tasks")
+    copy_out: list[str] = Field(default_factory=list, description="paths of the jail's output copied beside answer.txt")
+
+    @field_validator("copy_out")
+    @classmethod
+    def _copy_out(cls, paths: list[str]) -> list[str]:
+        return [check_copy_out(p) for p in paths]
 
 
 class TaskKilled(Exception):
@@ -78,8 +85,9 @@ class Guard:
 
 
 def execute(task: Task, job: Job, directory: Path, guard: Guard, stepped: Stepped | None = None) -> TaskResult | None:
-    """One task in its own fresh sandbox (closed whatever happens), its trajectory and output under
-    ``directory``; None when the batch was killed meanwhile. Scoring is the driver's."""
+    """One task in its own fresh sandbox (closed whatever happens), its trajectory and ``output/answer.txt``
+    in ``directory`` (which exists, and which the jail never sees); None when the batch was killed meanwhile.
+    Scoring is the driver's."""
     started = time.monotonic()
     try:
         result = _llm_only(task, job, guard) if job.mode == "llm" else _in_sandbox(task, job, directory, guard, stepped)
@@ -103,7 +111,6 @@ def _in_sandbox(task: Task, job: Job, directory: Path, guard: Guard, stepped: St
     agent = job.agent.model_copy(
         update={k: v for k, v in (("max_steps", task.max_steps), ("time_limit", task.time_limit)) if v is not None}
     )
-    directory.mkdir(parents=True, exist_ok=True)
     tokens = 0
 
     def on_step(step: Step) -> None:
@@ -117,17 +124,18 @@ def _in_sandbox(task: Task, job: Job, directory: Path, guard: Guard, stepped: St
             raise TaskKilled("the batch was killed")
         sb = Sandbox(job.sandbox)
     with sb, guard.hold(sb.close), LLMClient(job.llm) as client, guard.hold(client.cancel):
-        prepare(sb, prompts, task.input_files)
+        prepare(sb, prompts, task, job.inputs_root)
         trajectory = run_in(
             sb,
             client,
             task.query,
-            directory / "trajectory.json",
-            directory / "output",
+            directory,
             prompts,
             agent,
             on_step,
             describe={"task": task.id},
+            outputs="output",
+            copy_out=job.copy_out,
         )
     return TaskResult(
         id=task.id,

@@ -17,7 +17,7 @@ from typing import Protocol
 from pydantic import BaseModel, Field
 
 from .execution import Guard, Job, Stepped, execute
-from .tasks import Task, TaskResult, task_dir
+from .tasks import Task, TaskResult, make_task_dir
 
 
 class ExecutorConfig(BaseModel):
@@ -80,7 +80,7 @@ class ThreadExecutor(Executor):
         return len(self._futures)
 
     def submit(self, task: Task) -> None:
-        directory = task_dir(self.out_dir, task.id)
+        directory = make_task_dir(self.out_dir, task.id)
         self._futures.add(self._pool.submit(execute, task, self.job, directory, self.guard, self.stepped))
 
     def wait(self, timeout: float) -> list[TaskResult]:

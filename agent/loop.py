@@ -5,11 +5,13 @@ Every limit ends the run with a status, never an exception: ``submitted``, ``max
 trajectory is saved after every step.
 
 Runs in the host process that drives the model (the CLI's, a batch's worker thread, a Ray worker);
-the model is anything with the ``ChatModel`` protocol, the jail is reached only through ``Tools``.
+the model is anything with the ``ChatModel`` protocol, the jail is reached only through ``Tools`` (and
+``read_answer``, which takes at most ``ANSWER_LIMIT`` bytes of the answer the jail leaves).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from ..sandbox import Sandbox
-from ..sandbox.errors import SandboxError
+from ..sandbox.errors import SandboxError, SandboxFileError
 from .llm import Completion, LLMError, Usage, parse_text_action
 from .prompts import PromptConfig
 from .schemas import TOOL_SCHEMAS
@@ -35,6 +37,8 @@ CUT_OFF = (
     "with short arguments; write long files in several edits."
 )
 LAST_STEP = "This is your last step: write the answer to {output_dir}/answer.txt now and call submit."
+ANSWER_LIMIT = 1 << 20
+"""Bytes of ``answer.txt`` the host takes from the jail; a larger answer is refused, and the record says so."""
 TEXT_MODE_HELP = "Call a tool with one fenced block: ```<tool_name>\\n{{json arguments}}\\n```. Tools: {names}."
 
 
@@ -86,6 +90,8 @@ class Agent:
         self.describe = describe or {}
         self.tools = Tools(sandbox, timeout=self.config.command_timeout, max_chars=self.config.observation_chars)
         self.tool_names = {schema["function"]["name"] for schema in TOOL_SCHEMAS}
+        self.answer_file: bytes | None = None
+        """``answer.txt`` as the run left it (at most ``ANSWER_LIMIT`` bytes), once ``run`` returns."""
 
     def run(self, problem: str) -> Trajectory:
         config = {"agent": self.config.model_dump(), "prompts": self.prompts.model_dump(), **self.describe}
@@ -98,7 +104,7 @@ class Agent:
             {"role": "user", "content": self._remaining(self.prompts.instance(problem), 0)},
         ]
         traj.exit_status = self._loop(traj)
-        traj.answer = self._answer()
+        self._answer(traj)
         traj.finished = time.time()
         self._save(traj)
         return traj
@@ -202,11 +208,12 @@ class Agent:
             return f"{text}\n\nSteps Remaining: 1. " + LAST_STEP.format(output_dir=self.prompts.output_dir)
         return f"{text}\n\nSteps Remaining: {left}"
 
-    def _answer(self) -> str | None:
-        try:
-            return self.sandbox.read_file(f"{self.prompts.output_dir}/answer.txt").decode(errors="replace").strip()
-        except SandboxError:
-            return None
+    def _answer(self, traj: Trajectory) -> None:
+        self.answer_file, why = read_answer(self.sandbox, self.prompts.output_dir)
+        if self.answer_file is not None:
+            traj.answer = self.answer_file.decode(errors="replace").strip()
+        if why is not None:
+            traj.error = f"{traj.error}; {why}" if traj.error else why
 
     def _record(self, traj: Trajectory, step: Step) -> None:
         traj.steps.append(step)
@@ -217,6 +224,19 @@ class Agent:
     def _save(self, traj: Trajectory) -> None:
         if self.path is not None:
             traj.save(self.path)
+
+
+def read_answer(sb: Sandbox, output_dir: str) -> tuple[bytes | None, str | None]:
+    """``output_dir/answer.txt`` through the jail's file API, a regular file of at most ``ANSWER_LIMIT`` bytes,
+    and why there is none when it is larger (an absent or unreadable answer is just None)."""
+    try:
+        return sb.read_file(f"{output_dir}/answer.txt", max_bytes=ANSWER_LIMIT), None
+    except SandboxFileError as exc:
+        if exc.errno == errno.EFBIG:
+            return None, f"answer.txt is larger than {ANSWER_LIMIT} bytes: cut, no answer taken"
+        return None, None
+    except SandboxError:
+        return None, None
 
 
 def _as_dict(arguments: Any) -> dict[str, Any]:

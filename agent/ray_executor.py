@@ -8,7 +8,9 @@ worker ends its sandbox and LLM request itself; a worker that does not within ``
 force-cancelled (its process dies, and jailbox's launcher removes the jail it leaves).
 
 ``RayExecutor`` runs in the driver process; ``_run`` and ``_probe`` run in Ray's worker processes, on
-any node, and ``_Hub`` in an actor. What a task sends back is bounded by ``RETURN_LIMIT``.
+any node, and ``_Hub`` in an actor. What a task sends back is bounded by ``RETURN_LIMIT``, and the driver
+writes it into the task's directory through ``hostfs``. A task's ``@path`` inputs are opened on the node
+that runs it, beneath the batch's inputs root there, by the same rules as on the driver.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..sandbox import Sandbox, SandboxConfig
+from ..sandbox import Sandbox, SandboxConfig, hostfs
 from ..sandbox.errors import SandboxError
 from .execution import Guard, Job, Stepped, execute
 from .executors import Executor, ExecutorConfig, ExecutorError
-from .tasks import Task, TaskResult, task_dir
+from .tasks import Task, TaskResult, make_task_dir
 
 
 def _token_auth_if_available() -> None:
@@ -138,30 +140,34 @@ def _run(task: Task, job: Job, hub: Any) -> Returned:
 
 
 def _pack(root: Path) -> tuple[dict[str, bytes], int]:
-    """Regular files under ``root`` up to RETURN_LIMIT bytes in all; how many did not fit."""
+    """Regular files under ``root`` up to RETURN_LIMIT bytes in all; how many did not fit. Links are
+    neither followed nor sent."""
     files: dict[str, bytes] = {}
     total = dropped = 0
-    for path in sorted(root.rglob("*")):
-        if path.is_symlink() or not path.is_file():
-            continue
-        size = path.stat().st_size
-        if total + size > RETURN_LIMIT:
-            dropped += 1
-            continue
-        files[path.relative_to(root).as_posix()] = path.read_bytes()
-        total += size
+    for here, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(here, name)
+            if path.is_symlink() or not path.is_file():
+                continue
+            size = path.stat().st_size
+            if total + size > RETURN_LIMIT:
+                dropped += 1
+                continue
+            files[path.relative_to(root).as_posix()] = path.read_bytes()
+            total += size
     return files, dropped
 
 
 def _unpack(directory: Path, files: dict[str, bytes]) -> None:
-    """Write a task's returned files under ``directory``; names that would leave it are refused."""
-    for name, data in files.items():
-        relative = Path(name)
-        if relative.is_absolute() or ".." in relative.parts:
-            raise ExecutorError(f"a worker returned the file name {name!r}, which leaves the task directory")
-        target = directory / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+    """Write a task's returned files under ``directory`` through ``hostfs``: a name that would leave it is
+    refused, and a link met there (left by an earlier run) is replaced, never followed."""
+    with hostfs.Destination(directory) as out:
+        for name, data in files.items():
+            parts = hostfs.components(name)
+            for depth in range(1, len(parts)):
+                out.mkdir(b"/".join(parts[:depth]), 0o755)
+            out.write(name, data)
 
 
 def _probe(config: SandboxConfig) -> tuple[str, str | None]:
@@ -281,8 +287,12 @@ class RayExecutor(Executor):
                 expected=task.answer,
                 error=f"{type(exc).__name__}: {str(exc)[:2000]}",
             )
-        _unpack(task_dir(self.out_dir, task.id), returned.files)
         result = returned.result
+        try:
+            _unpack(make_task_dir(self.out_dir, task.id), returned.files)
+        except SandboxError as exc:
+            if result is not None:
+                result.error = (result.error or "") + f" (its files could not be written: {exc})"
         if result is not None and returned.dropped:
             result.error = (result.error or "") + f" ({returned.dropped} output files over the return limit dropped)"
         return result

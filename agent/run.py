@@ -1,48 +1,93 @@
 """One task end to end: a fresh jail with the task's input, the loop, the outputs on the host.
 
-The output directory gets the jail's output directory (``answer.txt`` and any files) next to
-``trajectory.json``, as the reference package lays it out.
+Runs in the host process that drives the agent. The host directory a run records into is the host's
+alone: the jail never sees it (its own output directory is in its writable layer), and after the loop the
+host writes there ``trajectory.json``, ``answer.txt`` (read through the jail's file API, at most
+``ANSWER_LIMIT`` bytes) and only the jail's outputs the user asked for (``copy_out``), every name through
+``hostfs.Destination`` so a link left there by anyone is replaced, never followed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..sandbox import Mount, Sandbox, SandboxConfig
+from ..sandbox import Mount, Sandbox, SandboxConfig, hostfs
 from ..sandbox.errors import SandboxError
+from . import inputs
 from .llm import LLMClient, LLMConfig
 from .loop import Agent, AgentConfig, ChatModel
 from .prompts import PromptConfig
+from .tasks import Task
 from .trajectory import Step, Trajectory
 
+TRAJECTORY = "trajectory.json"
+ANSWER = "answer.txt"
 
-def prepare(sb: Sandbox, prompts: PromptConfig, input_files: dict[str, str] | None = None) -> None:
-    """The directories the prompts promise, and a task's input files (inline text, or ``@host path``)."""
+
+def prepare(sb: Sandbox, prompts: PromptConfig, task: Task | None = None, inputs_root: Path | None = None) -> None:
+    """The directories the prompts promise, and a task's input files: inline text, or ``@path`` beneath
+    ``inputs_root`` (opened here, where the task runs, without following a symlink; see ``inputs``)."""
     sb.exec(["mkdir", "-p", prompts.output_dir, prompts.input_dir])
-    for path, content in (input_files or {}).items():
-        if content.startswith("@"):
-            sb.put(content[1:], path)
-        else:
+    if task is None:
+        return
+    for path, content in task.input_files.items():
+        if not content.startswith(inputs.PREFIX):
             sb.write_file(path, content)
+            continue
+        fd = inputs.open_beneath(inputs_root, task.id, path, content)
+        try:
+            sb.put(f"/proc/self/fd/{fd}", path)  # the very file walked to, not a path resolved again
+        finally:
+            os.close(fd)
+
+
+def check_copy_out(rel: str) -> str:
+    """``rel`` if it names something in the jail's output directory that may be copied beside the answer."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if rel.startswith("/") or not parts or any(p == ".." or "\0" in p for p in parts):
+        raise ValueError(f"copy-out {rel!r}: name a path relative to the jail's output directory, without '..'")
+    if parts[0] in (TRAJECTORY, ANSWER):
+        raise ValueError(f"copy-out {rel!r}: {parts[0]} is the host's own record")
+    return "/".join(parts)
 
 
 def run_in(
     sb: Sandbox,
     client: ChatModel,
     problem: str,
-    trajectory_path: Path,
-    output_dir: Path,
+    directory: Path,
     prompts: PromptConfig,
     agent: AgentConfig | None = None,
     on_step: Callable[[Step], None] | None = None,
     describe: dict[str, Any] | None = None,
+    outputs: str | None = None,
+    copy_out: Sequence[str] = (),
 ) -> Trajectory:
-    """The loop in a prepared jail, then the jail's output directory copied to ``output_dir``."""
-    trajectory = Agent(client, sb, prompts, agent, trajectory_path, on_step, describe).run(problem)
+    """The loop in a prepared jail, recorded in ``directory/trajectory.json``; then ``answer.txt`` and each
+    ``copy_out`` path of the jail's output directory copied into ``directory`` (into ``directory/outputs``
+    if given). A stale ``answer.txt`` from an earlier run is removed when this run leaves none."""
+    trajectory_path = directory / TRAJECTORY
+    runner = Agent(client, sb, prompts, agent, trajectory_path, on_step, describe)
+    trajectory = runner.run(problem)
+    prefix = [] if outputs is None else [outputs]
     try:
-        sb.get(prompts.output_dir, output_dir)
+        with hostfs.Destination(directory) as out:
+            if outputs is not None:
+                out.mkdir(outputs, 0o755)
+            answer = "/".join([*prefix, ANSWER])
+            if runner.answer_file is None:
+                out.unlink(answer)
+            else:
+                out.write(answer, runner.answer_file)
+            for rel in map(check_copy_out, copy_out):
+                parts = [*prefix, *rel.split("/")]
+                for depth in range(len(prefix) + 1, len(parts)):
+                    out.mkdir("/".join(parts[:depth]), 0o755)
+                out.unlink("/".join(parts))  # Sandbox.get opens its destination as given: no link may be there
+                sb.get(f"{prompts.output_dir}/{rel}", directory.joinpath(*parts))
     except SandboxError as exc:
         trajectory.error = trajectory.error or f"copying {prompts.output_dir} out failed: {exc}"
         trajectory.save(trajectory_path)
@@ -59,8 +104,10 @@ def run_task(
     agent: AgentConfig | None = None,
     sandbox: SandboxConfig | None = None,
     on_step: Callable[[Step], None] | None = None,
+    copy_out: Sequence[str] = (),
 ) -> Trajectory:
     prompts = prompts or PromptConfig()
+    copy_out = [check_copy_out(rel) for rel in copy_out]
     output_dir.mkdir(parents=True, exist_ok=True)
     config = sandbox or SandboxConfig()
     if input_dir is not None:
@@ -73,6 +120,4 @@ def run_task(
     }
     with Sandbox(config) as sb, LLMClient(llm) as client:
         prepare(sb, prompts)
-        return run_in(
-            sb, client, problem, output_dir / "trajectory.json", output_dir, prompts, agent, on_step, describe
-        )
+        return run_in(sb, client, problem, output_dir, prompts, agent, on_step, describe, copy_out=copy_out)

@@ -4,15 +4,21 @@ The paper's domains ask for different answer formats (``\\boxed{}`` for math and
 choice letter for chemistry and biomedicine, plain text for long context and instruction following),
 and models do not always follow them to the letter, so each scorer extracts the answer leniently
 before comparing it strictly. Every scorer maps ``(answer, expected)`` to a float in [0, 1].
+
+Runs where a batch scores (the driver) or where an RL environment steps. A tasks file names its scorer,
+and a tasks file is data: it picks from ``load_scorers``' names (the built-ins, installed entry points and
+the modules the user named), never a module or function to import.
 """
 
 from __future__ import annotations
 
 import cmath
 import importlib
+import importlib.metadata
+import inspect
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 Scorer = Callable[[str, str], float]
@@ -464,29 +470,53 @@ SCORERS: dict[str, Scorer] = {
 }
 
 
-def resolve_scorer(name: str) -> Scorer:
-    """A built-in scorer by name, or a custom one by dotted path, so a benchmark can bring its own.
+ENTRY_POINTS = "jailbox.scorers"
+"""The entry point group installed packages put their scorers in (``name = package.module:function``)."""
 
-    Dotted paths are ``package.module:function`` or ``package.module.function``.
+
+def load_scorers(modules: Iterable[str] = ()) -> dict[str, Scorer]:
+    """Every scorer a run may name: the built-ins, the installed ``jailbox.scorers`` entry points, and the
+    public functions of each module named here (by the user, never by a tasks file), by name.
+
+    A name that two of them give to different functions is an error, so a task never gets a scorer other
+    than the one its name says.
     """
-    if name in SCORERS:
-        return SCORERS[name]
-    module_name, _, attribute = name.partition(":") if ":" in name else name.rpartition(".")
-    if not module_name or not attribute:
-        known = ", ".join(SCORERS)
-        raise ValueError(f"unknown scorer {name!r}: use one of {known}, or a dotted path package.module:function")
-    try:
-        scorer = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load scorer {name!r}: {exc}") from exc
-    if not callable(scorer):
-        raise ValueError(f"scorer {name!r} is not callable")
-    return scorer
+    found: dict[str, tuple[Scorer, str]] = {name: (function, "built-in") for name, function in SCORERS.items()}
+
+    def add(name: str, function: Any, origin: str) -> None:
+        if not callable(function):
+            raise ValueError(f"scorer {name!r} from {origin} is not callable")
+        if name in found and found[name][0] is not function:
+            raise ValueError(f"scorer {name!r} from {origin} clashes with the one from {found[name][1]}")
+        found[name] = (function, origin)
+
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        try:
+            loaded = entry.load()
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot load scorer {entry.name!r} ({entry.value}): {exc}") from exc
+        add(entry.name, loaded, f"entry point {entry.value}")
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"cannot import scorer module {module_name!r}: {exc}") from exc
+        for name, function in inspect.getmembers(module, inspect.isfunction):
+            if not name.startswith("_") and function.__module__ == module.__name__:
+                add(name, function, f"module {module_name}")
+    return {name: function for name, (function, _) in found.items()}
 
 
-def score(answer: str | None, expected: str, scorer: str = "exact") -> float:
+def resolve_scorer(name: str, scorers: Mapping[str, Scorer] = SCORERS) -> Scorer:
+    """The scorer called ``name`` in ``scorers``: names only, never a path to import."""
+    if name not in scorers:
+        raise ValueError(f"unknown scorer {name!r}: use one of {', '.join(scorers)}")
+    return scorers[name]
+
+
+def score(answer: str | None, expected: str, scorer: str = "exact", scorers: Mapping[str, Scorer] = SCORERS) -> float:
     """The answer's score in [0, 1]; a missing answer scores 0.0 (the scorer name is checked all the same)."""
-    function = resolve_scorer(scorer)
+    function = resolve_scorer(scorer, scorers)
     if answer is None:
         return 0.0
     value = float(function(answer, expected))

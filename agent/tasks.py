@@ -1,19 +1,28 @@
 """A batch's tasks and results on disk: the tasks file, ``results.jsonl`` and each task's directory.
 
 Runs in the driver process (Ray workers get the models already parsed). The tasks file is read whole
-and its errors name the line; a results line torn by a crash is skipped, so that task runs again; a
-task's directory name is cut to 100 safe characters whatever its id.
+and its errors name the line; a results line torn by a crash is skipped, so that task runs again. A tasks
+file is data: ``check_task`` holds it to scorers by name and ``@path`` inputs beneath a root. A task's
+directory name is at most 100 safe characters, one per id, made through ``hostfs`` whatever the id.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import string
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..sandbox import hostfs
+from . import inputs
+
 Mode = Literal["sandbox", "llm"]
+_KEPT = frozenset(string.ascii_letters + string.digits + "-_.")
+_NAME_CHARS = 100
 
 
 class Task(BaseModel):
@@ -26,7 +35,9 @@ class Task(BaseModel):
     answer: str | None = None
     scorer: str = "exact"
     domain: str = "general"
-    input_files: dict[str, str] = Field(default_factory=dict, description="jail path -> inline text or @host path")
+    input_files: dict[str, str] = Field(
+        default_factory=dict, description="jail path -> inline text, or @path beneath the inputs root"
+    )
     prompt_config: str | None = None
     max_steps: int | None = None
     time_limit: float | None = None
@@ -89,9 +100,35 @@ def read_results(path: Path) -> list[TaskResult]:
     return results
 
 
-def task_dir(out_dir: Path, task_id: str) -> Path:
-    return out_dir / "tasks" / _safe(task_id)
+def check_task(task: Task, scorers: Collection[str]) -> None:
+    """Refuse, before anything runs, a task naming a scorer not in ``scorers`` or an ``@path`` input that is
+    absolute or has ``..``; the error is one line naming the task and the field."""
+    if task.scorer not in scorers:
+        raise ValueError(
+            f"task {task.id!r}: scorer {task.scorer!r} is unknown; valid names: {', '.join(scorers)} "
+            "(others come from --scorer-module or the jailbox.scorers entry points, never from a tasks file)"
+        )
+    for jail_path, value in task.input_files.items():
+        inputs.check(task.id, jail_path, value)
 
 
-def _safe(task_id: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in task_id)[:100] or "task"
+def dir_name(task_id: str) -> str:
+    """The task's directory name, a different one for every id: letters, digits, ``-``, ``_`` and
+    ``.`` (not leading) are kept, every other byte is ``%XX``, so ``..``, ``/``, NUL and hidden names
+    cannot come out; an empty or long result is cut and ends in ``~`` and a hash of the id."""
+    raw = task_id.encode(errors="surrogatepass")
+    name = "".join(
+        chr(b) if chr(b) in _KEPT and not (i == 0 and b == ord(".")) else f"%{b:02X}" for i, b in enumerate(raw)
+    )
+    if 0 < len(name) <= _NAME_CHARS:
+        return name
+    return f"{name[: _NAME_CHARS - 17]}~{hashlib.sha256(raw).hexdigest()[:16]}"
+
+
+def make_task_dir(out_dir: Path, task_id: str) -> Path:
+    """``out_dir/tasks/<dir_name>``, made (or kept) through ``hostfs``: a link left there is replaced, not followed."""
+    name = dir_name(task_id)
+    with hostfs.Destination(out_dir) as out:
+        out.mkdir("tasks", 0o755)
+        out.mkdir(f"tasks/{name}", 0o755)
+    return out_dir / "tasks" / name

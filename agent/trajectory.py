@@ -1,5 +1,7 @@
 """The record of a run: one versioned JSON file, rewritten atomically after every step.
 
+Written by the host process that drives the agent, into a directory the jail never sees.
+
 A crash between steps loses nothing that happened before it. The loader also reads the reference
 package's trajectories (``problem_statement``, ``steps`` with ``thought``, ``reasoning_content``,
 ``action`` as a Python literal, ``observation``), so ``jailbox replay`` works on both.
@@ -9,12 +11,13 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
+from ..sandbox import hostfs
 
 VERSION = 1
 ExitStatus = Literal[
@@ -67,10 +70,10 @@ class Trajectory(BaseModel):
     finished: float | None = None
 
     def save(self, path: Path) -> None:
-        """Write to a temporary file and rename: a reader never sees a half-written file."""
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(self.model_dump_json(indent=1))
-        os.replace(tmp, path)
+        """Write to a temporary file and rename, through ``hostfs`` (a link left in ``path``'s directory is
+        replaced, never written through): a reader never sees a half-written file."""
+        with hostfs.Destination(path.parent) as out:
+            out.replace(path.name, self.model_dump_json(indent=1).encode())
 
 
 def load(path: str | Path) -> Trajectory:

@@ -21,6 +21,7 @@ __all__ = [
     "SandboxPool",
     "SeccompPolicy",
     "errors",
+    "hostfs",
 ]
 
 _LAZY = {  # public name -> the module (relative to this package) that defines it
@@ -37,7 +38,7 @@ _LAZY = {  # public name -> the module (relative to this package) that defines i
 }
 
 if TYPE_CHECKING:
-    from . import errors
+    from . import errors, hostfs
     from .aio import AsyncSandbox
     from .config import Limits, Mount, SandboxConfig
     from .net.policy import NetworkPolicy
@@ -49,8 +50,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "errors":
-        return importlib.import_module(".errors", __name__)
+    if name in ("errors", "hostfs"):
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

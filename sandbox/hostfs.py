@@ -1,9 +1,10 @@
 """Host side: write files whose names the jail chose, beneath one destination directory and never outside it.
 
-Runs in the host process (``Sandbox.get``, and whatever else copies a jail's output onto the host). The
-destination itself is the caller's choice and is opened as given; everything below it is treated as the
-jail's: a name is one path component (no ``/``, ``.``, ``..``, NUL), and every path is walked one component
-at a time from a directory descriptor with ``O_NOFOLLOW``. A symlink met on the way, planted now or by an
+Runs in the host process (``Sandbox.get``, and whatever else writes a jail's output or a record of it onto
+the host: the agent's answers, trajectories and task directories). The destination itself is the caller's
+choice and is opened as given; everything below it is treated as the jail's: a name is one path component
+(no ``/``, ``.``, ``..``, NUL), and every path is walked one component at a time from a directory descriptor
+with ``O_NOFOLLOW``. A symlink met on the way, planted now or by an
 earlier copy into the same directory, is never followed: where the copy wants a directory or a file, the link
 itself is replaced; any other kind of entry in the way is an error. Nothing is chmod-ed through a path (only
 through descriptors of entries made or checked here), nothing is chowned, and only regular files,
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 from types import TracebackType
@@ -101,6 +103,35 @@ class Destination:
                 view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
+
+    def replace(self, rel: str | bytes, data: bytes, mode: int = 0o644) -> None:
+        """Write ``rel`` whole or not at all: a fresh temporary file beside it, renamed over it, so a reader
+        never sees half of it; a symlink in its place is replaced by the rename, never written through."""
+        parts = components(rel)
+        scratch = b".%s.%s.tmp" % (parts[-1], secrets.token_hex(8).encode())
+        self.write(b"/".join([*parts[:-1], scratch]), data, mode)
+        parent, name = self._parent(rel)
+        try:
+            os.rename(scratch, name, src_dir_fd=parent, dst_dir_fd=parent)
+        except OSError as exc:
+            self._remove_non_dir(parent, scratch, rel)
+            raise SandboxFileError(exc.errno or 0, exc.strerror or str(exc), _show(rel)) from None
+        finally:
+            os.close(parent)
+
+    def unlink(self, rel: str | bytes) -> None:
+        """Remove whatever is at ``rel`` unless it is a directory (a link or file an earlier copy left);
+        nothing there is fine."""
+        parent, name = self._parent(rel)
+        try:
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            if not stat.S_ISDIR(st.st_mode):
+                self._remove_non_dir(parent, name, rel)
+        finally:
+            os.close(parent)
 
     def symlink(self, rel: str | bytes, target: str | bytes) -> None:
         """Make ``rel`` a symlink to ``target`` (a link is only ever made here, never followed)."""

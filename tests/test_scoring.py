@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from jailbox.agent.scoring import SCORERS, choice_letter, choice_set, last_boxed, resolve_scorer, rouge_l, score
+from jailbox.agent.scoring import (
+    SCORERS,
+    choice_letter,
+    choice_set,
+    last_boxed,
+    load_scorers,
+    resolve_scorer,
+    rouge_l,
+    score,
+)
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 TRAJECTORIES = SHARED / "reference-trajectories"
@@ -335,27 +344,32 @@ def custom_module(tmp_path, monkeypatch):
     return "my_scorers"
 
 
-def test_custom_scorers_by_dotted_path(custom_module):
-    assert score("x", "y", f"{custom_module}:half") == 0.5
-    assert score("x", "y", f"{custom_module}.half") == 0.5
-    assert score("x", "y", f"{custom_module}:generous") == 1.0
-    assert score("x", "y", f"{custom_module}:harsh") == 0.0
-    assert score("x", "y", f"{custom_module}:undefined") == 0.0
-    assert resolve_scorer("jailbox.agent.scoring:rouge_l") is SCORERS["rouge_l"]
-    assert resolve_scorer("jailbox.agent.scoring.math_equal") is SCORERS["math"]
+def test_custom_scorers_by_name_from_a_module_the_user_names(custom_module):
+    scorers = load_scorers([custom_module])
+    assert score("x", "y", "half", scorers) == 0.5
+    assert score("x", "y", "generous", scorers) == 1.0
+    assert score("x", "y", "harsh", scorers) == 0.0
+    assert score("x", "y", "undefined", scorers) == 0.0
+    assert scorers["rouge_l"] is SCORERS["rouge_l"] and "THRESHOLD" not in scorers
 
 
 @pytest.mark.parametrize(
-    ("name", "message"),
-    [
-        ("my_scorers:missing", "cannot load"),
-        ("no_such_package.module:function", "cannot load"),
-        ("my_scorers:THRESHOLD", "not callable"),
-    ],
+    "name", ["my_scorers:half", "my_scorers.half", "jailbox.agent.scoring:rouge_l", "jailbox.agent.scoring.math_equal"]
 )
-def test_custom_scorers_that_cannot_be_used(custom_module, name, message):
-    with pytest.raises(ValueError, match=message):
-        resolve_scorer(name)
+def test_a_dotted_path_is_no_scorer_name(custom_module, name):
+    with pytest.raises(ValueError, match="unknown scorer"):
+        resolve_scorer(name, load_scorers([custom_module]))
+
+
+def test_a_scorer_module_that_cannot_be_imported(custom_module):
+    with pytest.raises(ValueError, match="cannot import"):
+        load_scorers(["no_such_package.module"])
+
+
+def test_a_scorer_module_cannot_take_a_built_in_name(custom_module, tmp_path):
+    (tmp_path / "clashing.py").write_text("def exact(answer, expected):\n    return 1.0\n")
+    with pytest.raises(ValueError, match="'exact' from module clashing clashes with the one from built-in"):
+        load_scorers(["clashing"])
 
 
 @pytest.mark.parametrize("name", ["bleu", "", "Exact"])

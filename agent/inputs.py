@@ -1,0 +1,79 @@
+"""A task's ``@path`` input files: host files beneath one inputs root, found without following any symlink.
+
+A tasks file is data, so the host files it may hand a jail are bounded by a root the user chose (the tasks
+file's directory, or ``--inputs-root``): a path is relative, has no ``..``, and is walked one component at a
+time from the root's descriptor with ``O_NOFOLLOW``, so neither a ``..``, an absolute path nor a symlink
+anywhere on the way (one planted inside the root pointing out included) reaches a file outside it.
+``check`` reads the text alone (the driver calls it before anything runs); ``open_beneath`` walks the
+filesystem where the task runs (a driver thread, or a Ray worker on whichever node runs it). Symlinks inside
+an input directory are copied into the jail as links, never read through (that is ``Sandbox.put``'s rule).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+PREFIX = "@"
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ANY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class InputError(ValueError):
+    """An input file refused; the message is one line naming the task and the field."""
+
+    def __init__(self, task_id: str, jail_path: str, why: str) -> None:
+        super().__init__(f"task {task_id!r}: input_files[{jail_path!r}]: {why}")
+
+
+def check(task_id: str, jail_path: str, value: str) -> list[str]:
+    """The components of ``value``'s host path if it is an ``@path`` (none for inline text), or InputError."""
+    if not value.startswith(PREFIX):
+        return []
+    rel = value[len(PREFIX) :]
+    if not rel:
+        raise InputError(task_id, jail_path, "'@' names no file")
+    if "\0" in rel:
+        raise InputError(task_id, jail_path, f"{value!r} has a NUL byte")
+    if rel.startswith("/"):
+        raise InputError(task_id, jail_path, f"{value!r} is absolute; name a path beneath the inputs root")
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise InputError(task_id, jail_path, f"{value!r} has '..'; name a path beneath the inputs root")
+    return parts
+
+
+def open_beneath(root: Path | None, task_id: str, jail_path: str, value: str) -> int:
+    """A descriptor of ``value``'s file or directory beneath ``root``, no symlink followed; the caller closes it."""
+    parts = check(task_id, jail_path, value)
+    if root is None:
+        raise InputError(task_id, jail_path, f"{value!r} needs an inputs root, and none was given")
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(task_id, jail_path, f"the inputs root {str(root)!r}: {exc.strerror}") from None
+    try:
+        for position, part in enumerate(parts):
+            last = position == len(parts) - 1
+            try:
+                nfd = os.open(part, _ANY if last else _DIR, dir_fd=fd)
+            except OSError as exc:
+                why = "is a symlink, which is not followed" if _is_link(fd, part) else exc.strerror
+                raise InputError(task_id, jail_path, f"{value!r}: {'/'.join(parts[: position + 1])} {why}") from None
+            os.close(fd)
+            fd = nfd
+        kind = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):
+            raise InputError(task_id, jail_path, f"{value!r} is not a regular file or directory")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _is_link(parent: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+    except OSError:
+        return False

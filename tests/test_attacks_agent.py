@@ -1,0 +1,414 @@
+"""The attack battery, agent side: a tasks file is data, and the jail cannot forge or reach past its record.
+
+A tasks file comes from anywhere: it may name scorers only by name (built-ins, ``--scorer-module``, the
+``jailbox.scorers`` entry points) and input files only beneath its inputs root, never through ``..``, an
+absolute path or a symlink. A jailed command controls everything in the jail's output directory; the host's
+output directory is the host's alone, and whatever links an earlier run left there, every host path outside
+it stays untouched (content, mode, listing). Each class is tried several ways, through ``jailbox run`` and
+``jailbox bench`` as a user types them, against the scripted model server and real jails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from batch_tasks import ROOT, bench_command
+from llm_server import ScriptedServer, Step, reply
+
+from jailbox.agent.environment import Environment
+from jailbox.agent.tasks import Task, read_results
+from jailbox.agent.trajectory import load as load_trajectory
+
+SECRET = "host secret\n"
+JAILBOX_RUN = [sys.executable, "-c", "from jailbox.cli import main; main()", "run"]
+
+
+def _snapshot(top: Path) -> dict[str, tuple[int, bytes | str | None]]:
+    """Every entry below ``top`` (and ``top`` itself): its mode and content or link target."""
+    out: dict[str, tuple[int, bytes | str | None]] = {}
+    for here, dirs, files in os.walk(top):
+        for name in [".", *dirs, *files]:
+            path = Path(here, name)
+            st = path.lstat()
+            data: bytes | str | None = None
+            if stat.S_ISLNK(st.st_mode):
+                data = os.readlink(path)
+            elif stat.S_ISREG(st.st_mode):
+                data = path.read_bytes()
+            out[str(path.relative_to(top))] = (st.st_mode, data)
+    return out
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A host directory nothing may reach: a secret file, a subdirectory, modes that show any chmod."""
+    top = tmp_path / "outside"
+    (top / "sub").mkdir(parents=True)
+    (top / "secret").write_text(SECRET)
+    os.chmod(top / "secret", 0o600)
+    os.chmod(top, 0o750)
+    return top
+
+
+def obeying(request: dict) -> Step:
+    """A model that runs the shell command its task states (``RUN: <command>``), then submits."""
+    messages = request["messages"]
+    if messages[-1]["role"] == "tool":
+        call = {"id": "s", "type": "function", "function": {"name": "submit", "arguments": "{}"}}
+    else:
+        command = re.search(r"RUN: (.*?)\n</task>", messages[1]["content"], re.S).group(1)
+        arguments = json.dumps({"command": command})
+        call = {"id": "c", "type": "function", "function": {"name": "execute_bash", "arguments": arguments}}
+    return reply(None, tool_calls=[call], finish_reason="tool_calls", usage={"total_tokens": 3})
+
+
+@pytest.fixture
+def server():
+    with ScriptedServer(responder=obeying) as scripted:
+        yield scripted
+
+
+def write_tasks(path: Path, *tasks: dict) -> Path:
+    path.write_text("".join(json.dumps({"answer": "x", **t}) + "\n" for t in tasks))
+    return path
+
+
+def bench(tasks: Path, server: ScriptedServer, out: Path, *options: str, cwd: Path = ROOT, env=None):
+    command = bench_command(tasks, server.url, out, "--workers", "2", *options)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def results(out: Path) -> dict:
+    return {r.id: r for r in read_results(out / "results.jsonl")}
+
+
+# --- 3. a tasks file is data: scorers ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "scorer", ["os:popen", "os.popen", "subprocess:getoutput", "json:dumps", "jailbox.agent.scoring:rouge_l"]
+)
+def test_a_tasks_file_cannot_name_code_as_its_scorer(tmp_path, server, scorer):
+    marker = tmp_path / "ran-on-the-host"
+    tasks = write_tasks(
+        tmp_path / "tasks.jsonl",
+        {"id": "t0", "query": "RUN: echo a > /testbed/output/answer.txt"},
+        {
+            "id": "t1",
+            "query": f"RUN: printf 'touch {marker}' > /testbed/output/answer.txt",
+            "answer": "r",
+            "scorer": scorer,
+        },
+        {"id": "t2", "query": "RUN: echo a > /testbed/output/answer.txt"},
+    )
+    r = bench(tasks, server, tmp_path / "out")
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = error_line(r.stderr)
+    assert "'t1'" in line and "scorer" in line and repr(scorer) in line
+    assert all(name in line for name in ("exact", "choice", "multi_choice", "math", "rouge_l"))
+    assert not marker.exists() and server.requests == []  # refused before anything ran
+    assert not (tmp_path / "out" / "tasks").exists()
+
+
+def test_custom_scorers_come_from_the_command_line_or_installed_entry_points(tmp_path, server):
+    modules, site = tmp_path / "modules", tmp_path / "site"
+    modules.mkdir()
+    (modules / "mine.py").write_text("def half(answer, expected):\n    return 0.5\n")
+    (modules / "theirs.py").write_text("def lenient(answer, expected):\n    return 0.25\n")
+    dist = site / "mine_scorers-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mine-scorers\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[jailbox.scorers]\nlenient = theirs:lenient\n")
+    paths = [str(modules), str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    tasks = write_tasks(
+        tmp_path / "tasks.jsonl",
+        {"id": "t0", "query": "RUN: echo a > /testbed/output/answer.txt", "scorer": "half"},
+        {"id": "t1", "query": "RUN: echo a > /testbed/output/answer.txt", "scorer": "lenient"},
+    )
+    refused = bench(tasks, server, tmp_path / "refused", env=env)
+    assert refused.returncode == 2 and "'t0'" in error_line(refused.stderr) and "'half'" in refused.stderr
+    assert "lenient" in error_line(refused.stderr)  # the entry point is a valid name
+    r = bench(tasks, server, tmp_path / "out", "--scorer-module", "mine", env=env)
+    assert r.returncode == 0, r.stderr
+    scored = results(tmp_path / "out")
+    assert (scored["t0"].score, scored["t1"].score) == (0.5, 0.25)
+
+
+# --- 3. a tasks file is data: input files --------------------------------------------------------
+
+
+@pytest.fixture
+def root(tmp_path: Path, outside: Path) -> Path:
+    """A tasks file's directory: a data file, and links planted inside it that point outside."""
+    top = tmp_path / "tasks"
+    (top / "data").mkdir(parents=True)
+    (top / "data" / "n.txt").write_text("6 7\n")
+    (top / "link").symlink_to(outside / "secret")
+    (top / "linkdir").symlink_to(outside)
+    (top / "data" / "deep").symlink_to("../../outside/secret")
+    return top
+
+
+def reading(value: str) -> dict:
+    """A task whose agent copies its input file into its answer, whatever the input is."""
+    return {
+        "id": "t1",
+        "query": "RUN: cat /testbed/input/x /testbed/input/x/secret > /testbed/output/answer.txt 2>&1; true",
+        "input_files": {"/testbed/input/x": value},
+    }
+
+
+GOOD = {"id": "t0", "query": "RUN: cat /testbed/input/n > /testbed/output/answer.txt", "input_files": {}}
+
+
+@pytest.mark.parametrize(
+    "value", ["@{outside}/secret", "@../outside/secret", "@data/../../outside/secret", "@./data/../../outside"]
+)
+def test_absolute_and_dotdot_inputs_are_refused_before_anything_runs(tmp_path, server, root, outside, value):
+    tasks = write_tasks(root / "tasks.jsonl", reading(value.format(outside=outside)))
+    r = bench(tasks, server, tmp_path / "out", cwd=root)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = error_line(r.stderr)
+    assert "'t1'" in line and "input_files['/testbed/input/x']" in line
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("value", ["@link", "@linkdir/secret", "@linkdir", "@data/deep"])
+def test_inputs_through_symlinks_are_refused_where_the_task_runs(tmp_path, server, root, value):
+    good = {**GOOD, "input_files": {"/testbed/input/n": "@data/n.txt"}}
+    tasks = write_tasks(root / "tasks.jsonl", good, reading(value))
+    r = bench(tasks, server, tmp_path / "out", cwd=root)
+    assert r.returncode == 0, r.stderr
+    done = results(tmp_path / "out")
+    assert done["t0"].answer == "6 7" and done["t0"].error is None
+    assert done["t1"].answer is None and done["t1"].exit_status == "error"
+    assert "'t1'" in done["t1"].error and "input_files['/testbed/input/x']" in done["t1"].error
+    assert "symlink" in done["t1"].error
+    assert "host secret" not in (tmp_path / "out" / "results.jsonl").read_text()
+
+
+def test_inputs_come_from_the_inputs_root_when_one_is_given(tmp_path, server, root):
+    elsewhere = tmp_path / "inputs"
+    elsewhere.mkdir()
+    (elsewhere / "n.txt").write_text("8 9\n")
+    tasks = write_tasks(root / "tasks.jsonl", {**GOOD, "input_files": {"/testbed/input/n": "@n.txt"}})
+    r = bench(tasks, server, tmp_path / "out", "--inputs-root", str(elsewhere))
+    assert r.returncode == 0, r.stderr
+    assert results(tmp_path / "out")["t0"].answer == "8 9"
+    r = bench(tasks, server, tmp_path / "beside", cwd=elsewhere)  # the default root is the tasks file's own
+    assert "No such file" in results(tmp_path / "beside")["t0"].error
+
+
+# --- 4. the jail cannot forge its own record -----------------------------------------------------
+
+FORGED = json.dumps({"version": 1, "problem_statement": "forged", "exit_status": "submitted", "answer": "42"})
+
+
+def jailbox_run(server: ScriptedServer, out: Path, command: str, *options: str):
+    flags = ["--query", f"RUN: {command}", "--llm_name", "m", "--llm_base_url", server.url, "--api_key", "k"]
+    return subprocess.run(
+        [*JAILBOX_RUN, *flags, "--output_dir", str(out), "--json", *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def plant_host_links(out: Path, outside: Path) -> None:
+    """What an earlier run that let the jail write into ``out`` could have left there."""
+    for name in ("trajectory.json", "answer.txt", "sub", "dirlink"):
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    (out / "trajectory.json").symlink_to(outside / "secret")
+    (out / "answer.txt").symlink_to(outside / "secret")
+    (out / "sub").symlink_to(outside)
+    (out / "dirlink").symlink_to(outside / "sub")
+
+
+def test_jailbox_run_twice_the_record_is_the_hosts_and_nothing_outside_changes(tmp_path, server, outside):
+    out = tmp_path / "out"
+    before = _snapshot(outside)
+    plants = (
+        f"cd /testbed/output && printf '%s' '{FORGED}' > trajectory.json && ln -s {outside}/secret planted"
+        f" && ln -s {outside} dirlink && mkdir sub && echo x > sub/x && head -c 3000000 /dev/zero > big"
+        " && echo 42 > answer.txt"
+    )
+    for attempt in range(2):
+        r = jailbox_run(server, out, plants)
+        assert r.returncode == 0, r.stderr
+        assert _snapshot(outside) == before
+        saved = load_trajectory(out / "trajectory.json")
+        assert saved.problem_statement.startswith("RUN: cd /testbed/output") and len(saved.steps) == 2
+        assert not (out / "trajectory.json").is_symlink() and (out / "answer.txt").read_text() == "42\n"
+        assert not (out / "answer.txt").is_symlink()
+        assert not {"planted", "big"} & {p.name for p in out.iterdir()}, sorted(out.iterdir())
+        if attempt == 0:
+            plant_host_links(out, outside)
+
+
+def test_copied_outputs_are_only_those_asked_for_and_never_follow_links(tmp_path, server, outside):
+    out = tmp_path / "out"
+    before = _snapshot(outside)
+    plants = (
+        f"cd /testbed/output && mkdir -p sub/deeper dirlink && echo x > sub/x && ln -s {outside}/secret sub/deeper/l"
+        " && echo y > dirlink/y && echo 1 > answer.txt && echo no > other"
+    )
+    asked = ["--copy-out", "sub", "--copy-out", "dirlink/y"]
+    r = jailbox_run(server, out, plants, *asked)
+    assert r.returncode == 0, r.stderr
+    plant_host_links(out, outside)
+    r = jailbox_run(server, out, plants, *asked)
+    assert r.returncode == 0, r.stderr
+    assert _snapshot(outside) == before
+    assert (out / "sub" / "x").read_text() == "x\n" and not (out / "sub").is_symlink()
+    assert os.readlink(out / "sub" / "deeper" / "l") == f"{outside}/secret"  # copied as a link, never read
+    assert (out / "dirlink" / "y").read_text() == "y\n" and not (out / "dirlink").is_symlink()
+    assert not (out / "other").exists()
+    for bad in ("../x", "/etc", "trajectory.json", "answer.txt/x"):
+        refused = jailbox_run(server, tmp_path / "never", "true", "--copy-out", bad)
+        assert refused.returncode == 2 and "copy-out" in error_line(refused.stderr)
+
+
+def test_an_answer_is_bounded_and_the_record_says_when_it_was_cut(tmp_path, server):
+    cut = "larger than 1048576 bytes"
+    for n, command in enumerate(
+        [
+            "head -c 1048577 /dev/zero > /testbed/output/answer.txt",
+            "head -c 5000000 /dev/urandom > /testbed/output/answer.txt",
+            "yes | head -c 3000000 > /testbed/output/answer.txt",
+        ]
+    ):
+        out = tmp_path / f"out{n}"
+        summary = json.loads(jailbox_run(server, out, command).stdout.splitlines()[-1])
+        assert summary["answer"] is None and cut in summary["error"]
+        assert not (out / "answer.txt").exists()
+        assert cut in load_trajectory(out / "trajectory.json").error
+    out = tmp_path / "exact"
+    r = jailbox_run(server, out, "head -c 1048576 /dev/zero | tr '\\0' a > /testbed/output/answer.txt")
+    assert r.returncode == 0, r.stderr
+    assert (out / "answer.txt").read_bytes() == b"a" * (1 << 20)
+
+
+IDS = ["..", ".", "a/b", "a_b", ".hidden", "", "x" * 300, "y" * 300, "a\u0000b", "../../escape"]
+
+
+def test_bench_task_directories_and_resume_stay_in_the_output_directory(tmp_path, server, outside):
+    out = tmp_path / "out"
+    before = _snapshot(outside)
+    tasks = [{"id": i, "query": f"RUN: echo {n} > /testbed/output/answer.txt"} for n, i in enumerate(IDS)]
+    first = write_tasks(tmp_path / "first.jsonl", tasks[0])
+    assert bench(first, server, out).returncode == 0
+    # links an earlier run could have left: a task directory, an output directory, a trajectory
+    (out / "tasks").mkdir(exist_ok=True)
+    (out / "tasks" / "a%2Fb").symlink_to(outside)
+    (out / "tasks" / "a_b").mkdir()
+    (out / "tasks" / "a_b" / "output").symlink_to(outside / "sub")
+    (out / "tasks" / "a_b" / "trajectory.json").symlink_to(outside / "secret")
+    everything = write_tasks(tmp_path / "all.jsonl", *tasks)
+    r = bench(everything, server, out, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert _snapshot(outside) == before
+    done = results(out)
+    assert sorted(done) == sorted(IDS) and all(done[i].answer == str(n) for n, i in enumerate(IDS))
+    assert sorted(p.name for p in out.iterdir()) == ["results.jsonl", "summary.json", "summary.md", "tasks"]
+    found = {}
+    for directory in (out / "tasks").iterdir():
+        assert not directory.name.startswith(".") and directory.is_dir() and not directory.is_symlink()
+        n = int(load_trajectory(directory / "trajectory.json").problem_statement.split()[2])
+        assert n not in found and (directory / "output" / "answer.txt").read_text() == f"{n}\n"
+        found[n] = directory.name
+    assert sorted(found) == list(range(len(IDS)))  # every task its own directory
+
+
+# --- hostfs: the two writes the agent's record needs ---------------------------------------------
+
+
+def test_a_record_replaced_over_planted_links_never_writes_through_them(tmp_path, outside):
+    from jailbox.sandbox.hostfs import Destination
+
+    before = _snapshot(outside)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "trajectory.json").symlink_to(outside / "secret")
+    (out / "answer.txt").symlink_to(outside / "secret")
+    (out / "keep").mkdir()
+    with Destination(out) as d:
+        d.replace("trajectory.json", b"{}")
+        d.unlink("answer.txt")
+        d.unlink("keep")  # a directory stays
+        d.unlink("absent")
+    assert _snapshot(outside) == before
+    assert (out / "trajectory.json").read_bytes() == b"{}" and not (out / "trajectory.json").is_symlink()
+    assert sorted(p.name for p in out.iterdir()) == ["keep", "trajectory.json"]  # no temporary file left
+
+
+# --- the RL environment: the same rules ----------------------------------------------------------
+
+
+def test_the_environment_holds_tasks_to_the_same_rules(tmp_path, root, outside):
+    with Environment(inputs_root=root) as env:
+        with pytest.raises(ValueError, match=r"task 'e1': scorer 'os:popen' is unknown; valid names: exact"):
+            env.reset(Task(id="e1", query="q", answer="r", scorer="os:popen"))
+        for value in (f"@{outside}/secret", "@../outside/secret", "@link", "@linkdir/secret"):
+            task = Task(id="e2", query="q", input_files={"/testbed/input/x": value})
+            with pytest.raises(ValueError, match=r"task 'e2': input_files\['/testbed/input/x'\]"):
+                env.reset(task)
+        env.reset(Task(id="e3", query="q", answer="6 7", input_files={"/testbed/input/x": "@data/n.txt"}))
+        env.step("execute_bash", {"command": "cp /testbed/input/x /testbed/output/answer.txt"})
+        assert env.step("submit").reward == 1.0
+        env.reset(Task(id="e4", query="q", answer="a"))
+        env.step("execute_bash", {"command": "head -c 2000000 /dev/zero > /testbed/output/answer.txt"})
+        last = env.step("submit")
+        assert (last.answer, last.reward) == (None, 0.0)
+
+
+# --- the Ray executor: inputs opened on the node, files written back by the driver ----------------
+
+
+@pytest.mark.slow
+def test_ray_reads_inputs_by_the_same_rules_and_writes_back_through_the_same_guard(tmp_path, server, root, outside):
+    pytest.importorskip("ray", reason="the Ray executor needs the jailbox[ray] extra")
+    before = _snapshot(outside)
+    out = tmp_path / "out"
+    (out / "tasks" / "t0").mkdir(parents=True)
+    (out / "tasks" / "t0" / "output").symlink_to(outside / "sub")  # as an earlier run could have left it
+    (out / "tasks" / "t1").symlink_to(outside)
+    good = {
+        **GOOD,
+        "query": f"RUN: {GOOD['query'][5:]} && mkdir /testbed/output/k && ln -s {outside}/secret /testbed/output/k/l",
+        "input_files": {"/testbed/input/n": "@data/n.txt"},
+    }
+    tasks = write_tasks(root / "tasks.jsonl", good, reading("@link"))
+    ray_tmp = Path(tempfile.mkdtemp(prefix="jbray-", dir="/tmp"))  # Ray's socket paths must be short
+    try:
+        env = {**os.environ, "RAY_TMPDIR": str(ray_tmp)}
+        r = bench(tasks, server, out, "--executor", "ray", "--copy-out", "k", cwd=root, env=env)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _snapshot(outside) == before
+    done = results(out)
+    assert done["t0"].answer == "6 7" and "symlink" in done["t1"].error and "input_files" in done["t1"].error
+    assert (out / "tasks" / "t0" / "output" / "answer.txt").read_text() == "6 7\n"
+    assert not (out / "tasks" / "t0" / "output").is_symlink() and not (out / "tasks" / "t1").is_symlink()
+    assert not (out / "tasks" / "t0" / "output" / "k" / "l").exists()  # links are not sent back
