@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from oci_images import E, Layout, LocalRegistry, Proxy, content, have_tools, tar_bytes, tree_of
+from oci_images import E, Layout, LocalRegistry, Proxy, content, tar_bytes, tree_of
 
 from jailbox.sandbox import Sandbox, SandboxConfig, idmap
 from jailbox.sandbox.errors import ConfigError, DigestMismatch, RegistryError, RootfsNotFound
 from jailbox.sandbox.rootfs.pull import pull
 from jailbox.sandbox.rootfs.store import Store
 
-pytestmark = pytest.mark.skipif(have_tools() is not None, reason=str(have_tools()))
+pytestmark = pytest.mark.needs("docker-registry", "skopeo")
 
 BIG = os.urandom(3 << 20)  # incompressible: a layer of ~3 MB, for resuming
 
@@ -369,11 +369,8 @@ def test_credentials_from_the_docker_config(
     assert (entry.tree / "sibling").read_bytes() == b"s"
 
 
+@pytest.mark.needs("zstd")
 def test_zstd_layers(registry: LocalRegistry, store: Store, tmp_path: Path) -> None:
-    import shutil
-
-    if shutil.which("zstd") is None:
-        pytest.skip("zstd is needed (apt-get install zstd)")
     layout = Layout(tmp_path / "zstd-layout")
     layout.tag("zstd", layout.image([tar_bytes([E("z/file", data=b"zstd!")]), tar_bytes([E("z/.wh.file")])], zstd=True))
     registry.push(layout.path, "zstd", "test/zstd")
