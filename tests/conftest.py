@@ -86,9 +86,7 @@ def need(thing: str) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "needs(*things): tools, 'shared-data', 'subids', 'tun' (see conftest.need)"
-    )
+    config.addinivalue_line("markers", "needs(*things): tools, 'shared-data', 'subids', 'tun' (see conftest.need)")
 
 
 @pytest.hookimpl(tryfirst=True)
