@@ -423,3 +423,30 @@ def test_cli_pull_then_exec_on_it(mini_image: str, store: Store) -> None:
     assert (r.returncode, r.stdout) == (0, "/work\nhello from the image\n"), r.stderr
     r = subprocess.run([*jailbox, "rootfs", "pull", "127.0.0.1:1/nope:1"], capture_output=True, text=True, env=env)
     assert r.returncode == 1 and r.stderr.startswith("jailbox: ")
+
+
+def test_ctrl_c_during_cli_pull_says_so_and_stores_nothing(registry: LocalRegistry, proxy: Proxy, store: Store) -> None:
+    import signal
+    import time
+
+    proxy.stall_after = 1 << 20
+    jailbox = [sys.executable, "-c", "from jailbox.cli import main; main()"]
+    cli = subprocess.Popen(
+        [*jailbox, "rootfs", "pull", f"{proxy.host}/test/img:v1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, as a shell's foreground job
+    )
+    partial = store.root / "blobs" / "partial" / registry.layers["top"][7:]
+    for _ in range(1200):  # bounded wait until the first MiB of the big layer is on disk
+        if partial.exists() and partial.stat().st_size >= 1 << 20:
+            break
+        time.sleep(0.05)
+    os.killpg(cli.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground process group
+    _, err = cli.communicate(timeout=30)
+    proxy.release.set()
+    assert cli.returncode == 130, err.decode()[-2000:]
+    last = err.decode().splitlines()[-1]
+    assert last == "jailbox: interrupted; nothing stored (what was downloaded is kept: pull again to resume)"
+    assert store.list() == [] and not list(store.root.glob("tmp/*"))
+    assert partial.stat().st_size == 1 << 20
