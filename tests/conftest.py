@@ -63,9 +63,7 @@ def require(present: bool, what: str, fix: str) -> None:
 def need(thing: str) -> None:
     """``require`` for one of the named prerequisites that ``@pytest.mark.needs`` takes."""
     if thing in TOOLS:
-        # The registry is looked for where Debian puts it, not on PATH (it lives in /usr/bin anyway).
-        found = shutil.which(thing) or shutil.which(thing, path="/usr/sbin:/usr/bin:/sbin:/bin")
-        require(found is not None, thing, f"sudo apt-get install {TOOLS[thing]}")
+        require(shutil.which(thing) is not None, thing, f"sudo apt-get install {TOOLS[thing]}")
     elif thing == "shared-data":
         require(
             SHARED_DATA.is_dir(),

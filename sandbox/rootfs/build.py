@@ -14,6 +14,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -195,7 +196,19 @@ def build(
 
 
 def _run(argv: list[str], tree: Path, log: Callable[[str], None] | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR", "http_proxy", "https_proxy")}
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "http_proxy", "https_proxy")}
+    # mmdebstrap's temporary files go in a directory of ours, removed whatever happens: interrupted
+    # early, mmdebstrap leaves its gpg home or chroot there, owned by subordinate ids when rootless.
+    work = Path(tempfile.mkdtemp(prefix="jailbox-mmdebstrap-"))
+    work.chmod(0o755)  # rootless, mmdebstrap's namespace (subordinate ids) must reach it
+    env["TMPDIR"] = str(work)
+    try:
+        return _mmdebstrap(argv, env, tree, log)
+    finally:
+        unpack.rmtree(work)
+
+
+def _mmdebstrap(argv: list[str], env: dict[str, str], tree: Path, log: Callable[[str], None] | None) -> dict:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
     assert proc.stdout is not None and proc.stderr is not None
     tail: list[str] = []
