@@ -9,6 +9,7 @@ the checkout) is declared with ``@pytest.mark.needs("slirp4netns", "tun")`` or c
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -45,7 +46,7 @@ TOOLS = {  # tool: the Debian package that has it
     "unshare": "util-linux",
 }
 SUBIDS_FIX = "sudo apt-get install uidmap && sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 " + (
-    os.environ.get("USER") or str(os.getuid())
+    pwd.getpwuid(os.getuid()).pw_name
 )
 
 
