@@ -578,8 +578,8 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
     try:
         entry = build.build(name, recipe, log=None if quiet else lambda line: click.echo(line, err=True))
     except build.Interrupted as exc:
-        removed = f"removed the unfinished tree {exc.removed}" if exc.removed else "nothing was made yet"
-        click.echo(f"jailbox: interrupted; stopped mmdebstrap, {removed}; nothing stored", err=True)
+        done = f"stopped mmdebstrap, removed the unfinished tree {exc.removed}" if exc.removed else "nothing started"
+        click.echo(f"jailbox: interrupted; {done}; nothing stored", err=True)
         sys.exit(130)
     except KeyboardInterrupt:
         click.echo("jailbox: interrupted before the build started; nothing stored", err=True)
