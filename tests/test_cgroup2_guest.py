@@ -42,6 +42,11 @@ def _test_user() -> pwd.struct_passwd:
 @pytest.mark.timeout(1800)
 @pytest.mark.needs("qemu-system-x86_64", "apt-get", "dpkg-deb", "cpio")
 def test_cgroup_v2_limits_in_a_qemu_guest():
+    require(
+        Path(sys.base_prefix).is_relative_to("/usr"),
+        f"a venv made from a Python under /usr (the guest runs it from the host's /usr, not {sys.base_prefix})",
+        "sudo apt-get install python3-venv && /usr/bin/python3 -m venv .venv",
+    )
     user = _test_user()
     pytest_cmd = f"/tmp/venv/bin/python -m pytest -p no:cacheprovider -q -m 'cgroup or not nocgroup' {GUEST_TESTS}"
     script = f"""
