@@ -506,6 +506,13 @@ def _progress() -> Any:
     return show
 
 
+def _interrupt_once(signum: int, frame: object) -> None:
+    """SIGINT handler for commands that clean up after Ctrl-C: the first one interrupts; more are
+    ignored until the cleanup (bounded) is done, and so are its helpers', which inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 @rootfs_group.command("pull")
 @click.argument("ref")
 @click.option("--name", default=None, help="Store it under this name (default: the full reference).")
@@ -515,10 +522,16 @@ def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool
     """Pull image REF (python:3.11-slim, ghcr.io/org/img@sha256:..., localhost:5000/x:y), no Docker."""
     from .sandbox.rootfs.pull import pull
 
+    default_sigint = signal.signal(signal.SIGINT, _interrupt_once)
     try:
         entry = pull(ref, name, platform=platform, insecure=insecure, progress=_progress(), log=click.echo)
+    except KeyboardInterrupt:
+        click.echo("jailbox: interrupted; nothing stored (what was downloaded is kept: pull again to resume)", err=True)
+        sys.exit(130)
     except SandboxError as exc:
         _rootfs_fail(exc)
+    finally:
+        signal.signal(signal.SIGINT, default_sigint)
     click.echo(f"{entry.name}  {entry.digest}  {entry.tree}")
 
 
@@ -527,7 +540,7 @@ def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool
 @click.option(
     "--recipe",
     default=None,
-    help="A recipe file, or a shipped recipe's name [default: NAME if it is one, else default].",
+    help="A recipe file, or a shipped recipe's name [default: NAME, which must then be one; no NAME: default].",
 )
 @click.option("--quiet", "-q", is_flag=True, help="Do not show mmdebstrap's progress.")
 def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
@@ -537,12 +550,24 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
     from .sandbox.rootfs import build
 
     if recipe is None:
-        recipe = name if name in build.recipe_names() else "default"
+        if name is not None and name not in build.recipe_names():
+            _rootfs_fail(build.unknown_recipe(name))  # a typo must not build the 1.4 GB default
+        recipe = name or "default"
     started = time.monotonic()
+    default_sigint = signal.signal(signal.SIGINT, _interrupt_once)
     try:
         entry = build.build(name, recipe, log=None if quiet else lambda line: click.echo(line, err=True))
+    except build.Interrupted as exc:
+        done = f"stopped mmdebstrap, removed the unfinished tree {exc.removed}" if exc.removed else "nothing started"
+        click.echo(f"jailbox: interrupted; {done}; nothing stored", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("jailbox: interrupted before the build started; nothing stored", err=True)
+        sys.exit(130)
     except SandboxError as exc:
         _rootfs_fail(exc)
+    finally:
+        signal.signal(signal.SIGINT, default_sigint)
     took = time.monotonic() - started
     click.echo(f"{entry.name}  {entry.size / 1e6:.0f} MB in {took:.0f} s  {entry.tree}")
 

@@ -1,8 +1,15 @@
-"""Shared fixtures. Every test runs real jails on the real kernel, as whoever runs pytest."""
+"""Shared fixtures. Every test runs real jails on the real kernel, as whoever runs pytest.
+
+What a user's machine may lack (a tool, subordinate ids, /dev/net/tun, the reference data beside
+the checkout) is declared with ``@pytest.mark.needs("slirp4netns", "tun")`` or checked with
+``require(...)``: without it the test is skipped with a reason that names the fix, and under
+``JAILBOX_TEST_STRICT=1`` (CI, which installs everything) it fails instead, so CI runs every test.
+"""
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -14,11 +21,78 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jailbox.sandbox import ExecResult, Sandbox
+from jailbox.sandbox import ExecResult, Sandbox, idmap
 from jailbox.sandbox.limits import cgroups
 from jailbox.sandbox.rootfs.store import Store
 
 MINI_TOOLS = ("bash", "sh", "cat", "ls", "rm", "echo", "touch", "mkdir", "id", "ln", "readlink", "sleep", "env")
+STRICT = os.environ.get("JAILBOX_TEST_STRICT") == "1"
+SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+TOOLS = {  # tool: the Debian package that has it
+    "slirp4netns": "slirp4netns",
+    "mmdebstrap": "mmdebstrap",
+    "gcc": "gcc",
+    "git": "git",
+    "openssl": "openssl",
+    "curl": "curl",
+    "podman": "podman",
+    "skopeo": "skopeo",
+    "docker-registry": "docker-registry",
+    "zstd": "zstd",
+    "qemu-system-x86_64": "qemu-system-x86",
+    "cpio": "cpio",
+    "dpkg-deb": "dpkg",
+    "apt-get": "apt",
+    "unshare": "util-linux",
+}
+SUBIDS_FIX = "sudo apt-get install uidmap && sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 " + (
+    pwd.getpwuid(os.getuid()).pw_name
+)
+
+
+def require(present: bool, what: str, fix: str) -> None:
+    """Skip the test where this machine lacks ``what`` (the reason names ``fix``); fail it under
+    JAILBOX_TEST_STRICT=1, where a missing prerequisite is CI's bug, not the user's."""
+    if present:
+        return
+    reason = f"needs {what}; fix: {fix}"
+    if STRICT:
+        pytest.fail(f"{reason} (JAILBOX_TEST_STRICT=1 runs every test)", pytrace=False)
+    pytest.skip(reason)
+
+
+def need(thing: str) -> None:
+    """``require`` for one of the named prerequisites that ``@pytest.mark.needs`` takes."""
+    if thing in TOOLS:
+        require(shutil.which(thing) is not None, thing, f"sudo apt-get install {TOOLS[thing]}")
+    elif thing == "shared-data":
+        require(
+            SHARED_DATA.is_dir(),
+            f"the reference data at {SHARED_DATA}",
+            "place the shared data directory (reference-trajectories/, reference-examples/) beside the checkout "
+            "as ../shared/data",
+        )
+    elif thing == "subids":
+        require(
+            os.getuid() == 0 or idmap.full_range_available(),
+            "a subordinate id range for this user (/etc/subuid, /etc/subgid) and newuidmap",
+            SUBIDS_FIX,
+        )
+    elif thing == "tun":
+        require(os.access("/dev/net/tun", os.R_OK | os.W_OK), "read-write /dev/net/tun", "sudo chmod 0666 /dev/net/tun")
+    else:
+        raise ValueError(f"unknown prerequisite {thing!r}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs(*things): tools, 'shared-data', 'subids', 'tun' (see conftest.need)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs"):
+        for thing in mark.args:
+            need(thing)
 
 
 def _cgroup_usable() -> bool:

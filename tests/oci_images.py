@@ -11,7 +11,6 @@ import http.server
 import io
 import json
 import os
-import shutil
 import socket
 import subprocess
 import tarfile
@@ -346,10 +345,3 @@ def tree_of(root: Path) -> dict[str, tuple]:
 
 def content(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def have_tools() -> str | None:
-    for tool in (REGISTRY_BIN, shutil.which("skopeo")):
-        if not tool or not os.path.exists(tool):
-            return "docker-registry and skopeo are needed (apt-get install docker-registry skopeo)"
-    return None

@@ -46,10 +46,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("JAILBOX_QEMU_CACHE", "/var/tmp/jailbox-qemu"))
 
 
-def missing_tools() -> list[str]:
-    return [t for t in ("qemu-system-x86_64", "apt-get", "dpkg-deb", "cpio") if shutil.which(t) is None]
-
-
 def _download(package: str, into: Path) -> Path:
     subprocess.run(["apt-get", "download", package], cwd=into, check=True, capture_output=True)
     return next(into.glob(f"{package.replace('+', '?')}_*.deb"))

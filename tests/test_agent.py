@@ -144,6 +144,7 @@ def test_step_token_and_llm_limits(server, tmp_path):
     assert traj.exit_status == "llm_error" and "401" in traj.error
 
 
+@pytest.mark.needs("shared-data")
 def test_reference_prompt_configs_load_unchanged():
     configs = sorted((SHARED / "reference-examples").glob("**/*.yaml"))
     assert configs, f"the reference examples are missing from {SHARED} (../shared/data beside the checkout)"

@@ -141,6 +141,8 @@ def test_doctor_inside_a_jail_names_the_container_fix():
     mounts = [Mount(ROOT, str(ROOT))]
     if not Path(sys.prefix).is_relative_to(ROOT):
         mounts.append(Mount(sys.prefix, sys.prefix))
+    if not Path(sys.base_prefix).is_relative_to("/usr"):  # the venv's python (pyenv's, under /root)
+        mounts.append(Mount(sys.base_prefix, sys.base_prefix))
     with Sandbox(mounts=mounts, env={"JAILBOX_STATE_DIR": "/tmp/jb"}) as sb:
         r = sb.exec([f"{sys.prefix}/bin/jailbox", "doctor", "--json"], cwd=str(ROOT), timeout=120)
     probes = {p["name"]: p for p in json.loads(r.stdout)}

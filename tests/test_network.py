@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import need, require
 from pydantic import ValidationError
 from standin import CA_ENV, NAMES, StandIn, host_address, make_ca
 
@@ -29,6 +30,7 @@ TUN_OK = os.access("/dev/net/tun", os.R_OK | os.W_OK)
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
+    need("openssl")
     directory = tmp_path_factory.mktemp("pki")
     return make_ca(directory, ["127.0.0.1"] + ([LAN] if LAN else []))
 
@@ -50,6 +52,7 @@ def allow_box(pki, keep_caps: bool = False, **policy) -> Sandbox:
     return Sandbox(network=NetworkPolicy(**fields), mounts=mounts, env=CA_ENV, keep_caps=keep_caps)
 
 
+@pytest.mark.needs("curl", "git")
 def test_allow_mode_reaches_allowed_names_by_curl_urllib_and_requests(pki, web):
     plain, tls = web
     with allow_box(pki, allow=("allowed.test:*", "*.allowed.test:*")) as sb:
@@ -72,6 +75,7 @@ def test_allow_mode_reaches_allowed_names_by_curl_urllib_and_requests(pki, web):
         assert git.stdout.strip() == "http://127.0.0.1:3128"
 
 
+@pytest.mark.needs("git")
 def test_git_clones_through_its_own_proxy_setting(pki, tmp_path):
     repo = tmp_path / "demo.git"
     work = tmp_path / "work"
@@ -95,6 +99,7 @@ def test_git_clones_through_its_own_proxy_setting(pki, tmp_path):
         server.close()
 
 
+@pytest.mark.needs("curl")
 def test_denied_and_unlisted_names_get_a_403_naming_the_rule(pki, web):
     plain, tls = web
     before = len(plain.hits) + len(tls.hits)
@@ -117,6 +122,7 @@ def test_denied_and_unlisted_names_get_a_403_naming_the_rule(pki, web):
     assert len(plain.hits) + len(tls.hits) == before  # nothing refused reached a server
 
 
+@pytest.mark.needs("curl")
 def test_network_log_shows_each_allowed_and_refused_request(pki, web):
     plain, tls = web
     with allow_box(pki, allow=("allowed.test:*",)) as sb:
@@ -191,6 +197,7 @@ except OSError:
     assert loopback_server.accepted == 0
 
 
+@pytest.mark.needs("curl")
 def test_none_reaches_nothing_and_has_no_proxy(pki, web):
     plain, _ = web
     with Sandbox() as sb:
@@ -201,6 +208,7 @@ def test_none_reaches_nothing_and_has_no_proxy(pki, web):
         assert sb.network_log() == []
 
 
+@pytest.mark.needs("curl")
 def test_one_proxy_serves_64_sandboxes_at_once_within_its_bounds(web):
     plain, _ = web
     size = 1 << 20
@@ -316,6 +324,7 @@ for req in (b'GET /relative HTTP/1.1\\r\\n\\r\\n', b'garbage\\r\\n\\r\\n',
         assert all(e.verdict == "denied" for e in sb.network_log())
 
 
+@pytest.mark.needs("curl")
 def test_names_resolving_to_local_addresses_need_an_ip_rule(web):
     """The resolver cannot point an allowed name at the host: a name that resolves to loopback is
     refused unless an IP rule (or the hosts mapping) allows that address."""
@@ -331,6 +340,7 @@ def test_names_resolving_to_local_addresses_need_an_ip_rule(web):
         assert r.stdout == f"hello from 127.0.0.1:{plain.port}\n"
 
 
+@pytest.mark.needs("curl")
 def test_proxy_thread_and_descriptors_go_with_the_last_sandbox(web):
     plain, _ = web
     policy = {"mode": "allow", "allow": ["allowed.test:*"], "hosts": {"allowed.test": "127.0.0.1"}}
@@ -345,6 +355,7 @@ def test_proxy_thread_and_descriptors_go_with_the_last_sandbox(web):
     assert len(os.listdir("/proc/self/fd")) == fds
 
 
+@pytest.mark.needs("curl")
 def test_reset_keeps_the_policy_and_starts_a_fresh_log(web):
     plain, _ = web
     policy = {"mode": "allow", "allow": ["allowed.test:*"], "hosts": {"allowed.test": "127.0.0.1"}}
@@ -356,6 +367,7 @@ def test_reset_keeps_the_policy_and_starts_a_fresh_log(web):
         assert len(sb.network_log()) == 1
 
 
+@pytest.mark.needs("curl")
 def test_pooled_and_async_sandboxes_use_the_proxy(web):
     import asyncio
 
@@ -387,19 +399,21 @@ def _slirps() -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True) if p.name() == "slirp4netns"]
 
 
-needs_tun = pytest.mark.skipif(not TUN_OK, reason="this user cannot open /dev/net/tun (fix: chmod 0666 /dev/net/tun)")
+needs_full = pytest.mark.needs("slirp4netns", "tun")
 needs_lan = pytest.mark.skipif(LAN is None, reason="this host has no non-loopback IPv4 address")
 
 
 @pytest.mark.skipif(TUN_OK, reason="/dev/net/tun is open to this user")
+@pytest.mark.needs("slirp4netns")
 def test_full_without_tun_access_names_the_fix():
     with pytest.raises(SandboxSetupError, match="chmod 0666 /dev/net/tun"):
         Sandbox(network="full")
     assert _slirps() == []
 
 
-@needs_tun
+@needs_full
 @needs_lan
+@pytest.mark.needs("curl")
 def test_full_reaches_the_internet_but_not_the_hosts_loopback_or_lan(loopback_server):
     outside = StandIn(LAN)
     try:
@@ -422,19 +436,20 @@ def test_full_reaches_the_internet_but_not_the_hosts_loopback_or_lan(loopback_se
         outside.close()
 
 
-@needs_tun
+@needs_full
 @pytest.mark.network
 def test_full_resolves_names_through_slirps_dns():
     try:
         expected = socket.getaddrinfo("deb.debian.org", 80, type=socket.SOCK_STREAM)
     except OSError:
-        pytest.skip("this host cannot resolve deb.debian.org")
+        expected = []
+    require(bool(expected), "a host that resolves deb.debian.org", "network access with a working DNS resolver")
     with Sandbox(network="full") as sb:
         r = sb.exec("getent ahostsv4 deb.debian.org | head -1")
         assert r.exit_code == 0 and r.stdout.split()[0] in {e[4][0] for e in expected}, r.stderr
 
 
-@needs_tun
+@needs_full
 def test_published_port_is_reachable_from_the_host():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -457,7 +472,7 @@ def test_published_port_is_reachable_from_the_host():
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
-@needs_tun
+@needs_full
 def test_slirp_goes_with_close_and_with_the_host_process():
     Sandbox(network="full").close()
     fds = len(os.listdir("/proc/self/fd"))
@@ -525,6 +540,7 @@ def _jailbox(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.needs("curl")
 def test_cli_network_and_publish_flags(web):
     plain, _ = web
     r = _jailbox("exec", "--network", "allow:pypi", "--", "curl", "-sS", f"http://other.test:{plain.port}/")
@@ -536,7 +552,7 @@ def test_cli_network_and_publish_flags(web):
     assert "allow:RULES" in _jailbox("exec", "--help").stdout
 
 
-@needs_tun
+@needs_full
 def test_full_with_keep_caps_warns_that_routes_can_be_changed():
     with pytest.warns(SecurityWarning, match="may delete the routes"), Sandbox(network="full", keep_caps=True) as sb:
         assert sb.exec("ip route del 10.0.0.0/23").exit_code == 0

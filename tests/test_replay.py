@@ -25,6 +25,7 @@ def with_python(tmp_path) -> SandboxConfig:
     return SandboxConfig(mounts=[Mount(shim, "/opt/shim")], env={"PATH": "/opt/shim:/usr/local/bin:/usr/bin:/bin"})
 
 
+@pytest.mark.needs("shared-data")
 def test_reference_math_trajectory_reproduces_step_by_step(with_python):
     path = REFERENCE / "trajectory_math.json"
     assert path.exists(), f"{path} is missing (../shared/data beside the checkout)"
@@ -35,6 +36,7 @@ def test_reference_math_trajectory_reproduces_step_by_step(with_python):
     assert [s.verdict for s in steps] == ["same"] * 8
 
 
+@pytest.mark.needs("shared-data")
 def test_a_changed_observation_is_reported_with_a_diff(tmp_path, with_python):
     data = json.loads((REFERENCE / "trajectory_math.json").read_text())
     data["steps"][1]["observation"] = data["steps"][1]["observation"].replace("588.0", "589.0")

@@ -8,7 +8,6 @@ import hashlib
 import http.server
 import io
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import need
 
 from jailbox.sandbox import Sandbox, SandboxConfig
 from jailbox.sandbox.errors import ConfigError, RootfsBuildError
@@ -25,7 +25,7 @@ from jailbox.sandbox.rootfs.store import Store
 REPO = Path(__file__).resolve().parent.parent
 PAPER_IMPORTS = "import numpy, scipy, sympy, matplotlib, mpmath, IPython, chardet"
 
-needs_mmdebstrap = pytest.mark.skipif(shutil.which("mmdebstrap") is None, reason="mmdebstrap is not installed")
+needs_mmdebstrap = pytest.mark.needs("mmdebstrap", "subids")
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +54,8 @@ def _jailbox(*args: str, cache: Path, timeout: float = 900) -> subprocess.Comple
 @pytest.fixture(scope="module")
 def paper(cache: Path) -> str:
     """The paper's environment, built once by the CLI with no arguments, as the README says."""
-    if shutil.which("mmdebstrap") is None:
-        pytest.skip("mmdebstrap is not installed")
+    need("mmdebstrap")
+    need("subids")
     r = _jailbox("rootfs", "build", cache=cache)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "default" in r.stdout

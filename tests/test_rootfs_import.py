@@ -63,7 +63,7 @@ def podman(tmp_path: Path):
     shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.mark.skipif(shutil.which("podman") is None, reason="podman is needed (apt-get install podman)")
+@pytest.mark.needs("podman")
 @pytest.mark.parametrize("fmt", ["docker-archive", "oci-archive"])
 def test_import_a_podman_save_archive(tmp_path: Path, store: Store, podman, fmt: str) -> None:
     src = tmp_path / "rootfs.tar"
@@ -78,9 +78,8 @@ def test_import_a_podman_save_archive(tmp_path: Path, store: Store, podman, fmt:
     assert list((store.root / "tmp").iterdir()) == []
 
 
+@pytest.mark.needs("skopeo")
 def test_import_an_oci_layout_directory_from_skopeo(tmp_path: Path, store: Store) -> None:
-    if shutil.which("skopeo") is None:
-        pytest.skip("skopeo is needed (apt-get install skopeo)")
     mine = Layout(tmp_path / "mine")
     second = [E("etc/.wh.hello"), E("etc/new", data=b"new\n")]
     mine.tag("v1", mine.image([tar_bytes(ROOTFS), tar_bytes(second)], {"Env": ["PATH=/usr/bin"]}))

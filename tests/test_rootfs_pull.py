@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from oci_images import E, Layout, LocalRegistry, Proxy, content, have_tools, tar_bytes, tree_of
+from oci_images import E, Layout, LocalRegistry, Proxy, content, tar_bytes, tree_of
 
 from jailbox.sandbox import Sandbox, SandboxConfig, idmap
 from jailbox.sandbox.errors import ConfigError, DigestMismatch, RegistryError, RootfsNotFound
 from jailbox.sandbox.rootfs.pull import pull
 from jailbox.sandbox.rootfs.store import Store
 
-pytestmark = pytest.mark.skipif(have_tools() is not None, reason=str(have_tools()))
+pytestmark = pytest.mark.needs("docker-registry", "skopeo")
 
 BIG = os.urandom(3 << 20)  # incompressible: a layer of ~3 MB, for resuming
 
@@ -367,11 +367,8 @@ def test_credentials_from_the_docker_config(
     assert (entry.tree / "sibling").read_bytes() == b"s"
 
 
+@pytest.mark.needs("zstd")
 def test_zstd_layers(registry: LocalRegistry, store: Store, tmp_path: Path) -> None:
-    import shutil
-
-    if shutil.which("zstd") is None:
-        pytest.skip("zstd is needed (apt-get install zstd)")
     layout = Layout(tmp_path / "zstd-layout")
     layout.tag("zstd", layout.image([tar_bytes([E("z/file", data=b"zstd!")]), tar_bytes([E("z/.wh.file")])], zstd=True))
     registry.push(layout.path, "zstd", "test/zstd")
@@ -424,3 +421,30 @@ def test_cli_pull_then_exec_on_it(mini_image: str, store: Store) -> None:
     assert (r.returncode, r.stdout) == (0, "/work\nhello from the image\n"), r.stderr
     r = subprocess.run([*jailbox, "rootfs", "pull", "127.0.0.1:1/nope:1"], capture_output=True, text=True, env=env)
     assert r.returncode == 1 and r.stderr.startswith("jailbox: ")
+
+
+def test_ctrl_c_during_cli_pull_says_so_and_stores_nothing(registry: LocalRegistry, proxy: Proxy, store: Store) -> None:
+    import signal
+    import time
+
+    proxy.stall_after = 1 << 20
+    jailbox = [sys.executable, "-c", "from jailbox.cli import main; main()"]
+    cli = subprocess.Popen(
+        [*jailbox, "rootfs", "pull", f"{proxy.host}/test/img:v1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, as a shell's foreground job
+    )
+    partial = store.root / "blobs" / "partial" / registry.layers["top"][7:]
+    for _ in range(1200):  # bounded wait until the first MiB of the big layer is on disk
+        if partial.exists() and partial.stat().st_size >= 1 << 20:
+            break
+        time.sleep(0.05)
+    os.killpg(cli.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground process group
+    _, err = cli.communicate(timeout=30)
+    proxy.release.set()
+    assert cli.returncode == 130, err.decode()[-2000:]
+    last = err.decode().splitlines()[-1]
+    assert last == "jailbox: interrupted; nothing stored (what was downloaded is kept: pull again to resume)"
+    assert store.list() == [] and not list(store.root.glob("tmp/*"))
+    assert partial.stat().st_size == 1 << 20

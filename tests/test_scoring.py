@@ -9,6 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import need
 
 from jailbox.agent.scoring import (
     SCORERS,
@@ -27,7 +28,7 @@ EXAMPLES = SHARED / "reference-examples"
 
 
 def _reference(path: Path) -> Path:
-    assert SHARED.is_dir(), f"the reference data is missing: expected {SHARED} (../shared/data beside the checkout)"
+    need("shared-data")
     assert path.exists(), f"{path} is missing from the reference data"
     return path
 

@@ -78,6 +78,7 @@ def test_tiocsti_is_refused(sb):
     assert r.refused_syscalls == {"ioctl": 1}
 
 
+@pytest.mark.needs("gcc", "git")
 def test_ordinary_programs_work(sb):
     sb.write_file("/testbed/m.c", '#include <stdio.h>\nint main(void) { printf("%d\\n", 6 * 7); return 0; }\n')
     r = sb.exec(

@@ -12,8 +12,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import tempfile
 import threading
+import time
 from collections.abc import Callable
 from importlib import resources
 from importlib.abc import Traversable
@@ -31,6 +34,17 @@ from .image import ImageConfig
 
 _RECIPES = f"{__package__}.recipes"  # the top-level rootfs/ folder, shipped as package data
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.\-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:\-]+)?$")
+TERM_WAIT = 20.0  # mmdebstrap's own cleanup on SIGTERM (unmounting its chroot, removing its temp dir)
+KILL_WAIT = 10.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a build, raised once mmdebstrap and everything it started are gone and the
+    unfinished tree (``removed``, None if there was none yet) is deleted: nothing was stored."""
+
+    def __init__(self, removed: Path | None) -> None:
+        super().__init__(str(removed) if removed else "")
+        self.removed = removed
 
 
 class Recipe(BaseModel):
@@ -80,6 +94,14 @@ def recipe_names() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in _recipes().iterdir() if p.name.endswith(".yaml"))
 
 
+def unknown_recipe(name: str) -> ConfigError:
+    """The error for a recipe name that is not shipped: a typo must not build something else."""
+    return ConfigError(
+        f"no recipe named {name!r}; shipped recipes: {', '.join(recipe_names())} "
+        "(or give a recipe file with --recipe FILE)"
+    )
+
+
 def load_recipe(name_or_path: str | Path) -> Recipe:
     """A shipped recipe by name, or a recipe file by path."""
     path = Path(name_or_path)
@@ -92,10 +114,7 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     else:
         shipped = _recipes() / f"{name_or_path}.yaml"
         if not shipped.is_file():
-            raise ConfigError(
-                f"no recipe named {name_or_path!r}; shipped recipes: {', '.join(recipe_names())} "
-                "(or give a recipe file with --recipe FILE)"
-            )
+            raise unknown_recipe(str(name_or_path))
         text, where = shipped.read_text(), f"recipe {name_or_path}"
     try:
         data = yaml.safe_load(text)
@@ -164,14 +183,31 @@ def build(
     argv = mmdebstrap_argv(spec, _mode())
     name = name or spec.name
     store = store_mod.Store(root)
-    with store.create(name, source=f"recipe {recipe}", kind="build") as staging:
-        staging.add_stats(_run(argv, staging.tree, log))
-        staging.config = ImageConfig(env=spec.env, workdir=spec.workdir)
+    staged: Path | None = None
+    try:
+        with store.create(name, source=f"recipe {recipe}", kind="build") as staging:
+            staged = staging.path
+            staging.add_stats(_run(argv, staging.tree, log))
+            staging.config = ImageConfig(env=spec.env, workdir=spec.workdir)
+    except KeyboardInterrupt as e:  # ``create`` has removed the staging tree by now
+        raise Interrupted(staged) from e
     return store.require(name)
 
 
 def _run(argv: list[str], tree: Path, log: Callable[[str], None] | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR", "http_proxy", "https_proxy")}
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "http_proxy", "https_proxy")}
+    # mmdebstrap's temporary files go in a directory of ours, removed whatever happens: interrupted
+    # early, mmdebstrap leaves its gpg home or chroot there, owned by subordinate ids when rootless.
+    work = Path(tempfile.mkdtemp(prefix="jailbox-mmdebstrap-"))
+    work.chmod(0o755)  # rootless, mmdebstrap's namespace (subordinate ids) must reach it
+    env["TMPDIR"] = str(work)
+    try:
+        return _mmdebstrap(argv, env, tree, log)
+    finally:
+        unpack.rmtree(work)
+
+
+def _mmdebstrap(argv: list[str], env: dict[str, str], tree: Path, log: Callable[[str], None] | None) -> dict:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
     assert proc.stdout is not None and proc.stderr is not None
     tail: list[str] = []
@@ -179,18 +215,55 @@ def _run(argv: list[str], tree: Path, log: Callable[[str], None] | None) -> dict
     reader.start()
     try:
         stats = unpack.extract_tar(proc.stdout, tree)
-    except BaseException as e:
-        proc.kill()
         code = proc.wait()
-        reader.join()
-        if code > 0:  # mmdebstrap failed first, and its message is the one that explains
-            raise _failed(code, tail) from e
+    except BaseException as e:
+        if isinstance(e, Exception):  # a failing mmdebstrap ends the stream: let it exit and explain
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        failed_first = proc.returncode
+        _stop(proc)
+        reader.join(KILL_WAIT)  # EOF once the group is gone, unless one of its daemons left it
+        if isinstance(e, Exception) and failed_first is not None and failed_first > 0:
+            raise _failed(failed_first, tail) from e
         raise
-    code = proc.wait()
     reader.join()
     if code != 0:
         raise _failed(code, tail)
     return stats
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End mmdebstrap and everything it started: its session holds tar, apt, dpkg and, rootless,
+    its user namespace's processes. SIGTERM first, so mmdebstrap unmounts and removes its chroot;
+    then SIGKILL for whatever is left. Our end of the tar pipe is closed first: a tar blocked
+    writing to it would otherwise wait for a reader that is gone."""
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=TERM_WAIT)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + KILL_WAIT
+    while _signal_group(proc.pid, 0):  # killed members linger as zombies until reaped
+        if time.monotonic() > deadline:
+            raise RootfsBuildError(f"mmdebstrap's processes (process group {proc.pid}) did not end on SIGKILL")
+        time.sleep(0.1)
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Signal a process group; whether it still has members."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member that switched ids (apt's _apt) is still a member
+        return True
+    return True
 
 
 def _failed(code: int, tail: list[str]) -> RootfsBuildError:

@@ -35,6 +35,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import time
 import urllib.parse
 import uuid
@@ -276,9 +277,24 @@ def _read(path: Path) -> Entry | None:
 
 
 def not_found_message(name: str, existing: list[str]) -> str:
+    """What exists and how to get ``name``. ``rootfs build NAME`` is offered only for a shipped
+    recipe's name: for any other name it would be an error (and once built the default recipe)."""
+    from .build import recipe_names
+    from .reference import Reference
+
     have = ", ".join(existing) if existing else "none yet"
-    return (
-        f"no root filesystem named {name!r} (stored: {have}). Get it with `jailbox rootfs pull {name}` "
-        f"(an image reference), `jailbox rootfs build {name}` (a recipe in rootfs/) or "
-        f'`jailbox rootfs import FILE {name}`; or give a directory path, or rootfs="host"'
-    )
+    recipes = recipe_names()
+    arg = shlex.quote(name)
+    if name in recipes:
+        get = f"Build it with `jailbox rootfs build {arg}` (a shipped recipe)"
+    else:
+        ways = []
+        try:
+            Reference.parse(name)
+            ways.append(f"`jailbox rootfs pull {arg}` (an image reference)")
+        except RootfsError:
+            pass
+        ways.append(f"`jailbox rootfs import FILE {arg}` (an image archive or rootfs tarball)")
+        ways.append(f"`jailbox rootfs build --recipe RECIPE {arg}` (RECIPE: {', '.join(recipes)} or a recipe file)")
+        get = "Get it with " + ", ".join(ways[:-1]) + " or " + ways[-1]
+    return f'no root filesystem named {name!r} (stored: {have}). {get}; or give a directory path, or rootfs="host"'

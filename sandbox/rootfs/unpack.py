@@ -125,6 +125,7 @@ def run(req: dict, stream: IO[bytes] | None = None, plan: IdMap | None = None) -
             stdout=subprocess.PIPE,
             pass_fds=[go_r],
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+            start_new_session=True,  # a terminal's Ctrl-C is ours to handle (we kill it), and not the rmtree's after it
         )
     finally:
         os.close(go_r)
