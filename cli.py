@@ -547,10 +547,10 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
     """Build a root filesystem with mmdebstrap (rootless with subordinate ids, or as root).
 
     With no arguments it builds the paper's environment as "default"."""
-    from .sandbox.rootfs import build
+    from .sandbox.rootfs import build, shipped
 
     if recipe is None:
-        if name is not None and name not in build.recipe_names():
+        if name is not None and name not in shipped.names():
             _rootfs_fail(build.unknown_recipe(name))  # a typo must not build the 1.4 GB default
         recipe = name or "default"
     started = time.monotonic()

@@ -19,7 +19,7 @@ from conftest import need
 
 from jailbox.sandbox import Sandbox, SandboxConfig
 from jailbox.sandbox.errors import ConfigError, RootfsBuildError
-from jailbox.sandbox.rootfs import build
+from jailbox.sandbox.rootfs import build, shipped
 from jailbox.sandbox.rootfs.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ def paper(cache: Path) -> str:
 
 
 def test_shipped_recipes_load():
-    assert {"default", "slim"} <= set(build.recipe_names())
+    assert {"default", "slim"} <= set(shipped.names())
     paper = build.load_recipe("default")
     for pkg in ("python3", "python-is-python3", "python3-pip", "git", "curl", "wget", "build-essential"):
         assert pkg in paper.packages

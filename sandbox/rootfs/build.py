@@ -18,8 +18,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from importlib import resources
-from importlib.abc import Traversable
 from pathlib import Path
 from typing import IO
 
@@ -28,11 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..config import check_env, jail_path
 from ..errors import ConfigError, RootfsBuildError
+from . import shipped, unpack
 from . import store as store_mod
-from . import unpack
 from .image import ImageConfig
 
-_RECIPES = f"{__package__}.recipes"  # the top-level rootfs/ folder, shipped as package data
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.\-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:\-]+)?$")
 TERM_WAIT = 20.0  # mmdebstrap's own cleanup on SIGTERM (unmounting its chroot, removing its temp dir)
 KILL_WAIT = 10.0
@@ -85,19 +82,10 @@ class Recipe(BaseModel):
         return jail_path(v)
 
 
-def _recipes() -> Traversable:
-    return resources.files(_RECIPES)
-
-
-def recipe_names() -> list[str]:
-    """Recipes shipped with jailbox (the files of the top-level ``rootfs/`` directory)."""
-    return sorted(p.name[: -len(".yaml")] for p in _recipes().iterdir() if p.name.endswith(".yaml"))
-
-
 def unknown_recipe(name: str) -> ConfigError:
     """The error for a recipe name that is not shipped: a typo must not build something else."""
     return ConfigError(
-        f"no recipe named {name!r}; shipped recipes: {', '.join(recipe_names())} "
+        f"no recipe named {name!r}; shipped recipes: {', '.join(shipped.names())} "
         "(or give a recipe file with --recipe FILE)"
     )
 
@@ -112,10 +100,10 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
             raise ConfigError(f"recipe {path}: {e.strerror}") from e
         where = str(path)
     else:
-        shipped = _recipes() / f"{name_or_path}.yaml"
-        if not shipped.is_file():
+        recipe_file = shipped.directory() / f"{name_or_path}.yaml"
+        if not recipe_file.is_file():
             raise unknown_recipe(str(name_or_path))
-        text, where = shipped.read_text(), f"recipe {name_or_path}"
+        text, where = recipe_file.read_text(), f"recipe {name_or_path}"
     try:
         data = yaml.safe_load(text)
         return Recipe.model_validate(data if isinstance(data, dict) else {})

@@ -46,7 +46,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import RootfsError, RootfsNotFound
-from . import unpack
+from . import shipped, unpack
 from .image import ImageConfig
 
 Kind = Literal["pull", "import", "build"]
@@ -279,11 +279,10 @@ def _read(path: Path) -> Entry | None:
 def not_found_message(name: str, existing: list[str]) -> str:
     """What exists and how to get ``name``. ``rootfs build NAME`` is offered only for a shipped
     recipe's name: for any other name it would be an error (and once built the default recipe)."""
-    from .build import recipe_names
     from .reference import Reference
 
     have = ", ".join(existing) if existing else "none yet"
-    recipes = recipe_names()
+    recipes = shipped.names()
     arg = shlex.quote(name)
     if name in recipes:
         get = f"Build it with `jailbox rootfs build {arg}` (a shipped recipe)"
