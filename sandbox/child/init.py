@@ -440,7 +440,10 @@ class Init:
         ``exe``, ``cwd``: ``/dev/stdin`` is one) and never on procfs. This process answers with its
         own privileges, so ``/proc/self`` and ``/proc/1`` would be the init's environment, maps and
         descriptors, and its ``exe`` the host's Python; copying /proc in or out means nothing."""
-        fd = L.open_in_root(self.root if within is None else within, path, flags, mode)
+        try:
+            fd = L.open_in_root(self.root if within is None else within, path, flags, mode)
+        except OSError as exc:  # reported as open(2) would, without the wrapper's "open PATH: "
+            raise OSError(exc.errno, os.strerror(exc.errno)) from None
         if os.fstat(fd).st_dev == self.proc_dev:
             os.close(fd)
             raise PermissionError(errno.EACCES, "Permission denied (procfs is not served)")
