@@ -443,7 +443,7 @@ class Init:
         try:
             fd = L.open_in_root(self.root if within is None else within, path, flags, mode)
         except OSError as exc:  # reported as open(2) would, without the wrapper's "open PATH: "
-            raise OSError(exc.errno, os.strerror(exc.errno)) from None
+            raise OSError(exc.errno, os.strerror(exc.errno or 0)) from None
         if os.fstat(fd).st_dev == self.proc_dev:
             os.close(fd)
             raise PermissionError(errno.EACCES, "Permission denied (procfs is not served)")
