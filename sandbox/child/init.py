@@ -6,9 +6,12 @@ host over one seqpacket control socket, forks commands, reaps every orphan, and 
 output pipes of background processes so they never die of SIGPIPE. Nothing here trusts the
 jail; the host does not trust this process either (untrusted code may have replaced it).
 
-Each command's process tree carries a timer-slack tag (inherited across fork and exec, untouched
-by ordinary programs) so a timeout can find and kill daemonised grandchildren that left the tree.
-Stdlib only.
+Each command's process tree carries a timer-slack tag (inherited by every thread and child across
+fork, exec and setsid) so a timeout can find and kill daemonised grandchildren that left the tree.
+No process in the jail can change its tag: every seccomp policy refuses ``prctl(PR_SET_TIMERSLACK)``
+and /proc, where ``timerslack_ns`` is, is read-only; the init sets its own through a file it opened
+before. The host's file API serves nothing on procfs, so the init never opens its own entries for
+the host. Stdlib only.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
         with step(Step.HOSTNAME):
             L.sethostname(spec.hostname)
             set_name("jailbox-init")
+        with step(Step.PROC):
+            slack = mounts.seal_proc()
         if spec.net.new_netns:
             with step(Step.LOOPBACK):
                 _loopback_up()
@@ -102,7 +107,7 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
     wire.send(ctl, InitReady(seccomp_notify=listener >= 0).to_wire(), net_fds)  # the network side's descriptors
     for fd in net_fds:
         os.close(fd)
-    Init(ctl, spec.seccomp, listener).serve()
+    Init(ctl, spec.seccomp, listener, slack).serve()
 
 
 def _install_seccomp(filters: SeccompSpec | None) -> int:
@@ -132,9 +137,12 @@ def _loopback_up() -> None:
 
 
 class Init:
-    def __init__(self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int) -> None:
+    def __init__(self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int, slack: int) -> None:
         self.ctl = ctl
         self.listener = listener
+        self.slack = slack  # our own timerslack_ns, written to tag what we start next
+        self.root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.proc_dev = os.stat("/proc").st_dev
         self.refuse_errno = seccomp.errno_value if seccomp else 1
         self.audit_arch = seccomp.audit_arch if seccomp else 0
         self.refused: dict[int, dict[str, int]] = {}  # exec id -> refused syscall key -> count
@@ -222,14 +230,15 @@ class Init:
     def op_exec(self, req: ExecRequest, fds: list[int], reply: socket.socket) -> None:
         argv = [self.shell, "-c", req.shell] if req.shell is not None else list(req.argv or ())
         tag = SLACK_BASE + 1 + req.id % 100_000
+        os.write(self.slack, str(tag).encode())  # inherited by what we fork or spawn next
         for attempt in range(SPAWN_ATTEMPTS):
             try:
                 if req.tty:
-                    pid = self._start_tty(argv, req, tag, reply)
+                    pid = self._start_tty(argv, req, reply)
                 elif self.child_filter is not None or req.user is not None:
-                    pid = self._fork_exec(argv, req, fds[:3], tag, tty=False)
+                    pid = self._fork_exec(argv, req, fds[:3], tty=False)
                 else:
-                    pid = self._spawn(argv, req, fds, tag)
+                    pid = self._spawn(argv, req, fds)
                 break
             except _StartError as exc:
                 if exc.errno == errno.EAGAIN and attempt + 1 < SPAWN_ATTEMPTS:
@@ -245,10 +254,9 @@ class Init:
         self.by_tag[tag] = req.id
 
     @staticmethod
-    def _spawn(argv: list[str], req: ExecRequest, fds: list[int], tag: int) -> int:
+    def _spawn(argv: list[str], req: ExecRequest, fds: list[int]) -> int:
         """vfork+exec: no copy of this process. Privileges were shed at boot, so the command
         inherits the timer-slack tag, a new session, default signals, and nothing else of ours."""
-        L.prctl(L.PR_SET_TIMERSLACK, tag)
         what = f"cd {req.cwd}"
         try:
             os.chdir(req.cwd)
@@ -263,18 +271,18 @@ class Init:
         finally:
             os.chdir("/")
 
-    def _start_tty(self, argv: list[str], req: ExecRequest, tag: int, reply: socket.socket) -> int:
+    def _start_tty(self, argv: list[str], req: ExecRequest, reply: socket.socket) -> int:
         """fork+exec on a new pty of the jail's own devpts, so ttyname() works inside."""
         master, slave = os.openpty()
         try:
-            pid = self._fork_exec(argv, req, [slave] * 3, tag, tty=True)
+            pid = self._fork_exec(argv, req, [slave] * 3, tty=True)
             self._answer(reply, {"pty": True}, [master])
             return pid
         finally:
             os.close(master)
             os.close(slave)
 
-    def _fork_exec(self, argv: list[str], req: ExecRequest, stdio: list[int], tag: int, tty: bool) -> int:
+    def _fork_exec(self, argv: list[str], req: ExecRequest, stdio: list[int], tty: bool) -> int:
         """fork+exec, for a pty and for policies the init itself could not live under: the
         child installs the seccomp filter as its last step before execve."""
         pid = os.fork()
@@ -283,7 +291,6 @@ class Init:
         what = "start"
         try:
             os.setsid()
-            L.prctl(L.PR_SET_TIMERSLACK, tag)
             signal.set_wakeup_fd(-1)
             for sig in DEFAULT_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
@@ -417,9 +424,9 @@ class Init:
         if req.write:
             if req.parents:
                 os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, req.mode or 0o644)
+            fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, req.mode or 0o644)
         else:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
@@ -436,10 +443,28 @@ class Init:
             os.close(fd)
 
     def op_stat(self, req: StatRequest, fds: list[int], reply: socket.socket | None) -> None:
-        st = os.stat(req.path)
+        fd = self._open(req.path, os.O_PATH)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
         self._answer(
             reply, {"ok": True, "type": _kind(st.st_mode), "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)}
         )
+
+    def _open(self, path: str, flags: int, mode: int = 0, within: int | None = None) -> int:
+        """Open ``path`` for the host's file API: never through a magic link (``/proc/*/fd``,
+        ``exe``, ``cwd``: ``/dev/stdin`` is one) and never on procfs. This process answers with its
+        own privileges, so ``/proc/self`` and ``/proc/1`` would be the init's environment, maps and
+        descriptors, and its ``exe`` the host's Python; copying /proc in or out means nothing."""
+        try:
+            fd = L.open_in_root(self.root if within is None else within, path, flags, mode)
+        except OSError as exc:  # reported as open(2) would, without the wrapper's "open PATH: "
+            raise OSError(exc.errno, os.strerror(exc.errno or 0)) from None
+        if os.fstat(fd).st_dev == self.proc_dev:
+            os.close(fd)
+            raise PermissionError(errno.EACCES, "Permission denied (procfs is not served)")
+        return fd
 
     def op_mkdir(self, req: MkdirRequest, fds: list[int], reply: socket.socket | None) -> None:
         os.makedirs(req.path, exist_ok=True)
@@ -456,20 +481,28 @@ class Init:
         """List a tree without following symlinks: [relpath, kind, mode, size, link target]."""
         entries: list[list] = []
         stack = [""]
-        top = req.path.rstrip("/") or "/"
-        while stack:
-            rel = stack.pop()
-            with os.scandir(f"{top}/{rel}" if rel else top) as it:
-                for entry in it:
-                    st = entry.stat(follow_symlinks=False)
-                    sub = f"{rel}/{entry.name}" if rel else entry.name
-                    kind = _kind(st.st_mode)
-                    target = os.readlink(entry.path) if kind == "link" else None
-                    entries.append([sub, kind, stat.S_IMODE(st.st_mode), st.st_size, target])
-                    if kind == "dir":
-                        stack.append(sub)
-                    if len(entries) > MAX_WALK_ENTRIES:
-                        raise OSError(errno.EFBIG, f"more than {MAX_WALK_ENTRIES} entries")
+        top = self._open(req.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            while stack:
+                rel = stack.pop()
+                # by descriptor, each directory opened beneath the top one (links stay inside it)
+                fd = self._open(rel, os.O_RDONLY | os.O_DIRECTORY, within=top) if rel else os.dup(top)
+                try:
+                    with os.scandir(fd) as it:
+                        for entry in it:
+                            st = entry.stat(follow_symlinks=False)
+                            sub = f"{rel}/{entry.name}" if rel else entry.name
+                            kind = _kind(st.st_mode)
+                            target = os.readlink(entry.name, dir_fd=fd) if kind == "link" else None
+                            entries.append([sub, kind, stat.S_IMODE(st.st_mode), st.st_size, target])
+                            if kind == "dir" and st.st_dev != self.proc_dev:  # a /proc is listed, not entered
+                                stack.append(sub)
+                            if len(entries) > MAX_WALK_ENTRIES:
+                                raise OSError(errno.EFBIG, f"more than {MAX_WALK_ENTRIES} entries")
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(top)
         self._answer(reply, {"ok": True, "entries": entries})
 
 

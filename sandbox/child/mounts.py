@@ -18,21 +18,38 @@ from ..floor import linux as L
 from .protocol import Step, step
 from .spec import Bind, JailSpec
 
-# Docker's default masked and read-only /proc and /sys paths.
+# Host-wide state nobody in a jail needs: Docker's default masked paths, plus page-frame and slab
+# statistics, kernel addresses and memory layout, physical-memory and I/O port maps, and sysfs's
+# energy counters, idle-page bitmap and slab caches (side channels on other tenants).
 MASKED_PATHS = (
     "/proc/asound",
     "/proc/acpi",
+    "/proc/interrupts",
     "/proc/kcore",
     "/proc/keys",
+    "/proc/key-users",
     "/proc/latency_stats",
     "/proc/timer_list",
     "/proc/timer_stats",
     "/proc/sched_debug",
     "/proc/scsi",
+    "/proc/kpagecount",
+    "/proc/kpageflags",
+    "/proc/kpagecgroup",
+    "/proc/slabinfo",
+    "/proc/kallsyms",
+    "/proc/kmsg",
+    "/proc/vmallocinfo",
+    "/proc/pagetypeinfo",
+    "/proc/iomem",
+    "/proc/ioports",
+    "/proc/mtrr",
     "/sys/firmware",
     "/sys/devices/virtual/powercap",
+    "/sys/kernel/mm/page_idle",
+    "/sys/kernel/slab",
+    "/sys/kernel/vmcoreinfo",
 )
-READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = {
     "fd": "/proc/self/fd",
@@ -75,20 +92,28 @@ def build(spec: JailSpec) -> None:
     over it in its private mount namespace, so the mount points cost nothing on disk. Only a disk
     writable layer lives in the sandbox's own state directory.
     """
-    root, lower = spec.stage + "/root", spec.stage + "/lower"
-    rw = spec.stage if spec.upper == "tmpfs" else spec.dir
-    assert rw is not None  # a disk writable layer has a sandbox directory (JailSpec.dir)
+    root = spec.stage + "/root"
+    rw = "." if spec.upper == "tmpfs" else "rw"  # the writable layer, relative to the staging tmpfs
     with step(Step.STAGE):
         L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
         size = f",size={spec.tmpfs_size}" if spec.upper == "tmpfs" else ",size=1m"
         L.mount("tmpfs", spec.stage, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=0755" + size)
-        for path in (root, lower, rw + "/upper", rw + "/work"):
+        # The overlay names its layers relative to the staging tmpfs, so /proc/self/mountinfo inside
+        # shows "lowerdir=lower,upperdir=rw/upper" rather than the host's state directory.
+        os.chdir(spec.stage)
+        for path in ("root", "lower"):
+            os.mkdir(path, 0o755)
+        if rw != ".":
+            assert spec.dir is not None  # a disk writable layer has a sandbox directory (JailSpec.dir)
+            os.mkdir(rw, 0o755)
+            L.mount(spec.dir, rw, None, L.MS_BIND)
+        for path in (rw + "/upper", rw + "/work"):
             os.mkdir(path, 0o755)
         _write_generated(rw + "/upper", spec.generated)
     with step(Step.LOWER):
-        L.mount(spec.lower, lower, None, L.MS_BIND | L.MS_REC)
+        L.mount(spec.lower, "lower", None, L.MS_BIND | L.MS_REC)
     with step(Step.OVERLAY):
-        options = f"lowerdir={lower},upperdir={rw}/upper,workdir={rw}/work"
+        options = f"lowerdir=lower,upperdir={rw}/upper,workdir={rw}/work"
         if spec.userns:
             options += ",userxattr"  # trusted.* xattrs are out of reach in a user namespace
         L.mount("overlay", root, "overlay", 0, options)
@@ -155,13 +180,27 @@ def _workdir(target: str) -> None:
 
 
 def _mount_proc(proc: str) -> None:
+    """Writable until the init has opened what it writes itself (``seal_proc``)."""
     L.mount("proc", proc, "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
-    for path in READONLY_PATHS:
-        target = proc + path[len("/proc") :]
-        if os.path.exists(target):
-            L.mount(target, target, None, L.MS_BIND | L.MS_REC)
-            L.make_readonly(target)
     _mask(proc, "/proc")
+
+
+def seal_proc() -> int:
+    """Make the jail's /proc read-only, all of it, and return the init's own timer-slack file.
+
+    Every per-process knob is then out of commands' reach, not only the ones a list would name:
+    the init's ``oom_score_adj`` (which a jail's root could raise), every ``timerslack_ns`` (the
+    tag a timeout finds a command's processes by), ``comm``, ``mem``, ``sys``, ``sysrq-trigger``.
+    The init writes its own through a detached copy of the mount, which nothing else can reach
+    (a file open for writing on /proc itself would keep it from turning read-only).
+    """
+    tree = L.clone_mount("/proc")
+    try:
+        slack = os.open("self/timerslack_ns", os.O_WRONLY | os.O_CLOEXEC, dir_fd=tree)
+    finally:
+        os.close(tree)
+    L.make_readonly("/proc")
+    return slack
 
 
 def _mount_sys(target: str) -> None:

@@ -4,7 +4,8 @@ The program checks the architecture first (a foreign ABI such as i386 or x32 is 
 numbers above the highest syscall this table knows to ENOSYS (a newer kernel's syscalls never slip
 through a denylist by being unknown; libc treats ENOSYS as "not supported here" and falls back),
 applies the argument rules every jail gets (``clone`` with namespace flags, ``socket`` for AF_ALG
-and AF_VSOCK, ``ioctl(TIOCSTI)``), then the policy's allow and deny lists.
+and AF_VSOCK, ``ioctl(TIOCSTI)``, ``prctl(PR_SET_TIMERSLACK)``: the timer slack is the tag the init
+finds a command's processes by on timeout), then the policy's allow and deny lists.
 
 Refused calls go to the jail's init as ``SECCOMP_RET_USER_NOTIF`` when the kernel supports a
 listener: the init answers with the policy's errno and counts them per command, which is how an
@@ -38,6 +39,7 @@ X32_BIT = 0x40000000
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 AF_ALG, AF_VSOCK = 38, 40
 TIOCSTI = 0x5412
+PR_SET_TIMERSLACK = 29
 
 # Docker's default profile, as names: what an unprivileged container may not do.
 DEFAULT_DENY = (
@@ -120,6 +122,12 @@ def compile_policy(policy: SeccompPolicy, notify: bool) -> bytes:
         p.op(_JSET, X32_BIT, "refuse", 0)
     p.op(_JGT, max(table.values()), "enosys", 0)
     p.op(_JEQ, table["clone3"], "enosys", 0)  # its flags live in memory BPF cannot read
+    # any other prctl goes on to the policy's lists, so this rule comes first and reloads the number
+    p.op(_JEQ, table["prctl"], 0, "lists")
+    p.op(_LD_W_ABS, _ARG0)
+    p.op(_JEQ, PR_SET_TIMERSLACK, "refuse", 0)
+    p.op(_LD_W_ABS, _NR)
+    p.label("lists")
     p.op(_JEQ, table["clone"], "clone", 0)
     p.op(_JEQ, table["socket"], "socket", 0)
     p.op(_JEQ, table["ioctl"], "ioctl", 0)
