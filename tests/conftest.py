@@ -12,6 +12,7 @@ import os
 import pwd
 import shutil
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -245,3 +246,34 @@ def jail_processes(ns: str) -> list[psutil.Process]:
         except OSError:
             continue
     return found
+
+
+HOST_SECRET = "host secret\n"
+
+
+def snapshot(top: Path) -> dict[str, tuple[int, bytes | str | None]]:
+    """Every entry below ``top`` (and ``top`` itself): its mode and content or link target, to show
+    that a host directory came out of an attack untouched."""
+    out: dict[str, tuple[int, bytes | str | None]] = {}
+    for here, dirs, files in os.walk(top):
+        for name in [".", *dirs, *files]:
+            path = Path(here, name)
+            st = path.lstat()
+            data: bytes | str | None = None
+            if stat.S_ISLNK(st.st_mode):
+                data = os.readlink(path)
+            elif stat.S_ISREG(st.st_mode):
+                data = path.read_bytes()
+            out[str(path.relative_to(top))] = (st.st_mode, data)
+    return out
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A host directory the jail must never reach: a secret file, a subdirectory, modes that show any chmod."""
+    top = tmp_path / "outside"
+    (top / "sub").mkdir(parents=True)
+    (top / "secret").write_text(HOST_SECRET)
+    os.chmod(top / "secret", 0o600)
+    os.chmod(top, 0o750)
+    return top

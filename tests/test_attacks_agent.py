@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -22,41 +21,14 @@ from pathlib import Path
 
 import pytest
 from batch_tasks import ROOT, bench_command
+from conftest import snapshot
 from llm_server import ScriptedServer, Step, reply
 
 from jailbox.agent.environment import Environment
 from jailbox.agent.tasks import Task, read_results
 from jailbox.agent.trajectory import load as load_trajectory
 
-SECRET = "host secret\n"
 JAILBOX_RUN = [sys.executable, "-c", "from jailbox.cli import main; main()", "run"]
-
-
-def _snapshot(top: Path) -> dict[str, tuple[int, bytes | str | None]]:
-    """Every entry below ``top`` (and ``top`` itself): its mode and content or link target."""
-    out: dict[str, tuple[int, bytes | str | None]] = {}
-    for here, dirs, files in os.walk(top):
-        for name in [".", *dirs, *files]:
-            path = Path(here, name)
-            st = path.lstat()
-            data: bytes | str | None = None
-            if stat.S_ISLNK(st.st_mode):
-                data = os.readlink(path)
-            elif stat.S_ISREG(st.st_mode):
-                data = path.read_bytes()
-            out[str(path.relative_to(top))] = (st.st_mode, data)
-    return out
-
-
-@pytest.fixture
-def outside(tmp_path: Path) -> Path:
-    """A host directory nothing may reach: a secret file, a subdirectory, modes that show any chmod."""
-    top = tmp_path / "outside"
-    (top / "sub").mkdir(parents=True)
-    (top / "secret").write_text(SECRET)
-    os.chmod(top / "secret", 0o600)
-    os.chmod(top, 0o750)
-    return top
 
 
 def obeying(request: dict) -> Step:
@@ -247,7 +219,7 @@ def plant_host_links(out: Path, outside: Path) -> None:
 
 def test_jailbox_run_twice_the_record_is_the_hosts_and_nothing_outside_changes(tmp_path, server, outside):
     out = tmp_path / "out"
-    before = _snapshot(outside)
+    before = snapshot(outside)
     plants = (
         f"cd /testbed/output && printf '%s' '{FORGED}' > trajectory.json && ln -s {outside}/secret planted"
         f" && ln -s {outside} dirlink && mkdir sub && echo x > sub/x && head -c 3000000 /dev/zero > big"
@@ -256,7 +228,7 @@ def test_jailbox_run_twice_the_record_is_the_hosts_and_nothing_outside_changes(t
     for attempt in range(2):
         r = jailbox_run(server, out, plants)
         assert r.returncode == 0, r.stderr
-        assert _snapshot(outside) == before
+        assert snapshot(outside) == before
         saved = load_trajectory(out / "trajectory.json")
         assert saved.problem_statement.startswith("RUN: cd /testbed/output") and len(saved.steps) == 2
         assert not (out / "trajectory.json").is_symlink() and (out / "answer.txt").read_text() == "42\n"
@@ -268,7 +240,7 @@ def test_jailbox_run_twice_the_record_is_the_hosts_and_nothing_outside_changes(t
 
 def test_copied_outputs_are_only_those_asked_for_and_never_follow_links(tmp_path, server, outside):
     out = tmp_path / "out"
-    before = _snapshot(outside)
+    before = snapshot(outside)
     plants = (
         f"cd /testbed/output && mkdir -p sub/deeper dirlink && echo x > sub/x && ln -s {outside}/secret sub/deeper/l"
         " && echo y > dirlink/y && echo 1 > answer.txt && echo no > other"
@@ -279,7 +251,7 @@ def test_copied_outputs_are_only_those_asked_for_and_never_follow_links(tmp_path
     plant_host_links(out, outside)
     r = jailbox_run(server, out, plants, *asked)
     assert r.returncode == 0, r.stderr
-    assert _snapshot(outside) == before
+    assert snapshot(outside) == before
     assert (out / "sub" / "x").read_text() == "x\n" and not (out / "sub").is_symlink()
     assert os.readlink(out / "sub" / "deeper" / "l") == f"{outside}/secret"  # copied as a link, never read
     assert (out / "dirlink" / "y").read_text() == "y\n" and not (out / "dirlink").is_symlink()
@@ -314,7 +286,7 @@ IDS = ["..", ".", "a/b", "a_b", ".hidden", "", "x" * 300, "y" * 300, "a\u0000b",
 
 def test_bench_task_directories_and_resume_stay_in_the_output_directory(tmp_path, server, outside):
     out = tmp_path / "out"
-    before = _snapshot(outside)
+    before = snapshot(outside)
     tasks = [{"id": i, "query": f"RUN: echo {n} > /testbed/output/answer.txt"} for n, i in enumerate(IDS)]
     first = write_tasks(tmp_path / "first.jsonl", tasks[0])
     assert bench(first, server, out).returncode == 0
@@ -327,7 +299,7 @@ def test_bench_task_directories_and_resume_stay_in_the_output_directory(tmp_path
     everything = write_tasks(tmp_path / "all.jsonl", *tasks)
     r = bench(everything, server, out, "--resume")
     assert r.returncode == 0, r.stderr
-    assert _snapshot(outside) == before
+    assert snapshot(outside) == before
     done = results(out)
     assert sorted(done) == sorted(IDS) and all(done[i].answer == str(n) for n, i in enumerate(IDS))
     assert sorted(p.name for p in out.iterdir()) == ["results.jsonl", "summary.json", "summary.md", "tasks"]
@@ -346,7 +318,7 @@ def test_bench_task_directories_and_resume_stay_in_the_output_directory(tmp_path
 def test_a_record_replaced_over_planted_links_never_writes_through_them(tmp_path, outside):
     from jailbox.sandbox.hostfs import Destination
 
-    before = _snapshot(outside)
+    before = snapshot(outside)
     out = tmp_path / "out"
     out.mkdir()
     (out / "trajectory.json").symlink_to(outside / "secret")
@@ -357,7 +329,7 @@ def test_a_record_replaced_over_planted_links_never_writes_through_them(tmp_path
         d.unlink("answer.txt")
         d.unlink("keep")  # a directory stays
         d.unlink("absent")
-    assert _snapshot(outside) == before
+    assert snapshot(outside) == before
     assert (out / "trajectory.json").read_bytes() == b"{}" and not (out / "trajectory.json").is_symlink()
     assert sorted(p.name for p in out.iterdir()) == ["keep", "trajectory.json"]  # no temporary file left
 
@@ -388,7 +360,7 @@ def test_the_environment_holds_tasks_to_the_same_rules(tmp_path, root, outside):
 @pytest.mark.slow
 def test_ray_reads_inputs_by_the_same_rules_and_writes_back_through_the_same_guard(tmp_path, server, root, outside):
     pytest.importorskip("ray", reason="the Ray executor needs the jailbox[ray] extra")
-    before = _snapshot(outside)
+    before = snapshot(outside)
     out = tmp_path / "out"
     (out / "tasks" / "t0").mkdir(parents=True)
     (out / "tasks" / "t0" / "output").symlink_to(outside / "sub")  # as an earlier run could have left it
@@ -406,7 +378,7 @@ def test_ray_reads_inputs_by_the_same_rules_and_writes_back_through_the_same_gua
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert _snapshot(outside) == before
+    assert snapshot(outside) == before
     done = results(out)
     assert done["t0"].answer == "6 7" and "symlink" in done["t1"].error and "input_files" in done["t1"].error
     assert (out / "tasks" / "t0" / "output" / "answer.txt").read_text() == "6 7\n"

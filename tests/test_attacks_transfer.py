@@ -9,73 +9,46 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 
 import pytest
+from conftest import snapshot
 
 from jailbox.sandbox.errors import SandboxFileError
 from jailbox.sandbox.hostfs import Destination, components
 
 
-def _snapshot(top: Path) -> dict[str, tuple[int, bytes | str | None]]:
-    """Every entry below ``top`` (and ``top`` itself): its mode and content or link target."""
-    out: dict[str, tuple[int, bytes | str | None]] = {}
-    for here, dirs, files in os.walk(top):
-        for name in [".", *dirs, *files]:
-            path = Path(here, name)
-            st = path.lstat()
-            data: bytes | str | None = None
-            if stat.S_ISLNK(st.st_mode):
-                data = os.readlink(path)
-            elif stat.S_ISREG(st.st_mode):
-                data = path.read_bytes()
-            out[str(path.relative_to(top))] = (st.st_mode, data)
-    return out
-
-
-@pytest.fixture
-def outside(tmp_path: Path) -> Path:
-    """A host directory the jail must never reach: a file, a subdirectory, modes that show any chmod."""
-    top = tmp_path / "outside"
-    (top / "sub").mkdir(parents=True)
-    (top / "secret").write_text("host data\n")
-    os.chmod(top / "secret", 0o600)
-    os.chmod(top, 0o750)
-    return top
-
-
 def test_a_directory_swapped_for_a_link_between_two_copies(sb, tmp_path, outside):
-    before = _snapshot(outside)
+    before = snapshot(outside)
     dst = tmp_path / "out"
     sb.exec(f"mkdir -p /tmp/t && ln -s {outside} /tmp/t/d && ln -s {outside}/secret /tmp/t/f")
     sb.get("/tmp/t", dst)  # the host now holds two links to the outside, as a first copy would leave them
     assert os.readlink(dst / "d") == str(outside) and os.readlink(dst / "f") == f"{outside}/secret"
     sb.exec("rm /tmp/t/d /tmp/t/f && mkdir -m 0777 /tmp/t/d && echo planted > /tmp/t/d/x && echo new > /tmp/t/f")
     sb.get("/tmp/t", dst)
-    assert _snapshot(outside) == before
+    assert snapshot(outside) == before
     assert (dst / "d").is_dir() and not (dst / "d").is_symlink() and (dst / "d" / "x").read_text() == "planted\n"
     assert (dst / "f").read_text() == "new\n" and not (dst / "f").is_symlink()
 
 
 def test_a_link_deep_in_the_destination_is_replaced_not_followed(sb, tmp_path, outside):
-    before = _snapshot(outside)
+    before = snapshot(outside)
     dst = tmp_path / "out"
     (dst / "a").mkdir(parents=True)
     os.symlink(outside, dst / "a" / "b")  # as if left by an earlier copy
     os.symlink(outside / "sub", dst / "a" / "c")
     sb.exec("mkdir -p /tmp/t/a/b/deeper /tmp/t/a/c && echo x > /tmp/t/a/b/deeper/secret && echo y > /tmp/t/a/c/z")
     sb.get("/tmp/t", dst)
-    assert _snapshot(outside) == before
+    assert snapshot(outside) == before
     assert (dst / "a" / "b" / "deeper" / "secret").read_text() == "x\n"
     assert (dst / "a" / "c" / "z").read_text() == "y\n"
 
 
 def test_a_single_file_onto_a_link_to_a_host_file(sb, tmp_path, outside):
-    before = _snapshot(outside)
+    before = snapshot(outside)
     os.symlink(outside / "secret", tmp_path / "copy")
     sb.exec("echo from-jail > /tmp/one")
     sb.get("/tmp/one", tmp_path / "copy")
-    assert _snapshot(outside) == before
+    assert snapshot(outside) == before
     assert (tmp_path / "copy").read_text() == "from-jail\n" and not (tmp_path / "copy").is_symlink()
 
 
@@ -136,7 +109,7 @@ def test_unsafe_names_are_refused_before_any_write(tmp_path, rel):
 
 
 def test_destination_never_chmods_or_writes_through_links(tmp_path, outside):
-    before = _snapshot(outside)
+    before = snapshot(outside)
     dst = tmp_path / "d"
     dst.mkdir()
     os.symlink(outside, dst / "dir")
@@ -148,7 +121,7 @@ def test_destination_never_chmods_or_writes_through_links(tmp_path, outside):
         out.mkdir("dir", 0o7777)
         out.write("file", b"mine", 0o6777)
         out.symlink("dir/link", "/etc/passwd")
-    assert _snapshot(outside) == before
+    assert snapshot(outside) == before
     assert stat.S_IMODE((dst / "dir").lstat().st_mode) == 0o777
     assert stat.S_IMODE((dst / "file").lstat().st_mode) == 0o777 and (dst / "file").read_bytes() == b"mine"
     assert os.readlink(dst / "dir" / "link") == "/etc/passwd"
