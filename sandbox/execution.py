@@ -70,8 +70,10 @@ class ExecRun:
                 in_r, in_w = os.pipe2(os.O_CLOEXEC)
                 mine.append(in_w)
                 os.set_blocking(in_w, False)
-            else:
-                in_r, in_w = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), -1
+            else:  # an empty pipe, not the host's /dev/null: a command could chmod that through fd 0
+                in_r, in_w = os.pipe2(os.O_CLOEXEC)
+                os.close(in_w)
+                in_w = -1
             close_after_send.append(in_r)
             for fd in (out_r, err_r):
                 os.set_blocking(fd, False)

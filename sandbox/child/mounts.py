@@ -9,6 +9,7 @@ the resolution. Stdlib only.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 from collections.abc import Callable
@@ -176,7 +177,18 @@ def _mount_tmp(target: str) -> None:
 
 
 def _workdir(target: str) -> None:
-    os.chmod(target, 0o755)
+    """Open to every user of the jail. Through a descriptor of a directory only: an image's
+    ``WorkingDir: /dev/null`` must not chmod a device node (the host's, bound in)."""
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (NotADirectoryError, OSError) as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        raise NotADirectoryError(errno.ENOTDIR, "the working directory is not a directory") from None
+    try:
+        os.fchmod(fd, 0o755)
+    finally:
+        os.close(fd)
 
 
 def _mount_proc(proc: str) -> None:
@@ -222,6 +234,7 @@ def _mask(mounted_at: str, prefix: str) -> None:
             L.mount("tmpfs", target, "tmpfs", L.MS_RDONLY, "size=0")
         elif os.path.exists(target):
             L.mount("/dev/null", target, None, L.MS_BIND)
+            L.make_readonly(target)  # the host's /dev/null: its mode must not change through here
 
 
 def _mount_dev(dev: str) -> None:
@@ -230,6 +243,9 @@ def _mount_dev(dev: str) -> None:
         node = f"{dev}/{name}"
         os.close(os.open(node, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o666))
         L.mount("/dev/" + name, node, None, L.MS_BIND)
+        # The host's own node: read-only, so no chmod or chown reaches its inode through the jail
+        # (reads and writes of a device are not writes to its filesystem and keep working).
+        L.make_readonly(node)
     os.mkdir(dev + "/pts", 0o755)
     L.mount("devpts", dev + "/pts", "devpts", L.MS_NOSUID | L.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     os.mkdir(dev + "/shm", 0o1777)
