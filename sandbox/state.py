@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from .child.protocol import Failed, Removed, RmtreeRequest, decode
-from .errors import SandboxSetupError
+from .errors import ConfigError, SandboxSetupError
 from .floor.idmap import IdMap
 from .floor.wire import WireError
 from .launcher import LAUNCHER
@@ -34,10 +34,27 @@ def state_dir(override: Path | None = None) -> Path:
         xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
         base = Path(xdg) / "jailbox"
     if base not in _READY:
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _check_private(base)
         for sub in ("sandboxes", "stage"):
-            (base / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+            (base / sub).mkdir(exist_ok=True, mode=0o700)
         _READY.add(base)
     return base
+
+
+def _check_private(base: Path) -> None:
+    """The state directory holds what becomes each jail's /etc and its writable layers: another user
+    who owns it, or may write in it, could plant files in every jail (an ld.so.preload). Never chmod
+    or chown it here: it may be a directory someone named by mistake."""
+    st = base.stat()
+    fix = "set JAILBOX_STATE_DIR to a directory of your own (e.g. ~/.local/state/jailbox)"
+    if st.st_uid != os.getuid():
+        raise ConfigError(f"state directory {base} belongs to uid {st.st_uid}, not to you; {fix}")
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"state directory {base} is writable by other users (mode {oct(st.st_mode & 0o777)}); "
+            f"chmod go-w {base}, or {fix}"
+        )
 
 
 @functools.lru_cache(maxsize=64)
