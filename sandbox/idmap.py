@@ -3,21 +3,38 @@
 Rootless: the caller's uid becomes 0 inside. With ``/etc/subuid`` + ``/etc/subgid`` entries and
 the setuid ``newuidmap``/``newgidmap`` helpers, ids 1..N map to the subordinate range too, so
 programs that switch ids (apt's ``_apt``, pip building as ``nobody``) work.
-As root: an identity map of the first 65536 ids, so trees built by root stay writable.
+
+As root: never host root. Jails map ``0 R 65536`` (``single``: ``0 R 1``), where R..R+65535 is the
+subordinate range named ``jailbox`` in ``/etc/subuid`` and ``/etc/subgid`` (as Docker's
+``dockremap`` and rootful Podman's ``containers``), so a file a jail makes on a read-write bind
+belongs to R.. on the host, never to uid 0. The first use as root allocates the range if it is
+missing (``root_range``); ``JAILBOX_ROOT_RANGE=START:COUNT`` names one managed elsewhere.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import getpass
+import logging
 import os
 import pwd
 import shutil
+from pathlib import Path
 
 from .errors import ConfigError
 from .floor.idmap import IdMap
 
 ROOT_RANGE = 65536
+ROOT_ENTRY = "jailbox"  # the name of root's range in /etc/subuid and /etc/subgid (no such user needed)
+FIRST_ID = 100000  # below this, ids belong to the host's own users
+MAX_ID = (1 << 32) - 1  # the kernel's 32-bit ids; (uid_t)-1 is never valid
+SUBUID = Path("/etc/subuid")  # module-level so tests can point them at copies
+SUBGID = Path("/etc/subgid")
+RANGE_ENV = "JAILBOX_ROOT_RANGE"
+MAX_SUBID_FILE = 1 << 20
+
+log = logging.getLogger("jailbox")
 
 
 def subordinate_range(path: str | os.PathLike[str], uid: int, user: str | None = None) -> tuple[int, int] | None:
@@ -28,15 +45,25 @@ def subordinate_range(path: str | os.PathLike[str], uid: int, user: str | None =
             user = pwd.getpwuid(uid).pw_name
         except KeyError:
             user = getpass.getuser()
+    for name, start, count in _entries(path):
+        if name in (user, str(uid)):
+            return start, count
+    return None
+
+
+def _entries(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
+    """The well-formed ``name:start:count`` lines of a subordinate-id file (none if unreadable)."""
     try:
         with open(path) as f:
-            for line in f:
-                parts = line.strip().split(":")
-                if len(parts) == 3 and parts[0] in (user, str(uid)) and parts[1].isdigit() and parts[2].isdigit():
-                    return int(parts[1]), int(parts[2])
+            text = f.read(MAX_SUBID_FILE)
     except OSError:
-        return None
-    return None
+        return []
+    found = []
+    for line in text.splitlines():
+        parts = line.strip().split(":")
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            found.append((parts[0], int(parts[1]), int(parts[2])))
+    return found
 
 
 def subuid_fix(user: str) -> str:
@@ -54,18 +81,143 @@ def full_range_available() -> bool:
     )
 
 
+def root_range() -> tuple[int, int]:
+    """(first uid, first gid) of root's jails: ``JAILBOX_ROOT_RANGE``, else the ``jailbox``
+    entries of /etc/subuid and /etc/subgid, allocated on first use. Raises ConfigError."""
+    env = os.environ.get(RANGE_ENV)
+    if env is not None:
+        return _parse_override(env)
+    return _file_range(str(SUBUID), str(SUBGID))
+
+
+def _parse_override(value: str) -> tuple[int, int]:
+    example = f"{RANGE_ENV}=200000:65536"
+    parts = value.split(":")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"{RANGE_ENV}={value!r} is not START:COUNT; e.g. {example}")
+    start, count = int(parts[0]), int(parts[1])
+    if count < ROOT_RANGE or start < 1 or start + ROOT_RANGE > MAX_ID:
+        raise ConfigError(
+            f"{RANGE_ENV}={value!r}: needs COUNT >= {ROOT_RANGE} and a START above 0 (never host root); "
+            f"e.g. {example}"
+        )
+    return start, start
+
+
+@functools.lru_cache(maxsize=4)
+def _file_range(subuid: str, subgid: str) -> tuple[int, int]:
+    """The ``jailbox`` entries, allocated (under a lock) where missing; cached once found."""
+    found = _find(subuid, subgid)
+    if found is not None:
+        return found
+    try:  # the lock is the file itself: no lock file of ours is left in /etc
+        fd = os.open(subuid, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise _refusal(subuid, subgid, exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        found = _find(subuid, subgid)  # another process may have allocated it meanwhile
+        if found is not None:
+            return found
+        start = _free_start(_entries(subuid) + _entries(subgid))
+        line = f"{ROOT_ENTRY}:{start}:{ROOT_RANGE}\n".encode()
+        for path in (subuid, subgid):
+            if _range_in(path) is None:
+                try:
+                    _append(path, line)
+                except OSError as exc:
+                    raise _refusal(subuid, subgid, exc) from None
+        log.warning(
+            "jailbox: allocated ids %d-%d for root's jails (%r in %s and %s)",
+            start,
+            start + ROOT_RANGE - 1,
+            ROOT_ENTRY,
+            subuid,
+            subgid,
+        )
+    finally:
+        os.close(fd)
+    found = _find(subuid, subgid)
+    if found is None:
+        raise ConfigError(f"{subuid} and {subgid} do not hold the {ROOT_ENTRY!r} entry just written")
+    return found
+
+
+def _range_in(path: str) -> int | None:
+    for name, start, count in _entries(path):
+        if name == ROOT_ENTRY:
+            if count < ROOT_RANGE or start < 1:
+                raise ConfigError(
+                    f"{path}: the {ROOT_ENTRY!r} entry has {count} ids from {start}; root's jails need "
+                    f"{ROOT_RANGE} from above 0: fix that line, or set {RANGE_ENV}=START:COUNT"
+                )
+            return start
+    return None
+
+
+def _find(subuid: str, subgid: str) -> tuple[int, int] | None:
+    uid, gid = _range_in(subuid), _range_in(subgid)
+    return None if uid is None or gid is None else (uid, gid)
+
+
+def _free_start(taken: list[tuple[str, int, int]]) -> int:
+    """The lowest ROOT_RANGE-aligned start >= FIRST_ID whose range overlaps no entry of either file."""
+    start = -(-FIRST_ID // ROOT_RANGE) * ROOT_RANGE
+    while start + ROOT_RANGE <= MAX_ID:
+        end = start + ROOT_RANGE
+        clash = [s + c for _, s, c in taken if s < end and start < s + c]
+        if not clash:
+            return start
+        start = -(-max(clash) // ROOT_RANGE) * ROOT_RANGE
+    raise ConfigError(f"no free range of {ROOT_RANGE} ids left in /etc/subuid and /etc/subgid; set {RANGE_ENV}")
+
+
+def _append(path: str, line: bytes) -> None:
+    """One complete line, appended in one write (the file keeps its owner and mode; a missing
+    file is made 0644 root:root, as shadow's tools make it). A file that does not end in a
+    newline gets one first, so the entry is a line of its own."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size:
+            with open(path, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    line = b"\n" + line
+        if os.write(fd, line) != len(line):
+            raise OSError(0, f"short write to {path}")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _refusal(subuid: str, subgid: str, exc: OSError) -> ConfigError:
+    return ConfigError(
+        f"root's jails need a range of ids of their own and {subuid} has no {ROOT_ENTRY!r} entry, "
+        f"which could not be added ({exc.strerror or exc}); fix: add the line "
+        f"'{ROOT_ENTRY}:1000000:{ROOT_RANGE}' to {subuid} and {subgid} (any free range), "
+        f"or set {RANGE_ENV}=1000000:{ROOT_RANGE}"
+    )
+
+
 def plan(mode: str) -> IdMap:
     """The map the launcher writes for a jail of ``mode`` ("auto", "full" or "single")."""
+    if os.getuid() == 0:
+        return _root_plan(root_range(), mode)
     return _plan(os.getuid(), mode)
+
+
+@functools.lru_cache(maxsize=8)
+def _root_plan(first: tuple[int, int], mode: str) -> IdMap:
+    count = ROOT_RANGE if mode != "single" else 1
+    return IdMap(
+        uid_map=f"0 {first[0]} {count}\n", gid_map=f"0 {first[1]} {count}\n", helper=False, deny_setgroups=False
+    )
 
 
 @functools.lru_cache(maxsize=8)
 def _plan(uid: int, mode: str) -> IdMap:  # an IdMap is frozen: the cached one is shared safely
     gid = os.getgid()
-    if uid == 0:
-        count = ROOT_RANGE if mode != "single" else 1
-        line = f"0 0 {count}\n"
-        return IdMap(uid_map=line, gid_map=line, helper=False, deny_setgroups=False)
     full = mode == "full" or (mode == "auto" and full_range_available())
     if not full:
         return IdMap(uid_map=f"0 {uid} 1\n", gid_map=f"0 {gid} 1\n", helper=False, deny_setgroups=True)

@@ -100,6 +100,8 @@ class Jail:
         sandbox_dir = base / "sandboxes" / self.id
         sandbox_dir.mkdir(mode=0o700)
         undo.callback(state.remove_sandbox_dir, sandbox_dir, self._idmap)
+        if os.getuid() == 0 and self.config.userns:  # the jail's root (a subordinate id) makes its layer here
+            os.chown(sandbox_dir, *self._idmap.host_root())
         return sandbox_dir
 
     def _make_cgroup(self, undo: contextlib.ExitStack) -> Cgroup | None:

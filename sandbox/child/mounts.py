@@ -9,6 +9,7 @@ the resolution. Stdlib only.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import os
@@ -93,15 +94,62 @@ def build(spec: JailSpec) -> None:
     over it in its private mount namespace, so the mount points cost nothing on disk. Only a disk
     writable layer lives in the sandbox's own state directory.
     """
-    root = spec.stage + "/root"
+    root = "root"  # relative to the staging tmpfs, our working directory from here on
     rw = "." if spec.upper == "tmpfs" else "rw"  # the writable layer, relative to the staging tmpfs
+    held: list[int] = []
+    try:
+        with step(Step.STAGE):
+            L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
+            spec = _hold_host_paths(spec, held)
+            size = f",size={spec.tmpfs_size}" if spec.upper == "tmpfs" else ",size=1m"
+            # owned by the namespace's root, which is not who mounts it as host root (see _become_root)
+            L.mount("tmpfs", spec.stage, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=0755,uid=0,gid=0" + size)
+            # The overlay names its layers relative to the staging tmpfs, so /proc/self/mountinfo inside
+            # shows "lowerdir=lower,upperdir=rw/upper" rather than the host's state directory.
+            os.chdir(spec.stage)
+            if spec.userns:
+                _become_root(spec)
+        _assemble(spec, root, rw)
+    finally:
+        for fd in held:  # descriptors of host directories: none may outlive the setup
+            os.close(fd)
+
+
+def _hold_host_paths(spec: JailSpec, held: list[int]) -> JailSpec:
+    """``spec`` with its host paths (the lower, the sandbox directory, every bind's source) as
+    descriptors opened now, under the ids the jail was forked with. As host root those are host
+    root's own: its 0700 state and store directories are searchable now, and not once the jail
+    has become root of its namespace (a subordinate id), which happens before anything is made."""
+
+    def hold(path: str) -> str:
+        held.append(os.open(path, os.O_PATH | os.O_CLOEXEC))
+        return f"/proc/self/fd/{held[-1]}"
+
+    return dataclasses.replace(
+        spec,
+        lower=hold(spec.lower),
+        dir=None if spec.dir is None else hold(spec.dir),
+        system_binds=tuple(dataclasses.replace(b, src=hold(b.src)) for b in spec.system_binds),
+        user_binds=tuple(dataclasses.replace(b, src=hold(b.src)) for b in spec.user_binds),
+    )
+
+
+def _become_root(spec: JailSpec) -> None:
+    """Become uid and gid 0 of the namespace, with no supplementary groups where the map allows
+    it. As host root the jail was forked as host uid 0, which the map does not name: every file it
+    made (the overlay's copies, a bind's new files) would be host root's. The overlay records its
+    mounter's ids, so this comes before it is mounted."""
+    if not spec.idmap.deny_setgroups:
+        os.setgroups([])
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    # changing ids made us undumpable, which gives our /proc files to host root; the init's own
+    # setup writes some (comm, timer slack) and turns this off again once it has
+    L.prctl(L.PR_SET_DUMPABLE, 1)
+
+
+def _assemble(spec: JailSpec, root: str, rw: str) -> None:
     with step(Step.STAGE):
-        L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
-        size = f",size={spec.tmpfs_size}" if spec.upper == "tmpfs" else ",size=1m"
-        L.mount("tmpfs", spec.stage, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=0755" + size)
-        # The overlay names its layers relative to the staging tmpfs, so /proc/self/mountinfo inside
-        # shows "lowerdir=lower,upperdir=rw/upper" rather than the host's state directory.
-        os.chdir(spec.stage)
         for path in ("root", "lower"):
             os.mkdir(path, 0o755)
         if rw != ".":
@@ -119,12 +167,13 @@ def build(spec: JailSpec) -> None:
             options += ",userxattr"  # trusted.* xattrs are out of reach in a user namespace
         L.mount("overlay", root, "overlay", 0, options)
         root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        here = os.readlink("/proc/self/cwd") + "/"
     try:
         for op in plan(spec):
             with step(op.step):
                 # a hostile image's symlinks are resolved inside the new root, never on the host
                 trusted = spec.trusted_lower and op.system
-                op.run(root + op.dst if trusted else _mountpoint(root_fd, op.dst, op.is_dir))
+                op.run(root + op.dst if trusted else _mountpoint(root_fd, op.dst, op.is_dir, here))
     finally:
         os.close(root_fd)
     with step(Step.PIVOT):
@@ -142,8 +191,10 @@ def _write_generated(upper: str, files: dict[str, str]) -> None:
             f.write(content)
 
 
-def _mountpoint(root_fd: int, path: str, is_dir: bool) -> str:
-    """Create ``path`` inside the root if missing; return its real host-side path."""
+def _mountpoint(root_fd: int, path: str, is_dir: bool, here: str) -> str:
+    """Create ``path`` inside the root if missing; return where it really is, relative to ``here``
+    (the staging tmpfs, our working directory: as host root the directories above it are host
+    root's own and no longer searchable, see ``_become_root``)."""
     parts = [p for p in path.split("/") if p]
     fd = os.dup(root_fd)
     try:
@@ -161,7 +212,10 @@ def _mountpoint(root_fd: int, path: str, is_dir: bool) -> str:
                 nfd = L.open_in_root(root_fd, "/".join(parts[: i + 1]), os.O_PATH)
             os.close(fd)
             fd = nfd
-        return os.readlink(f"/proc/self/fd/{fd}")
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        if not real.startswith(here):
+            raise OSError(errno.EXDEV, f"{path} resolved outside the new root")
+        return "./" + real[len(here) :]
     finally:
         os.close(fd)
 
@@ -170,6 +224,8 @@ def _bind(bind: Bind, target: str) -> None:
     L.mount(bind.src, target, None, L.MS_BIND | L.MS_REC)
     if bind.readonly:
         L.make_readonly(target)
+    else:  # a setuid file or device node made here would be one on the host too: never honoured inside
+        L.set_mount_attrs(target, L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV)
 
 
 def _mount_tmp(target: str) -> None:

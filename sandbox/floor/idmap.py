@@ -24,6 +24,10 @@ class IdMap:
     helper: bool  # subordinate ranges: only the setuid newuidmap/newgidmap may write this map
     deny_setgroups: bool  # a single-id rootless map: the kernel wants setgroups denied first
 
+    def host_root(self) -> tuple[int, int]:
+        """The host uid and gid that the namespace's root is."""
+        return int(self.uid_map.split()[1]), int(self.gid_map.split()[1])
+
     def to_wire(self) -> dict[str, object]:
         return asdict(self)
 

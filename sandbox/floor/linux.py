@@ -48,6 +48,8 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
 RESOLVE_IN_ROOT = 0x10
 RESOLVE_NO_MAGICLINKS = 0x02
 OPEN_TREE_CLONE = 1
@@ -122,11 +124,16 @@ def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 
 
 def make_readonly(path: str) -> None:
     """Make a mount and everything under it read-only (mount_setattr keeps locked flags intact)."""
-    attr = struct.pack("QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0)
+    set_mount_attrs(path, MOUNT_ATTR_RDONLY)
+
+
+def set_mount_attrs(path: str, attrs: int) -> None:
+    """Set ``MOUNT_ATTR_*`` flags on a mount and everything under it (others stay as they are)."""
+    attr = struct.pack("QQQQ", attrs, 0, 0, 0)
     buf = ctypes.create_string_buffer(attr, len(attr))
     fd = -100  # AT_FDCWD
     res = _libc.syscall(_NR["mount_setattr"], fd, _b(path), AT_RECURSIVE, buf, len(attr))
-    _check(res, f"read-only remount of {path}")
+    _check(res, f"remount of {path}")
 
 
 def clone_mount(path: str) -> int:
