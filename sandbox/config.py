@@ -47,13 +47,21 @@ def jail_path(value: str) -> str:
 
 
 class Mount(BaseModel):
-    """Bind a host path into the jail: ``Mount("./data", "/testbed/input")`` (read-only by default)."""
+    """Bind a host path into the jail: ``Mount("./data", "/testbed/input")`` (read-only by default).
+
+    A read-write bind is mounted nosuid,nodev and its jail gets seccomp's mode rules (no set-id
+    file, device node or FIFO can be made there). As host root the jail's root is a subordinate
+    id, which cannot write a directory host root owns: ``give=True`` first gives the source tree
+    to the jail's root (every entry, symlinks not followed, other filesystems not entered; CLI
+    ``SRC:DST:give``). Rootless it changes nothing: the jail's root is you already.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     src: Path
     dst: str
     readonly: bool = True
+    give: bool = Field(False, description="as root: chown the source tree to the jail's root first (read-write)")
 
     def __init__(self, src: Any = None, dst: Any = None, readonly: bool = True, **kw: Any) -> None:
         if src is not None:
@@ -62,6 +70,12 @@ class Mount(BaseModel):
             kw["dst"] = dst
         kw.setdefault("readonly", readonly)
         super().__init__(**kw)
+
+    @model_validator(mode="after")
+    def _give_is_rw(self) -> Mount:
+        if self.give and self.readonly:
+            raise ValueError(f"mount {self.dst}: give=True is for a read-write bind; e.g. Mount(src, dst, readonly=False, give=True)")
+        return self
 
     @field_validator("src")
     @classmethod
@@ -81,14 +95,14 @@ class Mount(BaseModel):
 
     @classmethod
     def parse(cls, spec: str) -> Mount:
-        """The CLI form ``SRC:DST[:ro|rw]``."""
+        """The CLI form ``SRC:DST[:ro|rw|give]`` (``give``: read-write, given to the jail's root)."""
         parts = spec.split(":")
         mode = "ro"
         if len(parts) == 3:
             mode = parts.pop()
-        if len(parts) != 2 or mode not in ("ro", "rw"):
-            raise ValueError(f"bind {spec!r}: expected SRC:DST[:ro|rw]")
-        return cls(parts[0], parts[1], readonly=mode == "ro")
+        if len(parts) != 2 or mode not in ("ro", "rw", "give"):
+            raise ValueError(f"bind {spec!r}: expected SRC:DST[:ro|rw|give], e.g. ./out:/testbed/out:rw")
+        return cls(parts[0], parts[1], readonly=mode == "ro", give=mode == "give")
 
 
 class Limits(BaseModel):

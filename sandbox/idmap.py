@@ -20,6 +20,7 @@ import logging
 import os
 import pwd
 import shutil
+import stat
 from pathlib import Path
 
 from .errors import ConfigError
@@ -234,3 +235,33 @@ def _plan(uid: int, mode: str) -> IdMap:  # an IdMap is frozen: the cached one i
         helper=True,
         deny_setgroups=False,
     )
+
+
+def give_tree(top: Path, uid: int, gid: int) -> None:
+    """``chown -R`` of a bind's source to the jail's root, beneath ``top`` only: every entry is
+    reached from its directory's descriptor, symlinks are changed themselves (never followed), and
+    directories on another filesystem (a mount under it) are neither changed nor entered. chown
+    clears set-id bits, which is kept so: a jail may not leave one there."""
+    st = os.lstat(top)
+    os.chown(top, uid, gid, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    for _, dirs, files, fd in os.fwalk(top, follow_symlinks=False):
+        for name in files:
+            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+        for name in list(dirs):
+            if os.stat(name, dir_fd=fd, follow_symlinks=False).st_dev != st.st_dev:
+                dirs.remove(name)  # another filesystem mounted here: not ours to change
+                continue
+            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+
+
+def writable_by(path: Path, uid: int, gid: int) -> bool:
+    """Whether host ``uid``/``gid`` (no capabilities over the file: it is not in their namespace's
+    range unless owned by it) may write ``path`` by its mode bits."""
+    st = os.stat(path)
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IWUSR)
+    if st.st_gid == gid:
+        return bool(st.st_mode & stat.S_IWGRP)
+    return bool(st.st_mode & stat.S_IWOTH)

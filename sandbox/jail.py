@@ -112,6 +112,8 @@ class Jail:
 
     def _spec(self, base: Path, lower: str, system_binds: tuple[Bind, ...], generated: dict[str, str]) -> JailSpec:
         cfg = self.config
+        if os.getuid() == 0 and cfg.userns:
+            _give_binds(cfg, self._idmap)
         kind = None if self.cgroup is None else self.cgroup.kind
         planned, self.enforcement = rlimits.plan(cfg.limits, cfg.upper, kind)
         return JailSpec(
@@ -133,7 +135,7 @@ class Jail:
             net=self.mode.child_spec(cfg.userns, cfg.keep_caps),
             workdir=cfg.workdir,
             keep_caps=cfg.keep_caps,
-            seccomp=_seccomp_spec(cfg.seccomp),
+            seccomp=_seccomp_spec(cfg.seccomp, any(not m.readonly for m in cfg.mounts)),
             userns=cfg.userns,
             idmap=self._idmap,
         )
@@ -212,7 +214,25 @@ def _user(cfg: SandboxConfig, lower: str, generated: dict[str, str], id_map: IdM
     return None if (user.uid, user.gid) == (0, 0) else user
 
 
-def _seccomp_spec(policy: SeccompPolicy | None) -> SeccompSpec | None:
+def _give_binds(cfg: SandboxConfig, id_map: IdMap) -> None:
+    """As host root: read-write binds the jail's root (a subordinate id) is to write. ``give``
+    ones are chowned to it; of any other it cannot write, a warning names the fix."""
+    uid, gid = id_map.host_root()
+    for m in cfg.mounts:
+        if m.give:
+            idmap.give_tree(m.src, uid, gid)
+        elif not m.readonly and not idmap.writable_by(m.src, uid, gid):
+            warnings.warn(
+                f"mount {m.dst}: the jail's root (host uid {uid}) cannot write {m.src}; give it the tree with "
+                f"Mount(src, dst, readonly=False, give=True) (CLI: SRC:DST:give), or chown -R {uid}:{gid} {m.src}",
+                UserWarning,
+                stacklevel=5,
+            )
+
+
+def _seccomp_spec(policy: SeccompPolicy | None, rw_binds: bool) -> SeccompSpec | None:
+    """The compiled filter; with a read-write bind, one that keeps set-id files and device nodes
+    off it (``bpf._mode_rules``)."""
     if policy is None:
         warnings.warn(
             "seccomp is OFF for this sandbox: every syscall the kernel allows an unprivileged user is open to it",
@@ -220,14 +240,14 @@ def _seccomp_spec(policy: SeccompPolicy | None) -> SeccompSpec | None:
             stacklevel=4,
         )
         return None
-    return _compiled(policy)
+    return _compiled(policy, rw_binds)
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(policy: SeccompPolicy) -> SeccompSpec:
+def _compiled(policy: SeccompPolicy, guard_modes: bool) -> SeccompSpec:
     return SeccompSpec(
-        notify=base64.b64encode(bpf.compile_policy(policy, notify=True)).decode(),
-        errno=base64.b64encode(bpf.compile_policy(policy, notify=False)).decode(),
+        notify=base64.b64encode(bpf.compile_policy(policy, notify=True, guard_modes=guard_modes)).decode(),
+        errno=base64.b64encode(bpf.compile_policy(policy, notify=False, guard_modes=guard_modes)).decode(),
         errno_value=policy.errno,
         in_child=not bpf.init_can_live_under(policy),
         audit_arch=syscalls.AUDIT_ARCH[syscalls.arch()],

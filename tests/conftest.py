@@ -171,7 +171,18 @@ def mini_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "etc" / "motd").write_text("original motd\n")
     (root / "usr").mkdir(exist_ok=True)
     os.symlink("../bin", root / "usr" / "bin")
+    if os.getuid() == 0:  # root's jails are a subordinate range: a tree they use is owned in it
+        own_for_jails(root)
     return root
+
+
+def own_for_jails(tree: Path) -> None:
+    """Give a directory tree to the jails' root (host root's jails map a subordinate range)."""
+    uid, gid = idmap.plan("auto").host_root()
+    for top, dirs, files, fd in os.fwalk(tree):
+        os.chown(top, uid, gid, follow_symlinks=False)
+        for name in dirs + files:
+            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
 
 
 class LoopbackServer:

@@ -130,7 +130,7 @@ def test_user_mounts_readonly_and_readwrite(tmp_path):
     inp.mkdir()
     out.mkdir()
     (inp / "data.txt").write_text("input data")
-    mounts = [Mount(inp, "/testbed/input"), Mount(out, "/testbed/output", readonly=False)]
+    mounts = [Mount(inp, "/testbed/input"), Mount(out, "/testbed/output", readonly=False, give=True)]
     with Sandbox(mounts=mounts) as sb:
         assert sb.exec("cat /testbed/input/data.txt").stdout == "input data"
         denied = sb.exec("echo x > /testbed/input/new")

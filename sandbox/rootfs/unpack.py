@@ -11,7 +11,9 @@ API (all raise ``UnsafeArchive`` naming the member for a refused member, ``Rootf
 
 Owners: files get the archive's ids as the jail will see them (``max_id`` from the jail's default
 map, ``idmap.plan("auto")``). Without subordinate ids (a single-id map) everything belongs to the
-user, i.e. to root inside. See ``untar`` for what is refused and why setuid bits are kept.
+user, i.e. to root inside. As host root the extraction runs in that map too (``0 R 65536``): the
+tree, its top directory included, is owned R.. on the host. See ``untar`` for what is refused and
+why setuid bits are kept.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ def du(path: str | Path) -> dict:
 def _extract(sources: list[dict], dest: str | Path, layer: bool, limits: dict, stream: IO[bytes] | None) -> dict:
     plan = jail_map()
     top = max_id(plan)
+    if os.getuid() == 0:  # the tree is the jail's /: its root's, and writable by the worker as that root
+        os.chown(dest, *plan.host_root(), follow_symlinks=False)
     req = {
         "op": "extract",
         "dest": str(Path(dest).absolute()),
@@ -109,9 +113,9 @@ def _extract(sources: list[dict], dest: str | Path, layer: bool, limits: dict, s
 def run(req: dict, stream: IO[bytes] | None = None, plan: IdMap | None = None) -> dict:
     """Run one worker request in the jail's namespace; its answer, or raise."""
     plan = plan or jail_map()
-    userns = os.getuid() != 0
+    userns = os.getuid() != 0 or req["op"] == "extract"
     go_r, go_w = os.pipe()
-    req = {**req, "userns": userns, "go_fd": go_r}
+    req = {**req, "userns": userns, "go_fd": go_r, "setgroups": not plan.deny_setgroups}
     stdin: Any = subprocess.DEVNULL
     pump = None
     if stream is not None:

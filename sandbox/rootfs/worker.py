@@ -4,7 +4,12 @@ Why a separate process: files in a stored tree belong to the ids the jail will s
 ``_apt``...), which rootless means subordinate host ids. Only a process that is root of a user
 namespace with exactly the jail's map can create, chown or remove them. The worker unshares its
 user namespace, says ``ready`` on stdout, and waits on the ``go`` descriptor while the host writes
-its maps (``newuidmap``/``newgidmap``); as host root it needs no namespace (the identity map).
+its maps (``newuidmap``/``newgidmap``, or host root directly), then becomes the namespace's root.
+Extraction always runs so, as host root too: root's jails map a subordinate range (``0 R 65536``),
+so the tree is owned R.. on the host, and nothing outside that range can change through a hostile
+archive. Its sources and destination are opened first, while the worker still has its host ids
+(as host root the 0700 store above them is no longer searchable once it is R). As host root,
+``rmtree`` and ``du`` need no namespace.
 
 Request: one JSON object in ``argv``; answers: JSON lines on stdout. Stdlib only.
 """
@@ -32,7 +37,7 @@ def _say(obj: dict) -> None:
         data = data[os.write(1, data) :]
 
 
-def _enter_userns(go_fd: int) -> None:
+def _enter_userns(go_fd: int, setgroups: bool) -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -42,10 +47,18 @@ def _enter_userns(go_fd: int) -> None:
     _say({"ready": True})
     if os.read(go_fd, 1) != b"1":
         os._exit(1)
+    # as host root the map does not name our host ids: become the namespace's root, as the jail does
+    if setgroups:
+        os.setgroups([])
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
 
 
-def _open_source(source: dict) -> tuple[IO[bytes], subprocess.Popen | None]:
-    raw = sys.stdin.buffer if source.get("stdin") else open(source["path"], "rb")
+def _open_raw(source: dict) -> IO[bytes]:
+    return sys.stdin.buffer if source.get("stdin") else open(source["path"], "rb")
+
+
+def _open_source(raw: IO[bytes]) -> tuple[IO[bytes], subprocess.Popen | None]:
     head = raw.peek(4)[:4] if hasattr(raw, "peek") else b""
     if head == ZSTD_MAGIC:
         if shutil.which("zstd") is None:
@@ -70,12 +83,13 @@ def _feed(src: IO[bytes], dst: IO[bytes]) -> None:
             pass
 
 
-def extract(req: dict) -> dict:
+def extract(req: dict, raws: list[IO[bytes]]) -> dict:
+    """Extract ``raws`` (the request's sources, opened) into our working directory, the tree."""
     limits = untar.ArchiveBounds(**req["limits"])
-    ex = untar.Extractor(req["dest"], layer=req["layer"], max_id=req["max_id"], flatten=req["flatten"], limits=limits)
+    ex = untar.Extractor(".", layer=req["layer"], max_id=req["max_id"], flatten=req["flatten"], limits=limits)
     try:
-        for source in req["sources"]:
-            stream, proc = _open_source(source)
+        for source, raw in zip(req["sources"], raws, strict=True):
+            stream, proc = _open_source(raw)
             try:
                 ex.extract(stream)
             finally:
@@ -108,10 +122,14 @@ def main(argv: list[str]) -> None:
     req = json.loads(argv[0])
     try:
         os.umask(0o022)
-        if req["userns"]:
-            _enter_userns(req["go_fd"])
+        raws: list[IO[bytes]] = []
         if req["op"] == "extract":
-            _say(extract(req))
+            raws = [_open_raw(source) for source in req["sources"]]
+            os.chdir(req["dest"])
+        if req["userns"]:
+            _enter_userns(req["go_fd"], req["setgroups"])
+        if req["op"] == "extract":
+            _say(extract(req, raws))
         elif req["op"] == "rmtree":
             if os.path.lexists(req["path"]):
                 shutil.rmtree(req["path"])

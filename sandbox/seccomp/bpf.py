@@ -7,6 +7,14 @@ applies the argument rules every jail gets (``clone`` with namespace flags, ``so
 and AF_VSOCK, ``ioctl(TIOCSTI)``, ``prctl(PR_SET_TIMERSLACK)``: the timer slack is the tag the init
 finds a command's processes by on timeout), then the policy's allow and deny lists.
 
+A jail with a read-write bind also gets the mode rules (``guard_modes``): what it makes there is a
+file on the host, owned by a subordinate id every host user can run. seccomp sees no paths, so
+everywhere in the jail: no setuid or setgid bit by chmod/fchmod/fchmodat/fchmodat2, nor at
+creation (open/openat/creat with O_CREAT or O_TMPFILE, mknod/mknodat); no mknod/mknodat of
+anything but a regular file (device nodes, FIFOs, sockets); ``openat2`` (its mode is in memory BPF
+cannot read) is ENOSYS, so libc falls back to ``openat``; ``io_uring_setup`` (its opens bypass
+seccomp) is refused even where the policy allows it.
+
 Refused calls go to the jail's init as ``SECCOMP_RET_USER_NOTIF`` when the kernel supports a
 listener: the init answers with the policy's errno and counts them per command, which is how an
 ``ExecResult`` can name them. Without a listener the same program answers the errno directly.
@@ -23,6 +31,7 @@ from .syscalls import AUDIT_ARCH, arch, syscall_numbers, syscall_table
 
 # classic BPF
 _LD_W_ABS = 0x20
+_AND_K = 0x54
 _JEQ = 0x15
 _JGT = 0x25
 _JSET = 0x45
@@ -33,13 +42,27 @@ RET_NOTIFY = 0x7FC00000
 RET_ERRNO = 0x00050000
 
 # seccomp_data offsets
-_NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24
+_NR, _ARCH, _ARG0, _ARG1, _ARG2, _ARG3 = 0, 4, 16, 24, 32, 40
 
 X32_BIT = 0x40000000
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 AF_ALG, AF_VSOCK = 38, 40
 TIOCSTI = 0x5412
 PR_SET_TIMERSLACK = 29
+SET_ID_BITS = 0o6000  # S_ISUID | S_ISGID
+S_IFMT, S_IFREG = 0o170000, 0o100000
+CREATING = 0o100 | 0o20000000  # O_CREAT | __O_TMPFILE (the same bits on x86_64 and aarch64)
+# syscall -> (argument offset of its flags, or None; of its mode): where a mode can set a set-id bit
+MODE_ARGS: dict[str, tuple[int | None, int]] = {
+    "chmod": (None, _ARG1),
+    "fchmod": (None, _ARG1),
+    "fchmodat": (None, _ARG2),
+    "fchmodat2": (None, _ARG2),
+    "creat": (None, _ARG1),
+    "open": (_ARG1, _ARG2),
+    "openat": (_ARG2, _ARG3),
+}
+MKNOD_ARGS = {"mknod": _ARG1, "mknodat": _ARG2}  # the mode, which also holds the file type
 
 # Docker's default profile, as names: what an unprivileged container may not do.
 DEFAULT_DENY = (
@@ -101,8 +124,9 @@ class _Program:
         return b"".join(out)
 
 
-def compile_policy(policy: SeccompPolicy, notify: bool) -> bytes:
-    """The BPF program (struct sock_filter array) for ``policy`` on this machine."""
+def compile_policy(policy: SeccompPolicy, notify: bool, guard_modes: bool = False) -> bytes:
+    """The BPF program (struct sock_filter array) for ``policy`` on this machine; ``guard_modes``
+    for a jail with a read-write bind (see the module docstring)."""
     machine = arch()
     table = syscall_table(machine)
     refuse = RET_NOTIFY if notify else RET_ERRNO | policy.errno
@@ -128,6 +152,8 @@ def compile_policy(policy: SeccompPolicy, notify: bool) -> bytes:
     p.op(_JEQ, PR_SET_TIMERSLACK, "refuse", 0)
     p.op(_LD_W_ABS, _NR)
     p.label("lists")
+    if guard_modes:
+        _mode_rules(p, table)
     p.op(_JEQ, table["clone"], "clone", 0)
     p.op(_JEQ, table["socket"], "socket", 0)
     p.op(_JEQ, table["ioctl"], "ioctl", 0)
@@ -153,3 +179,32 @@ def compile_policy(policy: SeccompPolicy, notify: bool) -> bytes:
     p.label("enosys")
     p.op(_RET, enosys)
     return p.assemble()
+
+
+def _mode_rules(p: _Program, table: dict[str, int]) -> None:
+    """Inline, before the lists (BPF jumps only forward): a call that passes its rule reloads
+    the number and goes on to the lists at ``checked``."""
+    names = [n for n in (*MODE_ARGS, *MKNOD_ARGS) if n in table]  # aarch64 has no chmod, open, creat, mknod
+    p.op(_JEQ, table["openat2"], "enosys", 0)
+    p.op(_JEQ, table["io_uring_setup"], "refuse", 0)
+    for name in names:
+        p.op(_JEQ, table[name], f"mode_{name}", 0)
+    p.op(_JSET, 0, "checked", "checked")  # nothing is set in 0: always the false branch
+    for name in names:
+        p.label(f"mode_{name}")
+        if name in MKNOD_ARGS:
+            p.op(_LD_W_ABS, MKNOD_ARGS[name])
+            p.op(_JSET, SET_ID_BITS, "refuse", 0)
+            p.op(_AND_K, S_IFMT)
+            p.op(_JEQ, 0, "reload", 0)  # no type: a regular file
+            p.op(_JEQ, S_IFREG, "reload", "refuse")
+            continue
+        flags, mode = MODE_ARGS[name]
+        if flags is not None:  # the mode counts only when the call creates a file
+            p.op(_LD_W_ABS, flags)
+            p.op(_JSET, CREATING, 0, "reload")
+        p.op(_LD_W_ABS, mode)
+        p.op(_JSET, SET_ID_BITS, "refuse", "reload")
+    p.label("reload")
+    p.op(_LD_W_ABS, _NR)
+    p.label("checked")
