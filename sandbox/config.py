@@ -74,7 +74,9 @@ class Mount(BaseModel):
     @model_validator(mode="after")
     def _give_is_rw(self) -> Mount:
         if self.give and self.readonly:
-            raise ValueError(f"mount {self.dst}: give=True is for a read-write bind; e.g. Mount(src, dst, readonly=False, give=True)")
+            raise ValueError(
+                f"mount {self.dst}: give=True is for a read-write bind; e.g. Mount(src, dst, readonly=False, give=True)"
+            )
         return self
 
     @field_validator("src")

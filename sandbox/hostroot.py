@@ -106,9 +106,12 @@ class _Layouts:
                 self.cache[state_dir] = (now, key, cached[2], cached[3])
                 return cached[2], cached[3]
             links, copies, binds = _plan()
-            skeleton = state_dir / f"skeleton-{_fingerprint(links, copies, binds)}"
+            owner = _jail_root()
+            skeleton = (
+                state_dir / f"skeleton-{_fingerprint(links, copies, binds)}{'' if owner is None else f'-{owner[0]}'}"
+            )
             if not skeleton.is_dir():
-                _build(skeleton, links, copies, binds)
+                _build(skeleton, links, copies, binds, owner)
             self.cache[state_dir] = (now, key, str(skeleton), binds)
             return str(skeleton), binds
 
@@ -121,7 +124,23 @@ def layout(state_dir: Path) -> tuple[str, list[dict]]:
     return _LAYOUTS.get(state_dir)
 
 
-def _build(target: Path, links: list[tuple[str, str]], copies: list[tuple[str, str]], binds: list[dict]) -> None:
+def _jail_root() -> tuple[int, int] | None:
+    """As host root, the host ids of the jails' root (a subordinate range): the skeleton is theirs,
+    so they can make mount points and files in it; rootless it is already the user's."""
+    if os.getuid() != 0:
+        return None
+    from . import idmap
+
+    return idmap.plan("auto").host_root()
+
+
+def _build(
+    target: Path,
+    links: list[tuple[str, str]],
+    copies: list[tuple[str, str]],
+    binds: list[dict],
+    owner: tuple[int, int] | None,
+) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".skeleton-", dir=target.parent))
     try:
         for rel, mode in SKELETON_DIRS.items():
@@ -140,6 +159,10 @@ def _build(target: Path, links: list[tuple[str, str]], copies: list[tuple[str, s
         for bind in binds:
             (tmp / bind["dst"].lstrip("/")).mkdir(parents=True, exist_ok=True)
         os.chmod(tmp, 0o755)
+        if owner is not None:
+            from .idmap import give_tree
+
+            give_tree(tmp, *owner)
         try:
             os.rename(tmp, target)
         except OSError:

@@ -99,8 +99,7 @@ def _parse_override(value: str) -> tuple[int, int]:
     start, count = int(parts[0]), int(parts[1])
     if count < ROOT_RANGE or start < 1 or start + ROOT_RANGE > MAX_ID:
         raise ConfigError(
-            f"{RANGE_ENV}={value!r}: needs COUNT >= {ROOT_RANGE} and a START above 0 (never host root); "
-            f"e.g. {example}"
+            f"{RANGE_ENV}={value!r}: needs COUNT >= {ROOT_RANGE} and a START above 0 (never host root); e.g. {example}"
         )
     return start, start
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import resource
+
+from conftest import own_for_jails
 
 from jailbox.sandbox import Sandbox
 
@@ -110,6 +113,8 @@ def test_sh_is_used_where_there_is_no_bash(tmp_path, mini_rootfs):
     root = tmp_path / "nobash"
     shutil.copytree(mini_rootfs, root, symlinks=True)
     (root / "bin" / "bash").unlink()
+    if os.getuid() == 0:
+        own_for_jails(root)  # copytree made it host root's
     with Sandbox(rootfs=str(root)) as sb:
         r = sb.exec("echo $((6*7))")
         assert r.exit_code == 0 and r.stdout == "42\n"

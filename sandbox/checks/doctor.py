@@ -19,8 +19,10 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from .. import idmap
+from ..errors import ConfigError
 from ..floor import linux as L
-from ..idmap import subordinate_range, subuid_fix
+from ..idmap import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
 from ..limits import cgroups
 
 Status = Literal["ok", "degraded", "failing"]
@@ -153,7 +155,7 @@ def _range_text(path: Path, host: Host) -> str | None:
 
 def id_ranges(host: Host) -> Probe:
     if host.uid == 0:
-        return Probe(name="id ranges", status="ok", detail="root: identity map of 65536 ids")
+        return root_range(host)
     tool = shutil.which("newuidmap", path=host.path)
     fix = f"sudo apt-get install uidmap && {subuid_fix(host.user)}"
     if tool is None or not os.stat(tool).st_mode & stat.S_ISUID:
@@ -172,6 +174,39 @@ def id_ranges(host: Host) -> Probe:
             detail=f"no range for {host.user} in {host.subuid} / {host.subgid}: one id only",
         )
     return Probe(name="id ranges", status="ok", detail=f"subuids {uids}, subgids {gids} via {tool}")
+
+
+def root_range(host: Host) -> Probe:
+    """Root's jails map the ``jailbox`` subordinate range (``sandbox/idmap.py``); it is allocated
+    on the first jail, so here it is only looked up."""
+    name = "id range of root's jails"
+    if os.environ.get(RANGE_ENV) is not None:
+        try:
+            uid, gid = idmap.root_range()
+        except ConfigError as exc:
+            return Probe(name=name, status="failing", detail=str(exc), fix=f"unset {RANGE_ENV} or correct it")
+        return Probe(name=name, status="ok", detail=f"uids {uid}+{ROOT_RANGE}, gids {gid}+{ROOT_RANGE} ({RANGE_ENV})")
+    uids = subordinate_range(host.subuid, -1, ROOT_ENTRY)
+    gids = subordinate_range(host.subgid, -1, ROOT_ENTRY)
+    if uids and gids:
+        return Probe(
+            name=name,
+            status="ok",
+            detail=f"uids {uids[0]}+{uids[1]}, gids {gids[0]}+{gids[1]} ({ROOT_ENTRY!r} in {host.subuid})",
+        )
+    if all(os.access(p if p.exists() else p.parent, os.W_OK) for p in (host.subuid, host.subgid)):
+        return Probe(
+            name=name,
+            status="ok",
+            detail=f"no {ROOT_ENTRY!r} entry yet: the first jail adds one to {host.subuid} and {host.subgid}",
+        )
+    return Probe(
+        name=name,
+        status="failing",
+        detail=f"no {ROOT_ENTRY!r} entry in {host.subuid} / {host.subgid}, and they cannot be written",
+        fix=f"add '{ROOT_ENTRY}:1000000:{ROOT_RANGE}' (any free range) to both, or set "
+        f"{RANGE_ENV}=1000000:{ROOT_RANGE}",
+    )
 
 
 def seccomp_notify() -> Probe:

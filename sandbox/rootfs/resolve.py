@@ -29,7 +29,9 @@ def _is_path(value: str) -> bool:
 def stored(value: str) -> Entry | None:
     if value == "host" or _is_path(value):
         return None
-    return Store().resolve(value)
+    store = Store()
+    entry = store.resolve(value)
+    return None if entry is None else store.adopt(entry)
 
 
 def lower_dir(value: str, entry: Entry | None) -> Path:

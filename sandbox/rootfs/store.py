@@ -24,6 +24,11 @@ one after the other; inside the block ``store.get(name)`` shows what the other o
 ``staging.abandon()`` keeps it instead. A process killed mid-way leaves a ``tmp/`` (or ``trash/``)
 directory that the next ``create`` or ``remove`` of that name removes.
 
+As host root, an entry recorded for another map of root's jails (the identity map ``0 0 65536`` of
+jailbox before root's jails had a subordinate range, or an earlier range) is shifted into today's
+map the first time a jail uses it (``adopt``): every owner moves by the difference, under the
+name's lock, and the record is updated.
+
 Reading: ``get(name)`` (exact), ``resolve(name)`` (also an image reference's canonical form, so
 ``python:3.11-slim`` finds ``docker.io/library/python:3.11-slim``), ``list()``, ``remove(name)``,
 ``du(name)``, ``require(name)`` (raises ``RootfsNotFound`` listing what exists and how to get it).
@@ -36,6 +41,7 @@ import fcntl
 import json
 import os
 import shlex
+import stat
 import time
 import urllib.parse
 import uuid
@@ -46,6 +52,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import RootfsError, RootfsNotFound
+from ..floor.idmap import IdMap
+from ..floor.wire import WireError
 from . import shipped, unpack
 from .image import ImageConfig
 
@@ -251,6 +259,85 @@ class Store:
 
     def du(self, name: str) -> dict:
         return unpack.du(self.require(name).tree)
+
+    def adopt(self, entry: Entry) -> Entry:
+        """``entry`` owned for today's map of root's jails: as host root, a tree recorded for
+        another single-range map is shifted (see the module docstring); otherwise as it is."""
+        current = unpack.jail_map()
+        if os.getuid() != 0 or not entry.idmap or entry.idmap == current.to_wire():
+            return entry
+        with self.lock(entry.name):
+            fresh = _read(entry.path)  # another process may have shifted it meanwhile
+            if fresh is None or fresh.idmap == current.to_wire():
+                return fresh or entry
+            old = _single_range(fresh)
+            new = _single_range(fresh.model_copy(update={"idmap": current.to_wire()}))
+            if old is None or new is None:
+                raise RootfsError(
+                    f"{fresh.name} was stored for the id map {fresh.idmap}, not today's; make it again: "
+                    f"jailbox rootfs rm {shlex.quote(fresh.name)}, then pull, import or build it"
+                )
+            shift_owners(fresh.tree, old, new)
+            fresh.idmap = current.to_wire()
+            tmp = fresh.path / "meta.json.tmp"
+            tmp.write_text(fresh.model_dump_json(indent=2))
+            os.replace(tmp, fresh.path / "meta.json")
+            return fresh
+
+
+Ranges = tuple[tuple[int, int], tuple[int, int]]  # (first host uid, count), (first host gid, count)
+
+
+def _single_range(entry: Entry) -> Ranges | None:
+    """The uid and gid ranges of a map of one line each (what root's jails use), else None."""
+    try:
+        m = IdMap.from_wire(entry.idmap)
+    except WireError:
+        return None
+    found = []
+    for text in (m.uid_map, m.gid_map):
+        fields = text.split()
+        if len(fields) != 3 or fields[0] != "0" or not all(f.isdigit() for f in fields):
+            return None
+        found.append((int(fields[1]), int(fields[2])))
+    return found[0], found[1]
+
+
+def shift_owners(tree: Path, old: Ranges, new: Ranges) -> None:
+    """Move every owner in ``tree`` from the ``old`` ranges to the same place in the ``new`` ones.
+    Each entry is reached from its directory's descriptor and changed itself, never through a
+    symlink; a hard-linked file is changed once; set-id bits, which chown clears, are put back."""
+
+    def moved(value: int, frm: tuple[int, int], to: tuple[int, int]) -> int:
+        offset = value - frm[0]
+        return to[0] + offset if 0 <= offset < min(frm[1], to[1]) else value
+
+    seen: set[tuple[int, int]] = set()
+
+    def shift(name: str, dir_fd: int | None) -> None:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+            if (st.st_dev, st.st_ino) in seen:
+                return
+            seen.add((st.st_dev, st.st_ino))
+        os.chown(
+            name,
+            moved(st.st_uid, old[0], new[0]),
+            moved(st.st_gid, old[1], new[1]),
+            dir_fd=dir_fd,
+            follow_symlinks=False,
+        )
+        if st.st_mode & 0o6000 and not stat.S_ISLNK(st.st_mode):
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode))
+            finally:
+                os.close(fd)
+
+    shift(str(tree), None)
+    for _, dirs, files, fd in os.fwalk(tree, follow_symlinks=False):
+        for name in dirs + files:
+            shift(name, fd)
 
 
 def users_of(tree: Path) -> list[int]:

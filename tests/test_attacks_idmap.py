@@ -1,0 +1,285 @@
+"""Attacks through ownership: no path from a jail to host root, and nothing on a read-write bind
+that another host user could run to become the jail's ids.
+
+As host root, jails map a subordinate range (``jailbox`` in /etc/subuid and /etc/subgid), never
+uid 0: what a jail makes on a read-write bind, and the stored trees root makes, belong to that
+range on the host. In every jail with a read-write bind (root or rootless) seccomp refuses set-id
+bits, device nodes and FIFOs, whichever call makes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from jailbox.sandbox import Mount, Sandbox, idmap
+from jailbox.sandbox.errors import ConfigError
+from jailbox.sandbox.rootfs.store import Store
+
+RANGE = idmap.ROOT_RANGE
+
+
+def jail_root() -> tuple[int, int]:
+    return idmap.plan("auto").host_root()
+
+
+def host_view(top: Path) -> dict[str, os.stat_result]:
+    """Every entry under ``top`` (``top`` included), lstat-ed from the host."""
+    found = {".": os.lstat(top)}
+    for here, dirs, files in os.walk(top):
+        for name in dirs + files:
+            path = Path(here) / name
+            found[str(path.relative_to(top))] = os.lstat(path)
+    return found
+
+
+def rw_bind(tmp_path: Path, **kw: object) -> tuple[Path, Mount]:
+    out = tmp_path / "out"
+    out.mkdir()
+    return out, Mount(out, "/out", readonly=False, give=os.getuid() == 0, **kw)
+
+
+# --- what a jail makes on a read-write bind ---------------------------------------------------
+
+MAKERS = [
+    "touch /out/as-root && mkdir -p /out/dir/sub && echo x > /out/dir/sub/file",
+    "cp -a /etc/os-release /out/copied && mkdir -p /tmp/s/a/b && echo z > /tmp/s/a/b/f && cp -a /tmp/s /out/tree",
+    "mkdir /tmp/t && echo y > /tmp/t/f && tar -C /tmp -cf /tmp/t.tar t && tar -C /out -xpf /tmp/t.tar",
+    "echo moved > /tmp/m && mv /tmp/m /out/moved",
+    "chmod 777 /out/dir && python3 -c \"import os; os.setgid(1000); os.setuid(1000); open('/out/dir/by1000', 'w').write('u')\"",
+]
+
+
+@pytest.mark.root
+def test_files_a_jail_makes_on_a_rw_bind_never_belong_to_host_root(tmp_path: Path) -> None:
+    out, mount = rw_bind(tmp_path)
+    with Sandbox(mounts=[mount], keep_caps=True) as sb:
+        for cmd in MAKERS:
+            r = sb.exec(cmd)
+            assert r.exit_code == 0, (cmd, r.stderr)
+    uid, gid = jail_root()
+    seen = host_view(out)
+    assert len(seen) > 8
+    for name, st in seen.items():
+        assert st.st_uid != 0 and st.st_gid != 0, name
+        assert uid <= st.st_uid < uid + RANGE and gid <= st.st_gid < gid + RANGE, (name, st.st_uid, st.st_gid)
+    assert seen["dir/by1000"].st_uid == uid + 1000
+
+
+# --- set-id files, FIFOs, device nodes: refused on any jail with a rw bind ----------------------
+
+SET_ID_ATTEMPTS = [
+    "touch /out/a && chmod u+s /out/a",
+    "touch /out/b && chmod 2755 /out/b",
+    "install -m 4755 /bin/true /out/c",
+    "python3 -c \"import os; os.close(os.open('/out/d', os.O_CREAT | os.O_WRONLY, 0o4755))\"",
+    "python3 -c \"import os; fd = os.open('/out/e', os.O_CREAT | os.O_WRONLY, 0o755); os.fchmod(fd, 0o6755)\"",
+    "python3 -c \"import os; os.close(os.open('/out', os.O_TMPFILE | os.O_WRONLY, 0o4755))\"",
+    "touch /out/f && chown 0 /out/f; chmod 6755 /out/f",
+    "python3 -c \"import os, stat; os.mknod('/out/g', stat.S_IFREG | 0o4755)\"",
+    "python3 -c \"import os; os.chmod('/out/a', 0o4755, follow_symlinks=False)\"",
+    "cp -a /usr/bin/passwd /out/passwd-copy",  # setuid on the host: cp -a tries to keep the bit
+    "mkfifo /out/fifo",
+    "mknod /out/null c 1 3",
+    "mknod /out/blk b 7 0",
+    "python3 -c \"import os, stat; os.mknod('/out/fifo2', stat.S_IFIFO | 0o644)\"",
+]
+
+
+def test_set_id_files_fifos_and_device_nodes_cannot_be_made_on_a_rw_bind(tmp_path: Path) -> None:
+    out, mount = rw_bind(tmp_path)
+    with Sandbox(mounts=[mount], keep_caps=True) as sb:
+        results = [(cmd, sb.exec(cmd)) for cmd in SET_ID_ATTEMPTS]
+        inside = sb.exec("find /out \\( -perm /6000 -o ! -type f ! -type d \\) -printf '%p %M\\n'").stdout
+    for cmd, r in results:
+        if "passwd-copy" not in cmd:  # cp -a copies the file and warns that it kept no set-id bit
+            assert r.exit_code != 0, cmd
+    assert inside == ""
+    for name, st in host_view(out).items():
+        assert not st.st_mode & 0o6000, (name, oct(st.st_mode))
+        assert stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode), (name, oct(st.st_mode))
+
+
+def test_without_a_rw_bind_the_jail_keeps_its_own_set_id_files(tmp_path: Path) -> None:
+    """The mode rules are for rw binds only: in a jail whose writes all stay in its own layer,
+    chmod u+s and mkfifo work as before."""
+    with Sandbox(mounts=[Mount(tmp_path, "/in")]) as sb:
+        r = sb.exec("touch /tmp/s && chmod 4755 /tmp/s && mkfifo /tmp/p && stat -c %A /tmp/s")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.strip() == "-rwsr-xr-x"
+
+
+def test_a_rw_bind_is_nosuid_and_nodev(tmp_path: Path) -> None:
+    _out, mount = rw_bind(tmp_path)
+    with Sandbox(mounts=[mount]) as sb:
+        r = sb.exec("grep ' /out ' /proc/self/mountinfo")
+    options = r.stdout.split()[5].split(",")
+    assert "nosuid" in options and "nodev" in options, r.stdout
+
+
+@pytest.mark.root
+def test_the_hosts_dev_null_keeps_its_mode_and_owner(tmp_path: Path) -> None:
+    before = os.stat("/dev/null")
+    _, mount = rw_bind(tmp_path)
+    with Sandbox(mounts=[mount]) as sb:
+        sb.exec("chmod 777 /dev/null; chown 1000 /dev/null")
+    try:
+        with Sandbox(mounts=[mount], workdir="/dev/null") as sb:
+            sb.exec("true")
+    except Exception:
+        pass  # refusing the working directory is fine too
+    after = os.stat("/dev/null")
+    assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)
+
+
+# --- root's range ------------------------------------------------------------------------------
+
+
+@pytest.mark.root
+def test_jail_root_is_a_subordinate_id_on_the_host() -> None:
+    uid, gid = jail_root()
+    assert uid >= idmap.FIRST_ID and gid >= idmap.FIRST_ID
+    for mode in ("auto", "single"):
+        with Sandbox(idmap=mode) as sb:
+            inside = sb.exec("cat /proc/self/uid_map /proc/self/gid_map").stdout.split()
+            status = Path(f"/proc/{sb.init_pid}/status").read_text()
+        count = "1" if mode == "single" else str(RANGE)
+        assert inside == ["0", str(uid), count, "0", str(gid), count]
+        ids = {line.split(":")[0]: line.split()[1:] for line in status.splitlines() if line[:4] in ("Uid:", "Gid:")}
+        assert ids == {"Uid": [str(uid)] * 4, "Gid": [str(gid)] * 4}, status
+
+
+@pytest.mark.root
+def test_single_mode_as_root_does_not_map_host_root() -> None:
+    with Sandbox(idmap="single") as sb:
+        r = sb.exec("cat /proc/self/uid_map; touch /tmp/x; stat -c %u /tmp/x")
+    fields = r.stdout.split()
+    assert fields[1] != "0" and fields[:3] == ["0", fields[1], "1"]
+
+
+def write_ids(path: Path, lines: list[str]) -> None:
+    path.write_text("".join(f"{line}\n" for line in lines))
+    path.chmod(0o644)
+
+
+def test_the_range_is_allocated_clear_of_every_other_entry(tmp_path: Path) -> None:
+    subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
+    write_ids(subuid, ["jailbox-ci:165536:65536", "alice:100000:65536", "bob:262144:1"])
+    write_ids(subgid, ["jailbox-ci:165536:65536", "carol:327680:10"])
+    start = idmap._file_range(str(subuid), str(subgid))
+    assert start == (393216, 393216)  # 131072.. holds alice and jailbox-ci, 262144 bob, 327680 carol
+    for path in (subuid, subgid):
+        assert path.read_text().endswith("jailbox:393216:65536\n")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    idmap._file_range.cache_clear()
+    assert idmap._file_range(str(subuid), str(subgid)) == (393216, 393216)  # found, not added again
+    assert subuid.read_text().count("jailbox:") == 1
+
+
+def test_an_existing_entry_is_used_and_a_file_without_final_newline_stays_well_formed(tmp_path: Path) -> None:
+    subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
+    subuid.write_text("jailbox:1000000:65536\nother:100000:65536")
+    subgid.write_text("other:100000:65536")
+    assert idmap._file_range(str(subuid), str(subgid)) == (1000000, 196608)
+    assert subgid.read_text() == "other:100000:65536\njailbox:196608:65536\n"
+    assert subuid.read_text() == "jailbox:1000000:65536\nother:100000:65536"
+
+
+def test_no_entry_and_no_way_to_write_one_is_refused_with_the_fix(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(ConfigError, match="JAILBOX_ROOT_RANGE=1000000:65536"):
+        idmap._file_range(str(missing / "subuid"), str(missing / "subgid"))
+    short = tmp_path / "subuid"
+    short.write_text("jailbox:100000:10\n")
+    with pytest.raises(ConfigError, match="fix that line"):
+        idmap._file_range(str(short), str(short))
+
+
+@pytest.mark.parametrize("value", ["0:65536", "200000", "200000:100", "x:65536", "-1:65536", "4294967000:65536"])
+def test_a_bad_range_override_is_refused_with_an_example(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(idmap.RANGE_ENV, value)
+    with pytest.raises(ConfigError, match="JAILBOX_ROOT_RANGE=200000:65536"):
+        idmap.root_range()
+
+
+@pytest.mark.root
+def test_the_range_override_is_what_jails_map(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(idmap.RANGE_ENV, "1048576:65536")
+    with Sandbox() as sb:
+        assert sb.exec("cat /proc/self/uid_map").stdout.split() == ["0", "1048576", str(RANGE)]
+
+
+# --- stored trees ------------------------------------------------------------------------------
+
+
+@pytest.mark.root
+def test_an_imported_tree_is_owned_in_the_range(tmp_path: Path, store: Store) -> None:
+    from oci_images import E, tar_bytes
+
+    from jailbox.sandbox.rootfs.importer import import_rootfs
+
+    archive = tmp_path / "rootfs.tar"
+    archive.write_bytes(
+        tar_bytes(
+            [
+                E("etc", "dir"),
+                E("etc/hello", data=b"hi\n"),
+                E("home/u", "dir", uid=1000, gid=1000),
+                E("bin", "dir"),
+                E("bin/su", data=b"#!", mode=0o4755),
+                E("link", "symlink", link="/etc/passwd"),
+            ]
+        )
+    )
+    entry = import_rootfs(archive, "owned", store=store)
+    uid, _gid = jail_root()
+    seen = host_view(entry.tree)
+    assert seen["."].st_uid == uid
+    assert seen["etc/hello"].st_uid == uid and seen["home/u"].st_uid == uid + 1000
+    assert seen["bin/su"].st_mode & 0o4000 and seen["bin/su"].st_uid == uid
+    assert all(st.st_uid >= uid for st in seen.values())
+
+
+def _identity_entry(store: Store, name: str) -> Path:
+    """An entry as jailbox stored it as root before root's jails had a range: owners as the jail
+    saw them, on the host (the identity map)."""
+    store.ensure()
+    path = store.entry_dir(name)
+    tree = path / "tree"
+    for sub in ("etc", "bin", "home/u"):
+        (tree / sub).mkdir(parents=True)
+    (tree / "etc" / "hello").write_text("hi\n")
+    (tree / "bin" / "su").write_text("#!")
+    os.chmod(tree / "bin" / "su", 0o4755)
+    os.link(tree / "bin" / "su", tree / "bin" / "su-again")
+    os.chown(tree / "home" / "u", 1000, 1000)
+    os.symlink("/etc/passwd", tree / "passwd-link")  # the host's: must not change owner
+    os.chmod(tree, 0o755)
+    meta = {"name": name, "kind": "import", "source": "test", "created": 0.0, "idmap": {}}
+    meta["idmap"] = {"uid_map": "0 0 65536\n", "gid_map": "0 0 65536\n", "helper": False, "deny_setgroups": False}
+    (path / "meta.json").write_text(json.dumps(meta))
+    return tree
+
+
+@pytest.mark.root
+def test_an_entry_stored_with_the_identity_map_is_shifted_into_the_range(store: Store) -> None:
+    from jailbox.sandbox.rootfs.resolve import stored
+
+    host_passwd = os.lstat("/etc/passwd")
+    tree = _identity_entry(store, "old")
+    assert stored("old") is not None  # what every jail on it does first
+    uid, gid = jail_root()
+    seen = host_view(tree)
+    assert seen["."].st_uid == uid and seen["etc/hello"].st_uid == uid and seen["etc/hello"].st_gid == gid
+    assert seen["home/u"].st_uid == uid + 1000
+    assert seen["bin/su"].st_uid == uid and stat.S_IMODE(seen["bin/su"].st_mode) == 0o4755
+    assert seen["passwd-link"].st_uid == uid
+    after = os.lstat("/etc/passwd")
+    assert (after.st_uid, after.st_gid, after.st_mode) == (host_passwd.st_uid, host_passwd.st_gid, host_passwd.st_mode)
+    entry = store.get("old")
+    assert entry is not None and entry.idmap["uid_map"].split()[1] == str(uid)
+    assert stored("old") is not None and host_view(tree)["home/u"].st_uid == uid + 1000  # shifted once
