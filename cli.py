@@ -40,7 +40,11 @@ def _jail_options(func: Any) -> Any:
             help='"host", a stored name (jailbox rootfs list) or a directory.',
         ),
         click.option(
-            "--bind", "binds", multiple=True, metavar="SRC:DST[:ro|rw]", help="Bind a host path (ro default)."
+            "--bind",
+            "binds",
+            multiple=True,
+            metavar="SRC:DST[:ro|rw|give]",
+            help="Bind a host path (ro default; give: rw, chowned to the jail's root).",
         ),
         click.option("--workdir", default=None, help="Working directory inside [default: the image's, else /testbed]."),
         click.option("--env", "envs", multiple=True, metavar="K=V", help="Set a variable inside (repeatable)."),

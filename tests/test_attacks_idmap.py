@@ -50,7 +50,8 @@ MAKERS = [
     "cp -a /etc/os-release /out/copied && mkdir -p /tmp/s/a/b && echo z > /tmp/s/a/b/f && cp -a /tmp/s /out/tree",
     "mkdir /tmp/t && echo y > /tmp/t/f && tar -C /tmp -cf /tmp/t.tar t && tar -C /out -xpf /tmp/t.tar",
     "echo moved > /tmp/m && mv /tmp/m /out/moved",
-    "chmod 777 /out/dir && python3 -c \"import os; os.setgid(1000); os.setuid(1000); open('/out/dir/by1000', 'w').write('u')\"",
+    "chmod 777 /out/dir && python3 -c \"import os; os.setgid(1000); os.setuid(1000); "
+    "open('/out/dir/by1000', 'w').write('u')\"",
 ]
 
 
@@ -237,6 +238,7 @@ def test_an_imported_tree_is_owned_in_the_range(tmp_path: Path, store: Store) ->
     )
     entry = import_rootfs(archive, "owned", store=store)
     uid, _gid = jail_root()
+    assert uid >= idmap.FIRST_ID  # never host root
     seen = host_view(entry.tree)
     assert seen["."].st_uid == uid
     assert seen["etc/hello"].st_uid == uid and seen["home/u"].st_uid == uid + 1000
@@ -273,6 +275,7 @@ def test_an_entry_stored_with_the_identity_map_is_shifted_into_the_range(store: 
     tree = _identity_entry(store, "old")
     assert stored("old") is not None  # what every jail on it does first
     uid, gid = jail_root()
+    assert uid >= idmap.FIRST_ID  # never host root
     seen = host_view(tree)
     assert seen["."].st_uid == uid and seen["etc/hello"].st_uid == uid and seen["etc/hello"].st_gid == gid
     assert seen["home/u"].st_uid == uid + 1000
