@@ -50,7 +50,7 @@ MAKERS = [
     "cp -a /etc/os-release /out/copied && mkdir -p /tmp/s/a/b && echo z > /tmp/s/a/b/f && cp -a /tmp/s /out/tree",
     "mkdir /tmp/t && echo y > /tmp/t/f && tar -C /tmp -cf /tmp/t.tar t && tar -C /out -xpf /tmp/t.tar",
     "echo moved > /tmp/m && mv /tmp/m /out/moved",
-    "chmod 777 /out/dir && python3 -c \"import os; os.setgid(1000); os.setuid(1000); "
+    'chmod 777 /out/dir && python3 -c "import os; os.setgid(1000); os.setuid(1000); '
     "open('/out/dir/by1000', 'w').write('u')\"",
 ]
 
