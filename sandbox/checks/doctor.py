@@ -179,7 +179,7 @@ def id_ranges(host: Host) -> Probe:
 def root_range(host: Host) -> Probe:
     """Root's jails map the ``jailbox`` subordinate range (``sandbox/idmap.py``); it is allocated
     on the first jail, so here it is only looked up."""
-    name = "id range of root's jails"
+    name = "id ranges"
     if os.environ.get(RANGE_ENV) is not None:
         try:
             uid, gid = idmap.root_range()
