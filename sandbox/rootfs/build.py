@@ -4,6 +4,8 @@ mmdebstrap writes a tar stream on stdout whose owners are the ids *inside* its n
 0), and the store's extractor unpacks that stream inside a user namespace with the jail's own id map.
 So a built tree has the owners a jail expects (in-jail root may write everything root owns, apt's
 ``_apt`` is ``_apt``) without a chown pass over 1 GB, and the same path serves rootless and root builds.
+As root, mmdebstrap runs ``--mode=root`` (a recipe's steps are trusted code, run as host root in its
+chroot) and the tree it streams lands owned in root's jail range (``0 R 65536``), never host root's.
 """
 
 from __future__ import annotations
