@@ -93,26 +93,26 @@ def _quick_key() -> tuple:
 class _Layouts:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.cache: dict[Path, tuple[float, tuple, str, list[dict]]] = {}
+        # per state directory and owner (root's jails' range may change: JAILBOX_ROOT_RANGE)
+        self.cache: dict[tuple[Path, tuple[int, int] | None], tuple[float, tuple, str, list[dict]]] = {}
 
     def get(self, state_dir: Path) -> tuple[str, list[dict]]:
         now = time.monotonic()
-        cached = self.cache.get(state_dir)
+        owner = _jail_root()
+        cached = self.cache.get((state_dir, owner))
         if cached is not None and now - cached[0] < RECHECK:
             return cached[2], cached[3]
         with self.lock:
             key = _quick_key()
             if cached is not None and cached[1] == key and os.path.isdir(cached[2]):
-                self.cache[state_dir] = (now, key, cached[2], cached[3])
+                self.cache[(state_dir, owner)] = (now, key, cached[2], cached[3])
                 return cached[2], cached[3]
             links, copies, binds = _plan()
-            owner = _jail_root()
-            skeleton = (
-                state_dir / f"skeleton-{_fingerprint(links, copies, binds)}{'' if owner is None else f'-{owner[0]}'}"
-            )
+            suffix = "" if owner is None else f"-{owner[0]}"
+            skeleton = state_dir / f"skeleton-{_fingerprint(links, copies, binds)}{suffix}"
             if not skeleton.is_dir():
                 _build(skeleton, links, copies, binds, owner)
-            self.cache[state_dir] = (now, key, str(skeleton), binds)
+            self.cache[(state_dir, owner)] = (now, key, str(skeleton), binds)
             return str(skeleton), binds
 
 
