@@ -203,8 +203,32 @@ def _refusal(subuid: str, subgid: str, exc: OSError) -> ConfigError:
 def plan(mode: str) -> IdMap:
     """The map the launcher writes for a jail of ``mode`` ("auto", "full" or "single")."""
     if os.getuid() == 0:
-        return _root_plan(root_range(), mode)
+        first = root_range()
+        _check_mapped(first)
+        return _root_plan(first, mode)
     return _plan(os.getuid(), mode)
+
+
+def _check_mapped(first: tuple[int, int]) -> None:
+    """Root of a user namespace (``unshare --map-root-user``) has only the ids its map names."""
+    for key, start in (("uid_map", first[0]), ("gid_map", first[1])):
+        have = _entries_of_map(f"/proc/self/{key}")
+        if not any(inside <= start and start + ROOT_RANGE <= inside + count for inside, count in have):
+            raise ConfigError(
+                f"root's jails use ids {start}-{start + ROOT_RANGE - 1}, which this user namespace does "
+                f"not map (/proc/self/{key}); fix: map them into it (unshare --map-users={start},{start},"
+                f"{ROOT_RANGE} --map-groups=...), or set {RANGE_ENV}=START:COUNT to ids it has"
+            )
+
+
+def _entries_of_map(path: str) -> list[tuple[int, int]]:
+    """(first id inside, count) of each line of a /proc/PID/uid_map or gid_map."""
+    try:
+        with open(path) as f:
+            lines = f.read(MAX_SUBID_FILE).splitlines()
+    except OSError:
+        return [(0, MAX_ID)]  # no /proc: nothing to tell, the kernel will
+    return [(int(f[0]), int(f[2])) for f in (line.split() for line in lines) if len(f) == 3]
 
 
 @functools.lru_cache(maxsize=8)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from jailbox.sandbox import Sandbox
+from jailbox.sandbox import Sandbox, idmap
 from jailbox.sandbox.errors import ConfigError
 
 
@@ -47,9 +48,11 @@ def test_rootless_userns_false_is_refused():
 
 
 @pytest.mark.root
-def test_root_uses_a_user_namespace_with_an_identity_map():
+def test_root_uses_a_user_namespace_with_its_own_range():
+    start = idmap.plan("auto").host_root()[0]
+    assert start >= idmap.FIRST_ID
     with Sandbox() as sb:
-        assert _uid_map(sb) == [[0, 0, 65536]]
+        assert _uid_map(sb) == [[0, start, 65536]]
         ns_inside = sb.exec("readlink /proc/self/ns/user").stdout.strip()
         assert ns_inside != os.readlink("/proc/self/ns/user")
 
@@ -70,13 +73,38 @@ def test_kernel_refusal_names_the_sysctl_that_fixes_it():
         "from jailbox.sandbox import Sandbox\nfrom jailbox.sandbox.errors import KernelRefused\n"
         "try:\n    Sandbox()\nexcept KernelRefused as exc:\n    print(exc)'"
     )
-    r = subprocess.run(
-        ["unshare", "--user", "--map-root-user", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parent.parent,
-        timeout=60,
-    )
+    if os.getuid() == 0:  # root's jails need root's range mapped in the namespace too: we write its maps
+        r = _in_userns_with_roots_range(script)
+    else:
+        r = subprocess.run(
+            ["unshare", "--user", "--map-root-user", "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+            timeout=60,
+        )
     assert "sysctl -w user.max_user_namespaces=" in r.stdout, r.stderr
     with Sandbox() as sb:
         assert sb.exec("true").exit_code == 0
+
+
+def _in_userns_with_roots_range(script: str) -> subprocess.CompletedProcess:
+    """``script`` as root of a new user namespace that maps host root and root's jail range.
+    The shell waits for its maps, then execs a new shell: capabilities come with that exec."""
+    uid, gid = idmap.plan("auto").host_root()
+    proc = subprocess.Popen(
+        ["unshare", "--user", "sh", "-c", 'read go && exec sh -c "$0"', script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    for key, first in (("uid_map", uid), ("gid_map", gid)):
+        for _ in range(500):  # until unshare has made the namespace (a bounded wait)
+            if os.readlink(f"/proc/{proc.pid}/ns/user") != os.readlink("/proc/self/ns/user"):
+                break
+            time.sleep(0.01)
+        Path(f"/proc/{proc.pid}/{key}").write_text(f"0 0 1\n{first} {first} 65536\n")
+    out, err = proc.communicate("go\n", timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
