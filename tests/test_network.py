@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import need, require
+from conftest import need, own_for_jails, require
 from pydantic import ValidationError
 from standin import CA_ENV, NAMES, StandIn, host_address, make_ca
 
@@ -32,6 +32,7 @@ TUN_OK = os.access("/dev/net/tun", os.R_OK | os.W_OK)
 def pki(tmp_path_factory):
     need("openssl")
     directory = tmp_path_factory.mktemp("pki")
+    directory.chmod(0o755)  # bound into jails, whose root as host root is a subordinate id (reads as others)
     return make_ca(directory, ["127.0.0.1"] + ([LAN] if LAN else []))
 
 
@@ -567,6 +568,8 @@ def test_host_mode_uses_the_hosts_resolvers_not_the_rootfs_copy(mini_rootfs, tmp
     (root / "etc" / "resolv.conf").write_text("nameserver 192.0.2.1\n")  # what a build machine left behind
     with open("/etc/resolv.conf", "rb") as f:
         host = f.read()
+    if os.getuid() == 0:
+        own_for_jails(root)  # copytree made it host root's
     with Sandbox(rootfs=str(root), network="host") as sb:
         assert sb.read_file("/etc/resolv.conf") == host
     with Sandbox(rootfs=str(root)) as sb:
