@@ -11,7 +11,12 @@ fork, exec and setsid) so a timeout can find and kill daemonised grandchildren t
 No process in the jail can change its tag: every seccomp policy refuses ``prctl(PR_SET_TIMERSLACK)``
 and /proc, where ``timerslack_ns`` is, is read-only; the init sets its own through a file it opened
 before. The host's file API serves nothing on procfs, so the init never opens its own entries for
-the host. Stdlib only.
+the host.
+
+The init outlives what its commands do: it reads at most ``MAX_REQUEST`` bytes of a request and
+answers a malformed or oversized one by dropping it (the control socket stays usable), and it sits
+at the lowest ``oom_score_adj`` this namespace lets it take while every command starts at the
+highest, so an OOM kill (a cgroup's, or the host's) takes a command, not the jail. Stdlib only.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from ..floor import wire
 from . import mounts, netns
 from .protocol import InitReady, Step, failure, step
 from .requests import (
+    MAX_REQUEST,
     DrainRequest,
     ExecRequest,
     KillRequest,
@@ -58,6 +64,8 @@ X32_BIT = 0x40000000
 MAX_REFUSED_KINDS = 256
 SPAWN_ATTEMPTS = 5
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD)
+INIT_OOM_ADJ = (b"-999", b"0")  # lowest first; below -999 the init could never be taken, even by the host
+COMMAND_OOM_ADJ = b"1000"
 Handler = Callable[[Any, list[int], Any], None]  # an ``op_*`` method: its request's own type, fds, reply
 
 
@@ -78,7 +86,8 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
             L.sethostname(spec.hostname)
             set_name("jailbox-init")
         with step(Step.PROC):
-            slack = mounts.seal_proc()
+            slack, oom = mounts.seal_proc()
+            oom_adj = _lowest_oom_adj(oom)
         if spec.net.new_netns:
             with step(Step.LOOPBACK):
                 _loopback_up()
@@ -107,7 +116,19 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
     wire.send(ctl, InitReady(seccomp_notify=listener >= 0).to_wire(), net_fds)  # the network side's descriptors
     for fd in net_fds:
         os.close(fd)
-    Init(ctl, spec.seccomp, listener, slack).serve()
+    Init(ctl, spec.seccomp, listener, slack, (oom, oom_adj)).serve()
+
+
+def _lowest_oom_adj(oom: int) -> bytes:
+    """Take the lowest ``oom_score_adj`` allowed here (CAP_SYS_RESOURCE of the host's user
+    namespace for a negative one, else the lowest any earlier privileged writer left) and return it."""
+    for value in INIT_OOM_ADJ:
+        try:
+            os.pwrite(oom, value, 0)
+        except OSError:
+            continue
+        break
+    return os.pread(oom, 16, 0).strip()
 
 
 def _install_seccomp(filters: SeccompSpec | None) -> int:
@@ -137,10 +158,13 @@ def _loopback_up() -> None:
 
 
 class Init:
-    def __init__(self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int, slack: int) -> None:
+    def __init__(
+        self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int, slack: int, oom: tuple[int, bytes]
+    ) -> None:
         self.ctl = ctl
         self.listener = listener
         self.slack = slack  # our own timerslack_ns, written to tag what we start next
+        self.oom, self.oom_adj = oom  # our own oom_score_adj, raised around each start (inherited), and our value
         self.root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.proc_dev = os.stat("/proc").st_dev
         self.refuse_errno = seccomp.errno_value if seccomp else 1
@@ -192,8 +216,10 @@ class Init:
 
     def _request(self, handlers: dict[type[Request], Handler]) -> None:
         try:
-            msg = wire.recv(self.ctl, max_fds=4)
-        except (OSError, wire.WireError):
+            msg = wire.recv(self.ctl, max_fds=4, max_bytes=MAX_REQUEST)
+        except wire.WireError:
+            return  # dropped with its descriptors: its reply socket closes unanswered, the next request is served
+        except OSError:
             os._exit(2)
         if msg is None:
             os._exit(0)
@@ -231,6 +257,19 @@ class Init:
         argv = [self.shell, "-c", req.shell] if req.shell is not None else list(req.argv or ())
         tag = SLACK_BASE + 1 + req.id % 100_000
         os.write(self.slack, str(tag).encode())  # inherited by what we fork or spawn next
+        os.pwrite(self.oom, COMMAND_OOM_ADJ, 0)  # likewise: the OOM killer takes a command before us
+        try:
+            pid = self._start(argv, req, fds, reply)
+        finally:
+            os.pwrite(self.oom, self.oom_adj, 0)
+        if pid is None:
+            return
+        self.execs[pid] = (reply, req.id)
+        self.tags[req.id] = tag
+        self.by_tag[tag] = req.id
+
+    def _start(self, argv: list[str], req: ExecRequest, fds: list[int], reply: socket.socket) -> int | None:
+        """The command's pid, or None once a failure to start it has been answered."""
         for attempt in range(SPAWN_ATTEMPTS):
             try:
                 if req.tty:
@@ -248,10 +287,8 @@ class Init:
                     continue
                 self._answer(reply, {"exit": exc.code, "signal": None, "error": str(exc)})
                 reply.close()
-                return
-        self.execs[pid] = (reply, req.id)
-        self.tags[req.id] = tag
-        self.by_tag[tag] = req.id
+                return None
+        return pid
 
     @staticmethod
     def _spawn(argv: list[str], req: ExecRequest, fds: list[int]) -> int:

@@ -78,8 +78,8 @@ def plan(spec: JailSpec) -> list[Op]:
     ops += [
         Op(Step.PROC, "/proc", True, True, _mount_proc),
         Op(Step.SYS, "/sys", True, True, _mount_sys),
-        Op(Step.DEV, "/dev", True, True, _mount_dev),
-        Op(Step.TMP, "/tmp", True, True, _mount_tmp),
+        Op(Step.DEV, "/dev", True, True, functools.partial(_mount_dev, spec.stage)),
+        Op(Step.TMP, "/tmp", True, True, functools.partial(_mount_scratch, spec.stage + "/tmp")),
         Op(Step.WORKDIR, spec.workdir, True, False, _workdir),
     ]
     ops += [Op(Step.BIND, b.dst, b.is_dir, False, functools.partial(_bind, b)) for b in spec.user_binds]
@@ -91,19 +91,26 @@ def build(spec: JailSpec) -> None:
 
     The staging directory is shared by all jails on the host but each jail mounts its own tmpfs
     over it in its private mount namespace, so the mount points cost nothing on disk. Only a disk
-    writable layer lives in the sandbox's own state directory.
+    writable layer lives in the sandbox's own state directory. That tmpfs is the jail's only
+    writable one: /tmp and /dev/shm are directories of it, so its one size and inode count bound
+    all the memory the jail can hold in files.
     """
     root = spec.stage + "/root"
     rw = "." if spec.upper == "tmpfs" else "rw"  # the writable layer, relative to the staging tmpfs
     with step(Step.STAGE):
         L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
-        size = f",size={spec.tmpfs_size}" if spec.upper == "tmpfs" else ",size=1m"
-        L.mount("tmpfs", spec.stage, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=0755" + size)
+        bounds = f"mode=0755,size={spec.tmpfs_size}"
+        if spec.tmpfs_inodes:
+            bounds += f",nr_inodes={spec.tmpfs_inodes}"
+        L.mount("tmpfs", spec.stage, "tmpfs", L.MS_NOSUID | L.MS_NODEV, bounds)
         # The overlay names its layers relative to the staging tmpfs, so /proc/self/mountinfo inside
         # shows "lowerdir=lower,upperdir=rw/upper" rather than the host's state directory.
         os.chdir(spec.stage)
         for path in ("root", "lower"):
             os.mkdir(path, 0o755)
+        for path in ("tmp", "shm"):
+            os.mkdir(path)
+            os.chmod(path, 0o1777)
         if rw != ".":
             assert spec.dir is not None  # a disk writable layer has a sandbox directory (JailSpec.dir)
             os.mkdir(rw, 0o755)
@@ -172,8 +179,9 @@ def _bind(bind: Bind, target: str) -> None:
         L.make_readonly(target)
 
 
-def _mount_tmp(target: str) -> None:
-    L.mount("tmpfs", target, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=1777")
+def _mount_scratch(src: str, target: str) -> None:
+    """A directory of the staging tmpfs (nosuid, nodev, bounded) at ``target``."""
+    L.mount(src, target, None, L.MS_BIND)
 
 
 def _workdir(target: str) -> None:
@@ -197,8 +205,9 @@ def _mount_proc(proc: str) -> None:
     _mask(proc, "/proc")
 
 
-def seal_proc() -> int:
-    """Make the jail's /proc read-only, all of it, and return the init's own timer-slack file.
+def seal_proc() -> tuple[int, int]:
+    """Make the jail's /proc read-only, all of it, and return the init's own timer-slack and
+    ``oom_score_adj`` files (read-write).
 
     Every per-process knob is then out of commands' reach, not only the ones a list would name:
     the init's ``oom_score_adj`` (which a jail's root could raise), every ``timerslack_ns`` (the
@@ -209,10 +218,11 @@ def seal_proc() -> int:
     tree = L.clone_mount("/proc")
     try:
         slack = os.open("self/timerslack_ns", os.O_WRONLY | os.O_CLOEXEC, dir_fd=tree)
+        oom = os.open("self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC, dir_fd=tree)
     finally:
         os.close(tree)
     L.make_readonly("/proc")
-    return slack
+    return slack, oom
 
 
 def _mount_sys(target: str) -> None:
@@ -237,8 +247,9 @@ def _mask(mounted_at: str, prefix: str) -> None:
             L.make_readonly(target)  # the host's /dev/null: its mode must not change through here
 
 
-def _mount_dev(dev: str) -> None:
-    L.mount("tmpfs", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k")
+def _mount_dev(stage: str, dev: str) -> None:
+    # a byte bound alone would leave empty files free: each costs the host an inode's memory
+    L.mount("tmpfs", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k,nr_inodes=256")
     for name in DEVICES:
         node = f"{dev}/{name}"
         os.close(os.open(node, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o666))
@@ -249,6 +260,6 @@ def _mount_dev(dev: str) -> None:
     os.mkdir(dev + "/pts", 0o755)
     L.mount("devpts", dev + "/pts", "devpts", L.MS_NOSUID | L.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     os.mkdir(dev + "/shm", 0o1777)
-    L.mount("tmpfs", dev + "/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=1777")
+    _mount_scratch(stage + "/shm", dev + "/shm")
     for name, target in DEV_LINKS.items():
         os.symlink(target, f"{dev}/{name}")
