@@ -14,8 +14,8 @@ import resource
 import warnings
 
 from ..config import Limits, SandboxConfig
-from .watch import TICK
 from ..errors import LimitNotEnforced
+from .watch import TICK
 
 Enforcement = dict[str, str]
 

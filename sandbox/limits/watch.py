@@ -84,7 +84,7 @@ class Watcher:
                 current = list(self._watched)
             try:
                 check(current, time.monotonic())
-            except Exception:  # noqa: S110 - a bad sample must not end the thread that holds the bounds
+            except Exception:  # a bad sample must not end the thread that holds the bounds
                 pass
             time.sleep(TICK)
 
