@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TICK = 0.05
-WALK_SHARE = 5  # a walk of the writable layer runs at most one fifth of the time
+WALK_SHARE = 5  # walks of writable layers take at most a fifth of the thread's time, all sandboxes together
 WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still seen
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ROLLUP_KEYS = (b"Pss_Anon:", b"Pss_Shmem:", b"SwapPss:")
@@ -95,6 +95,7 @@ WATCHER = Watcher()
 def check(watched: list[Watched], now: float) -> None:
     """One sample of every watched sandbox; kills what is over its bound."""
     tree: dict[int, list[int]] | None = None
+    walkers = sum(w.upper is not None for w in watched)
     for w in watched:
         if w.memory is not None:
             tree = tree if tree is not None else _children()
@@ -102,7 +103,7 @@ def check(watched: list[Watched], now: float) -> None:
         if w.upper is not None and now >= w.next_walk:
             started = time.monotonic()
             usage = _usage(w.upper, w.disk, w.inodes)
-            w.next_walk = now + max(TICK * 2, (time.monotonic() - started) * WALK_SHARE)
+            w.next_walk = now + max(TICK * 2, (time.monotonic() - started) * WALK_SHARE * walkers)
             over = (w.disk is not None and usage[0] > w.disk) or (w.inodes is not None and usage[1] > w.inodes)
             grew = usage[0] > w.last_usage[0] or usage[1] > w.last_usage[1]
             if over and grew:  # a command that removes files to get back under the bound is left alone
