@@ -19,6 +19,7 @@ follows a link and reads at most twice ``inodes`` entries.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import stat
 import threading
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TICK = 0.05
+KILL_WAIT = 1.0
 WALK_SHARE = 5  # walks of writable layers take at most a fifth of the thread's time, all sandboxes together
 WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still seen
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -108,9 +110,10 @@ def check(watched: list[Watched], now: float) -> None:
             grew = usage[0] > w.last_usage[0] or usage[1] > w.last_usage[1]
             if over and grew:  # a command that removes files to get back under the bound is left alone
                 tree = _children()
-                for pid in _descendants(tree, w.init_pid):
-                    _kill(pid, w.init_pid)
-                w.counters["disk_max"] += 1
+                w.counters["disk_max"] += 1  # first: the killed command's result reads it when it ends
+                _kill_all(_descendants(tree, w.init_pid), w.init_pid)
+                # what the killed wrote last is in the next baseline, not taken for a new writer's growth
+                usage = _usage(w.upper, w.disk, w.inodes)
             w.last_usage = usage
 
 
@@ -126,9 +129,8 @@ def _check_memory(w: Watched, tree: dict[int, list[int]]) -> None:
         return
     candidates = {pid: size for pid, size in sizes.items() if pid != w.init_pid} or sizes
     biggest = max(candidates, key=lambda pid: candidates[pid])
-    for pid in [biggest, *_descendants(tree, biggest)]:
-        _kill(pid, w.init_pid)
-    w.counters["oom_kill"] += 1
+    w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
+    _kill_all([biggest, *_descendants(tree, biggest)], w.init_pid)
 
 
 def _children() -> dict[int, list[int]]:
@@ -192,19 +194,42 @@ def _in_tree(pid: int, init_pid: int) -> bool:
     return False
 
 
-def _kill(pid: int, init_pid: int) -> None:
-    """SIGKILL through a pidfd, once the pid it holds is seen to still be of this jail."""
+def _kill_all(pids: list[int], init_pid: int) -> None:
+    """SIGKILL each through a pidfd, once the pid it holds is seen to still be of this jail; then
+    wait (at most ``KILL_WAIT``) until they are gone, so what they held or wrote is settled."""
+    killed = []
+    for pid in pids:
+        pidfd = _kill(pid, init_pid)
+        if pidfd >= 0:
+            killed.append(pidfd)
+    poller = select.poll()
+    for pidfd in killed:
+        poller.register(pidfd, select.POLLIN)
+    pending = set(killed)
+    deadline = time.monotonic() + KILL_WAIT
+    while pending and (left := deadline - time.monotonic()) > 0:
+        for fd, _ in poller.poll(max(1, int(left * 1000))):
+            poller.unregister(fd)
+            pending.discard(fd)
+    for pidfd in killed:
+        os.close(pidfd)
+
+
+def _kill(pid: int, init_pid: int) -> int:
+    """SIGKILL through a pidfd, once the pid it holds is seen to still be of this jail; the pidfd
+    of what was signalled (the caller closes it), else -1."""
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
-        return
+        return -1
     try:
         if pid != init_pid and _in_tree(pid, init_pid):
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            return pidfd
     except OSError:
         pass
-    finally:
-        os.close(pidfd)
+    os.close(pidfd)
+    return -1
 
 
 def _usage(top: Path, disk: int | None, inodes: int | None) -> tuple[int, int]:
