@@ -93,12 +93,16 @@ def test_without_a_cgroup_the_watcher_holds_the_total():
 
 def test_commands_are_the_oom_killers_first_choice_not_the_init():
     with Sandbox() as sb:
-        init_file = f"/proc/{sb._jail.init_pid}/oom_score_adj"
-        for cmd in ("cat /proc/self/oom_score_adj", "sh -c 'cat /proc/self/oom_score_adj'"):
-            assert sb.exec(cmd).stdout == "1000\n"  # every command, and what it starts
-            # the init raises its own only while it starts a command, and is back below after
-            with open(init_file) as f:
-                assert int(f.read()) < 1000
+        init = sb.exec("cat /proc/1/oom_score_adj").stdout
+        assert int(init) < 1000
+        # a spawned command is raised right after it starts: wait for it (a hang guard, not a timing)
+        own = "for i in $(seq 500); do read v < /proc/$$/oom_score_adj; [ $v = 1000 ] && break; sleep 0.01; done;"
+        own += " echo $v"
+        for cmd in (own, f"sh -c '{own}'", f"sh -c 'sleep 0.1; {own}' & wait"):
+            assert sb.exec(cmd).stdout == "1000\n"
+        assert sb.exec("cat /proc/1/oom_score_adj").stdout == init
+        with open(f"/proc/{sb._jail.init_pid}/oom_score_adj") as f:
+            assert f.read() == init
 
 
 @pytest.mark.cgroup

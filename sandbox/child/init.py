@@ -14,14 +14,17 @@ before. The host's file API serves nothing on procfs, so the init never opens it
 the host.
 
 The init outlives what its commands do: it reads at most ``MAX_REQUEST`` bytes of a request and
-answers a malformed or oversized one by dropping it (the control socket stays usable), and it sits
-at the lowest ``oom_score_adj`` this namespace lets it take while every command starts at the
-highest, so an OOM kill (a cgroup's, or the host's) takes a command, not the jail. Stdlib only.
+drops a malformed or oversized one (its reply socket closes unanswered; the control socket stays
+usable, and the host refuses such a request before sending it). It sits at the lowest
+``oom_score_adj`` this namespace lets it take and puts every command at the highest, so an OOM kill
+(a cgroup's, or the host's) takes a command, not the jail: a forked command sets its own before
+exec, a spawned one is set by the init right after (until then it is at the init's value). Stdlib only.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import fcntl
 import os
@@ -86,8 +89,8 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
             L.sethostname(spec.hostname)
             set_name("jailbox-init")
         with step(Step.PROC):
-            slack, oom = mounts.seal_proc()
-            oom_adj = _lowest_oom_adj(oom)
+            slack, proc = mounts.seal_proc()
+            _lowest_oom_adj(proc)
         if spec.net.new_netns:
             with step(Step.LOOPBACK):
                 _loopback_up()
@@ -116,19 +119,27 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
     wire.send(ctl, InitReady(seccomp_notify=listener >= 0).to_wire(), net_fds)  # the network side's descriptors
     for fd in net_fds:
         os.close(fd)
-    Init(ctl, spec.seccomp, listener, slack, (oom, oom_adj)).serve()
+    Init(ctl, spec.seccomp, listener, slack, proc).serve()
 
 
-def _lowest_oom_adj(oom: int) -> bytes:
-    """Take the lowest ``oom_score_adj`` allowed here (CAP_SYS_RESOURCE of the host's user
-    namespace for a negative one, else the lowest any earlier privileged writer left) and return it."""
+def _lowest_oom_adj(proc: int) -> None:
+    """Take the lowest ``oom_score_adj`` allowed here: a negative one needs CAP_SYS_RESOURCE of the
+    host's user namespace, else the lowest any earlier privileged writer left."""
     for value in INIT_OOM_ADJ:
         try:
-            os.pwrite(oom, value, 0)
+            _write_oom_adj(proc, "self", value)
+            return
         except OSError:
             continue
-        break
-    return os.pread(oom, 16, 0).strip()
+
+
+def _write_oom_adj(proc: int, pid: str, value: bytes) -> None:
+    """Through the detached copy of the jail's /proc (the mounted one is read-only)."""
+    fd = os.open(f"{pid}/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC, dir_fd=proc)
+    try:
+        os.write(fd, value)
+    finally:
+        os.close(fd)
 
 
 def _install_seccomp(filters: SeccompSpec | None) -> int:
@@ -158,13 +169,11 @@ def _loopback_up() -> None:
 
 
 class Init:
-    def __init__(
-        self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int, slack: int, oom: tuple[int, bytes]
-    ) -> None:
+    def __init__(self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int, slack: int, proc: int) -> None:
         self.ctl = ctl
         self.listener = listener
         self.slack = slack  # our own timerslack_ns, written to tag what we start next
-        self.oom, self.oom_adj = oom  # our own oom_score_adj, raised around each start (inherited), and our value
+        self.proc = proc  # the detached copy of the jail's /proc: each command's oom_score_adj is set there
         self.root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.proc_dev = os.stat("/proc").st_dev
         self.refuse_errno = seccomp.errno_value if seccomp else 1
@@ -257,13 +266,11 @@ class Init:
         argv = [self.shell, "-c", req.shell] if req.shell is not None else list(req.argv or ())
         tag = SLACK_BASE + 1 + req.id % 100_000
         os.write(self.slack, str(tag).encode())  # inherited by what we fork or spawn next
-        os.pwrite(self.oom, COMMAND_OOM_ADJ, 0)  # likewise: the OOM killer takes a command before us
-        try:
-            pid = self._start(argv, req, fds, reply)
-        finally:
-            os.pwrite(self.oom, self.oom_adj, 0)
+        pid = self._start(argv, req, fds, reply)
         if pid is None:
             return
+        with contextlib.suppress(OSError):  # a command that switched user set its own, and may be gone already
+            _write_oom_adj(self.proc, str(pid), COMMAND_OOM_ADJ)  # not reaped yet: the pid is still this command
         self.execs[pid] = (reply, req.id)
         self.tags[req.id] = tag
         self.by_tag[tag] = req.id
@@ -327,6 +334,8 @@ class Init:
             return pid
         what = "start"
         try:
+            with contextlib.suppress(OSError):  # raising one's own is always allowed; a failure costs only this
+                _write_oom_adj(self.proc, "self", COMMAND_OOM_ADJ)  # before anything of the command runs
             os.setsid()
             signal.set_wakeup_fd(-1)
             for sig in DEFAULT_SIGNALS:

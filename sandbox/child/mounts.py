@@ -206,8 +206,8 @@ def _mount_proc(proc: str) -> None:
 
 
 def seal_proc() -> tuple[int, int]:
-    """Make the jail's /proc read-only, all of it, and return the init's own timer-slack and
-    ``oom_score_adj`` files (read-write).
+    """Make the jail's /proc read-only, all of it, and return the init's own timer-slack file and
+    the detached copy (where the init sets its own and its commands' ``oom_score_adj``).
 
     Every per-process knob is then out of commands' reach, not only the ones a list would name:
     the init's ``oom_score_adj`` (which a jail's root could raise), every ``timerslack_ns`` (the
@@ -218,11 +218,11 @@ def seal_proc() -> tuple[int, int]:
     tree = L.clone_mount("/proc")
     try:
         slack = os.open("self/timerslack_ns", os.O_WRONLY | os.O_CLOEXEC, dir_fd=tree)
-        oom = os.open("self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC, dir_fd=tree)
-    finally:
+    except BaseException:
         os.close(tree)
+        raise
     L.make_readonly("/proc")
-    return slack, oom
+    return slack, tree
 
 
 def _mount_sys(target: str) -> None:

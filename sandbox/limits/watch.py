@@ -127,7 +127,9 @@ def _check_memory(w: Watched, tree: dict[int, list[int]]) -> None:
     sizes = {pid: _proportional(pid) for pid in pids}
     if sum(sizes.values()) <= w.memory:
         return
-    candidates = {pid: size for pid, size in sizes.items() if pid != w.init_pid} or sizes
+    candidates = {pid: size for pid, size in sizes.items() if pid != w.init_pid}
+    if not candidates:
+        return  # the init alone: it reads at most one bounded request, and is never killed here
     biggest = max(candidates, key=lambda pid: candidates[pid])
     w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
     _kill_all([biggest, *_descendants(tree, biggest)], w.init_pid)
