@@ -226,7 +226,7 @@ def cgroup(host: Host) -> Probe:
 
 def bounds(cgroup_probe: Probe) -> Probe:
     """Which memory and disk bounds hold on this host, and how (``Sandbox.enforcement`` per sandbox)."""
-    disk = "disk layer: host watcher (bytes, inodes) and RLIMIT_FSIZE; tmpfs: one per jail, sized and inode-capped"
+    disk = "disk layer: host watcher (bytes, inodes); tmpfs: one per jail, sized and inode-capped"
     if cgroup_probe.status == "ok":
         kind = "v2" if cgroups.v2_mounted() else "v1"
         return Probe(

@@ -58,10 +58,9 @@ def plan(limits: Limits, upper: str, cgroup: str | None) -> tuple[dict[str, int]
         if upper == "tmpfs":
             how["disk"] = "tmpfs size of the writable layer"
         else:
-            rlimits["RLIMIT_FSIZE"] = min(rlimits.get("RLIMIT_FSIZE", limits.disk), limits.disk)
             how["disk"] = (
                 "host watcher: a bounded walk of the writable layer, the jail's processes killed when it grows "
-                "past the limit; rlimit RLIMIT_FSIZE per file"
+                "past the limit (no RLIMIT_FSIZE: a sparse file costs only what it holds)"
             )
     else:
         how["disk"] = "unbounded: Limits.disk=None"
