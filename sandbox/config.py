@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .net.policy import NetworkPolicy, fields_of
 from .seccomp.policy import SeccompPolicy
 
+DEFAULT_MEMORY = 2 << 30  # what a laptop next to a few sandboxes survives
+DEFAULT_DISK = 4 << 30
+DEFAULT_INODES = 1_000_000
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -110,17 +113,23 @@ class Mount(BaseModel):
 class Limits(BaseModel):
     """Resource caps for a whole sandbox; sizes take units (``Limits(memory="2G", pids=512, cpus=1.5)``).
 
-    Enforced with cgroups where the host allows them, else with rlimits where one fits;
-    ``Sandbox.enforcement`` says how each limit is enforced, or that it is not.
+    Enforced with cgroups where the host allows them, else with rlimits and the host's watcher
+    (``limits/watch.py``); ``Sandbox.enforcement`` says how each limit is enforced, or that it is not.
+    Memory, disk and inodes are bounded by default (``DEFAULT_*``); ``None`` opts out of one.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    memory: int | None = Field(None, description="bytes of memory for all processes together")
+    memory: int | None = Field(
+        DEFAULT_MEMORY, description="bytes of memory for all processes together (None: unbounded)"
+    )
     swap: int | None = Field(None, description="swap on top of memory (default none)")
     pids: int | None = Field(4096, ge=1, description="processes and threads at once")
     cpus: float | None = Field(None, gt=0, description="CPU time per wall second, e.g. 1.5")
-    disk: int | None = Field(None, description="bytes of the writable layer")
+    disk: int | None = Field(DEFAULT_DISK, description="bytes the writable layer holds (None: unbounded)")
+    inodes: int | None = Field(
+        DEFAULT_INODES, ge=64, description="files, directories and links the writable layer and tmpfs may hold"
+    )
     file_size: int | None = Field(None, description="largest file a command may write (RLIMIT_FSIZE)")
     open_files: int = Field(65536, ge=16, description="descriptors per process (RLIMIT_NOFILE)")
 

@@ -11,6 +11,7 @@ dies of SIGPIPE.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import select
 import socket
@@ -19,7 +20,7 @@ from collections.abc import Callable
 
 from .capture import Capture
 from .channel import Channel, parse_reply
-from .child.requests import DrainRequest, ExecRequest, KillRequest
+from .child.requests import MAX_REQUEST, DrainRequest, ExecRequest, KillRequest
 from .errors import ExecError, ProtocolError, SandboxClosed
 from .messages import Exit, PtyOpened
 from .results import ExecResult
@@ -45,6 +46,12 @@ class ExecRun:
         counters: Callable[[], dict[str, int]] | None = None,
         on_result: Callable[[ExecResult], None] | None = None,
     ) -> None:
+        size = len(json.dumps(request.to_wire(), separators=(",", ":")))
+        if size > MAX_REQUEST:  # the init would drop it unanswered
+            raise ExecError(
+                f"the command, its environment and cwd come to {size} bytes, over the jail's {MAX_REQUEST}: "
+                "pass large data as stdin=... or write it to a file first (sb.write_file('/tmp/in', data))"
+            )
         self.channel = channel
         self.on_result = on_result
         self.counters = counters
@@ -206,12 +213,17 @@ class ExecRun:
         return result
 
     def _limit_events(self) -> dict[str, bool | None]:
-        """Did the sandbox's cgroup count an OOM kill or a refused fork while this command ran?"""
+        """Did the sandbox's cgroup or the host's watcher count an OOM kill, a refused fork or a
+        kill for disk use while this command ran? ``None`` for what nothing counts here."""
         if self.counters is None:
-            return {"oom_killed": None, "pids_limit_hit": None}
+            return {"oom_killed": None, "pids_limit_hit": None, "disk_limit_hit": None}
         after = self.counters()
         grew = {k: after.get(k, 0) > v for k, v in self.counters_before.items()}
-        return {"oom_killed": grew.get("oom_kill"), "pids_limit_hit": grew.get("pids_max")}
+        return {
+            "oom_killed": grew.get("oom_kill"),
+            "pids_limit_hit": grew.get("pids_max"),
+            "disk_limit_hit": grew.get("disk_max"),
+        }
 
 
 def _names(refused: dict[str, int]) -> dict[str, int]:

@@ -33,6 +33,7 @@ from .floor.idmap import IdMap
 from .launcher import LAUNCHER
 from .limits import cgroups, rlimits
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
+from .limits.watch import WATCHER, Watched
 from .messages import Ready
 from .net import modes
 from .seccomp import bpf, syscalls
@@ -64,6 +65,7 @@ class Jail:
             sock, self.init_pid = self._create(undo)
             net_fds = self._await_ready(sock, undo)
             self._attach_cgroup()
+            self.watched = self._watch(undo)
             self._write_meta()
             self.network = self._attach_network(net_fds, undo)
             self.channel = Channel(sock)
@@ -73,6 +75,14 @@ class Jail:
     def user_env(self) -> dict[str, str]:
         """HOME of the user commands run as (from the root filesystem's /etc/passwd)."""
         return {} if self.user is None else {"HOME": self.user.home}
+
+    def counters(self) -> dict[str, int]:
+        """Monotonic counts of limit events: the cgroup's (``oom_kill``, ``pids_max``), else the
+        watcher's (``oom_kill``, ``disk_max``)."""
+        found = {} if self.watched is None else dict(self.watched.counters)
+        if self.cgroup is not None:
+            found.update(self.cgroup.counters())
+        return found
 
     def close(self) -> None:
         """Kill every process of the jail and remove its mounts, writable layer and state."""
@@ -116,6 +126,11 @@ class Jail:
             _give_binds(cfg, self._idmap)
         kind = None if self.cgroup is None else self.cgroup.kind
         planned, self.enforcement = rlimits.plan(cfg.limits, cfg.upper, kind)
+        tmpfs_size, tmpfs_inodes = rlimits.scratch(cfg)
+        self.enforcement["tmpfs"] = (
+            f"/tmp, /dev/shm{' and the writable layer' if cfg.upper == 'tmpfs' else ''}: one tmpfs of "
+            f"{tmpfs_size} bytes" + (f", {tmpfs_inodes} inodes" if tmpfs_inodes else "")
+        )
         return JailSpec(
             id=self.id,
             dir=None if self.dir is None else str(self.dir),
@@ -129,7 +144,8 @@ class Jail:
             ),
             generated=generated,
             upper=cfg.upper,
-            tmpfs_size=min(cfg.tmpfs_size, cfg.limits.disk or cfg.tmpfs_size),
+            tmpfs_size=tmpfs_size,
+            tmpfs_inodes=tmpfs_inodes,
             rlimits=planned,
             hostname=cfg.hostname,
             net=self.mode.child_spec(cfg.userns, cfg.keep_caps),
@@ -196,6 +212,19 @@ class Jail:
                 idmap=self._idmap.to_wire(),
                 lower=self.spec.lower,  # `jailbox rootfs rm` will not pull a tree from under a live jail
             )
+
+    def _watch(self, undo: contextlib.ExitStack) -> Watched | None:
+        """Hand the bounds no cgroup holds to the host's watcher (``limits/watch.py``)."""
+        limits = self.config.limits
+        memory = limits.memory if self.cgroup is None else None
+        disk_bound = limits.disk is not None or limits.inodes is not None
+        upper = self.dir / "upper" if self.dir is not None and disk_bound else None
+        if memory is None and upper is None:
+            return None
+        watched = Watched(self.init_pid, memory=memory, upper=upper, disk=limits.disk, inodes=limits.inodes)
+        WATCHER.add(watched)
+        undo.callback(WATCHER.remove, watched)
+        return watched
 
     def _attach_network(self, fds: list[int], undo: contextlib.ExitStack) -> modes.Network:
         handed = fds[:]

@@ -19,8 +19,9 @@ class ExecResult(BaseModel):
 
     ``refused_syscalls``: what the seccomp policy refused this command's processes, by name.
     ``cpu_user``/``cpu_system`` (seconds) and ``peak_memory`` (bytes, largest resident set) cover the
-    command and the descendants it waited for. ``oom_killed`` and ``pids_limit_hit`` come from the
-    sandbox's cgroup counters while the command ran; ``None`` where no cgroup counts them.
+    command and the descendants it waited for. ``oom_killed``, ``pids_limit_hit`` and
+    ``disk_limit_hit`` come from the sandbox's cgroup counters, or the host's watcher (memory and
+    a disk writable layer without a cgroup), while the command ran; ``None`` where nothing counts them.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -40,6 +41,7 @@ class ExecResult(BaseModel):
     peak_memory: int = 0
     oom_killed: bool | None = None
     pids_limit_hit: bool | None = None
+    disk_limit_hit: bool | None = None
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -114,8 +114,7 @@ class Sandbox:
             raise ExecError("command contains a NUL byte")
         request = self._exec_request(argv, shell, self._abs(cwd) if cwd else self.config.workdir, env, tty=False)
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        cgroup = self._jail.cgroup
-        counters = cgroup.counters if cgroup is not None else None
+        counters = self._jail.counters
         return ExecRun(
             self._channel,
             request,

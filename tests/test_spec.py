@@ -33,6 +33,7 @@ def _spec(**changes: object) -> JailSpec:
         "generated": {"etc/hostname": "jail\n"},
         "upper": "tmpfs",
         "tmpfs_size": 1 << 20,
+        "tmpfs_inodes": 1000,
         "rlimits": {"RLIMIT_NOFILE": 1024},
         "hostname": "jail",
         "net": NetSpec(new_netns=True, proxy_port=0, namespaces=("net", "user"), unreachable=("10.0.0.0/8",)),

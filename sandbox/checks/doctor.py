@@ -259,6 +259,25 @@ def cgroup(host: Host) -> Probe:
     )
 
 
+def bounds(cgroup_probe: Probe) -> Probe:
+    """Which memory and disk bounds hold on this host, and how (``Sandbox.enforcement`` per sandbox)."""
+    disk = "disk layer: host watcher (bytes, inodes); tmpfs: one per jail, sized and inode-capped"
+    if cgroup_probe.status == "ok":
+        kind = "v2" if cgroups.v2_mounted() else "v1"
+        return Probe(
+            name="memory and disk bounds",
+            status="ok",
+            detail=f"memory and socket buffers: cgroup {kind} (the total, kernel-held); {disk}",
+        )
+    return Probe(
+        name="memory and disk bounds",
+        status="degraded",
+        detail="memory: host watcher over the total (reactive, sampled) and RLIMIT_AS per process; socket buffers: "
+        f"per socket only; {disk}",
+        fix=cgroup_probe.fix,
+    )
+
+
 def slirp4netns(host: Host) -> Probe:
     tool = shutil.which("slirp4netns", path=host.path)
     if tool is None:
@@ -326,6 +345,7 @@ def run(host: Host | None = None, base: Path | None = None) -> list[Probe]:
 
     host = host or Host()
     live = userns_live()
+    groups = cgroup(host)
     return [
         Probe(name="kernel", status="ok", detail=f"Linux {platform.release()} {platform.machine()}"),
         userns_settings(host),
@@ -333,7 +353,8 @@ def run(host: Host | None = None, base: Path | None = None) -> list[Probe]:
         overlay_in_userns(live),
         id_ranges(host),
         seccomp_notify(),
-        cgroup(host),
+        groups,
+        bounds(groups),
         slirp4netns(host),
         rootfs_build(host),
         state(base or state_dir()),

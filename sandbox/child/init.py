@@ -11,12 +11,20 @@ fork, exec and setsid) so a timeout can find and kill daemonised grandchildren t
 No process in the jail can change its tag: every seccomp policy refuses ``prctl(PR_SET_TIMERSLACK)``
 and /proc, where ``timerslack_ns`` is, is read-only; the init sets its own through a file it opened
 before. The host's file API serves nothing on procfs, so the init never opens its own entries for
-the host. Stdlib only.
+the host.
+
+The init outlives what its commands do: it reads at most ``MAX_REQUEST`` bytes of a request and
+drops a malformed or oversized one (its reply socket closes unanswered; the control socket stays
+usable, and the host refuses such a request before sending it). It sits at the lowest
+``oom_score_adj`` this namespace lets it take and puts every command at the highest, so an OOM kill
+(a cgroup's, or the host's) takes a command, not the jail: a forked command sets its own before
+exec, a spawned one is set by the init right after (until then it is at the init's value). Stdlib only.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import fcntl
 import os
@@ -36,6 +44,7 @@ from ..floor import wire
 from . import mounts, netns
 from .protocol import InitReady, Step, failure, step
 from .requests import (
+    MAX_REQUEST,
     DrainRequest,
     ExecRequest,
     KillRequest,
@@ -58,6 +67,8 @@ X32_BIT = 0x40000000
 MAX_REFUSED_KINDS = 256
 SPAWN_ATTEMPTS = 5
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD)
+INIT_OOM_ADJ = (b"-999", b"0")  # lowest first; below -999 the init could never be taken, even by the host
+COMMAND_OOM_ADJ = b"1000"
 Handler = Callable[[Any, list[int], Any], None]  # an ``op_*`` method: its request's own type, fds, reply
 
 
@@ -78,7 +89,8 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
             L.sethostname(spec.hostname)
             set_name("jailbox-init")
         with step(Step.PROC):
-            slack = mounts.seal_proc()
+            slack, proc = mounts.seal_proc()
+            _lowest_oom_adj(proc)
         if spec.net.new_netns:
             with step(Step.LOOPBACK):
                 _loopback_up()
@@ -107,7 +119,27 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
     wire.send(ctl, InitReady(seccomp_notify=listener >= 0).to_wire(), net_fds)  # the network side's descriptors
     for fd in net_fds:
         os.close(fd)
-    Init(ctl, spec.seccomp, listener, slack).serve()
+    Init(ctl, spec.seccomp, listener, slack, proc).serve()
+
+
+def _lowest_oom_adj(proc: int) -> None:
+    """Take the lowest ``oom_score_adj`` allowed here: a negative one needs CAP_SYS_RESOURCE of the
+    host's user namespace, else the lowest any earlier privileged writer left."""
+    for value in INIT_OOM_ADJ:
+        try:
+            _write_oom_adj(proc, "self", value)
+            return
+        except OSError:
+            continue
+
+
+def _write_oom_adj(proc: int, pid: str, value: bytes) -> None:
+    """Through the detached copy of the jail's /proc (the mounted one is read-only)."""
+    fd = os.open(f"{pid}/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC, dir_fd=proc)
+    try:
+        os.write(fd, value)
+    finally:
+        os.close(fd)
 
 
 def _install_seccomp(filters: SeccompSpec | None) -> int:
@@ -137,10 +169,11 @@ def _loopback_up() -> None:
 
 
 class Init:
-    def __init__(self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int, slack: int) -> None:
+    def __init__(self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int, slack: int, proc: int) -> None:
         self.ctl = ctl
         self.listener = listener
         self.slack = slack  # our own timerslack_ns, written to tag what we start next
+        self.proc = proc  # the detached copy of the jail's /proc: each command's oom_score_adj is set there
         self.root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.proc_dev = os.stat("/proc").st_dev
         self.refuse_errno = seccomp.errno_value if seccomp else 1
@@ -192,8 +225,10 @@ class Init:
 
     def _request(self, handlers: dict[type[Request], Handler]) -> None:
         try:
-            msg = wire.recv(self.ctl, max_fds=4)
-        except (OSError, wire.WireError):
+            msg = wire.recv(self.ctl, max_fds=4, max_bytes=MAX_REQUEST)
+        except wire.WireError:
+            return  # dropped with its descriptors: its reply socket closes unanswered, the next request is served
+        except OSError:
             os._exit(2)
         if msg is None:
             os._exit(0)
@@ -231,6 +266,17 @@ class Init:
         argv = [self.shell, "-c", req.shell] if req.shell is not None else list(req.argv or ())
         tag = SLACK_BASE + 1 + req.id % 100_000
         os.write(self.slack, str(tag).encode())  # inherited by what we fork or spawn next
+        pid = self._start(argv, req, fds, reply)
+        if pid is None:
+            return
+        with contextlib.suppress(OSError):  # a command that switched user set its own, and may be gone already
+            _write_oom_adj(self.proc, str(pid), COMMAND_OOM_ADJ)  # not reaped yet: the pid is still this command
+        self.execs[pid] = (reply, req.id)
+        self.tags[req.id] = tag
+        self.by_tag[tag] = req.id
+
+    def _start(self, argv: list[str], req: ExecRequest, fds: list[int], reply: socket.socket) -> int | None:
+        """The command's pid, or None once a failure to start it has been answered."""
         for attempt in range(SPAWN_ATTEMPTS):
             try:
                 if req.tty:
@@ -248,10 +294,8 @@ class Init:
                     continue
                 self._answer(reply, {"exit": exc.code, "signal": None, "error": str(exc)})
                 reply.close()
-                return
-        self.execs[pid] = (reply, req.id)
-        self.tags[req.id] = tag
-        self.by_tag[tag] = req.id
+                return None
+        return pid
 
     @staticmethod
     def _spawn(argv: list[str], req: ExecRequest, fds: list[int]) -> int:
@@ -290,6 +334,8 @@ class Init:
             return pid
         what = "start"
         try:
+            with contextlib.suppress(OSError):  # raising one's own is always allowed; a failure costs only this
+                _write_oom_adj(self.proc, "self", COMMAND_OOM_ADJ)  # before anything of the command runs
             os.setsid()
             signal.set_wakeup_fd(-1)
             for sig in DEFAULT_SIGNALS:

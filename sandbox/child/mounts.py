@@ -79,8 +79,8 @@ def plan(spec: JailSpec) -> list[Op]:
     ops += [
         Op(Step.PROC, "/proc", True, True, _mount_proc),
         Op(Step.SYS, "/sys", True, True, _mount_sys),
-        Op(Step.DEV, "/dev", True, True, _mount_dev),
-        Op(Step.TMP, "/tmp", True, True, _mount_tmp),
+        Op(Step.DEV, "/dev", True, True, functools.partial(_mount_dev, spec.stage)),
+        Op(Step.TMP, "/tmp", True, True, functools.partial(_mount_scratch, spec.stage + "/tmp")),
         Op(Step.WORKDIR, spec.workdir, True, False, _workdir),
     ]
     ops += [Op(Step.BIND, b.dst, b.is_dir, False, functools.partial(_bind, b)) for b in spec.user_binds]
@@ -92,7 +92,9 @@ def build(spec: JailSpec) -> None:
 
     The staging directory is shared by all jails on the host but each jail mounts its own tmpfs
     over it in its private mount namespace, so the mount points cost nothing on disk. Only a disk
-    writable layer lives in the sandbox's own state directory.
+    writable layer lives in the sandbox's own state directory. That tmpfs is the jail's only
+    writable one: /tmp and /dev/shm are directories of it, so its one size and inode count bound
+    all the memory the jail can hold in files.
     """
     root = "root"  # relative to the staging tmpfs, our working directory from here on
     rw = "." if spec.upper == "tmpfs" else "rw"  # the writable layer, relative to the staging tmpfs
@@ -101,9 +103,11 @@ def build(spec: JailSpec) -> None:
         with step(Step.STAGE):
             L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
             spec = _hold_host_paths(spec, held)
-            size = f",size={spec.tmpfs_size}" if spec.upper == "tmpfs" else ",size=1m"
+            bounds = f"mode=0755,size={spec.tmpfs_size}"
+            if spec.tmpfs_inodes:
+                bounds += f",nr_inodes={spec.tmpfs_inodes}"
             # owned by the namespace's root, which is not who mounts it as host root (see _become_root)
-            L.mount("tmpfs", spec.stage, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=0755,uid=0,gid=0" + size)
+            L.mount("tmpfs", spec.stage, "tmpfs", L.MS_NOSUID | L.MS_NODEV, bounds + ",uid=0,gid=0")
             # The overlay names its layers relative to the staging tmpfs, so /proc/self/mountinfo inside
             # shows "lowerdir=lower,upperdir=rw/upper" rather than the host's state directory.
             os.chdir(spec.stage)
@@ -152,6 +156,9 @@ def _assemble(spec: JailSpec, root: str, rw: str) -> None:
     with step(Step.STAGE):
         for path in ("root", "lower"):
             os.mkdir(path, 0o755)
+        for path in ("tmp", "shm"):
+            os.mkdir(path)
+            os.chmod(path, 0o1777)
         if rw != ".":
             assert spec.dir is not None  # a disk writable layer has a sandbox directory (JailSpec.dir)
             os.mkdir(rw, 0o755)
@@ -228,8 +235,9 @@ def _bind(bind: Bind, target: str) -> None:
         L.set_mount_attrs(target, L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV)
 
 
-def _mount_tmp(target: str) -> None:
-    L.mount("tmpfs", target, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=1777")
+def _mount_scratch(src: str, target: str) -> None:
+    """A directory of the staging tmpfs (nosuid, nodev, bounded) at ``target``."""
+    L.mount(src, target, None, L.MS_BIND)
 
 
 def _workdir(target: str) -> None:
@@ -253,8 +261,9 @@ def _mount_proc(proc: str) -> None:
     _mask(proc, "/proc")
 
 
-def seal_proc() -> int:
-    """Make the jail's /proc read-only, all of it, and return the init's own timer-slack file.
+def seal_proc() -> tuple[int, int]:
+    """Make the jail's /proc read-only, all of it, and return the init's own timer-slack file and
+    the detached copy (where the init sets its own and its commands' ``oom_score_adj``).
 
     Every per-process knob is then out of commands' reach, not only the ones a list would name:
     the init's ``oom_score_adj`` (which a jail's root could raise), every ``timerslack_ns`` (the
@@ -265,10 +274,11 @@ def seal_proc() -> int:
     tree = L.clone_mount("/proc")
     try:
         slack = os.open("self/timerslack_ns", os.O_WRONLY | os.O_CLOEXEC, dir_fd=tree)
-    finally:
+    except BaseException:
         os.close(tree)
+        raise
     L.make_readonly("/proc")
-    return slack
+    return slack, tree
 
 
 def _mount_sys(target: str) -> None:
@@ -293,8 +303,9 @@ def _mask(mounted_at: str, prefix: str) -> None:
             L.make_readonly(target)  # the host's /dev/null: its mode must not change through here
 
 
-def _mount_dev(dev: str) -> None:
-    L.mount("tmpfs", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k")
+def _mount_dev(stage: str, dev: str) -> None:
+    # a byte bound alone would leave empty files free: each costs the host an inode's memory
+    L.mount("tmpfs", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k,nr_inodes=256")
     for name in DEVICES:
         node = f"{dev}/{name}"
         os.close(os.open(node, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o666))
@@ -305,6 +316,6 @@ def _mount_dev(dev: str) -> None:
     os.mkdir(dev + "/pts", 0o755)
     L.mount("devpts", dev + "/pts", "devpts", L.MS_NOSUID | L.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     os.mkdir(dev + "/shm", 0o1777)
-    L.mount("tmpfs", dev + "/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=1777")
+    _mount_scratch(stage + "/shm", dev + "/shm")
     for name, target in DEV_LINKS.items():
         os.symlink(target, f"{dev}/{name}")

@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 
 from ..floor import wire
 
+MAX_REQUEST = 16 << 20  # bytes of one request the init reads; the host refuses a larger one before sending
+
 
 @dataclass(frozen=True)
 class _Request:

@@ -105,7 +105,8 @@ class JailSpec:
     user_binds: tuple[Bind, ...]  # the config's mounts, shallowest first
     generated: dict[str, str]  # files written into the writable layer: jail-relative path -> content
     upper: Upper  # where the writable layer lives: a tmpfs, or ``dir`` on disk
-    tmpfs_size: int  # bytes of the tmpfs writable layer (bounded by limits.disk)
+    tmpfs_size: int  # bytes of the one tmpfs: /tmp, /dev/shm, a tmpfs writable layer (limits/rlimits.scratch)
+    tmpfs_inodes: int  # its inode count (0: the kernel's default)
     rlimits: dict[str, int]  # RLIMIT_* name -> soft and hard value, planned by limits/rlimits.py
     hostname: str  # the jail's UTS hostname
     net: NetSpec  # the network mode's child side (net/modes.py)
@@ -137,6 +138,7 @@ class JailSpec:
             generated=_string_map(f, "generated", str),
             upper="tmpfs" if upper == "tmpfs" else "disk",
             tmpfs_size=wire.typed(f, "tmpfs_size", int),
+            tmpfs_inodes=wire.typed(f, "tmpfs_inodes", int),
             rlimits=_string_map(f, "rlimits", int),
             hostname=wire.typed(f, "hostname", str),
             net=NetSpec.from_wire(f["net"]),

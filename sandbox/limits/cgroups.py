@@ -105,6 +105,9 @@ class CgroupV1(Cgroup):
             swap = limits.memory + (limits.swap or 0)
             if (self.dirs["memory"] / "memory.memsw.limit_in_bytes").exists():
                 self._write("memory", "memory.memsw.limit_in_bytes", swap)
+            # v1 leaves socket buffers out of memory.limit_in_bytes; this counts them on their own
+            if (self.dirs["memory"] / "memory.kmem.tcp.limit_in_bytes").exists():
+                self._write("memory", "memory.kmem.tcp.limit_in_bytes", limits.memory)
         if limits.pids is not None:
             self._write("pids", "pids.max", limits.pids)
         if limits.cpus is not None:

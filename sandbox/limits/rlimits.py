@@ -1,8 +1,10 @@
-"""Decide how each resource limit is enforced on this host, before the jail is built.
+"""Host side: decide how each resource limit is enforced on this host, before the jail is built.
 
 cgroups where usable (v2 delegated, or v1 as root), else an rlimit where one fits (memory as per-process
-address space, pids as per-uid process count, which a user namespace makes per-sandbox), else
-nothing, said plainly. Core dumps are always off.
+address space, pids as per-uid process count, which a user namespace makes per-sandbox) and the host's
+watcher (``watch.py``: the total memory of the jail's processes, a disk writable layer's bytes and
+inodes), else nothing, said plainly. The jail's tmpfs (/tmp, /dev/shm, a tmpfs writable layer) is one
+mount with a size and an inode count (``scratch``). Core dumps are always off.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import os
 import resource
 import warnings
 
-from ..config import Limits
+from ..config import Limits, SandboxConfig
 from ..errors import LimitNotEnforced
+from .watch import TICK
 
 Enforcement = dict[str, str]
 
@@ -29,7 +32,18 @@ def plan(limits: Limits, upper: str, cgroup: str | None) -> tuple[dict[str, int]
             how["memory"] = f"{cgroup} memory (no swap beyond Limits.swap)"
         else:
             rlimits["RLIMIT_AS"] = limits.memory
-            how["memory"] = "rlimit RLIMIT_AS: per process address space, not the sandbox total (no cgroup)"
+            how["memory"] = (
+                f"host watcher: total proportional memory of the jail's processes, sampled every {TICK * 1000:.0f} ms, "
+                "biggest process killed past it; rlimit RLIMIT_AS per process (no cgroup)"
+            )
+    else:
+        how["memory"] = "unbounded: Limits.memory=None"
+    if cgroup == "cgroup v2":
+        how["socket_buffers"] = "cgroup v2 memory (counted in memory.current)"
+    elif cgroup == "cgroup v1" and limits.memory is not None:
+        how["socket_buffers"] = "cgroup v1 memory.kmem.tcp.limit_in_bytes (the memory limit)"
+    else:
+        how["socket_buffers"] = "per socket only (the kernel's tcp_rmem/tcp_wmem): no cgroup counts a total"
     if limits.pids is not None:
         if cgroup:
             how["pids"] = f"{cgroup} pids"
@@ -44,12 +58,34 @@ def plan(limits: Limits, upper: str, cgroup: str | None) -> tuple[dict[str, int]
         if upper == "tmpfs":
             how["disk"] = "tmpfs size of the writable layer"
         else:
-            how["disk"] = "not enforced: a disk writable layer has no quota; use upper='tmpfs'"
+            how["disk"] = (
+                "host watcher: a bounded walk of the writable layer, the jail's processes killed when it grows "
+                "past the limit (no RLIMIT_FSIZE: a sparse file costs only what it holds)"
+            )
+    else:
+        how["disk"] = "unbounded: Limits.disk=None"
+    if limits.inodes is not None:
+        how["inodes"] = "tmpfs nr_inodes" if upper == "tmpfs" else "host watcher (with disk)"
+    else:
+        how["inodes"] = "unbounded: Limits.inodes=None"
     missing = {k: v for k, v in how.items() if v.startswith("not enforced")}
     if missing:
         details = "; ".join(f"{k}: {v}" for k, v in missing.items())
         warnings.warn(f"limits not enforced on this host: {details}", LimitNotEnforced, stacklevel=5)
     return rlimits, how
+
+
+def scratch(config: SandboxConfig) -> tuple[int, int]:
+    """(bytes, inodes) of the one tmpfs that holds the jail's /tmp, /dev/shm and a tmpfs writable
+    layer. tmpfs is memory that no process holds, so it gets at most half the memory limit: the
+    other half is left to commands and to the init, which a tmpfs at the whole limit would leave
+    the OOM killer nothing else to take. Never more than the disk limit either."""
+    limits = config.limits
+    bounds = [b for b in (None if limits.memory is None else limits.memory // 2, limits.disk) if b is not None]
+    if config.upper == "tmpfs":
+        bounds.append(config.tmpfs_size)
+    size = min(bounds) if bounds else config.tmpfs_size
+    return size, limits.inodes or 0  # 0: the kernel's default count (half the host's pages)
 
 
 def _hard(which: int) -> int:

@@ -1,0 +1,261 @@
+"""Host side: the one thread per host process that holds the memory and disk bounds no kernel
+mechanism holds here.
+
+Without a cgroup, ``memory=`` is a per-process ``RLIMIT_AS``: many processes add up past it. And a
+writable layer on the host's disk has no quota. Both are held here, in the host process, because the
+jail's own init is untrusted once a command has run. Every ``TICK`` the thread reads ``/proc`` once
+for all watched sandboxes: a jail's processes are the descendants of its init (every process of a
+pid namespace descends from its pid 1, so none can leave the set). Over ``memory``, the biggest
+process (proportional resident set of its anonymous and shared memory) is killed with its
+descendants; over ``disk`` or ``inodes`` (a bounded walk of the writable layer, spaced by how long
+the last one took), every process of the jail but its init is killed each time usage grew.
+
+Both are reactive: what a fast allocator or writer gets past the bound before the next sample is
+measured in README ("Resource bounds"). Kills go through a pidfd opened and re-checked against the
+jail's tree, so a recycled pid is never hit. What the jail made is only measured: the walk never
+follows a link and reads at most twice ``inodes`` entries.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import stat
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TICK = 0.05
+KILL_WAIT = 1.0
+WALK_SHARE = 5  # walks of writable layers take at most a fifth of the thread's time, all sandboxes together
+WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still seen
+PAGE = os.sysconf("SC_PAGE_SIZE")
+ROLLUP_KEYS = (b"Pss_Anon:", b"Pss_Shmem:", b"SwapPss:")
+
+
+@dataclass(eq=False)
+class Watched:
+    """One sandbox's bounds, as the watcher holds them. ``counters`` grow on each kill."""
+
+    init_pid: int
+    memory: int | None = None
+    upper: Path | None = None  # a disk writable layer, on the host
+    disk: int | None = None
+    inodes: int | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+    last_usage: tuple[int, int] = (0, 0)
+    next_walk: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.memory is not None:
+            self.counters["oom_kill"] = 0
+        if self.upper is not None:
+            self.counters["disk_max"] = 0
+
+
+class Watcher:
+    """Started on the first ``add``; idles (blocked, no polling) while nothing is watched."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._watched: list[Watched] = []
+        self._thread: threading.Thread | None = None
+        self._owner = 0  # the pid that started the thread: a forked child starts its own
+
+    def add(self, watched: Watched) -> None:
+        with self._lock:
+            self._watched.append(watched)
+            if self._thread is None or self._owner != os.getpid():
+                self._owner = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="jailbox-watch", daemon=True)
+                self._thread.start()
+            self._lock.notify()
+
+    def remove(self, watched: Watched) -> None:
+        with self._lock:
+            if watched in self._watched:
+                self._watched.remove(watched)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._watched:
+                    self._lock.wait()
+                current = list(self._watched)
+            try:
+                check(current, time.monotonic())
+            except Exception:  # a bad sample must not end the thread that holds the bounds
+                pass
+            time.sleep(TICK)
+
+
+WATCHER = Watcher()
+
+
+def check(watched: list[Watched], now: float) -> None:
+    """One sample of every watched sandbox; kills what is over its bound."""
+    tree: dict[int, list[int]] | None = None
+    walkers = sum(w.upper is not None for w in watched)
+    for w in watched:
+        if w.memory is not None:
+            tree = tree if tree is not None else _children()
+            _check_memory(w, tree)
+        if w.upper is not None and now >= w.next_walk:
+            started = time.monotonic()
+            usage = _usage(w.upper, w.disk, w.inodes)
+            w.next_walk = now + max(TICK * 2, (time.monotonic() - started) * WALK_SHARE * walkers)
+            over = (w.disk is not None and usage[0] > w.disk) or (w.inodes is not None and usage[1] > w.inodes)
+            grew = usage[0] > w.last_usage[0] or usage[1] > w.last_usage[1]
+            if over and grew:  # a command that removes files to get back under the bound is left alone
+                tree = _children()
+                w.counters["disk_max"] += 1  # first: the killed command's result reads it when it ends
+                _kill_all(_descendants(tree, w.init_pid), w.init_pid)
+                # what the killed wrote last is in the next baseline, not taken for a new writer's growth
+                usage = _usage(w.upper, w.disk, w.inodes)
+            w.last_usage = usage
+
+
+def _check_memory(w: Watched, tree: dict[int, list[int]]) -> None:
+    assert w.memory is not None
+    pids = [w.init_pid, *_descendants(tree, w.init_pid)]
+    # resident minus file-backed pages first (cheap, counts pages shared after fork twice);
+    # only over the bound the exact proportional share is read
+    if sum(_anon_resident(pid) for pid in pids) <= w.memory:
+        return
+    sizes = {pid: _proportional(pid) for pid in pids}
+    if sum(sizes.values()) <= w.memory:
+        return
+    candidates = {pid: size for pid, size in sizes.items() if pid != w.init_pid}
+    if not candidates:
+        return  # the init alone: it reads at most one bounded request, and is never killed here
+    biggest = max(candidates, key=lambda pid: candidates[pid])
+    w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
+    _kill_all([biggest, *_descendants(tree, biggest)], w.init_pid)
+
+
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> child pids, of every process on the host (``/proc/PID/stat``, readable by all)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            parent = _parent(int(name))
+            if parent:
+                children.setdefault(parent, []).append(int(name))
+    return children
+
+
+def _descendants(children: dict[int, list[int]], pid: int) -> list[int]:
+    found: list[int] = []
+    stack = list(children.get(pid, ()))
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(children.get(child, ()))
+    return found
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read(1024).rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _anon_resident(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            fields = f.read(256).split()
+        return max(0, int(fields[1]) - int(fields[2])) * PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _proportional(pid: int) -> int:
+    """This process's share of anonymous, shared-memory and swapped pages (smaps_rollup), in bytes."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f.read(4096).splitlines():
+                if line.startswith(ROLLUP_KEYS):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return _anon_resident(pid)
+    return total
+
+
+def _in_tree(pid: int, init_pid: int) -> bool:
+    for _ in range(4096):
+        if pid == init_pid:
+            return True
+        if pid <= 1:
+            return False
+        pid = _parent(pid)
+    return False
+
+
+def _kill_all(pids: list[int], init_pid: int) -> None:
+    """SIGKILL each through a pidfd, once the pid it holds is seen to still be of this jail; then
+    wait (at most ``KILL_WAIT``) until they are gone, so what they held or wrote is settled."""
+    killed = []
+    for pid in pids:
+        pidfd = _kill(pid, init_pid)
+        if pidfd >= 0:
+            killed.append(pidfd)
+    poller = select.poll()
+    for pidfd in killed:
+        poller.register(pidfd, select.POLLIN)
+    pending = set(killed)
+    deadline = time.monotonic() + KILL_WAIT
+    while pending and (left := deadline - time.monotonic()) > 0:
+        for fd, _ in poller.poll(max(1, int(left * 1000))):
+            poller.unregister(fd)
+            pending.discard(fd)
+    for pidfd in killed:
+        os.close(pidfd)
+
+
+def _kill(pid: int, init_pid: int) -> int:
+    """SIGKILL through a pidfd, once the pid it holds is seen to still be of this jail; the pidfd
+    of what was signalled (the caller closes it), else -1."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return -1
+    try:
+        if pid != init_pid and _in_tree(pid, init_pid):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            return pidfd
+    except OSError:
+        pass
+    os.close(pidfd)
+    return -1
+
+
+def _usage(top: Path, disk: int | None, inodes: int | None) -> tuple[int, int]:
+    """(bytes allocated, entries) under ``top``, without following links; stops at ``WALK_SLACK``
+    times a bound (a jail over it that long has been killed since it crossed it)."""
+    used = entries = 0
+    stack = [str(top)]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except OSError:
+            continue  # gone, or a directory this user may not read (see README)
+        with it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                used += st.st_blocks * 512
+                entries += 1
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(entry.path)
+                if (disk is not None and used > disk * WALK_SLACK) or (
+                    inodes is not None and entries > inodes * WALK_SLACK
+                ):
+                    return used, entries
+    return used, entries

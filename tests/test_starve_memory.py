@@ -1,0 +1,148 @@
+"""No sandbox can take the host's memory: its tmpfs, its processes together, its init.
+
+Each test bounds a small sandbox (64-256M), tries to take more several ways, and checks the bound,
+that the host kept its memory and that the sandbox (or the next one) is still usable.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.child.requests import MAX_REQUEST, ExecRequest
+from jailbox.sandbox.config import DEFAULT_MEMORY, Limits
+from jailbox.sandbox.errors import ExecError
+from jailbox.sandbox.floor import wire
+from jailbox.sandbox.limits import watch
+
+MiB = 1 << 20
+# each process under RLIMIT_AS, together past the limit; each holds its memory until killed
+HOLDERS = (
+    "for i in 1 2 3 4 5 6; do (python3 -c 'import time; x = bytearray(48 << 20); time.sleep(8)'"
+    " && echo alive || echo killed) & done; wait"
+)
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no MemAvailable in /proc/meminfo")
+
+
+@pytest.fixture(autouse=True)
+def host_keeps_its_memory():
+    """The host still has most of what it had: a floor, not a timing."""
+    before = mem_available()
+    yield
+    after = mem_available()
+    assert after >= min(before // 2, before - 1024 * MiB), (before, after)
+    with Sandbox() as sb:  # and the next sandbox still starts
+        assert sb.exec("echo ok").stdout == "ok\n"
+
+
+def test_every_tmpfs_of_the_default_sandbox_is_bounded():
+    with Sandbox() as sb:
+        sizes = sb.exec("stat -f -c '%b %S' /tmp /dev/shm /dev").stdout.split("\n")[:3]
+        for blocks, unit in (s.split() for s in sizes):
+            assert 0 < int(blocks) * int(unit) <= DEFAULT_MEMORY // 2
+        assert "one tmpfs" in sb.enforcement["tmpfs"]
+
+
+@pytest.mark.parametrize("target", ["/tmp/fill", "/dev/shm/fill", "/tmp/a /dev/shm/b"])
+def test_tmpfs_holds_no_more_than_the_memory_limit(target):
+    with Sandbox(limits=Limits(memory="128M", disk="1G")) as sb:
+        fill = "; ".join(f"head -c 200M /dev/zero > {path}" for path in target.split())
+        sb.exec(fill, timeout=60)
+        used = sb.exec("du -sk /tmp /dev/shm | awk '{s += $1} END {print s}'").stdout
+        assert int(used) * 1024 <= 64 * MiB  # half the memory limit: the rest is the commands' and the init's
+        assert sb.exec("rm -f /tmp/* /dev/shm/*; echo usable").stdout == "usable\n"
+
+
+def test_processes_together_are_held_to_the_memory_limit():
+    """Six processes of 48M each under memory=128M: some are killed, and it is reported."""
+    with Sandbox(limits=Limits(memory="128M")) as sb:
+        r = sb.exec(HOLDERS, timeout=120)
+        outcomes = r.stdout.split()
+        assert outcomes.count("killed") >= 3, (r.stdout, r.stderr)
+        assert r.oom_killed is True
+        assert sb.exec("echo fine").oom_killed is False
+
+
+def test_a_fast_allocator_is_stopped():
+    with Sandbox(limits=Limits(memory="96M")) as sb:
+        r = sb.exec("python3 -c 'b = []\nwhile True: b.append(bytearray(4 << 20))'", timeout=60)
+        assert r.exit_code != 0 and not r.timed_out
+        assert r.signal == signal.SIGKILL or "MemoryError" in r.stderr
+        assert sb.exec("echo fine").stdout == "fine\n"
+
+
+@pytest.mark.nocgroup
+def test_without_a_cgroup_the_watcher_holds_the_total():
+    with Sandbox(limits=Limits(memory="128M")) as sb:
+        assert sb.enforcement["memory"].startswith("host watcher")
+        r = sb.exec(HOLDERS, timeout=120)
+        assert r.oom_killed is True and "killed" in r.stdout
+
+
+def test_commands_are_the_oom_killers_first_choice_not_the_init():
+    with Sandbox() as sb:
+        init = sb.exec("cat /proc/1/oom_score_adj").stdout
+        assert int(init) < 1000
+        # a spawned command is raised right after it starts: wait for it (a hang guard, not a timing)
+        own = "for i in $(seq 500); do read v < /proc/$$/oom_score_adj; [ $v = 1000 ] && break; sleep 0.01; done;"
+        own += " echo $v"
+        for cmd in (own, f"sh -c '{own}'", f"sh -c 'sleep 0.1; {own}' & wait"):
+            assert sb.exec(cmd).stdout == "1000\n"
+        assert sb.exec("cat /proc/1/oom_score_adj").stdout == init
+        with open(f"/proc/{sb._jail.init_pid}/oom_score_adj") as f:
+            assert f.read() == init
+
+
+@pytest.mark.cgroup
+def test_a_tmpfs_fill_under_a_cgroup_kills_the_command_not_the_init():
+    with Sandbox(limits=Limits(memory="96M", disk="1G")) as sb:
+        for path in ("/tmp/fill", "/dev/shm/fill"):
+            r = sb.exec(f"head -c 300M /dev/zero > {path}", timeout=60)
+            assert r.exit_code != 0
+            assert sb.exec(f"rm -f {path}; echo alive").stdout == "alive\n"
+
+
+def test_an_oversized_exec_request_is_refused_and_the_jail_serves_the_next():
+    with Sandbox() as sb:
+        with pytest.raises(ExecError, match="over the jail's"):
+            sb.exec(["echo", "x" * (20 * MiB)])
+        with pytest.raises(ExecError, match="over the jail's"):
+            sb.exec("true", env={"BIG": "y" * (MAX_REQUEST + 1)})
+        assert sb.exec("echo next").stdout == "next\n"
+        # past the host's own check, straight onto the control socket: the init drops it and lives
+        channel = sb._jail.channel
+        for size in (20 * MiB, MAX_REQUEST + 1):
+            request = ExecRequest(id=999, argv=("echo", "z" * size), shell=None, cwd="/", env={}, tty=False, user=None)
+            assert len(json.dumps(request.to_wire())) > MAX_REQUEST
+            reply = channel.open_call(request, [])
+            try:
+                assert wire.wait_readable(reply, 30)
+                assert wire.recv(reply) is None  # closed unanswered: the caller learns it failed
+            finally:
+                reply.close()
+            assert sb.exec("echo still").stdout == "still\n"
+
+
+def test_the_watcher_kills_only_inside_the_jail_tree():
+    """A pid outside the jail's tree is never signalled, even when named."""
+    with Sandbox(limits=Limits(memory="64M")) as sb:
+        outside = subprocess.Popen(["sleep", "30"])
+        try:
+            assert watch._kill(outside.pid, sb._jail.init_pid) == -1
+            time.sleep(0.2)
+            assert outside.poll() is None
+        finally:
+            outside.kill()
+            outside.wait()
