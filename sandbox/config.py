@@ -102,7 +102,7 @@ class Limits(BaseModel):
 
     memory: int | None = Field(None, description="bytes of memory for all processes together")
     swap: int | None = Field(None, description="swap on top of memory (default none)")
-    pids: int | None = Field(4096, ge=1, description="processes and threads at once")
+    pids: int | None = Field(512, ge=1, description="processes and threads at once")
     cpus: float | None = Field(None, gt=0, description="CPU time per wall second, e.g. 1.5")
     disk: int | None = Field(None, description="bytes of the writable layer")
     file_size: int | None = Field(None, description="largest file a command may write (RLIMIT_FSIZE)")
