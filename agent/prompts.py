@@ -123,7 +123,7 @@ def load(path: str | Path | None) -> PromptConfig:
 class _NoAliasLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing aliases (``*name``, which ``<<`` merges need too)."""
 
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
             raise ComposerError(
