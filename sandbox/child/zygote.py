@@ -246,7 +246,7 @@ def _child_a(chan: socket.socket, body: Body, userns: bool, nproc: int | None) -
     try:
         if nproc is not None:
             with step(Step.RLIMITS):
-                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+                _soft_nproc(nproc)
         if userns:
             try:
                 L.unshare(L.CLONE_NEWUSER)
@@ -291,9 +291,9 @@ def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
         os.close(mapped_w)
         try:
             nproc = spec.rlimits.get("RLIMIT_NPROC")
-            with step(Step.RLIMITS):
-                if nproc is not None:
-                    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+            if nproc is not None:
+                with step(Step.RLIMITS):
+                    _soft_nproc(nproc)
             with step(Step.USERNS):
                 L.unshare(L.CLONE_NEWUSER)
             os.write(unshared_w, b"1")
@@ -324,6 +324,13 @@ def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
         os.close(unshared_r)
         os.close(mapped_w)
         os.waitpid(pid, 0)  # A exits after A2, so the init is re-parented to the launcher when A is reaped
+
+
+def _soft_nproc(limit: int) -> None:
+    """Set the soft RLIMIT_NPROC, which a new user namespace keeps as its cap (the hard one stays, so
+    the init can still set the sandbox's own cap above it)."""
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
 def _write_counters(counters: dict[str, int]) -> None:
