@@ -5,8 +5,9 @@ and a fresh interpreter per jail costs milliseconds. The launcher is started onc
 process with ``python -I -S``, imports the child-side modules, freezes its heap, and then each jail
 costs two forks:
 
-    launcher --fork--> A: unshare(user); launcher writes A's id maps; A caps the per-user counters
-                       A --fork--> A2: unshare(user); A writes A2's id maps (one to one);
+    launcher --fork--> A: unshare(user); launcher writes A's id maps (host ids onto themselves);
+                          A caps the per-user counters
+                       A --fork--> A2: unshare(user); A writes A2's id maps (the planned ones);
                                    unshare(mnt pid ipc uts cgroup [net])
                        A2 --fork--> B: pid 1 of the new pid namespace, becomes the init
                        A2 and A exit; B is re-parented to the launcher (a child subreaper)
@@ -203,7 +204,8 @@ class Zygote:
                 jail(chan)
 
         try:
-            chan, a_pid = self._spawn_in_userns(spec.idmap if spec.userns else None, body, spec.pids_budget)
+            outer = _host_ids(spec.idmap) if spec.userns else None
+            chan, a_pid = self._spawn_in_userns(outer, body, spec.pids_budget)
             os.close(go_r)
             go_r = -1
             with chan:
@@ -275,8 +277,9 @@ def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
     uids apart (a root jail could setuid through 65536 of them), and its root could raise it. So
     the limits go in A's namespace, which nothing in the jail ever enters: every process of the
     jail, whatever its uid, is charged to the one uid that created the nested namespace there.
-    The nested namespace maps A's ids one to one, so the jail keeps the ids it was planned with;
-    its own limits are set to the same values, for programs inside that read them.
+    A's namespace maps the host ids one to one and the jail's gets the planned map, so the jail
+    has the ids it was planned with; its own limits are set to the same values, for programs inside
+    that read them.
 
     The nested namespace also keeps A2's RLIMIT_NPROC, when the plan has one, as its cap on the
     processes of all the jail's uids together (``rlimits.plan``)."""
@@ -314,8 +317,9 @@ def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
     try:
         if os.read(unshared_r, 1) != b"1":
             return  # A2 failed and reported it
-        with step(Step.ID_MAP):
-            write_maps(pid, _identity(spec.idmap))
+        with step(Step.ID_MAP):  # A holds CAP_SETUID in its namespace: no helper, no setgroups rule
+            inner = IdMap(spec.idmap.uid_map, spec.idmap.gid_map, helper=False, deny_setgroups=False)
+            write_maps(pid, inner)
         os.write(mapped_w, b"1")
     except BaseException:
         os.kill(pid, signal.SIGKILL)
@@ -342,14 +346,15 @@ def _write_counters(counters: dict[str, int]) -> None:
             f.write(str(value))
 
 
-def _identity(idmap: IdMap) -> IdMap:
-    """A map of the ids ``idmap`` maps inside onto themselves, for a namespace nested in its own."""
+def _host_ids(idmap: IdMap) -> IdMap:
+    """A's map: the host ids ``idmap`` uses, each onto itself. The jail's namespace, nested in A's,
+    then gets ``idmap`` itself, and reads the same ``/proc/self/uid_map`` as without A's."""
 
     def same(text: str) -> str:
         numbers = text.split()
-        return "".join(f"{numbers[i]} {numbers[i]} {numbers[i + 2]}\n" for i in range(0, len(numbers), 3))
+        return "".join(f"{numbers[i + 1]} {numbers[i + 1]} {numbers[i + 2]}\n" for i in range(0, len(numbers), 3))
 
-    return IdMap(uid_map=same(idmap.uid_map), gid_map=same(idmap.gid_map), helper=False, deny_setgroups=False)
+    return IdMap(same(idmap.uid_map), same(idmap.gid_map), helper=idmap.helper, deny_setgroups=idmap.deny_setgroups)
 
 
 def _keep_only(fds: list[int]) -> None:
