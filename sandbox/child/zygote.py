@@ -318,8 +318,8 @@ def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
         if os.read(unshared_r, 1) != b"1":
             return  # A2 failed and reported it
         with step(Step.ID_MAP):  # A holds CAP_SETUID in its namespace: no helper, no setgroups rule
-            inner = IdMap(spec.idmap.uid_map, spec.idmap.gid_map, helper=False, deny_setgroups=False)
-            write_maps(pid, inner)
+            inner = _lines(spec.idmap.uid_map, False), _lines(spec.idmap.gid_map, False)
+            write_maps(pid, IdMap(*inner, helper=False, deny_setgroups=False))
         os.write(mapped_w, b"1")
     except BaseException:
         os.kill(pid, signal.SIGKILL)
@@ -349,12 +349,15 @@ def _write_counters(counters: dict[str, int]) -> None:
 def _host_ids(idmap: IdMap) -> IdMap:
     """A's map: the host ids ``idmap`` uses, each onto itself. The jail's namespace, nested in A's,
     then gets ``idmap`` itself, and reads the same ``/proc/self/uid_map`` as without A's."""
+    return IdMap(_lines(idmap.uid_map, True), _lines(idmap.gid_map, True), idmap.helper, idmap.deny_setgroups)
 
-    def same(text: str) -> str:
-        numbers = text.split()
-        return "".join(f"{numbers[i + 1]} {numbers[i + 1]} {numbers[i + 2]}\n" for i in range(0, len(numbers), 3))
 
-    return IdMap(same(idmap.uid_map), same(idmap.gid_map), helper=idmap.helper, deny_setgroups=idmap.deny_setgroups)
+def _lines(text: str, host_ids: bool) -> str:
+    """A map's "inside outside count" triples one to a line (what /proc/PID/uid_map takes; newuidmap
+    takes them split either way); with ``host_ids``, each outside range onto itself."""
+    numbers = text.split()
+    rows = [numbers[i : i + 3] for i in range(0, len(numbers), 3)]
+    return "".join(f"{outside if host_ids else inside} {outside} {count}\n" for inside, outside, count in rows)
 
 
 def _keep_only(fds: list[int]) -> None:
