@@ -3,7 +3,7 @@
 Why a separate process: forking the caller (often multi-threaded, often big) is unsafe and slow,
 and a fresh interpreter per jail costs milliseconds. The launcher is started once per host
 process with ``python -I -S``, imports the child-side modules, freezes its heap, and then each jail
-costs two forks:
+costs three forks:
 
     launcher --fork--> A: unshare(user); launcher writes A's id maps (host ids onto themselves);
                           A caps the per-user counters
