@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from jailbox.sandbox import Sandbox
-from jailbox.sandbox.errors import ConfigError
+from jailbox.sandbox.errors import ConfigError, SandboxSetupError
+from jailbox.sandbox.launcher import LAUNCHER
 from jailbox.sandbox.limits import budget, cgroups
 
 ROOT = str(Path(__file__).resolve().parent.parent)
@@ -109,7 +110,8 @@ else:  # rootless without a cgroup: the budget counts all of this user's process
                 if p.isdigit() and os.path.exists(f"/proc/{p}") and os.stat(f"/proc/{p}").st_uid == os.getuid())
     os.environ["JAILBOX_PIDS_BUDGET"] = str(tasks + int(own))
 from jailbox.sandbox import Sandbox
-from jailbox.sandbox.errors import ConfigError
+from jailbox.sandbox.errors import ConfigError, SandboxSetupError
+from jailbox.sandbox.launcher import LAUNCHER
 FORK = '''python3 -c "
 import os, time
 n = 0
@@ -205,7 +207,8 @@ def test_the_pids_budget_is_checked():
 HOLDER = r"""
 import json, time
 from jailbox.sandbox import Sandbox
-from jailbox.sandbox.errors import ConfigError
+from jailbox.sandbox.errors import ConfigError, SandboxSetupError
+from jailbox.sandbox.launcher import LAUNCHER
 sb = Sandbox()
 sb.exec("sleep 1000 &")
 group = sb._jail.cgroup
@@ -283,3 +286,15 @@ def test_a_yaml_bomb_in_a_prompt_config_is_refused_with_bounded_memory(kind, tmp
     error, grown_kb = json.loads(r.stdout)
     assert error is not None and error.startswith(str(path)) and "\n" not in error
     assert grown_kb < 64 * 1024  # KiB: the bomb would take gigabytes
+
+
+def test_jails_whose_init_fails_at_once_leave_the_launcher_running():
+    """The init may exit before its launcher-side pipe is written (its A now waits for A2 first)."""
+    Sandbox().close()
+    launcher = LAUNCHER.pid
+    for _ in range(60):
+        with pytest.raises(SandboxSetupError, match="not a directory"):
+            Sandbox(workdir="/dev/null")
+    assert LAUNCHER.pid == launcher
+    with Sandbox() as sb:
+        assert sb.exec("echo up").stdout == "up\n"

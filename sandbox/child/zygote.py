@@ -23,6 +23,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import resource
@@ -110,7 +111,8 @@ class Zygote:
             self.live.pop(pid, None)
             go = self.pending.pop(pid, None)
             if go is not None:  # that was an A: its init is now re-parented to us
-                os.write(go, b"1")
+                with contextlib.suppress(BrokenPipeError):  # the init already failed and exited
+                    os.write(go, b"1")
                 os.close(go)
 
     def shutdown(self) -> NoReturn:
