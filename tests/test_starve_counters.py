@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from jailbox.sandbox import Sandbox
+from jailbox.sandbox.checks import doctor
 from jailbox.sandbox.errors import ConfigError, SandboxSetupError
 from jailbox.sandbox.launcher import LAUNCHER
 from jailbox.sandbox.limits import budget, cgroups
@@ -110,6 +111,7 @@ else:  # rootless without a cgroup: the budget counts all of this user's process
                 if p.isdigit() and os.path.exists(f"/proc/{p}") and os.stat(f"/proc/{p}").st_uid == os.getuid())
     os.environ["JAILBOX_PIDS_BUDGET"] = str(tasks + int(own))
 from jailbox.sandbox import Sandbox
+from jailbox.sandbox.checks import doctor
 from jailbox.sandbox.errors import ConfigError, SandboxSetupError
 from jailbox.sandbox.launcher import LAUNCHER
 FORK = '''python3 -c "
@@ -207,6 +209,7 @@ def test_the_pids_budget_is_checked():
 HOLDER = r"""
 import json, time
 from jailbox.sandbox import Sandbox
+from jailbox.sandbox.checks import doctor
 from jailbox.sandbox.errors import ConfigError, SandboxSetupError
 from jailbox.sandbox.launcher import LAUNCHER
 sb = Sandbox()
@@ -298,3 +301,10 @@ def test_jails_whose_init_fails_at_once_leave_the_launcher_running():
     assert LAUNCHER.pid == launcher
     with Sandbox() as sb:
         assert sb.exec("echo up").stdout == "up\n"
+
+
+def test_doctor_reports_the_shared_bounds_and_a_bad_budget(monkeypatch):
+    assert doctor.shared_bounds(doctor.Host()).status == "ok"
+    monkeypatch.setenv(budget.BUDGET_ENV, "half")
+    probe = doctor.shared_bounds(doctor.Host())
+    assert probe.status == "failing" and budget.BUDGET_ENV in probe.detail and budget.BUDGET_ENV in probe.fix
