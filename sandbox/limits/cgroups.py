@@ -25,7 +25,6 @@ rlimits instead and records, limit by limit, how (or whether) each is enforced.
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import time
@@ -292,9 +291,9 @@ SEARCH_DEPTH = 8  # how deep below a hierarchy's root ``reap_stale`` looks for `
 SEARCH_GROUPS = 20_000  # and how many groups it visits at most (a systemd host has a few hundred)
 
 
-@functools.lru_cache(maxsize=1)
 def _owner() -> str:
-    """This process as group names record it: pid, start time (clock ticks since boot), pid namespace."""
+    """This process as group names record it: pid, start time (clock ticks since boot), pid namespace.
+    Not cached: a forked child is another owner."""
     return f"{os.getpid()}-{_start_ticks(os.getpid())}-{os.stat('/proc/self/ns/pid').st_ino}"
 
 
