@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from .sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
 from .sandbox.errors import SandboxError
+from .sandbox.limits.cgroups import reap_stale as reap_stale_cgroups
 from .sandbox.state import cleanup as cleanup_state
 from .sandbox.state import state_dir
 from .sandbox.terminal import attach
@@ -473,14 +474,17 @@ def doctor(as_json: bool) -> None:
 @main.command()
 @click.option("--force", is_flag=True, help="Also remove sandboxes whose host process still runs.")
 def cleanup(force: bool) -> None:
-    """Remove what crashed host processes left: jail processes, writable layers, state."""
+    """Remove what crashed host processes left: jail processes, writable layers, state, cgroups."""
     removed, failed = cleanup_state(state_dir(), force=force)
-    for path in removed:
+    # --force does not reach the cgroups of live owners: they go when it closes its sandboxes
+    groups_removed, groups_failed = reap_stale_cgroups()
+    for path in removed + groups_removed:
         click.echo(f"removed {path}")
-    for path, why in failed:
+    for path, why in failed + groups_failed:
         click.echo(f"could not remove {path}: {why}", err=True)
-    click.echo(f"{len(removed)} removed, {len(failed)} failed")
-    sys.exit(1 if failed else 0)
+    groups = f"cgroups: {len(groups_removed)} removed, {len(groups_failed)} failed"
+    click.echo(f"{len(removed)} removed, {len(failed)} failed; {groups}")
+    sys.exit(1 if failed or groups_failed else 0)
 
 
 @main.group("rootfs")

@@ -4,6 +4,10 @@ A config has ``system_prompt`` and ``instance_prompt`` templates with ``{working
 ``{input_dir}``, ``{output_dir}`` and ``{problem_statement}`` placeholders, plus the three
 directories. The reference's files (``general.yaml``, ``benchmark_*.yaml``) load unchanged; keys
 this loop does not use (``dataset``, ``split``, ``config``) are kept in ``extra``.
+
+Runs in the host process. A config may come from anyone, so loading is bounded: at most
+``MAX_BYTES`` are read, and YAML aliases are refused (a few hundred bytes of nested aliases expand
+to gigabytes of nodes; no prompt needs them).
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
+from yaml.composer import ComposerError
+
+MAX_BYTES = 1 << 20
 
 DEFAULT_SYSTEM = """\
 You are working on a Linux computer to solve a task. You have a shell and a file editor, and you
@@ -92,10 +99,34 @@ def load(path: str | Path | None) -> PromptConfig:
     """The default prompts, or a YAML file with the reference's keys."""
     if path is None:
         return PromptConfig()
-    data = yaml.safe_load(Path(path).read_text())
+    with open(path, "rb") as f:
+        raw = f.read(MAX_BYTES + 1)
+    if len(raw) > MAX_BYTES:
+        raise ValueError(f"{path}: a prompt config is at most {MAX_BYTES} bytes (e.g. general.yaml is 2 KB)")
+    try:
+        data = yaml.load(raw, Loader=_NoAliasLoader)
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply for a prompt config") from None
+    except yaml.MarkedYAMLError as exc:
+        where = f", line {exc.problem_mark.line + 1}" if exc.problem_mark else ""
+        raise ValueError(f"{path}{where}: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not a valid prompt config: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a prompt config is a YAML mapping")
     known = set(PromptConfig.model_fields) - {"extra"}
     return PromptConfig(
         **{k: v for k, v in data.items() if k in known}, extra={k: v for k, v in data.items() if k not in known}
     )
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases (``*name``, which ``<<`` merges need too)."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ComposerError(
+                None, None, "aliases (*name) are not allowed in a prompt config; write the value out", mark
+            )
+        return super().compose_node(parent, index)

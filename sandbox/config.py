@@ -124,7 +124,7 @@ class Limits(BaseModel):
         DEFAULT_MEMORY, description="bytes of memory for all processes together (None: unbounded)"
     )
     swap: int | None = Field(None, description="swap on top of memory (default none)")
-    pids: int | None = Field(4096, ge=1, description="processes and threads at once")
+    pids: int | None = Field(512, ge=1, description="processes and threads at once")
     cpus: float | None = Field(None, gt=0, description="CPU time per wall second, e.g. 1.5")
     disk: int | None = Field(DEFAULT_DISK, description="bytes the writable layer holds (None: unbounded)")
     inodes: int | None = Field(

@@ -31,7 +31,7 @@ from .errors import ConfigError, ProtocolError, SandboxSetupError, SecurityWarni
 from .floor import wire
 from .floor.idmap import IdMap
 from .launcher import LAUNCHER
-from .limits import cgroups, rlimits
+from .limits import budget, cgroups, rlimits
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
 from .limits.watch import WATCHER, Watched
 from .messages import Ready
@@ -56,6 +56,7 @@ class Jail:
         self.env = self.mode.env()
         self._idmap = idmap.plan(self.config.idmap)
         base = state.state_dir(self.config.state_dir)
+        self._pids_budget = budget.pids_budget()
         lower, system_binds, generated = self._layout(base)
         # each step that leaves something behind registers its undo; closing runs them in reverse
         with contextlib.ExitStack() as undo:
@@ -115,7 +116,7 @@ class Jail:
         return sandbox_dir
 
     def _make_cgroup(self, undo: contextlib.ExitStack) -> Cgroup | None:
-        cgroup = _make_cgroup(self.id, self.config.limits)
+        cgroup = _make_cgroup(self.id, self.config.limits, self._pids_budget)
         if cgroup is not None:
             undo.callback(cgroup.destroy)
         return cgroup
@@ -125,7 +126,8 @@ class Jail:
         if os.getuid() == 0 and cfg.userns:
             _give_binds(cfg, self._idmap)
         kind = None if self.cgroup is None else self.cgroup.kind
-        planned, self.enforcement = rlimits.plan(cfg.limits, cfg.upper, kind)
+        counters = budget.counter_limits() if cfg.userns else {}
+        planned, self.enforcement = rlimits.plan(cfg.limits, cfg.upper, kind, self._pids_budget, counters, cfg.userns)
         tmpfs_size, tmpfs_inodes = rlimits.scratch(cfg)
         self.enforcement["tmpfs"] = (
             f"/tmp, /dev/shm{' and the writable layer' if cfg.upper == 'tmpfs' else ''}: one tmpfs of "
@@ -154,6 +156,8 @@ class Jail:
             seccomp=_seccomp_spec(cfg.seccomp, any(not m.readonly for m in cfg.mounts)),
             userns=cfg.userns,
             idmap=self._idmap,
+            pids_budget=rlimits.nproc_budget(self._pids_budget, cfg.userns),
+            counters=counters,
         )
 
     def _create(self, undo: contextlib.ExitStack) -> tuple[socket.socket, int]:
@@ -283,14 +287,14 @@ def _compiled(policy: SeccompPolicy, guard_modes: bool) -> SeccompSpec:
     )
 
 
-def _make_cgroup(sandbox_id: str, wanted: Limits) -> Cgroup | None:
+def _make_cgroup(sandbox_id: str, wanted: Limits, pids_budget: int) -> Cgroup | None:
     """Per-sandbox cgroups where this host lets us make them, else None (rlimits then)."""
     try:
         if cgroups.v2_mounted():
             parent = _v2_parent()
-            return None if parent is None else CgroupV2(parent, sandbox_id, wanted)
+            return None if parent is None else CgroupV2(parent, sandbox_id, wanted, pids_budget)
         needed = wanted.memory is not None or wanted.pids is not None or wanted.cpus is not None
-        return CgroupV1(sandbox_id, wanted) if needed and cgroups.v1_usable() else None
+        return CgroupV1(sandbox_id, wanted, pids_budget) if needed and cgroups.v1_usable() else None
     except OSError:
         return None
 

@@ -105,6 +105,7 @@ def test_doctor_on_this_machine_line_by_line():
         "seccomp user notification": "ok",
         "cgroups": "ok" if os.getuid() == 0 else "degraded",
         "memory and disk bounds": "ok" if os.getuid() == 0 else "degraded",
+        "pids budget and kernel counters": "ok",
         "slirp4netns": "ok"
         if shutil.which("slirp4netns") and os.access("/dev/net/tun", os.R_OK | os.W_OK)
         else "degraded",

@@ -42,6 +42,8 @@ def _spec(**changes: object) -> JailSpec:
         "seccomp": SeccompSpec(notify="AA==", errno="AA==", errno_value=1, in_child=False, audit_arch=1),
         "userns": True,
         "idmap": IdMap("0 1000 1\n", "0 1000 1\n", helper=False, deny_setgroups=True),
+        "pids_budget": 16384,
+        "counters": {"max_inotify_instances": 16},
     }
     fields.update(changes)
     return JailSpec(**fields)

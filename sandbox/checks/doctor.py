@@ -23,7 +23,7 @@ from .. import idmap
 from ..errors import ConfigError
 from ..floor import linux as L
 from ..idmap import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
-from ..limits import cgroups
+from ..limits import budget, cgroups
 
 Status = Literal["ok", "degraded", "failing"]
 
@@ -278,6 +278,31 @@ def bounds(cgroup_probe: Probe) -> Probe:
     )
 
 
+def shared_bounds(host: Host) -> Probe:
+    """The bounds all sandboxes share: the pids budget and the per-user kernel counters."""
+    name = "pids budget and kernel counters"
+    try:
+        pids = budget.pids_budget()
+    except ConfigError as exc:
+        return Probe(name=name, status="failing", detail=str(exc), fix=f"unset {budget.BUDGET_ENV} or fix its value")
+    missing = [c for c in ("max_inotify_instances", "max_user_namespaces") if host.sysctl(f"user/{c}") is None]
+    if missing:
+        return Probe(
+            name=name,
+            status="degraded",
+            detail=f"no /proc/sys/user/{missing[0]}: a jail's inotify and namespace counts are not bounded",
+            fix="Linux 4.11 or later",
+        )
+    detail = (
+        f"all sandboxes together: {pids} of pid_max {host.sysctl('kernel/pid_max')} processes; "
+        f"each takes at most 1/{budget.COUNTER_SHARE} of the user's inotify, fanotify and namespace counts"
+    )
+    if host.uid == 0 and not cgroups.v1_usable() and not (cgroups.v2_mounted() and cgroups.v2_parent()[0]):
+        held = f"{detail}; no pids cgroup: the budget is not held"
+        return Probe(name=name, status="degraded", detail=held, fix="mount the cgroup v1 pids hierarchy, or cgroup v2")
+    return Probe(name=name, status="ok", detail=detail)
+
+
 def slirp4netns(host: Host) -> Probe:
     tool = shutil.which("slirp4netns", path=host.path)
     if tool is None:
@@ -355,6 +380,7 @@ def run(host: Host | None = None, base: Path | None = None) -> list[Probe]:
         seccomp_notify(),
         groups,
         bounds(groups),
+        shared_bounds(host),
         slirp4netns(host),
         rootfs_build(host),
         state(base or state_dir()),

@@ -115,6 +115,8 @@ class JailSpec:
     seccomp: SeccompSpec | None  # None: no filter (the host warned)
     userns: bool  # a new user namespace (False only as root, on request)
     idmap: IdMap  # the user namespace's map, written by the launcher (sandbox/idmap.py plans it)
+    pids_budget: int | None  # RLIMIT_NPROC of the user namespace's creator: the user's processes, jails included
+    counters: dict[str, int]  # /proc/sys/user/NAME -> limit in the jail's user namespace (limits/budget.py)
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,6 +149,8 @@ class JailSpec:
             seccomp=None if f["seccomp"] is None else SeccompSpec.from_wire(f["seccomp"]),
             userns=wire.typed(f, "userns", bool),
             idmap=IdMap.from_wire(f["idmap"]),
+            pids_budget=None if f["pids_budget"] is None else wire.typed(f, "pids_budget", int),
+            counters=_string_map(f, "counters", int),
         )
 
 

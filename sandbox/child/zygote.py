@@ -3,11 +3,16 @@
 Why a separate process: forking the caller (often multi-threaded, often big) is unsafe and slow,
 and a fresh interpreter per jail costs milliseconds. The launcher is started once per host
 process with ``python -I -S``, imports the child-side modules, freezes its heap, and then each jail
-costs two forks:
+costs three forks:
 
-    launcher --fork--> A: unshare(user); launcher writes A's id maps; unshare(mnt pid ipc uts cgroup [net])
-                       A --fork--> B: pid 1 of the new pid namespace, becomes the init
-                       A exits; B is re-parented to the launcher (a child subreaper)
+    launcher --fork--> A: unshare(user); launcher writes A's id maps (host ids onto themselves);
+                          A caps the per-user counters
+                       A --fork--> A2: unshare(user); A writes A2's id maps (the planned ones);
+                                   unshare(mnt pid ipc uts cgroup [net])
+                       A2 --fork--> B: pid 1 of the new pid namespace, becomes the init
+                       A2 and A exit; B is re-parented to the launcher (a child subreaper)
+
+A's namespace is one nothing in the jail enters; its limits bound the jail (``_in_bounded_userns``).
 
 B then arms PR_SET_PDEATHSIG against the launcher, and the launcher exits as soon as the host
 process dies (a pidfd of it) or closes the control socket. The host talks to each init directly
@@ -18,8 +23,10 @@ Stdlib only.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import resource
 import select
 import shutil
 import signal
@@ -104,7 +111,8 @@ class Zygote:
             self.live.pop(pid, None)
             go = self.pending.pop(pid, None)
             if go is not None:  # that was an A: its init is now re-parented to us
-                os.write(go, b"1")
+                with contextlib.suppress(BrokenPipeError):  # the init already failed and exited
+                    os.write(go, b"1")
                 os.close(go)
 
     def shutdown(self) -> NoReturn:
@@ -151,15 +159,16 @@ class Zygote:
         finally:
             reply.close()
 
-    def _spawn_in_userns(self, idmap: IdMap | None, body: Body) -> tuple[socket.socket, int]:
+    def _spawn_in_userns(self, idmap: IdMap | None, body: Body, nproc: int | None = None) -> tuple[socket.socket, int]:
         """Fork A, let it unshare its user namespace (unless ``idmap`` is None), write its id maps.
-        Returns (channel, pid)."""
+        ``nproc``: A's RLIMIT_NPROC as it creates the namespace, which the kernel keeps as the
+        namespace's cap on the calling user's processes (the pids budget). Returns (channel, pid)."""
         mine, theirs = wire.seqpacket_pair()
         with step(Step.FORK):
             pid = os.fork()
         if pid == 0:
             mine.close()
-            _child_a(theirs, body, idmap is not None)
+            _child_a(theirs, body, idmap is not None, nproc)
         theirs.close()
         try:
             _expect(mine, UsernsReady)
@@ -178,8 +187,7 @@ class Zygote:
         lifeline = self.lifeline
         go_r, go_w = os.pipe()  # "your parent is now the launcher": arm PDEATHSIG only after that
 
-        def body(chan: socket.socket) -> None:
-            os.close(go_w)
+        def jail(chan: socket.socket) -> None:
             with step(Step.UNSHARE):
                 L.unshare(NS_FLAGS | (L.CLONE_NEWNET if spec.net.new_netns else 0))
                 pid = os.fork()
@@ -190,8 +198,16 @@ class Zygote:
                 os._exit(0)
             wire.send(chan, InitPid(pid).to_wire())
 
+        def body(chan: socket.socket) -> None:
+            os.close(go_w)
+            if spec.userns:
+                _in_bounded_userns(chan, spec, jail)
+            else:
+                jail(chan)
+
         try:
-            chan, a_pid = self._spawn_in_userns(spec.idmap if spec.userns else None, body)
+            outer = _host_ids(spec.idmap) if spec.userns else None
+            chan, a_pid = self._spawn_in_userns(outer, body, spec.pids_budget)
             os.close(go_r)
             go_r = -1
             with chan:
@@ -230,8 +246,11 @@ class Zygote:
         return removed.done
 
 
-def _child_a(chan: socket.socket, body: Body, userns: bool) -> NoReturn:
+def _child_a(chan: socket.socket, body: Body, userns: bool, nproc: int | None) -> NoReturn:
     try:
+        if nproc is not None:
+            with step(Step.RLIMITS):
+                _soft_nproc(nproc)
         if userns:
             try:
                 L.unshare(L.CLONE_NEWUSER)
@@ -249,6 +268,98 @@ def _child_a(chan: socket.socket, body: Body, userns: bool) -> NoReturn:
             pass
     finally:
         os._exit(0)
+
+
+def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
+    """Run ``then`` (the jail) in a user namespace nested in A's, whose counters bound it as a whole.
+
+    The kernel counts inotify instances, namespaces and the like per (user namespace, uid), and
+    charges each count up the chain to the namespace's creator, checking each level against that
+    level's ``/proc/sys/user`` limits. A limit in the jail's own namespace would bind each of its
+    uids apart (a root jail could setuid through 65536 of them), and its root could raise it. So
+    the limits go in A's namespace, which nothing in the jail ever enters: every process of the
+    jail, whatever its uid, is charged to the one uid that created the nested namespace there.
+    A's namespace maps the host ids one to one and the jail's gets the planned map, so the jail
+    has the ids it was planned with; its own limits are set to the same values, for programs inside
+    that read them.
+
+    The nested namespace also keeps A2's RLIMIT_NPROC, when the plan has one, as its cap on the
+    processes of all the jail's uids together (``rlimits.plan``)."""
+    with step(Step.RLIMITS):
+        _write_counters(spec.counters)
+    unshared_r, unshared_w = os.pipe()
+    mapped_r, mapped_w = os.pipe()
+    with step(Step.FORK):
+        pid = os.fork()
+    if pid == 0:  # A2: creates the jail's user namespace, then its other namespaces and the init
+        os.close(unshared_r)
+        os.close(mapped_w)
+        try:
+            nproc = spec.rlimits.get("RLIMIT_NPROC")
+            if nproc is not None:
+                with step(Step.RLIMITS):
+                    _soft_nproc(nproc)
+            with step(Step.USERNS):
+                L.unshare(L.CLONE_NEWUSER)
+            os.write(unshared_w, b"1")
+            if os.read(mapped_r, 1) != b"1":
+                os._exit(0)  # A failed and reported it
+            with step(Step.RLIMITS):
+                _write_counters(spec.counters)
+            then(chan)
+        except BaseException as exc:
+            try:
+                wire.send(chan, failure(exc, Step.PROTOCOL).to_wire())
+            except BaseException:
+                pass
+        finally:
+            os._exit(0)
+    os.close(unshared_w)
+    os.close(mapped_r)
+    try:
+        if os.read(unshared_r, 1) != b"1":
+            return  # A2 failed and reported it
+        with step(Step.ID_MAP):  # A holds CAP_SETUID in its namespace: no helper, no setgroups rule
+            inner = _lines(spec.idmap.uid_map, False), _lines(spec.idmap.gid_map, False)
+            write_maps(pid, IdMap(*inner, helper=False, deny_setgroups=False))
+        os.write(mapped_w, b"1")
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        raise
+    finally:
+        os.close(unshared_r)
+        os.close(mapped_w)
+        os.waitpid(pid, 0)  # A exits after A2, so the init is re-parented to the launcher when A is reaped
+
+
+def _soft_nproc(limit: int) -> None:
+    """Set the soft RLIMIT_NPROC, which a new user namespace keeps as its cap (the hard one stays, so
+    the init can still set the sandbox's own cap above it)."""
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
+def _write_counters(counters: dict[str, int]) -> None:
+    """Set the per-user counter limits of the calling process's user namespace."""
+    for name, value in counters.items():
+        if not (name.startswith("max_") and name[4:].replace("_", "").isalpha()):
+            raise ValueError(f"not a per-user counter: {name!r}")
+        with open(f"/proc/sys/user/{name}", "w") as f:
+            f.write(str(value))
+
+
+def _host_ids(idmap: IdMap) -> IdMap:
+    """A's map: the host ids ``idmap`` uses, each onto itself. The jail's namespace, nested in A's,
+    then gets ``idmap`` itself, and reads the same ``/proc/self/uid_map`` as without A's."""
+    return IdMap(_lines(idmap.uid_map, True), _lines(idmap.gid_map, True), idmap.helper, idmap.deny_setgroups)
+
+
+def _lines(text: str, host_ids: bool) -> str:
+    """A map's "inside outside count" triples one to a line (what /proc/PID/uid_map takes; newuidmap
+    takes them split either way); with ``host_ids``, each outside range onto itself."""
+    numbers = text.split()
+    rows = [numbers[i : i + 3] for i in range(0, len(numbers), 3)]
+    return "".join(f"{outside if host_ids else inside} {outside} {count}\n" for inside, outside, count in rows)
 
 
 def _keep_only(fds: list[int]) -> None:

@@ -10,6 +10,11 @@ cgroup v1 (root only): one group per sandbox in the memory, pids and cpu hierarc
 the caller's own groups.
 
 Either way the init is moved in before the jail reports ready, so every command is inside.
+The ``jailbox`` group every sandbox's group is created in holds the pids budget all of them share
+(``pids.max``, ``budget.py``). A group's name records its owner (``ID-PID-START-PIDNS``: the
+host process, its start time in clock ticks, its pid namespace), so the remains of a host process
+killed before its ``destroy()`` ran are found and removed: by the next process that makes a group
+in the same place, and by ``jailbox cleanup`` (``reap_stale``), which looks in every hierarchy.
 Counters read around each command give ``oom_killed`` (``oom_kill`` in memory.events or
 memory.oom_control, never ``failcnt``) and ``pids_limit_hit`` (``max`` in pids.events).
 
@@ -90,15 +95,19 @@ class CgroupV1(Cgroup):
 
     kind = "cgroup v1"
 
-    def __init__(self, sandbox_id: str, limits: Limits) -> None:
+    def __init__(self, sandbox_id: str, limits: Limits, pids_budget: int) -> None:
         mounts, own = _v1_mounts(), _own_paths()
         self.dirs: dict[str, Path] = {}
         # Only the hierarchies a limit needs: attaching a process to a v1 group costs about 0.2 ms each.
         wanted = {"memory": limits.memory, "pids": limits.pids, "cpu": limits.cpus}
         for controller in (c for c in V1_CONTROLLERS if wanted[c] is not None):
             parent = mounts[controller] / own.get(controller, "/").lstrip("/") / "jailbox"
-            path = parent / sandbox_id
-            path.mkdir(parents=True)
+            parent.mkdir(parents=True, exist_ok=True)
+            _reap_once(parent)
+            if controller == "pids":
+                (parent / "pids.max").write_text(str(pids_budget))
+            path = parent / group_name(sandbox_id)
+            path.mkdir()
             self.dirs[controller] = path
         if limits.memory is not None:
             self._write("memory", "memory.limit_in_bytes", limits.memory)
@@ -134,24 +143,32 @@ class CgroupV1(Cgroup):
         return _field(self.dirs[controller] / name, key)
 
     def destroy(self) -> None:
-        for _ in range(200):
-            remaining = False
-            for path in self.dirs.values():
-                if not path.exists():
-                    continue
-                for pid in _pids(path):
-                    remaining = True
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+        _remove_v1(list(self.dirs.values()))
+
+
+def _remove_v1(paths: list[Path]) -> bool:
+    """Kill what is in the groups (v1 has no cgroup.kill) and remove them; whether they are gone."""
+    for _ in range(200):
+        remaining = False
+        for path in paths:
+            if not path.exists():
+                continue
+            for pid in _pids(path):
+                remaining = True
                 try:
-                    path.rmdir()
+                    os.kill(pid, signal.SIGKILL)
                 except OSError:
-                    remaining = True
-            if not remaining:
-                return
-            time.sleep(0.005)
+                    pass
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                remaining = True
+        if not remaining:
+            return True
+        time.sleep(0.005)
+    return False
 
 
 def _pids(path: Path) -> list[int]:
@@ -220,8 +237,10 @@ class CgroupV2(Cgroup):
 
     kind = "cgroup v2"
 
-    def __init__(self, parent: Path, sandbox_id: str, limits: Limits) -> None:
-        self.path = parent / sandbox_id
+    def __init__(self, parent: Path, sandbox_id: str, limits: Limits, pids_budget: int) -> None:
+        _reap_once(parent)
+        (parent / "pids.max").write_text(str(pids_budget))
+        self.path = parent / group_name(sandbox_id)
         self.path.mkdir()
         if limits.memory is not None:
             self._write("memory.max", limits.memory)
@@ -242,24 +261,136 @@ class CgroupV2(Cgroup):
                 "pids_max": _field(self.path / "pids.events", "max")}  # fmt: skip
 
     def destroy(self) -> None:
-        if not self.path.exists():
-            return
-        try:
-            self._write("cgroup.kill", 1)
-        except OSError:
-            for pid in _pids(self.path):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        for _ in range(200):
+        _remove_v2(self.path)
+
+
+def _remove_v2(path: Path) -> bool:
+    """Kill what is in the group and remove it; whether it is gone."""
+    if not path.exists():
+        return True
+    try:
+        (path / "cgroup.kill").write_text("1")
+    except OSError:
+        for pid in _pids(path):
             try:
-                self.path.rmdir()
-                return
-            except FileNotFoundError:
-                return
+                os.kill(pid, signal.SIGKILL)
             except OSError:
-                time.sleep(0.005)
+                pass
+    for _ in range(200):
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(0.005)
+    return False
+
+
+# --- what a killed host process left --------------------------------------------------------------
+
+PARENT_NAME = "jailbox"
+SEARCH_DEPTH = 8  # how deep below a hierarchy's root ``reap_stale`` looks for ``jailbox`` groups
+SEARCH_GROUPS = 20_000  # and how many groups it visits at most (a systemd host has a few hundred)
+
+
+def _owner() -> str:
+    """This process as group names record it: pid, start time (clock ticks since boot), pid namespace.
+    Not cached: a forked child is another owner."""
+    return f"{os.getpid()}-{_start_ticks(os.getpid())}-{os.stat('/proc/self/ns/pid').st_ino}"
+
+
+def group_name(sandbox_id: str) -> str:
+    return f"{sandbox_id}-{_owner()}"
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _stale(name: str) -> bool:
+    """A group of ours whose owner is gone. Groups of another pid namespace (whose pids mean other
+    processes) and names we did not make are left alone."""
+    parts = name.split("-")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
+        return False
+    pid, start, pidns = (int(p) for p in parts[1:])
+    if pidns != os.stat("/proc/self/ns/pid").st_ino:
+        return False
+    return _start_ticks(pid) != start
+
+
+def _stale_groups(parent: Path) -> list[Path]:
+    """Groups in ``parent`` that this user made (another's are not ours to remove) for dead owners."""
+    found = []
+    try:
+        for entry in os.scandir(parent):
+            if entry.is_dir(follow_symlinks=False) and _stale(entry.name):
+                if entry.stat(follow_symlinks=False).st_uid == os.geteuid():
+                    found.append(Path(entry.path))
+    except OSError:
+        pass
+    return found
+
+
+_REAPED: set[Path] = set()
+
+
+def _reap_once(parent: Path) -> None:
+    """The first time this process uses ``parent``: remove the groups dead owners left in it."""
+    if parent not in _REAPED:
+        _REAPED.add(parent)
+        for group in _stale_groups(parent):
+            if v2_mounted():
+                _remove_v2(group)
+            else:
+                _remove_v1([group])
+
+
+def _parents(root: Path) -> list[Path]:
+    """Every ``jailbox`` group below ``root`` (bounded: depth and count), without following links."""
+    found: list[Path] = []
+    level, visited = [root], 0
+    for _ in range(SEARCH_DEPTH):
+        below: list[Path] = []
+        for group in level:
+            try:
+                entries = list(os.scandir(group))
+            except OSError:
+                continue
+            for entry in entries:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                visited += 1
+                if visited > SEARCH_GROUPS:
+                    return found
+                if entry.name == PARENT_NAME:
+                    found.append(Path(entry.path))
+                else:
+                    below.append(Path(entry.path))
+        level = below
+    return found
+
+
+def reap_stale() -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Kill and remove every sandbox group whose host process is gone, in every hierarchy.
+    Returns (removed, failed)."""
+    roots = [V2_ROOT] if v2_mounted() else list(dict.fromkeys(_v1_mounts().values()))
+    removed: list[Path] = []
+    failed: list[tuple[Path, str]] = []
+    for root in roots:
+        for parent in _parents(root):
+            for group in _stale_groups(parent):
+                gone = _remove_v2(group) if v2_mounted() else _remove_v1([group])
+                if gone:
+                    removed.append(group)
+                else:
+                    failed.append((group, "processes in it survived SIGKILL, or it could not be removed"))
+    return removed, failed
 
 
 def _field(path: Path, key: str) -> int:

@@ -4,7 +4,8 @@ cgroups where usable (v2 delegated, or v1 as root), else an rlimit where one fit
 address space, pids as per-uid process count, which a user namespace makes per-sandbox) and the host's
 watcher (``watch.py``: the total memory of the jail's processes, a disk writable layer's bytes and
 inodes), else nothing, said plainly. The jail's tmpfs (/tmp, /dev/shm, a tmpfs writable layer) is one
-mount with a size and an inode count (``scratch``). Core dumps are always off.
+mount with a size and an inode count (``scratch``). Core dumps are always off. The bounds all sandboxes share (the pids budget,
+the per-user kernel counters) are stated here too; ``budget.py`` decides them.
 """
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ import warnings
 
 from ..config import Limits, SandboxConfig
 from ..errors import LimitNotEnforced
+from . import budget
 from .watch import TICK
 
 Enforcement = dict[str, str]
 
 
-def plan(limits: Limits, upper: str, cgroup: str | None) -> tuple[dict[str, int], Enforcement]:
-    """(rlimits the init sets on itself at boot, limit -> how it is enforced)."""
+def plan(
+    limits: Limits, upper: str, cgroup: str | None, pids_budget: int, counters: dict[str, int], userns: bool
+) -> tuple[dict[str, int], Enforcement]:
+    """(rlimits the init sets on itself at boot, limit -> how it is enforced); ``pids_budget`` and
+    ``counters`` are the bounds all sandboxes share (``budget.py``)."""
     rlimits = {"RLIMIT_CORE": 0, "RLIMIT_NOFILE": min(limits.open_files, _hard(resource.RLIMIT_NOFILE))}
     how: Enforcement = {"open_files": f"rlimit RLIMIT_NOFILE={rlimits['RLIMIT_NOFILE']}", "core_dumps": "off"}
     if limits.file_size is not None:
@@ -51,7 +56,9 @@ def plan(limits: Limits, upper: str, cgroup: str | None) -> tuple[dict[str, int]
             how["pids"] = "not enforced: no cgroup, and RLIMIT_NPROC does not bind uid 0 of the host"
         else:
             rlimits["RLIMIT_NPROC"] = limits.pids
-            how["pids"] = "rlimit RLIMIT_NPROC: per uid inside this sandbox's user namespace (no cgroup)"
+            how["pids"] = "rlimit RLIMIT_NPROC: all processes of this sandbox's user namespace, every uid (no cgroup)"
+    how["pids_budget"] = _budget_enforcement(pids_budget, cgroup, userns)
+    how["kernel_counters"] = budget.describe_counters(counters, userns)
     if limits.cpus is not None:
         how["cpus"] = f"{cgroup} cpu quota" if cgroup else "not enforced: no usable cgroup"
     if limits.disk is not None:
@@ -86,6 +93,23 @@ def scratch(config: SandboxConfig) -> tuple[int, int]:
         bounds.append(config.tmpfs_size)
     size = min(bounds) if bounds else config.tmpfs_size
     return size, limits.inodes or 0  # 0: the kernel's default count (half the host's pages)
+
+
+def nproc_budget(pids_budget: int, userns: bool) -> int | None:
+    """The RLIMIT_NPROC the launcher sets before it creates the jail's user namespace, if it binds:
+    the kernel ignores it for uid 0 of the host, whose processes the pids cgroup bounds instead."""
+    return pids_budget if userns and os.getuid() != 0 else None
+
+
+def _budget_enforcement(pids_budget: int, cgroup: str | None, userns: bool) -> str:
+    held = []
+    if cgroup:
+        held.append(f"{cgroup} pids.max={pids_budget} on the jailbox group all sandboxes are created in")
+    if nproc_budget(pids_budget, userns) is not None:
+        held.append(
+            f"RLIMIT_NPROC={pids_budget} of the user namespace's creator: forks fail while this user has that many"
+        )
+    return "; ".join(held) or "not enforced: no pids cgroup, and RLIMIT_NPROC does not bind uid 0 of the host"
 
 
 def _hard(which: int) -> int:

@@ -1,0 +1,310 @@
+"""No sandbox starves the host through shared kernel counters: pids, per-user counters, leftovers.
+
+Each test asserts the bound and that the host stayed usable: the host user can still create an
+inotify instance while a jail holds all it can, the host can still fork while sandboxes hold the
+whole pids budget, a crashed host process's cgroups go, a YAML bomb costs no memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.checks import doctor
+from jailbox.sandbox.errors import ConfigError, SandboxSetupError
+from jailbox.sandbox.launcher import LAUNCHER
+from jailbox.sandbox.limits import budget, cgroups
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+# Opens inotify instances until the kernel refuses, as each of the uids in argv[1] in turn (a child
+# per uid, which keeps its instances), writes the total to argv[2], then holds them all.
+HOG = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+total = 0
+for uid in [int(u) for u in sys.argv[1].split(",")]:
+    r, w = os.pipe()
+    if os.fork() == 0:
+        if uid:
+            os.setgid(uid)
+            os.setuid(uid)
+        n = 0
+        while libc.inotify_init1(0) >= 0:
+            n += 1
+        os.write(w, b"%d" % n)
+        time.sleep(600)
+        os._exit(0)
+    os.close(w)
+    total += int(os.read(r, 32) or b"0")
+with open(sys.argv[2] + ".tmp", "w") as f:
+    f.write(str(total))
+os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+time.sleep(600)
+"""
+
+RAISE = {
+    # /proc/sys/user is read-only in the jail
+    "direct write": "echo 100000 > /proc/sys/user/max_inotify_instances",
+    # with its capabilities kept, root of the jail can remount /proc read-write and raise its own
+    # namespace's limits: not the ones that bind it
+    "remounted /proc": "mount -o remount,rw /proc && echo 100000 > /proc/sys/user/max_inotify_instances",
+    # a nested user namespace has limits of its own to raise, and is charged up the chain
+    "nested user namespace": "unshare -U -r sh -c 'echo 100000 > /proc/sys/user/max_inotify_instances'",
+}
+
+
+def _host_inotify() -> int:
+    fd = ctypes.CDLL(None, use_errno=True).inotify_init1(0)
+    if fd >= 0:
+        os.close(fd)
+    return fd
+
+
+def _wait_for(path: Path, deadline: float = 60.0) -> str:
+    end = time.monotonic() + deadline
+    while not path.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    return path.read_text()
+
+
+@pytest.mark.parametrize("how", sorted(RAISE))
+def test_a_jail_takes_a_bounded_share_of_the_users_inotify_instances(how, tmp_path):
+    limit = budget.counter_limits()["max_inotify_instances"]
+    (tmp_path / "hog.py").write_text(HOG)
+    tmp_path.chmod(0o777)  # the hog's result is written as whichever uid the jail maps to
+    with Sandbox(keep_caps=True, seccomp=None, mounts=[{"src": str(tmp_path), "dst": "/hog", "readonly": False}]) as sb:
+        assert sb.enforcement["kernel_counters"].startswith("limits of the user namespace the jail's is nested in")
+        mapped = sum(int(n) for n in sb.exec("cat /proc/self/uid_map").stdout.split()[2::3])
+        # each uid has counts of its own in the jail's namespace: use eight where the jail maps them
+        uids = ",".join(str(u) for u in range(min(mapped, 8)))
+        sb.exec(RAISE[how])
+        sb.exec(f"python3 /hog/hog.py {uids} /hog/total > /dev/null 2>&1 &")
+        held = int(_wait_for(tmp_path / "total"))
+        assert 0 < held <= limit
+        assert _host_inotify() >= 0  # while the jail holds all it can
+
+
+# --- pids: a budget all sandboxes share -------------------------------------------------------------
+
+# In a process of its own (so the jailbox cgroup, and the budget on it, are its own): three sandboxes;
+# each forks up to FORKS sleepers that stay; prints how many each got, and whether the host could fork.
+BUDGET = r"""
+import json, os, subprocess, sys
+from pathlib import Path
+own = sys.argv[1]
+if own.startswith("v1:"):
+    Path(own[3:], "cgroup.procs").write_text(str(os.getpid()))
+elif own.startswith("v2:"):
+    os.environ["JAILBOX_CGROUP_PARENT"] = own[3:]
+else:  # rootless without a cgroup: the budget counts all of this user's processes
+    tasks = sum(len(os.listdir(f"/proc/{p}/task")) for p in os.listdir("/proc")
+                if p.isdigit() and os.path.exists(f"/proc/{p}") and os.stat(f"/proc/{p}").st_uid == os.getuid())
+    os.environ["JAILBOX_PIDS_BUDGET"] = str(tasks + int(own))
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.checks import doctor
+from jailbox.sandbox.errors import ConfigError, SandboxSetupError
+from jailbox.sandbox.launcher import LAUNCHER
+FORK = '''python3 -c "
+import os, time
+n = 0
+for _ in range(15):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(600)
+        os._exit(0)
+    n += 1
+print(n)
+"'''
+sandboxes = [Sandbox() for _ in range(3)]
+got = [int(sb.exec(FORK).stdout or 0) for sb in sandboxes]
+host = subprocess.run(["true"]).returncode == 0
+print(json.dumps({"got": got, "host_forks": host, "enforcement": sandboxes[0].enforcement["pids_budget"]}))
+for sb in sandboxes:
+    sb.close()
+"""
+
+
+def _budget_run(own: str, env: dict[str, str]) -> dict:
+    r = subprocess.run(
+        [sys.executable, "-c", BUDGET, own],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, **env},
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def _check_budget(result: dict) -> None:
+    first, second, third = result["got"]
+    assert first == second == 15  # within the budget
+    assert third < 15  # the third sandbox's forks fail: the first two hold most of the budget
+    assert result["host_forks"]
+
+
+@pytest.mark.cgroup
+def test_sandboxes_together_stay_within_the_pids_budget_of_their_cgroup(tmp_path):
+    # each sandbox: its init, the python that forks, 15 sleepers; 40 leave the third a few forks
+    if cgroups.v2_mounted():
+        parent = cgroups.v2_parent()[0]
+        assert parent is not None
+        group = parent / f"budget-{os.getpid()}"
+        own = f"v2:{group}"
+    else:
+        mounts = cgroups._v1_mounts()
+        here = Path("/proc/self/cgroup").read_text()
+        pids_path = next(line.split(":", 2)[2] for line in here.splitlines() if "pids" in line.split(":")[1].split(","))
+        group = mounts["pids"] / pids_path.lstrip("/") / f"jbx-budget-{os.getpid()}"
+        own = f"v1:{group}"
+    group.mkdir()
+    try:
+        result = _budget_run(own, {"JAILBOX_PIDS_BUDGET": "40"})
+        assert "pids.max=40" in result["enforcement"]
+        _check_budget(result)
+    finally:
+        for sub in [*sorted(group.glob("jailbox/*"), reverse=True), group / "jailbox", group]:
+            if cgroups.v2_mounted():
+                cgroups._remove_v2(sub)
+            else:
+                cgroups._remove_v1([sub])
+
+
+@pytest.mark.rootless
+@pytest.mark.nocgroup
+def test_sandboxes_together_stay_within_the_pids_budget_of_their_user():
+    # the user's tasks now, plus: the launcher, three inits, twice (python + 15 sleepers), and a few
+    result = _budget_run(str(1 + 3 + 2 * 16 + 4), {})
+    assert "RLIMIT_NPROC=" in result["enforcement"]
+    _check_budget(result)
+
+
+def test_the_pids_budget_is_checked():
+    for bad in ("0", "-5", "lots", "150%", str(budget.pid_max() + 1)):
+        os.environ[budget.BUDGET_ENV] = bad
+        try:
+            with pytest.raises(ConfigError, match=f"{budget.BUDGET_ENV}=.*e.g. {budget.BUDGET_ENV}=8000"):
+                budget.pids_budget()
+        finally:
+            del os.environ[budget.BUDGET_ENV]
+    assert budget.pids_budget() == budget.pid_max() // 2
+
+
+# --- leftovers: cgroups of a killed host process ------------------------------------------------------
+
+HOLDER = r"""
+import json, time
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.checks import doctor
+from jailbox.sandbox.errors import ConfigError, SandboxSetupError
+from jailbox.sandbox.launcher import LAUNCHER
+sb = Sandbox()
+sb.exec("sleep 1000 &")
+group = sb._jail.cgroup
+print(json.dumps([str(p) for p in group.dirs.values()] if hasattr(group, "dirs") else [str(group.path)]), flush=True)
+time.sleep(1000)
+"""
+
+
+def _killed_holder() -> list[Path]:
+    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    groups = [Path(p) for p in json.loads(child.stdout.readline())]
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert groups and all(g.exists() for g in groups)
+    return groups
+
+
+@pytest.mark.cgroup
+def test_jailbox_cleanup_removes_the_cgroups_of_a_killed_host_process():
+    groups = _killed_holder()
+    r = subprocess.run(
+        [sys.executable, "-m", "jailbox.cli", "cleanup"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    for group in groups:
+        assert f"removed {group}" in r.stdout
+        assert not group.exists()
+
+
+@pytest.mark.cgroup
+def test_a_new_process_removes_the_cgroups_dead_owners_left():
+    groups = _killed_holder()
+    r = subprocess.run(
+        [sys.executable, "-c", "from jailbox.sandbox import Sandbox\nwith Sandbox() as sb: sb.exec('true')"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert not any(group.exists() for group in groups)
+
+
+# --- a YAML bomb in a prompt config ---------------------------------------------------------------------
+
+LAUGHS = "".join(f"l{i}: &l{i} [{','.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9))
+BOMBS = {
+    "aliases": "l0: &l0 [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n" + LAUGHS + "system_prompt: *l8\n",
+    "merge keys": "base: &b {a: 1, b: 2}\nsystem_prompt: x\nother: {<<: *b}\n",
+    "deep nesting": "system_prompt: " + "[" * 200_000 + "\n",
+    "a huge file": "system_prompt: '" + "x" * (3 << 20) + "'\n",
+}
+MEASURE = r"""
+import json, resource, sys
+from jailbox.agent import prompts
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    prompts.load(sys.argv[1])
+    error = None
+except ValueError as exc:
+    error = str(exc)
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps([error, grown]))
+"""
+
+
+@pytest.mark.parametrize("kind", sorted(BOMBS))
+def test_a_yaml_bomb_in_a_prompt_config_is_refused_with_bounded_memory(kind, tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMBS[kind])
+    r = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    error, grown_kb = json.loads(r.stdout)
+    assert error is not None and error.startswith(str(path)) and "\n" not in error
+    assert grown_kb < 64 * 1024  # KiB: the bomb would take gigabytes
+
+
+def test_jails_whose_init_fails_at_once_leave_the_launcher_running():
+    """The init may exit before its launcher-side pipe is written (its A now waits for A2 first)."""
+    Sandbox().close()
+    launcher = LAUNCHER.pid
+    for _ in range(60):
+        with pytest.raises(SandboxSetupError, match="not a directory"):
+            Sandbox(workdir="/dev/null")
+    assert LAUNCHER.pid == launcher
+    with Sandbox() as sb:
+        assert sb.exec("echo up").stdout == "up\n"
+
+
+def test_doctor_reports_the_shared_bounds_and_a_bad_budget(monkeypatch):
+    assert doctor.shared_bounds(doctor.Host()).status == "ok"
+    monkeypatch.setenv(budget.BUDGET_ENV, "half")
+    probe = doctor.shared_bounds(doctor.Host())
+    assert probe.status == "failing" and budget.BUDGET_ENV in probe.detail and budget.BUDGET_ENV in probe.fix
