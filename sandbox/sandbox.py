@@ -188,7 +188,8 @@ class Sandbox:
         return jail_path(path if path.startswith("/") else posixpath.join(self.config.workdir, path))
 
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
-        """Read a regular file as the jail sees it (symlinks resolve inside the jail)."""
+        """Read a regular file as the jail sees it (symlinks resolve inside the jail); one larger than
+        ``max_bytes`` (64 MiB if None) is refused with ``SandboxFileError`` (EFBIG)."""
         self._check_open()
         return files.read_file(self._channel, self._abs(path), max_bytes)
 

@@ -50,7 +50,7 @@ from .spec import JailSpec
 
 STEP_TIMEOUT = 10.0
 Body = Callable[[socket.socket], None]
-Expected = TypeVar("Expected", UsernsReady, Go, InitPid, Removed)
+Expected = TypeVar("Expected", UsernsReady, Go, InitPid)
 NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
 
 
@@ -124,7 +124,9 @@ class Zygote:
                 shutil.rmtree(path, ignore_errors=True)
             if os.path.lexists(path) and spec.userns:
                 try:
-                    self._rmtree_in_userns(RmtreeRequest(path, spec.idmap))
+                    mine, theirs = wire.seqpacket_pair()
+                    with mine, theirs:
+                        os.waitpid(self._rmtree_in_userns(RmtreeRequest(path, spec.idmap), theirs), 0)
                 except Exception:
                     pass
         os._exit(0)
@@ -144,8 +146,7 @@ class Zygote:
             if isinstance(req, CreateRequest):
                 self.create(req.spec, reply)
             elif isinstance(req, RmtreeRequest):
-                done = self._rmtree_in_userns(req)
-                _send(reply, Removed(done))
+                self._rmtree_in_userns(req, reply)
         except Exception as exc:
             _send(reply, failure(exc, Step.PROTOCOL))
         finally:
@@ -215,19 +216,22 @@ class Zygote:
             host_end.close()
             jail_end.close()
 
-    def _rmtree_in_userns(self, req: RmtreeRequest) -> bool:
-        """Remove a tree whose files belong to subordinate ids, as root of a matching namespace."""
+    def _rmtree_in_userns(self, req: RmtreeRequest, reply: socket.socket) -> int:
+        """Remove a tree whose files belong to subordinate ids, as root of a matching namespace. The
+        removing process answers on ``reply`` itself, so a huge tree never holds up the launcher (new
+        jails start while it is removed). Returns that process's pid."""
 
         def body(chan: socket.socket) -> None:
-            with step(Step.RMTREE):
-                shutil.rmtree(req.path, ignore_errors=True)
-                done = not os.path.lexists(req.path)
-            wire.send(chan, Removed(done).to_wire())
+            try:
+                with step(Step.RMTREE):
+                    shutil.rmtree(req.path, ignore_errors=True)
+                _send(reply, Removed(not os.path.lexists(req.path)))
+            except Exception as exc:
+                _send(reply, failure(exc, Step.RMTREE))
 
-        chan, _ = self._spawn_in_userns(req.idmap, body)
-        with chan:
-            removed = _expect(chan, Removed)
-        return removed.done
+        chan, pid = self._spawn_in_userns(req.idmap, body)
+        chan.close()
+        return pid
 
 
 def _child_a(chan: socket.socket, body: Body, userns: bool) -> NoReturn:
