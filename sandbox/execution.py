@@ -2,13 +2,12 @@
 
 The host creates the command's pipes and hands their far ends to the init with the request, so
 output flows from the command straight to this process: the init never copies a byte. The exit
-status arrives on a reply socket private to this command. Stdin is either bytes or a host stream
-(``Stdin``) copied one ``CHUNK`` at a time as the command reads, so ``yes | jailbox exec -- head -n1``
-holds one chunk, not everything ``yes`` wrote; a command that stops reading ends the copy quietly.
-When the command's own process has
+status arrives on a reply socket private to this command. When the command's own process has
 exited, what is already in the pipes is read and whatever still holds them open (a background
 server started with ``&``) has them handed to the init, which drains them so that process never
-dies of SIGPIPE.
+dies of SIGPIPE. Stdin is bytes or a host stream (``Stdin``), copied one ``CHUNK`` at a time as the
+command reads, so ``yes | jailbox exec -- head -n1`` holds one chunk, not everything ``yes`` wrote;
+a command that stops reading ends the copy quietly.
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ from .seccomp import syscalls
 
 Callback = Callable[[bytes], None]
 Stdin = bytes | IO[bytes]
-"""What a command reads: bytes, or a host stream (its descriptor is read; never closed, never made non-blocking)."""
+"""What a command reads: bytes, or a host stream read through its descriptor (bytes the stream object
+has already buffered are not seen); the stream is never closed here, nor made non-blocking."""
 KILL_GRACE = 10.0
 CHUNK = 1 << 16
 
