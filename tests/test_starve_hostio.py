@@ -8,6 +8,7 @@ bound is that of the process doing the read, not of pytest.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import pytest
 from standin import StandIn
 
 from jailbox.sandbox import Sandbox
+from jailbox.sandbox.aio import AsyncSandbox
 from jailbox.sandbox.net import proxy as proxy_mod
 from jailbox.sandbox.net.proxy import PROXY
 
@@ -55,6 +57,7 @@ def _host_peak(body: str, tmp_path: Path) -> dict:
         """
         import json, os, resource, sys
         from jailbox.sandbox import Sandbox
+from jailbox.sandbox.aio import AsyncSandbox
         MAKE_TREE = %r
         out = {}
         with Sandbox(upper="tmpfs") as sb:  # a writable layer in memory: 300k entries are made quickly
@@ -191,6 +194,15 @@ def test_jailbox_exec_streams_stdin_and_ends_with_its_reader(tmp_path: Path):
     )
     want = subprocess.run(["sha256sum"], stdin=open(data, "rb"), capture_output=True, check=True).stdout.split()[0]
     assert r.stdout.split()[0] == piped.stdout.split()[0] == want
+    reader_gone = subprocess.run(
+        f"{jailbox} exec -- yes | head -n1; echo ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert reader_gone.stdout == "y\n141\n" and "Traceback" not in reader_gone.stderr, reader_gone.stderr
 
 
 def test_exec_streams_a_host_stream_to_the_command():
@@ -215,6 +227,32 @@ def test_exec_streams_a_host_stream_to_the_command():
     writer.join()
     assert result.stdout.split() == [str(total)]
     assert early.stdout_bytes == b"\0" * 5 and early.exit_code == 0
+
+
+def test_async_exec_streams_pipes_and_files(tmp_path: Path):
+    """The event-loop driver too: a pipe is waited on by the loop, a file (which epoll refuses) is read
+    as the command's pipe has room."""
+    data = tmp_path / "data"
+    data.write_bytes(os.urandom(2 * MiB + 5))
+    r_fd, w_fd = os.pipe()
+
+    def feed() -> None:
+        with open(w_fd, "wb") as w:
+            w.write(data.read_bytes())
+
+    async def main() -> tuple[str, str]:
+        async with AsyncSandbox() as sb:
+            writer = threading.Thread(target=feed)
+            writer.start()
+            with open(r_fd, "rb") as r:
+                piped = await sb.exec("sha256sum", stdin=r, timeout=300)
+            writer.join()
+            with open(data, "rb") as f:
+                filed = await sb.exec("sha256sum", stdin=f, timeout=300)
+        return piped.stdout.split()[0], filed.stdout.split()[0]
+
+    want = subprocess.run(["sha256sum", str(data)], capture_output=True, text=True, check=True).stdout.split()[0]
+    assert asyncio.run(main()) == (want, want)
 
 
 def _allow(server: StandIn) -> dict:
