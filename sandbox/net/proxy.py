@@ -673,6 +673,7 @@ class Proxy:
         thread.start()
         ready.wait()
         self._loop, self._thread, self._pid = loop, thread, os.getpid()
+        self._served = set()  # a forked child's copy names its parent's sandboxes
 
     @staticmethod
     def _run(
