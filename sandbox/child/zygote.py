@@ -12,8 +12,9 @@ costs two forks:
 B then arms PR_SET_PDEATHSIG against the launcher, and the launcher exits as soon as the host
 process dies (a pidfd of it) or closes the control socket. The host talks to each init directly
 over a socketpair handed back here with SCM_RIGHTS, together with a pidfd of the init.
-Every message here is a typed one of ``child/protocol.py``; a failure names its setup step.
-Stdlib only.
+Every message here is a typed one of ``child/protocol.py``; a failure names its setup step. The
+removal of a tree owned by subordinate ids runs in a child of its own that answers the host itself,
+so however big the tree, the launcher goes on making jails meanwhile. Stdlib only.
 """
 
 from __future__ import annotations
