@@ -57,7 +57,6 @@ def _host_peak(body: str, tmp_path: Path) -> dict:
         """
         import json, os, resource, sys
         from jailbox.sandbox import Sandbox
-from jailbox.sandbox.aio import AsyncSandbox
         MAKE_TREE = %r
         out = {}
         with Sandbox(upper="tmpfs") as sb:  # a writable layer in memory: 300k entries are made quickly
