@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from .sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
 from .sandbox.errors import SandboxError
+from .sandbox.execution import ExecRun, run_sync
 from .sandbox.limits.cgroups import reap_stale as reap_stale_cgroups
 from .sandbox.state import cleanup as cleanup_state
 from .sandbox.state import state_dir
@@ -139,22 +140,37 @@ def main(ctx: click.Context) -> None:
 def exec_cmd(command: tuple[str, ...], timeout: float | None, **jail: Any) -> None:
     """Run COMMAND in a fresh sandbox; exit with its exit code (124 on timeout)."""
     config = _config(**jail)
-    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
+    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer  # streamed, never read whole
     out, err = sys.stdout.buffer, sys.stderr.buffer
+    closed: list[bool] = []
+    run: ExecRun | None = None
 
     def write(stream: Any) -> Any:
         def callback(data: bytes) -> None:
-            stream.write(data)
-            stream.flush()
+            if closed:
+                return
+            try:
+                stream.write(data)
+                stream.flush()
+            except BrokenPipeError:  # our reader went away (``jailbox exec -- yes | head``): stop, as SIGPIPE would
+                closed.append(True)
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, stream.fileno())  # what is still buffered goes nowhere, with no error at exit
+                os.close(null)
+                if run is not None:
+                    run.kill()
 
         return callback
 
     try:
         with Sandbox(config) as sb:
-            result = sb.exec(list(command), timeout=timeout, stdin=stdin, on_stdout=write(out), on_stderr=write(err))
+            run = sb.begin_exec(list(command), stdin=stdin, on_stdout=write(out), on_stderr=write(err))
+            result = run_sync(run, timeout)
     except SandboxError as exc:
         click.echo(f"jailbox: {exc}", err=True)
         sys.exit(125)
+    if closed:
+        sys.exit(128 + signal.SIGPIPE)
     if result.timed_out:
         click.echo(f"jailbox: command timed out after {timeout}s and was killed", err=True)
         sys.exit(TIMEOUT_EXIT)

@@ -14,7 +14,7 @@ from typing import Any
 
 from .config import SandboxConfig
 from .errors import SandboxClosed
-from .execution import run_async
+from .execution import Stdin, run_async
 from .net.proxy import NetworkLogEntry
 from .results import ExecResult, SandboxStats
 from .sandbox import Command, Sandbox
@@ -46,7 +46,7 @@ class AsyncSandbox:
         timeout: float | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        stdin: bytes | str | None = None,
+        stdin: str | Stdin | None = None,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
     ) -> ExecResult:

@@ -11,14 +11,14 @@ import os
 import socket
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from .child.requests import Request
 from .errors import ProtocolError, SandboxClosed, SandboxFileError
 from .floor import wire
-from .messages import Failure
+from .messages import Failure, Reply
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound=Reply)
 CALL_TIMEOUT = 60.0
 
 
@@ -60,7 +60,7 @@ class Channel:
 
 def parse_reply(reply: socket.socket, model: type[M], max_fds: int, path: str | None) -> tuple[M, list[int]]:
     try:
-        msg = wire.recv(reply, max_fds=max_fds, max_bytes=256 << 20)
+        msg = wire.recv(reply, max_fds=max_fds, max_bytes=model.WIRE_LIMIT)
     except wire.WireError as exc:
         raise ProtocolError(str(exc)) from exc
     if msg is None:

@@ -5,7 +5,9 @@ output flows from the command straight to this process: the init never copies a 
 status arrives on a reply socket private to this command. When the command's own process has
 exited, what is already in the pipes is read and whatever still holds them open (a background
 server started with ``&``) has them handed to the init, which drains them so that process never
-dies of SIGPIPE.
+dies of SIGPIPE. Stdin is bytes or a host stream (``Stdin``), copied one ``CHUNK`` at a time as the
+command reads, so ``yes | jailbox exec -- head -n1`` holds one chunk, not everything ``yes`` wrote;
+a command that stops reading ends the copy quietly.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import json
 import os
 import select
 import socket
+import stat
 import time
 from collections.abc import Callable
+from typing import IO
 
 from .capture import Capture
 from .channel import Channel, parse_reply
@@ -27,6 +31,9 @@ from .results import ExecResult
 from .seccomp import syscalls
 
 Callback = Callable[[bytes], None]
+Stdin = bytes | IO[bytes]
+"""What a command reads: bytes, or a host stream read through its descriptor (bytes the stream object
+has already buffered are not seen); the stream is never closed here, nor made non-blocking."""
 KILL_GRACE = 10.0
 CHUNK = 1 << 16
 
@@ -39,7 +46,7 @@ class ExecRun:
         self,
         channel: Channel,
         request: ExecRequest,
-        stdin: bytes | None,
+        stdin: Stdin | None,
         limit: int,
         on_stdout: Callback | None = None,
         on_stderr: Callback | None = None,
@@ -63,7 +70,9 @@ class ExecRun:
         self.exit: Exit | None = None
         self.timed_out = False
         self.killed = False
-        self.stdin = memoryview(stdin) if stdin else None
+        self.pending = memoryview(stdin if isinstance(stdin, bytes) else b"")  # taken, not yet written
+        self.source = -1 if stdin is None or isinstance(stdin, bytes) else stdin.fileno()
+        self.source_polled = self.source >= 0 and _pollable(self.source)
         close_after_send: list[int] = []
         mine: list[int] = []
         try:
@@ -73,7 +82,7 @@ class ExecRun:
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             mine.append(err_r)
             close_after_send.append(err_w)
-            if stdin:
+            if self.pending or self.source >= 0:
                 in_r, in_w = os.pipe2(os.O_CLOEXEC)
                 mine.append(in_w)
                 os.set_blocking(in_w, False)
@@ -97,7 +106,11 @@ class ExecRun:
         self.captures = {out_r: Capture(limit), err_r: Capture(limit)}
         self.callbacks = {out_r: on_stdout, err_r: on_stderr}
         self.readers = {out_r, err_r, self.reply.fileno()}
-        self.writers = {in_w} if in_w >= 0 else set()
+        self.writers: set[int] = set()
+        if self.pending or (in_w >= 0 and not self.source_polled):
+            self.writers.add(in_w)
+        elif in_w >= 0:
+            self.readers.add(self.source)
 
     @property
     def done(self) -> bool:
@@ -106,6 +119,8 @@ class ExecRun:
     def on_ready(self, fd: int) -> None:
         if fd == self.reply.fileno():
             self._status()
+        elif fd == self.source and fd in self.readers:
+            self._take_stdin()
         elif fd == self.in_w:
             self._write_stdin()
         elif fd in self.captures:
@@ -138,16 +153,47 @@ class ExecRun:
             if not until_blocked:
                 return False
 
-    def _write_stdin(self) -> None:
-        assert self.stdin is not None
+    def _take_stdin(self) -> bool:
+        """Read the next chunk of the stdin stream; False if none is there yet. At EOF the command's
+        stdin is closed."""
         try:
-            written = os.write(self.in_w, self.stdin[:CHUNK])
-            self.stdin = self.stdin[written:]
+            data = os.read(self.source, CHUNK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""  # an unreadable stream ends the command's input, as a closed one would
+        if not data:
+            self._end_stdin()
+            return False
+        self.pending = memoryview(data)
+        self.readers.discard(self.source)
+        self.writers.add(self.in_w)
+        return True
+
+    def _write_stdin(self) -> None:
+        if not self.pending and (self.source < 0 or not self._take_stdin()):
+            return
+        try:
+            written = os.write(self.in_w, self.pending)
         except BlockingIOError:
             return
-        except BrokenPipeError:
-            self.stdin = self.stdin[:0]
-        if not self.stdin:
+        except BrokenPipeError:  # the command stopped reading (``head -n1``): stop feeding it, quietly
+            self._end_stdin()
+            return
+        self.pending = self.pending[written:]
+        if self.pending:
+            return
+        if self.source < 0:
+            self._end_stdin()
+        elif self.source_polled:  # wait for the stream, not for the pipe
+            self.writers.discard(self.in_w)
+            self.readers.add(self.source)
+
+    def _end_stdin(self) -> None:
+        self.pending = memoryview(b"")
+        self.readers.discard(self.source)
+        self.source = -1
+        if self.in_w >= 0:
             self.writers.discard(self.in_w)
             os.close(self.in_w)
             self.in_w = -1
@@ -177,7 +223,7 @@ class ExecRun:
                     os.close(fd)
                 except OSError:
                     pass
-        self.out_r = self.err_r = self.in_w = -1
+        self.out_r = self.err_r = self.in_w = self.source = -1
 
     def finish(self) -> ExecResult:
         assert self.exit is not None
@@ -224,6 +270,14 @@ class ExecRun:
             "pids_limit_hit": grew.get("pids_max"),
             "disk_limit_hit": grew.get("disk_max"),
         }
+
+
+def _pollable(fd: int) -> bool:
+    """Can a loop wait for ``fd`` to be readable? Pipes, sockets and terminals yes; a regular file or
+    /dev/null always has data (or EOF) at hand, and epoll refuses them, so those are read as the
+    command's pipe has room."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
 
 
 def _names(refused: dict[str, int]) -> dict[str, int]:

@@ -23,6 +23,8 @@ from .errors import ProtocolError, SandboxFileError
 from .messages import Done, Opened, Stat, Walk
 
 CHUNK = 1 << 20
+READ_LIMIT = 64 << 20
+"""What ``read_file`` takes of a file when the caller names no ``max_bytes``."""
 
 
 def copy_data(src_fd: int, dst_fd: int) -> int:
@@ -92,12 +94,23 @@ def _open(channel: Channel, path: str, write: bool, mode: int | None = None) -> 
 
 
 def read_file(channel: Channel, path: str, max_bytes: int | None) -> bytes:
+    """The file's bytes, at most ``max_bytes`` (``READ_LIMIT`` if None): a larger file is refused,
+    by its size before a byte is read, or once the read passes the cap (a file still growing)."""
+    cap = READ_LIMIT if max_bytes is None else max_bytes
     _opened, fd = _open(channel, path, write=False)
-    with os.fdopen(fd, "rb") as f:
-        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
-    if max_bytes is not None and len(data) > max_bytes:
-        raise SandboxFileError(27, f"file is larger than max_bytes={max_bytes}", path)  # EFBIG
-    return data
+    try:
+        size = os.fstat(fd).st_size
+        parts = [] if size > cap else [os.read(fd, size + 1)]  # one allocation for the usual case
+        got = len(parts[0]) if parts else size
+        while parts and parts[-1] and got <= cap:
+            parts.append(os.read(fd, min(CHUNK, cap + 1 - got)))
+            got += len(parts[-1])
+    finally:
+        os.close(fd)
+    if got > cap:
+        asked = f"max_bytes={cap}" if max_bytes is not None else f"{cap} bytes (the default; pass max_bytes=N)"
+        raise SandboxFileError(errno.EFBIG, f"file is larger than {asked}", path)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def write_file(channel: Channel, path: str, data: bytes, mode: int) -> None:
@@ -159,7 +172,10 @@ def get(channel: Channel, src: str, dst: Path) -> None:
         return
     if info.type != "dir":
         raise SandboxFileError(22, "Not a regular file or directory", src)
-    walk = channel.call(WalkRequest(src), Walk, path=src)[0]
+    try:
+        walk = channel.call(WalkRequest(src), Walk, path=src)[0]
+    except ProtocolError as exc:  # over Walk's bounds too: copy the tree in parts
+        raise ProtocolError(f"the jail's listing of {src} was refused: {exc}") from None
     dirs = {""}
     with hostfs.Destination(dst) as out:
         for rel, kind, mode, _size, target in walk.entries:

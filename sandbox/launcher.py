@@ -16,6 +16,9 @@ from .errors import SandboxSetupError
 from .floor import boot, wire
 
 REPLY_TIMEOUT = 60.0
+REMOVE_TIMEOUT = 3600.0
+"""How long a caller waits for the removal of a tree owned by subordinate ids: a huge tree takes long,
+and the removing process is the launcher's child, not the launcher, so no other request waits for it."""
 
 
 class Launcher:
@@ -53,7 +56,7 @@ class Launcher:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def request(self, req: dict, max_fds: int = 2) -> tuple[dict, list[int]]:
+    def request(self, req: dict, max_fds: int = 2, timeout: float = REPLY_TIMEOUT) -> tuple[dict, list[int]]:
         sock = self._ensure()
         mine, theirs = wire.seqpacket_pair()
         with mine:
@@ -63,7 +66,7 @@ class Launcher:
                 raise SandboxSetupError(f"the jailbox launcher is gone: {exc}") from exc
             finally:
                 theirs.close()
-            if not wire.wait_readable(mine, REPLY_TIMEOUT):
+            if not wire.wait_readable(mine, timeout):
                 raise SandboxSetupError("the jailbox launcher did not answer in time")
             try:
                 msg = wire.recv(mine, max_fds=max_fds)

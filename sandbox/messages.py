@@ -1,12 +1,13 @@
 """Messages that come out of a jail, validated before the host acts on them.
 
 The init runs inside the jail and untrusted code may have taken it over, so every field is
-typed and bounded here.
+typed and bounded here, and so is the size of the message itself: ``Reply.WIRE_LIMIT`` bytes (a
+listing ``LISTING_LIMIT``), refused before it is parsed.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
@@ -16,11 +17,21 @@ Text = Annotated[str, Field(max_length=4096)]
 JailPath = Annotated[str, Field(max_length=4096)]
 
 
-class _Msg(BaseModel):
+REPLY_LIMIT = 1 << 20
+LISTING_LIMIT = 32 << 20
+"""Bytes of one ``Walk``: with at most ``MAX_ENTRIES`` entries, what a ``get()`` of a huge tree costs the host
+is bounded (about 200 MiB of parsed listing at worst) whatever names the jail made."""
+MAX_ENTRIES = 500_000
+
+
+class Reply(BaseModel):
+    """What every message from the jail is; ``WIRE_LIMIT``: the most bytes the host reads of one."""
+
     model_config = ConfigDict(extra="ignore", frozen=True)
+    WIRE_LIMIT: ClassVar[int] = REPLY_LIMIT
 
 
-class Ready(_Msg):
+class Ready(Reply):
     """The init's answer to setup (``child/protocol.py``): ready, or the step that failed."""
 
     kind: Literal["ready", "failed"]
@@ -29,7 +40,7 @@ class Ready(_Msg):
     errno: int = Field(0, ge=0, le=4096)
 
 
-class Exit(_Msg):
+class Exit(Reply):
     exit: int = Field(ge=-255, le=511)
     signal: int | None = Field(None, ge=1, le=128)
     error: Text | None = None  # the command could not be started
@@ -41,27 +52,27 @@ class Exit(_Msg):
     maxrss_kb: int = Field(0, ge=0, le=1 << 40)
 
 
-class PtyOpened(_Msg):
+class PtyOpened(Reply):
     pty: Literal[True]
 
 
-class Failure(_Msg):
+class Failure(Reply):
     ok: Literal[False]
     errno: int = Field(0, ge=0, le=4096)
     error: Text = ""
 
 
-class Done(_Msg):
+class Done(Reply):
     ok: Literal[True]
 
 
-class Opened(_Msg):
+class Opened(Reply):
     ok: Literal[True]
     size: int = Field(ge=0)
     mode: int = Field(ge=0, le=0o7777)
 
 
-class Stat(_Msg):
+class Stat(Reply):
     ok: Literal[True]
     type: Literal["file", "dir", "link", "other"]
     size: int = Field(ge=0)
@@ -88,6 +99,8 @@ Entry = tuple[
 ]
 
 
-class Walk(_Msg):
+class Walk(Reply):
+    WIRE_LIMIT: ClassVar[int] = LISTING_LIMIT
+
     ok: Literal[True]
-    entries: list[Entry] = Field(max_length=500_001)
+    entries: list[Entry] = Field(max_length=MAX_ENTRIES + 1)

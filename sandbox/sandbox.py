@@ -15,7 +15,7 @@ from .channel import Channel
 from .child.requests import ExecRequest, RunAs
 from .config import SandboxConfig, check_env, jail_path
 from .errors import ExecError, SandboxClosed
-from .execution import ExecRun, TtyCommand, run_sync
+from .execution import ExecRun, Stdin, TtyCommand, run_sync
 from .jail import Jail
 from .net.proxy import NetworkLogEntry
 from .results import ExecResult, SandboxStats
@@ -94,7 +94,7 @@ class Sandbox:
         cmd: Command,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        stdin: bytes | str | None = None,
+        stdin: str | Stdin | None = None,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
     ) -> ExecRun:
@@ -133,11 +133,13 @@ class Sandbox:
         timeout: float | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        stdin: bytes | str | None = None,
+        stdin: str | Stdin | None = None,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
     ) -> ExecResult:
         """Run ``cmd`` (a shell string for bash/sh, or an argv list) and wait for its own process.
+
+        ``stdin``: text, bytes, or a host binary stream (a pipe, a file) copied to the command as it reads.
 
         On ``timeout`` the command's whole tree is killed, daemonised descendants included, and the
         result says ``timed_out``. Background processes it starts on purpose keep running.
@@ -185,7 +187,8 @@ class Sandbox:
         return jail_path(path if path.startswith("/") else posixpath.join(self.config.workdir, path))
 
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
-        """Read a regular file as the jail sees it (symlinks resolve inside the jail)."""
+        """Read a regular file as the jail sees it (symlinks resolve inside the jail); one larger than
+        ``max_bytes`` (64 MiB if None) is refused with ``SandboxFileError`` (EFBIG)."""
         self._check_open()
         return files.read_file(self._channel, self._abs(path), max_bytes)
 

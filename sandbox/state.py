@@ -20,7 +20,7 @@ from .child.protocol import Failed, Removed, RmtreeRequest, decode
 from .errors import ConfigError, SandboxSetupError
 from .floor.idmap import IdMap
 from .floor.wire import WireError
-from .launcher import LAUNCHER
+from .launcher import LAUNCHER, REMOVE_TIMEOUT
 
 _READY: set[Path] = set()
 
@@ -122,7 +122,7 @@ def remove_sandbox_dir(sandbox_dir: Path, id_map: IdMap | None) -> None:
     except OSError:
         if id_map is None or not id_map.helper:
             raise
-        reply, _ = LAUNCHER.request(RmtreeRequest(str(sandbox_dir), id_map).to_wire(), max_fds=0)
+        reply, _ = LAUNCHER.request(RmtreeRequest(str(sandbox_dir), id_map).to_wire(), 0, REMOVE_TIMEOUT)
         try:
             removed = decode(reply, Removed)
         except WireError as exc:

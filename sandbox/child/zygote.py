@@ -17,8 +17,9 @@ A's namespace is one nothing in the jail enters; its limits bound the jail (``_i
 B then arms PR_SET_PDEATHSIG against the launcher, and the launcher exits as soon as the host
 process dies (a pidfd of it) or closes the control socket. The host talks to each init directly
 over a socketpair handed back here with SCM_RIGHTS, together with a pidfd of the init.
-Every message here is a typed one of ``child/protocol.py``; a failure names its setup step.
-Stdlib only.
+Every message here is a typed one of ``child/protocol.py``; a failure names its setup step. The
+removal of a tree owned by subordinate ids runs in a child of its own that answers the host itself,
+so however big the tree, the launcher goes on making jails meanwhile. Stdlib only.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from .spec import JailSpec
 
 STEP_TIMEOUT = 10.0
 Body = Callable[[socket.socket], None]
-Expected = TypeVar("Expected", UsernsReady, Go, InitPid, Removed)
+Expected = TypeVar("Expected", UsernsReady, Go, InitPid)
 NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
 
 
@@ -132,7 +133,9 @@ class Zygote:
                 shutil.rmtree(path, ignore_errors=True)
             if os.path.lexists(path) and spec.userns:
                 try:
-                    self._rmtree_in_userns(RmtreeRequest(path, spec.idmap))
+                    mine, theirs = wire.seqpacket_pair()
+                    with mine, theirs:
+                        os.waitpid(self._rmtree_in_userns(RmtreeRequest(path, spec.idmap), theirs), 0)
                 except Exception:
                     pass
         os._exit(0)
@@ -152,8 +155,7 @@ class Zygote:
             if isinstance(req, CreateRequest):
                 self.create(req.spec, reply)
             elif isinstance(req, RmtreeRequest):
-                done = self._rmtree_in_userns(req)
-                _send(reply, Removed(done))
+                self._rmtree_in_userns(req, reply)
         except Exception as exc:
             _send(reply, failure(exc, Step.PROTOCOL))
         finally:
@@ -231,19 +233,22 @@ class Zygote:
             host_end.close()
             jail_end.close()
 
-    def _rmtree_in_userns(self, req: RmtreeRequest) -> bool:
-        """Remove a tree whose files belong to subordinate ids, as root of a matching namespace."""
+    def _rmtree_in_userns(self, req: RmtreeRequest, reply: socket.socket) -> int:
+        """Remove a tree whose files belong to subordinate ids, as root of a matching namespace. The
+        removing process answers on ``reply`` itself, so a huge tree never holds up the launcher (new
+        jails start while it is removed). Returns that process's pid."""
 
         def body(chan: socket.socket) -> None:
-            with step(Step.RMTREE):
-                shutil.rmtree(req.path, ignore_errors=True)
-                done = not os.path.lexists(req.path)
-            wire.send(chan, Removed(done).to_wire())
+            try:
+                with step(Step.RMTREE):
+                    shutil.rmtree(req.path, ignore_errors=True)
+                _send(reply, Removed(not os.path.lexists(req.path)))
+            except Exception as exc:
+                _send(reply, failure(exc, Step.RMTREE))
 
-        chan, _ = self._spawn_in_userns(req.idmap, body)
-        with chan:
-            removed = _expect(chan, Removed)
-        return removed.done
+        chan, pid = self._spawn_in_userns(req.idmap, body)
+        chan.close()
+        return pid
 
 
 def _child_a(chan: socket.socket, body: Body, userns: bool, nproc: int | None) -> NoReturn:

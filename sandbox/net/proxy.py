@@ -13,6 +13,11 @@ point the jail at the host's loopback or LAN. Refusals get a 403 whose body name
 Bounds: at most ``MAX_CONNECTIONS`` connections (``MAX_PER_SANDBOX`` per sandbox); each reads into
 two fixed ``CHUNK`` buffers and stops reading a side while the other side's write buffer is above
 ``HIGH_WATER``, so memory is at most ``MAX_CONNECTIONS * PER_CONNECTION`` whatever the jail sends.
+The connections are shared fairly: every sandbox keeps ``RESERVED`` of them for itself, so a sandbox
+past its own ``RESERVED`` is refused while taking one more would eat into another sandbox's unused
+reserve (eight jails holding 64 tunnels each cannot leave a ninth with nothing). A relayed connection
+on which no byte moves either way for ``Proxy.idle_timeout`` seconds is cut, half-closed ones too, so
+idle tunnels do not hold those shares forever; a request head must arrive within ``HEAD_TIMEOUT``.
 The event loop runs on one daemon thread, started with the first ``allow`` jail and stopped after
 the last one closes.
 """
@@ -41,6 +46,8 @@ HEAD_LIMIT = 16 * 1024
 PER_CONNECTION = HEAD_LIMIT + 2 * CHUNK + 2 * (HIGH_WATER + CHUNK)
 MAX_CONNECTIONS = 512
 MAX_PER_SANDBOX = 64
+RESERVED = 8
+IDLE_TIMEOUT = 300.0
 HEAD_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 20.0
 RESOLVE_TIMEOUT = 20.0
@@ -345,10 +352,11 @@ class _Conn:
         self.timer: asyncio.TimerHandle | None = None
         self.body: _Body | None = None
         self.body_overrun = False
+        self.moved = 0.0  # loop time a byte last moved through the relay
 
     def accepted(self) -> None:
         p = self.proxy
-        if p.active >= MAX_CONNECTIONS or len(self.tenant.conns) >= MAX_PER_SANDBOX:
+        if not p.admits(self.tenant):
             p.refused_over_limit += 1
             self.tenant.record("-", "", 0, "denied", "too many connections")
             self.reply(503, "Service Unavailable", "too many connections from this sandbox or host")
@@ -369,6 +377,7 @@ class _Conn:
                 if not data:
                     return
             other.transport.write(data)
+            self.moved = asyncio.get_running_loop().time()
             if side is self.client:
                 self.record.sent += len(data)
             else:
@@ -446,6 +455,8 @@ class _Conn:
             return
         self.relaying = True
         self.body = req.body
+        self.moved = asyncio.get_running_loop().time()
+        self.idle_check()
         if req.forward is None:
             self.client.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
@@ -457,6 +468,19 @@ class _Conn:
             self.eof(self.client)
         self.client.transport.resume_reading()
         self.server.transport.resume_reading()
+
+    def idle_check(self) -> None:
+        """Cut the relay once nothing has moved for ``idle_timeout`` seconds; else look again then."""
+        if self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        left = self.moved + self.proxy.idle_timeout - loop.time()
+        if left <= 0:
+            if self.record is not None:
+                self.record.reason += f"; cut after {self.proxy.idle_timeout:g}s idle"
+            self.abort()
+            return
+        self.timer = loop.call_later(left, self.idle_check)
 
     async def reachable_addresses(self, req: _Request) -> tuple[list[IPAddress], str]:
         """Addresses of an allowed name that its rules let the jail reach (pinned ones first)."""
@@ -561,6 +585,8 @@ class Proxy:
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._tenants: dict[str, Tenant] = {}
+        self._served: set[Tenant] = set()  # touched on the loop's thread only
+        self.idle_timeout = IDLE_TIMEOUT
         self.active = 0
         self.peak = 0
         self.refused_over_limit = 0
@@ -623,6 +649,17 @@ class Proxy:
             memory_bound=MAX_CONNECTIONS * PER_CONNECTION,
         )
 
+    def admits(self, tenant: Tenant) -> bool:
+        """May ``tenant`` open one more connection? Within its ``RESERVED`` yes while any is free; past
+        it only if every other sandbox's unused reserve stays free (on the loop's thread)."""
+        held = len(tenant.conns)
+        if held >= MAX_PER_SANDBOX or self.active >= MAX_CONNECTIONS:
+            return False
+        if held < RESERVED:
+            return True
+        reserved = sum(max(0, RESERVED - len(t.conns)) for t in self._served if t is not tenant)
+        return self.active + 1 + reserved <= MAX_CONNECTIONS
+
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -636,6 +673,7 @@ class Proxy:
         thread.start()
         ready.wait()
         self._loop, self._thread, self._pid = loop, thread, os.getpid()
+        self._served = set()  # a forked child's copy names its parent's sandboxes
 
     @staticmethod
     def _run(
@@ -652,8 +690,10 @@ class Proxy:
     async def _serve(self, tenant: Tenant, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         tenant.server = await loop.create_server(lambda: _Conn(self, tenant).client, sock=listener, backlog=256)
+        self._served.add(tenant)
 
     async def _close(self, tenant: Tenant) -> None:
+        self._served.discard(tenant)
         if tenant.server is not None:
             tenant.server.close()
         for conn in list(tenant.conns):
