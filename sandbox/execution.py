@@ -11,9 +11,11 @@ dies of SIGPIPE.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import select
 import socket
+import stat
 import time
 from collections.abc import Callable
 
@@ -38,7 +40,7 @@ class ExecRun:
         self,
         channel: Channel,
         request: ExecRequest,
-        stdin: bytes | None,
+        stdin: bytes | int | None,
         limit: int,
         on_stdout: Callback | None = None,
         on_stderr: Callback | None = None,
@@ -56,7 +58,7 @@ class ExecRun:
         self.exit: Exit | None = None
         self.timed_out = False
         self.killed = False
-        self.stdin = memoryview(stdin) if stdin else None
+        self.stdin = memoryview(stdin) if isinstance(stdin, bytes) and stdin else None
         close_after_send: list[int] = []
         mine: list[int] = []
         try:
@@ -66,7 +68,9 @@ class ExecRun:
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             mine.append(err_r)
             close_after_send.append(err_w)
-            if stdin:
+            if isinstance(stdin, int):  # the read end of a pipe the caller feeds as it goes (streamed stdin)
+                in_r, in_w = _pipe_end(stdin), -1
+            elif stdin:
                 in_r, in_w = os.pipe2(os.O_CLOEXEC)
                 mine.append(in_w)
                 os.set_blocking(in_w, False)
@@ -212,6 +216,21 @@ class ExecRun:
         after = self.counters()
         grew = {k: after.get(k, 0) > v for k, v in self.counters_before.items()}
         return {"oom_killed": grew.get("oom_kill"), "pids_limit_hit": grew.get("pids_max")}
+
+
+def _pipe_end(fd: int) -> int:
+    """A copy of ``fd`` to hand the jail as a command's stdin: only an anonymous pipe, never a file, a
+    tty or a named FIFO, whose inode a command running as host root could chmod through fd 0."""
+    probe_r, probe_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        pipefs = os.fstat(probe_r).st_dev
+    finally:
+        os.close(probe_r)
+        os.close(probe_w)
+    st = os.fstat(fd)
+    if not stat.S_ISFIFO(st.st_mode) or st.st_dev != pipefs:
+        raise ExecError("a streamed stdin must be the read end of an anonymous pipe (os.pipe())")
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 0)
 
 
 def _names(refused: dict[str, int]) -> dict[str, int]:

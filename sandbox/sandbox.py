@@ -94,13 +94,14 @@ class Sandbox:
         cmd: Command,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        stdin: bytes | str | None = None,
+        stdin: bytes | str | int | None = None,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
     ) -> ExecRun:
         """Start ``cmd`` and return it in flight, for a driver of its own (``exec()`` polls it,
         ``AsyncSandbox`` drives it from the event loop). Its result counts in ``stats()`` once
-        the driver has finished it."""
+        the driver has finished it. ``stdin`` may be the read end of an ``os.pipe()`` that the
+        driver feeds as it goes (a copy goes to the command; the caller closes its own)."""
         self._check_open()
         argv: tuple[str, ...] | None = None
         shell: str | None = None
