@@ -140,7 +140,7 @@ def main(ctx: click.Context) -> None:
 def exec_cmd(command: tuple[str, ...], timeout: float | None, sandbox_id: str | None, **jail: Any) -> None:
     """Run COMMAND in a fresh sandbox (or, with --id, in a long-lived one); exit with its exit code
     (124 on timeout)."""
-    if sandbox_id:
+    if sandbox_id is not None:
         _service_exec(sandbox_id, command, timeout, jail)
     config = _config(**jail)
     stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
@@ -479,8 +479,11 @@ def doctor(as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="Also remove sandboxes whose host process still runs.")
 def cleanup(force: bool) -> None:
     """Remove what crashed host processes left: jail processes, writable layers, state."""
+    from .sandbox.service.client import remove_stale_socket
+
     removed, failed = cleanup_state(state_dir(), force=force)
-    for path in removed:
+    stale = remove_stale_socket()  # a killed service's; its sandboxes are among the removed
+    for path in [*removed, *([stale] if stale else [])]:
         click.echo(f"removed {path}")
     for path, why in failed:
         click.echo(f"could not remove {path}: {why}", err=True)

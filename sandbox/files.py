@@ -152,6 +152,7 @@ def _put_file(channel: Channel, src: Path, dst: str) -> None:
 def get(channel: Channel, src: str, dst: Path) -> None:
     """Copy ``src`` out of the jail to ``dst``. Every name below ``dst`` is the jail's: written through
     ``hostfs.Destination``, which never follows a link and makes only files, directories and links."""
+    dst = Path(os.path.abspath(dst))
     info = stat_path(channel, src)
     if info.type == "file":
         with hostfs.Destination(dst.parent) as out:
@@ -161,7 +162,7 @@ def get(channel: Channel, src: str, dst: Path) -> None:
         raise SandboxFileError(22, "Not a regular file or directory", src)
     walk = channel.call(WalkRequest(src), Walk, path=src)[0]
     dirs = {""}
-    with hostfs.Destination(dst) as out:
+    with hostfs.Destination(dst.parent) as parent, parent.subdir(dst.name) as out:  # dst's own name, as below it
         for rel, kind, mode, _size, target in walk.entries:
             parts = hostfs.components(rel)
             parent = "/".join(os.fsdecode(p) for p in parts[:-1])

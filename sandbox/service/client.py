@@ -106,6 +106,7 @@ class Connection:
         the next chunk only once the command has read the last), hand output over as it comes. The
         thread reads the raw descriptor: a buffered file's lock would hold up the interpreter's exit."""
         p.send(self.sock, request)
+        _ok(self._receive(p.REPLY))
         if stdin is not None:
             threading.Thread(target=self._pump, args=(stdin,), daemon=True).start()
         while True:
@@ -145,6 +146,21 @@ def connect(start: bool) -> Connection | None:
         if sock is None and start:
             sock = _start(base)
     return Connection(sock) if sock is not None else None
+
+
+def remove_stale_socket() -> Path | None:
+    """Remove the socket a killed service left (``jailbox cleanup``); returns its path if it did."""
+    base = state_dir()
+    path = base / p.SOCKET_NAME
+    with ServiceLock(base):
+        if not path.is_socket():
+            return None
+        sock = _try_connect(base)
+        if sock is not None:
+            sock.close()
+            return None
+        path.unlink()
+        return path
 
 
 def _try_connect(base: Path) -> socket.socket | None:

@@ -35,6 +35,7 @@ from . import protocol as p
 from .client import ServiceLock
 
 POLL_MS = 200
+LINGER = 5.0
 
 
 @dataclass
@@ -146,10 +147,9 @@ class Service:
     def _serve_one(self, conn: socket.socket) -> None:
         try:
             with conn:
-                if peer_uid(conn) != os.getuid():
-                    p.send(conn, p.Error(ok=False, error="this service serves only its own user"))
-                    return
                 try:
+                    if peer_uid(conn) != os.getuid():
+                        raise Refused("this service serves only its own user")
                     request = p.receive(conn, p.REQUEST)
                     if request is None:
                         return
@@ -161,8 +161,9 @@ class Service:
                     p.send(conn, p.Error(ok=False, error=f"bad request: {exc}"))
                 except Refused as exc:
                     p.send(conn, p.Error(ok=False, error=str(exc)))
-                except SandboxError as exc:
+                except (SandboxError, OSError) as exc:
                     p.send(conn, p.Error(ok=False, error=str(exc)[:4000]))
+                _linger(conn)
         except OSError:
             pass  # the client went away; nothing of its request is left half-done but its own exec, killed
         finally:
@@ -271,6 +272,7 @@ class Service:
             raise
         if feed:
             feed.close_read_end()
+        p.send(conn, p.Ok(ok=True, id=sb.id))  # started: the client may stream stdin now
         interrupted = drive(run, conn, feed, request.timeout, gone)
         result = run.finish()
         if not gone.is_set():
@@ -371,6 +373,21 @@ def _from_client(conn: socket.socket, events: int, feed: StdinFeed | None, gone:
         feed.close()
     elif feed.write_end >= 0:
         feed.pending = p.decode_data(message.data)
+
+
+def _linger(conn: socket.socket) -> None:
+    """Close after the client has read our last message: closing with its stdin still unread would
+    reset the connection, and the client would lose that message (an error, an exit status)."""
+    conn.shutdown(socket.SHUT_WR)
+    deadline = time.monotonic() + LINGER
+    while wire_ready(conn, int(max(0.0, deadline - time.monotonic()) * 1000)):
+        try:
+            if not conn.recv(p.MAX_MESSAGE):
+                return
+        except OSError:
+            return
+        if time.monotonic() >= deadline:
+            return
 
 
 def wire_ready(sock: socket.socket, timeout_ms: int) -> bool:
