@@ -162,7 +162,7 @@ def get(channel: Channel, src: str, dst: Path) -> None:
         raise SandboxFileError(22, "Not a regular file or directory", src)
     walk = channel.call(WalkRequest(src), Walk, path=src)[0]
     dirs = {""}
-    with hostfs.Destination(dst.parent) as parent, parent.subdir(dst.name) as out:  # dst's own name, as below it
+    with hostfs.Destination(dst.parent) as above, above.subdir(dst.name) as out:  # dst's own name, as below it
         for rel, kind, mode, _size, target in walk.entries:
             parts = hostfs.components(rel)
             parent = "/".join(os.fsdecode(p) for p in parts[:-1])

@@ -148,7 +148,7 @@ def test_an_unknown_id_is_one_line_naming_it_and_ps(svc, tmp_path):
         r = svc.run(*args)  # no service runs yet
         assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
         assert "'nope'" in r.stderr and "jailbox ps" in r.stderr
-    svc.create()
+    sid = svc.create()
     svc.create()
     for args in (["exec", "--id", "nope", "--", "true"], ["stop", "nope"], ["cp", str(tmp_path), "nope:/x"]):
         r = svc.run(*args)
@@ -156,6 +156,8 @@ def test_an_unknown_id_is_one_line_naming_it_and_ps(svc, tmp_path):
         assert "'nope'" in r.stderr and "jailbox ps" in r.stderr
     r = svc.run("exec", "--id", "", "--", "true")
     assert r.returncode != 0
+    r = svc.run("exec", "--id", sid, "--env", "A B=1", "--", "true")
+    assert r.returncode == 125 and r.stderr.count("\n") == 1 and "A B" in r.stderr
     assert len(svc.sandbox_dirs()) == 2  # a failed stop stops nothing
 
 
@@ -274,6 +276,20 @@ def test_the_service_leaves_once_idle_and_takes_nothing_with_it_but_its_own(quic
     assert not quick.socket.exists()
     assert quick.sandbox_dirs() == []
     assert quick.run("create").returncode == 0  # and the next create starts a new one
+
+
+def test_a_stopped_service_closes_every_sandbox(svc):
+    sids = [svc.create(), svc.create()]
+    running = svc.popen("exec", "--id", sids[0], "--", "sh", "-c", "echo up; exec sleep 4545", stdout=subprocess.PIPE)
+    assert running.stdout.readline() == b"up\n"
+    pid = svc.pid()
+    os.kill(pid, signal.SIGTERM)
+    gone, _ = psutil.wait_procs([psutil.Process(pid)], timeout=HANG)
+    assert gone
+    assert running.wait(HANG) == 125  # told, not left hanging
+    assert svc.sandbox_dirs() == []
+    assert not svc.socket.exists()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4545"]]
 
 
 def test_a_killed_service_leaves_nothing_cleanup_does_not_remove(svc):

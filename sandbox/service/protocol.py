@@ -121,7 +121,6 @@ class Exited(_Msg):
     exit: int = Field(ge=-255, le=511)
     signal: int | None = Field(None, ge=1, le=128)
     timed_out: bool = False
-    interrupted: bool = False
 
 
 REPLY: TypeAdapter[Ok | Error] = TypeAdapter(Annotated[Ok | Error, Field(discriminator="ok")])

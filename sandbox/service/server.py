@@ -77,13 +77,16 @@ class Service:
         listener = self._listen()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, lambda *_: self.stopping.set())
+        retired = False
         try:
-            while not self.stopping.is_set():
+            while not self.stopping.is_set() and not retired:
                 if wire_ready(listener, POLL_MS):
                     self._accept(listener)
-                elif self._idle() and self._retire(listener):
-                    return
+                else:
+                    retired = self._idle() and self._retire(listener)
         finally:
+            if not retired:
+                self.path.unlink(missing_ok=True)
             listener.close()
             self._close_all()
 
@@ -161,7 +164,7 @@ class Service:
                     p.send(conn, p.Error(ok=False, error=f"bad request: {exc}"))
                 except Refused as exc:
                     p.send(conn, p.Error(ok=False, error=str(exc)))
-                except (SandboxError, OSError) as exc:
+                except (SandboxError, ValueError, OSError) as exc:  # ValueError: a bad env name, say
                     p.send(conn, p.Error(ok=False, error=str(exc)[:4000]))
                 _linger(conn)
         except OSError:
@@ -273,18 +276,10 @@ class Service:
         if feed:
             feed.close_read_end()
         p.send(conn, p.Ok(ok=True, id=sb.id))  # started: the client may stream stdin now
-        interrupted = drive(run, conn, feed, request.timeout, gone)
+        drive(run, conn, feed, request.timeout, gone)
         result = run.finish()
         if not gone.is_set():
-            p.send(
-                conn,
-                p.Exited(
-                    exit=result.exit_code,
-                    signal=result.signal,
-                    timed_out=result.timed_out and not interrupted,
-                    interrupted=interrupted,
-                ),
-            )
+            p.send(conn, p.Exited(exit=result.exit_code, signal=result.signal, timed_out=result.timed_out))
 
 
 class StdinFeed:
@@ -320,11 +315,10 @@ class StdinFeed:
 
 def drive(
     run: ExecRun, conn: socket.socket, feed: StdinFeed | None, timeout: float | None, gone: threading.Event
-) -> bool:
+) -> None:
     """Run the command to its end: output out, stdin in (the next message is taken only once the last
     has gone into the pipe, so a command that does not read holds the client back, not our memory),
-    the timeout kept. A client that goes away (Ctrl-C) has the command's whole tree killed. Returns
-    whether that happened."""
+    the timeout kept. A client that goes away (Ctrl-C) has the command's whole tree killed."""
     deadline = None if timeout is None else run.started + timeout
     client = conn.fileno()
     try:
@@ -356,7 +350,6 @@ def drive(
     finally:
         if feed is not None:
             feed.close()
-    return gone.is_set()
 
 
 def _from_client(conn: socket.socket, events: int, feed: StdinFeed | None, gone: threading.Event) -> None:
