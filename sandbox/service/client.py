@@ -112,7 +112,11 @@ class Connection:
         while True:
             reply = self._receive(p.EXEC_REPLY)
             if isinstance(reply, p.Output):
-                on_output(reply.stream, p.decode_data(reply.data))
+                try:
+                    data = p.decode_data(reply.data)
+                except p.ProtocolViolation as exc:
+                    raise ServiceError(f"the service answered nonsense: {exc}") from None
+                on_output(reply.stream, data)
             elif isinstance(reply, p.Exited):
                 return reply
             else:
