@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import click
 from pydantic import ValidationError
@@ -82,12 +82,7 @@ def _config(
     hostname: str,
     upper: str,
 ) -> SandboxConfig:
-    env = {}
-    for item in envs:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r}: expected K=V", param_hint="--env")
-        env[key] = value
+    env = _env_pairs(envs)
     try:
         mounts = [Mount.parse(b) for b in binds]
         policy = NetworkPolicy.parse(network)
@@ -99,6 +94,16 @@ def _config(
         )
     except (ValidationError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def _env_pairs(envs: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for item in envs:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r}: expected K=V", param_hint="--env")
+        env[key] = value
+    return env
 
 
 def _settings() -> dict[str, Any]:
@@ -136,9 +141,13 @@ def main(ctx: click.Context) -> None:
 @main.command("exec", context_settings={"ignore_unknown_options": True})
 @_jail_options
 @click.option("--timeout", type=float, default=None, help="Kill the command's whole tree after S seconds.")
+@click.option("--id", "sandbox_id", default=None, metavar="ID", help="Run in a sandbox from jailbox create instead.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def exec_cmd(command: tuple[str, ...], timeout: float | None, **jail: Any) -> None:
-    """Run COMMAND in a fresh sandbox; exit with its exit code (124 on timeout)."""
+def exec_cmd(command: tuple[str, ...], timeout: float | None, sandbox_id: str | None, **jail: Any) -> None:
+    """Run COMMAND in a fresh sandbox (or, with --id, in a long-lived one); exit with its exit code
+    (124 on timeout)."""
+    if sandbox_id is not None:
+        _service_exec(sandbox_id, command, timeout, jail)
     config = _config(**jail)
     stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer  # streamed, never read whole
     out, err = sys.stdout.buffer, sys.stderr.buffer
@@ -491,16 +500,206 @@ def doctor(as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="Also remove sandboxes whose host process still runs.")
 def cleanup(force: bool) -> None:
     """Remove what crashed host processes left: jail processes, writable layers, state, cgroups."""
+    from .sandbox.service.client import remove_stale_socket
+
     removed, failed = cleanup_state(state_dir(), force=force)
+    stale = remove_stale_socket()  # a killed service's; its sandboxes are among the removed
     # --force does not reach the cgroups of live owners: they go when it closes its sandboxes
     groups_removed, groups_failed = reap_stale_cgroups()
-    for path in removed + groups_removed:
+    for path in [*removed, *([stale] if stale else []), *groups_removed]:
         click.echo(f"removed {path}")
     for path, why in failed + groups_failed:
         click.echo(f"could not remove {path}: {why}", err=True)
     groups = f"cgroups: {len(groups_removed)} removed, {len(groups_failed)} failed"
     click.echo(f"{len(removed)} removed, {len(failed)} failed; {groups}")
     sys.exit(1 if failed or groups_failed else 0)
+
+
+# --- long-lived sandboxes, held by the per-user service (sandbox/service/) ----------------------
+
+
+def _service_fail(exc: Exception, code: int = 1) -> NoReturn:
+    click.echo(f"jailbox: {exc}", err=True)
+    sys.exit(code)
+
+
+def _service_call(request: Any, start: bool = False) -> Any:
+    """Send one request to this user's service (started on demand only for ``start``); None when no
+    service runs."""
+    from .sandbox.service.client import connect
+
+    conn = connect(start)
+    if conn is None:
+        return None
+    with conn:
+        return conn.call(request)
+
+
+def _service_exec(ref: str, command: tuple[str, ...], timeout: float | None, jail: dict[str, Any]) -> NoReturn:
+    """``exec --id``: output streams as it comes, stdin (unless a terminal) streams in, the exit code comes
+    back. Ctrl-C drops the connection and the service kills the command's whole tree."""
+    from click.core import ParameterSource
+
+    from .sandbox.service import protocol
+    from .sandbox.service.client import connect
+
+    ctx = click.get_current_context()
+    flags = {param.name: param.opts[0] for param in ctx.command.params}
+    for name in jail:
+        given = ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+        if given and name not in ("workdir", "envs"):
+            raise click.UsageError(
+                f"{flags[name]} cannot change a running sandbox (only --workdir and --env can, per command); "
+                f"give it to jailbox create, e.g. jailbox create {flags[name]} ..."
+            )
+    try:
+        request = protocol.Exec(
+            op="exec",
+            id=ref,
+            argv=list(command),
+            cwd=jail["workdir"],
+            env=_env_pairs(jail["envs"]),
+            timeout=timeout,
+            stdin=sys.stdin is not None and not sys.stdin.isatty(),
+        )
+    except ValidationError as exc:
+        raise click.UsageError(
+            f"--id {ref!r}: expected an id or name from jailbox ps ({exc.errors()[0]['msg']})"
+        ) from None
+    streams = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+
+    def show(stream: str, data: bytes) -> None:
+        streams[stream].write(data)
+        streams[stream].flush()
+
+    try:
+        conn = connect(start=False)
+        if conn is None:
+            raise SandboxError(f"no sandbox {ref!r} (no jailbox service runs); jailbox ps lists them")
+        with conn:
+            exited = conn.exec(request, sys.stdin.fileno() if request.stdin else None, show)
+    except KeyboardInterrupt:
+        click.echo("jailbox: interrupted; the command's processes were killed", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(141)  # our own stdout closed (| head): as a shell's command would end
+    except SandboxError as exc:
+        _service_fail(exc, 125)
+    if exited.timed_out:
+        click.echo(f"jailbox: command timed out after {timeout}s and was killed", err=True)
+        sys.exit(TIMEOUT_EXIT)
+    sys.exit(exited.exit)
+
+
+@main.command()
+@_jail_options
+@click.option("--name", default=None, help="A unique name to use wherever an ID goes.")
+def create(name: str | None, **jail: Any) -> None:
+    """Create a sandbox that lives until jailbox stop, and print its ID. jailbox exec --id ID, cp, ps and
+    stop use it; a per-user service holds it (started on demand, gone once idle)."""
+    from .sandbox.service import protocol
+
+    config = _config(**jail)
+    if config.rootfs != "host" and os.sep in config.rootfs:
+        config = config.model_copy(update={"rootfs": os.path.abspath(config.rootfs)})  # the service's cwd is /
+    try:
+        request = protocol.Create(op="create", config=config.model_dump(mode="json"), name=name)
+    except ValidationError:
+        raise click.BadParameter(
+            f"{name!r}: letters, digits, '_', '.', '-', at most 64, e.g. --name web-1", param_hint="--name"
+        ) from None
+    try:
+        click.echo(_service_call(request, start=True).id)
+    except SandboxError as exc:
+        _service_fail(exc)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def ps(as_json: bool) -> None:
+    """List the sandboxes jailbox create made (ID, name, rootfs, created, state)."""
+    from .sandbox.service import protocol
+
+    try:
+        reply = _service_call(protocol.List(op="ps"))
+    except SandboxError as exc:
+        _service_fail(exc)
+    boxes = reply.sandboxes if reply is not None else []
+    if as_json:
+        click.echo(json.dumps([b.model_dump() for b in boxes], indent=2))
+        return
+    click.echo(f"{'ID':12}  {'NAME':20}  {'ROOTFS':24}  {'CREATED':19}  STATE")
+    for b in boxes:
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b.created))
+        click.echo(f"{b.id:12}  {b.name or '-':20}  {b.rootfs:24}  {created:19}  {b.state}")
+
+
+@main.command()
+@click.argument("refs", metavar="ID...", nargs=-1)
+@click.option("--all", "stop_all", is_flag=True, help="Stop every sandbox.")
+def stop(refs: tuple[str, ...], stop_all: bool) -> None:
+    """Stop sandboxes (IDs, unique ID prefixes or names): kill their processes, remove their state."""
+    from .sandbox.service import protocol
+
+    if not refs and not stop_all:
+        raise click.UsageError("name the sandboxes to stop, e.g. jailbox stop 3f2a9c, or give --all")
+    try:
+        request = protocol.Stop(op="stop", ids=list(refs), all=stop_all)
+    except ValidationError:
+        raise click.UsageError(f"{refs}: expected ids or names from jailbox ps, e.g. jailbox stop 3f2a9c") from None
+    try:
+        reply = _service_call(request)
+    except SandboxError as exc:
+        _service_fail(exc)
+    if reply is None and refs:
+        _service_fail(SandboxError(f"no sandbox {refs[0]!r}; jailbox ps lists them"))
+    for sid in reply.stopped if reply is not None else []:
+        click.echo(sid)
+
+
+def _cp_side(arg: str) -> tuple[str | None, str]:
+    """``ID:/path`` (a sandbox's path) or a host path; a host path with a colon can be written ./a:b."""
+    ref, sep, path = arg.partition(":")
+    if sep and ref and "/" not in ref and not ref.startswith("."):
+        return ref, path
+    return None, arg
+
+
+@main.command()
+@click.argument("src")
+@click.argument("dst")
+def cp(src: str, dst: str) -> None:
+    """Copy between the host and a sandbox: SRC or DST (one of them) is ID:PATH. DST is the path the
+    copy gets; one ending in / means inside that directory. Links the jail left are never followed."""
+    from .sandbox.service import protocol
+
+    (src_ref, src_path), (dst_ref, dst_path) = _cp_side(src), _cp_side(dst)
+    if (src_ref is None) == (dst_ref is None):
+        raise click.UsageError("exactly one of SRC and DST is ID:PATH, e.g. jailbox cp ./in.txt 3f2a9c:/work/in.txt")
+    if dst_path.endswith("/"):
+        dst_path += os.path.basename(src_path.rstrip("/"))
+    op: Literal["get", "put"] = "get" if src_ref is not None else "put"
+    ref = src_ref or dst_ref or ""
+    host, jail = (dst_path, src_path) if op == "get" else (src_path, dst_path)
+    try:
+        request = protocol.Copy(op=op, id=ref, host=os.path.abspath(host), jail=jail)
+    except ValidationError as exc:
+        raise click.UsageError(f"cp {src} {dst}: {exc.errors()[0]['msg']}") from None
+    try:
+        reply = _service_call(request)
+    except SandboxError as exc:
+        _service_fail(exc)
+    if reply is None:
+        _service_fail(SandboxError(f"no sandbox {ref!r}; jailbox ps lists them"))
+
+
+@main.command("_service", hidden=True)
+@click.option("--idle", type=click.FloatRange(min=0, min_open=True), default=300.0)
+def service_cmd(idle: float) -> None:
+    """The per-user service that holds jailbox create's sandboxes (started by the first create)."""
+    from .sandbox.service.server import main as serve
+
+    serve(idle)
 
 
 @main.group("rootfs")

@@ -165,6 +165,7 @@ def _put_file(channel: Channel, src: Path, dst: str) -> None:
 def get(channel: Channel, src: str, dst: Path) -> None:
     """Copy ``src`` out of the jail to ``dst``. Every name below ``dst`` is the jail's: written through
     ``hostfs.Destination``, which never follows a link and makes only files, directories and links."""
+    dst = Path(os.path.abspath(dst))
     info = stat_path(channel, src)
     if info.type == "file":
         with hostfs.Destination(dst.parent) as out:
@@ -177,7 +178,7 @@ def get(channel: Channel, src: str, dst: Path) -> None:
     except ProtocolError as exc:  # over Walk's bounds too: copy the tree in parts
         raise ProtocolError(f"the jail's listing of {src} was refused: {exc}") from None
     dirs = {""}
-    with hostfs.Destination(dst) as out:
+    with hostfs.Destination(dst.parent) as above, above.subdir(dst.name) as out:  # dst's own name, as below it
         for rel, kind, mode, _size, target in walk.entries:
             parts = hostfs.components(rel)
             parent = "/".join(os.fsdecode(p) for p in parts[:-1])

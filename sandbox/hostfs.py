@@ -52,6 +52,18 @@ class Destination:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
+    def subdir(self, rel: str | bytes) -> Destination:
+        """The directory ``rel`` as a destination of its own, made if missing; a symlink or file in its
+        place is replaced, never followed (``get`` of a directory: its last name may be the jail's link)."""
+        parent, name = self._parent(rel)
+        try:
+            fd = self._open_dir_replacing(parent, name, rel)
+        finally:
+            os.close(parent)
+        sub = Destination.__new__(Destination)
+        sub.path, sub._fd = self.path / _show(rel), fd
+        return sub
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

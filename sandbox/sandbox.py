@@ -100,7 +100,8 @@ class Sandbox:
     ) -> ExecRun:
         """Start ``cmd`` and return it in flight, for a driver of its own (``exec()`` polls it,
         ``AsyncSandbox`` drives it from the event loop). Its result counts in ``stats()`` once
-        the driver has finished it."""
+        the driver has finished it. ``stdin`` may be the read end of an ``os.pipe()`` that the
+        driver feeds as it goes (a copy goes to the command; the caller closes its own)."""
         self._check_open()
         argv: tuple[str, ...] | None = None
         shell: str | None = None
