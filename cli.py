@@ -7,8 +7,11 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 import click
 from pydantic import ValidationError
@@ -29,6 +32,100 @@ NETWORK_HELP = (
     "none (loopback only), host (unconfined), full (slirp4netns: anywhere but the host and its LAN), "
     "or allow:RULES through jailbox's proxy, e.g. allow:pypi,github,*.example.com,!bad.example.com"
 )
+
+
+FLAGS: dict[tuple[str, str], tuple[str, str]] = {
+    # (pydantic model, first field of an error's location) -> (the flag that feeds it, a valid use of that
+    # flag). A model parsed from one flag alone (NetworkPolicy.parse, Mount.parse) needs no entry: the
+    # ``_fed_by`` around it names that flag.
+    ("SandboxConfig", "rootfs"): ("--rootfs", "--rootfs host"),
+    ("SandboxConfig", "mounts"): ("--bind", "--bind ./data:/testbed/data:ro"),
+    ("SandboxConfig", "env"): ("--env", "--env PIP_INDEX_URL=http://localhost:3141/simple"),
+    ("SandboxConfig", "workdir"): ("--workdir", "--workdir /testbed"),
+    ("SandboxConfig", "hostname"): ("--hostname", "--hostname sandbox"),
+    ("SandboxConfig", "upper"): ("--upper", "--upper tmpfs"),
+    ("SandboxConfig", "network"): ("--network", "--network allow:pypi,github"),
+    ("NetworkPolicy", "publish"): ("--publish", "--network full --publish 8080:80"),
+    ("SandboxConfig", "limits"): ("--memory", "--memory 4G"),
+    ("Limits", "memory"): ("--memory", "--memory 4G"),
+    ("LLMConfig", "model"): ("--llm-name", "--llm-name qwen3"),
+    ("LLMConfig", "base_url"): ("--llm-base-url", "--llm-base-url http://localhost:8000/v1"),
+    ("LLMConfig", "api_key"): ("--api-key", "--api-key sk-..."),
+    ("LLMConfig", "temperature"): ("--temperature", "--temperature 0.7"),
+    ("LLMConfig", "max_tokens"): ("--max-tokens-per-call", "--max-tokens-per-call 4096"),
+    ("LLMConfig", "extra_body"): ("--extra-body", """--extra-body '{"top_p": 0.9}'"""),
+    ("AgentConfig", "max_steps"): ("--max-steps", "--max-steps 100"),
+    ("AgentConfig", "max_total_tokens"): ("--max-token-limit", "--max-token-limit 200000"),
+    ("AgentConfig", "time_limit"): ("--time-limit", "--time-limit 600"),
+    ("BatchConfig", "workers"): ("--workers", "--workers 4"),
+    ("BatchConfig", "max_starting"): ("--workers", "--workers 4"),
+    ("BatchConfig", "ray_address"): ("--ray-address", "--ray-address ray://head:10001"),
+    ("BatchConfig", "copy_out"): ("--copy-out", "--copy-out results.csv"),
+}
+EXAMPLES: dict[str, str] = {
+    # a valid use of a flag whose value is checked outside pydantic (a parse step before any model)
+    **{flag: example for flag, example in FLAGS.values()},
+    "--copy-out": "--copy-out results.csv",
+    "--query": "--query @task.txt",
+    "--prompt-config": "--prompt-config general.yaml",
+    "--scorer-module": "--scorer-module mypkg.scorers",
+    "--executor": "--executor threads",
+    "TASKS": 'tasks.jsonl with a line per task, e.g. {"id": "t1", "query": "2+2?", "answer": "4"}',
+}
+
+
+def _flag_error(flag: str, text: str) -> NoReturn:
+    """One line naming the flag (and the config file, when the value came from there) and a valid use of it;
+    exit 2, as click's own usage errors do."""
+    ctx = click.get_current_context(silent=True)
+    source = ""
+    if ctx is not None:
+        for param in ctx.command.params:
+            if flag in param.opts and param.name is not None:
+                if ctx.get_parameter_source(param.name) is click.core.ParameterSource.DEFAULT_MAP:
+                    source = f" (from {_settings_path()}, key {ctx.info_name}.{param.name})"
+    example = EXAMPLES.get(flag)
+    click.echo(f"jailbox: {flag}{source}: {text}" + (f"; e.g. {example}" if example else ""), err=True)
+    sys.exit(2)
+
+
+def _pydantic_text(error: Any) -> str:
+    """pydantic's message for one error without its type tags, with the value it got."""
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    given = error.get("input")
+    if isinstance(given, str | int | float) and not isinstance(given, bool) and str(given) not in message:
+        return f"{given!r}: {message}"
+    return message
+
+
+@contextmanager
+def _fed_by(flag: str = "") -> Iterator[None]:
+    """Turns a ValueError raised inside (pydantic's ValidationError is one) into ``_flag_error``: the flag is
+    the one ``FLAGS`` says fed the field pydantic names, else ``flag``. The one translation from errors to
+    flags: every command builds its models inside it."""
+    try:
+        yield
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = error.get("loc") or ("",)
+        found = FLAGS.get((exc.title, str(loc[0])))
+        where = found[0] if found else flag or "--" + str(loc[0]).replace("_", "-")
+        _flag_error(where, _pydantic_text(error))
+    except ValueError as exc:
+        _flag_error(flag or "jailbox", str(exc))
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _check_url(url: str | None) -> str | None:
+    if url is not None and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc):
+        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    return url
 
 
 def _jail_options(func: Any) -> Any:
@@ -77,54 +174,106 @@ def _config(
     upper: str,
 ) -> SandboxConfig:
     env = {}
-    for item in envs:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r}: expected K=V", param_hint="--env")
-        env[key] = value
-    try:
+    with _fed_by("--env"):
+        for item in envs:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"{item!r}: expected KEY=VALUE")
+            env[key] = value
+    with _fed_by("--bind"):
         mounts = [Mount.parse(b) for b in binds]
+    with _fed_by("--network"):
         policy = NetworkPolicy.parse(network)
+    with _fed_by("--publish"):
         if publishes:
             policy = NetworkPolicy(mode=policy.mode, publish=publishes)
+    with _fed_by():
         extra = {"workdir": workdir} if workdir else {}
         return SandboxConfig(
             rootfs=rootfs, mounts=mounts, env=env, network=policy, hostname=hostname, upper=upper, **extra
         )
-    except (ValidationError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from None
+
+
+def _settings_path() -> Path:
+    """~/.config/jailbox/config.yaml (or .yml, .toml: the first that exists), under $XDG_CONFIG_HOME if set."""
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "jailbox"
+    for name in ("config.yaml", "config.yml", "config.toml"):
+        if (base / name).exists():
+            return base / name
+    return base / "config.yaml"
 
 
 def _settings() -> dict[str, Any]:
-    """Defaults for any command's options from ~/.config/jailbox/config.yaml (or .toml), e.g.
+    """Defaults for any command's options from ``_settings_path()``, a section per command, e.g.
     ``run: {llm_base_url: http://localhost:8000/v1, llm_name: qwen3}``; flags still win."""
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "jailbox"
-    for name in ("config.yaml", "config.yml", "config.toml"):
-        path = base / name
-        if not path.exists():
-            continue
-        if name.endswith(".toml"):
-            if sys.version_info >= (3, 11):
-                import tomllib
+    path = _settings_path()
+    if not path.exists():
+        return {}
+    if path.suffix == ".toml":
+        if sys.version_info >= (3, 11):
+            import tomllib
 
-                data = tomllib.loads(path.read_text())
-            else:  # tomllib came with 3.11, and jailbox adds no TOML dependency for 3.10
-                raise click.UsageError(f"{path}: TOML settings need Python 3.11 or newer; use config.yaml")
-        else:
-            import yaml
+            data = tomllib.loads(path.read_text())
+        else:  # tomllib came with 3.11, and jailbox adds no TOML dependency for 3.10
+            raise click.UsageError(f"{path}: TOML settings need Python 3.11 or newer; use config.yaml")
+    else:
+        import yaml
 
-            data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-            raise click.UsageError(f"{path}: expected a section per command, e.g. 'run: {{llm_name: qwen3}}'")
-        return {cmd: {k.replace("-", "_"): v for k, v in opts.items()} for cmd, opts in data.items()}
-    return {}
+        data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise click.UsageError(f"{path}: expected a section per command, e.g. 'run: {{llm_name: qwen3}}'")
+    return {cmd: _underscored(opts) for cmd, opts in data.items()}
+
+
+def _underscored(section: dict[str, Any]) -> dict[str, Any]:
+    """Keys as click names parameters (``llm-name`` -> ``llm_name``), a group's sections too."""
+    return {str(k).replace("-", "_"): _underscored(v) if isinstance(v, dict) else v for k, v in section.items()}
+
+
+def _settings_keys(group: click.Group, ctx: click.Context) -> dict[str, Any]:
+    """Per command (a group's commands nested), the keys its config-file section takes: its options' names."""
+    keys: dict[str, Any] = {}
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            keys[name] = _settings_keys(command, ctx)
+        elif command is not None:
+            keys[name] = {p.name: p for p in command.params if isinstance(p, click.Option) and p.name}
+    return keys
+
+
+def _unknown_settings(data: dict[str, Any], keys: dict[str, Any], where: str = "") -> list[str]:
+    """``section.key`` for every key of ``data`` that no command takes (a typo is not ignored silently)."""
+    unknown = []
+    for name, value in data.items():
+        if name not in keys:
+            unknown.append(f"{where}{name}")
+        elif isinstance(value, dict) and all(not isinstance(v, click.Parameter) for v in keys[name].values()):
+            unknown += _unknown_settings(value, keys[name], f"{where}{name}.")
+        elif isinstance(value, dict):
+            unknown += [f"{where}{name}.{key}" for key in value if key not in keys[name]]
+    return unknown
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="jailbox", message="jailbox %(version)s")
 @click.pass_context
 def main(ctx: click.Context) -> None:
-    """jailbox: rootless sandboxes for running untrusted code and LLM agents, without Docker."""
+    """jailbox: rootless sandboxes for running untrusted code and LLM agents, without Docker.
+
+    \b
+    Example:
+      jailbox exec -- python3 -c 'print(6*7)'
+    """
     ctx.default_map = _settings()
+    if ctx.resilient_parsing:  # shell completion: nothing on stderr
+        return
+    for key in _unknown_settings(ctx.default_map, _settings_keys(main, ctx)):
+        click.echo(
+            f"jailbox: warning: {_settings_path()}: unknown key {key!r}, ignored (`jailbox config --reference` "
+            "lists every key)",
+            err=True,
+        )
 
 
 @main.command("exec", context_settings={"ignore_unknown_options": True})
@@ -132,7 +281,13 @@ def main(ctx: click.Context) -> None:
 @click.option("--timeout", type=float, default=None, help="Kill the command's whole tree after S seconds.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(command: tuple[str, ...], timeout: float | None, **jail: Any) -> None:
-    """Run COMMAND in a fresh sandbox; exit with its exit code (124 on timeout)."""
+    """Run COMMAND in a fresh sandbox; exit with its exit code (124 on timeout, 125 when no jail could be
+    made, 127 and 126 when COMMAND is not found or cannot run).
+
+    \b
+    Example:
+      jailbox exec --rootfs python:3.11-slim --network allow:pypi -- pip install requests
+    """
     config = _config(**jail)
     stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
     out, err = sys.stdout.buffer, sys.stderr.buffer
@@ -159,7 +314,12 @@ def exec_cmd(command: tuple[str, ...], timeout: float | None, **jail: Any) -> No
 @main.command()
 @_jail_options
 def shell(**jail: Any) -> None:
-    """Open an interactive shell on a pty inside a fresh sandbox."""
+    """Open an interactive shell on a pty inside a fresh sandbox.
+
+    \b
+    Example:
+      jailbox shell --rootfs default --bind ./project:/testbed/project:rw
+    """
     config = _config(**jail)
     try:
         with Sandbox(config) as sb:
@@ -225,21 +385,34 @@ def run_cmd(
     quiet: bool,
     as_json: bool,
 ) -> None:
-    """Give a model a fresh sandbox and let it work on QUERY until it submits."""
+    """Give a model a fresh sandbox and let it work on QUERY until it submits.
+
+    \b
+    Example:
+      jailbox run --query "What is the 100th prime?" --llm-name qwen3 \\
+                  --llm-base-url http://localhost:8000/v1 --output-dir ./out
+    """
     from .agent import prompts as prompt_configs
     from .agent.llm import LLMConfig
     from .agent.loop import AgentConfig
     from .agent.run import check_copy_out, run_task
     from .sandbox.config import Limits
 
-    if query.startswith("@"):
-        query = Path(query[1:]).read_text()
-    try:
+    with _fed_by("--query"):
+        if query.startswith("@"):
+            query = _read_text(query[1:])
+    with _fed_by("--extra-body"):
+        extra = json.loads(extra_body) if extra_body else {}
+        if not isinstance(extra, dict):
+            raise ValueError(f"{extra_body!r}: expected a JSON object")
+    with _fed_by("--llm-base-url"):
+        _check_url(llm_base_url)
+    with _fed_by():
         llm_fields = {
             "model": llm_name,
             "temperature": temperature,
             "max_tokens": max_tokens_per_call,
-            "extra_body": json.loads(extra_body) if extra_body else {},
+            "extra_body": extra,
         }
         if llm_base_url:
             llm_fields["base_url"] = llm_base_url
@@ -251,10 +424,10 @@ def run_cmd(
         agent = AgentConfig(
             max_steps=max_steps, max_total_tokens=max_token_limit, time_limit=time_limit, text_mode=text_mode
         )
+    with _fed_by("--prompt-config"):
         prompts = prompt_configs.load(prompt_config)
+    with _fed_by("--copy-out"):
         copy_out = tuple(check_copy_out(rel) for rel in copy_out)
-    except (ValidationError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from None
 
     started, tokens = time.monotonic(), [0]
 
@@ -315,7 +488,10 @@ def run_cmd(
 @click.option("--executor", type=click.Choice(["threads", "ray"]), default="threads", show_default=True)
 @click.option("--ray-address", "--ray_address", default=None, help="Default $RAY_ADDRESS, else a local cluster.")
 @click.option("--mode", type=click.Choice(["sandbox", "llm"]), default="sandbox", show_default=True)
-@click.option("--resume", is_flag=True, help="Skip tasks already in OUTPUT_DIR/results.jsonl.")
+@click.option(
+    "--resume", is_flag=True, help="Add to OUTPUT_DIR/results.jsonl, skipping what it has for this model and mode."
+)
+@click.option("--overwrite", is_flag=True, help="Move an earlier run in OUTPUT_DIR aside (to OUTPUT_DIR.DATE) first.")
 @click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
 @click.option("--rootfs", default="host", show_default=True)
 @click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
@@ -346,6 +522,7 @@ def bench_cmd(
     ray_address: str | None,
     mode: str,
     resume: bool,
+    overwrite: bool,
     max_steps: int,
     rootfs: str,
     network: str,
@@ -356,18 +533,44 @@ def bench_cmd(
     """Run every task of TASKS (JSONL) in its own sandbox, N at once, and score the answers.
     Ctrl-C once: running tasks finish, no new one starts; twice: they are killed. TASKS is data: its
     scorers are names (built-in, --scorer-module, or jailbox.scorers entry points) and its @path inputs
-    lie beneath --inputs-root."""
+    lie beneath --inputs-root.
+
+    \b
+    Example:
+      jailbox bench tasks.jsonl --llm-name qwen3 --llm-base-url http://localhost:8000/v1 --workers 8
+    """
     from .agent.batch import Batch, BatchConfig, find_executor
     from .agent.executors import ExecutorError
     from .agent.llm import LLMConfig
     from .agent.loop import AgentConfig
     from .agent.progress import Progress
     from .agent.report import write_summary
+    from .agent.run import check_copy_out
     from .agent.scoring import load_scorers
     from .agent.tasks import load_tasks, read_results
 
-    try:
+    if resume and overwrite:
+        _flag_error("--overwrite", "is for a fresh run, --resume adds to the earlier one: give one of them")
+    with _fed_by("TASKS"):
         tasks = load_tasks(tasks_file)
+    with _fed_by("--llm-base-url"):
+        _check_url(llm_base_url)
+    with _fed_by("--scorer-module"):
+        scorers = load_scorers(scorer_modules)
+    with _fed_by("--copy-out"):
+        copy_out = tuple(check_copy_out(rel) for rel in copy_out)
+    out = Path(output_dir)
+    if not resume and out.exists() and any(out.iterdir()):
+        if not overwrite:
+            _flag_error(
+                "--output-dir",
+                f"{out} holds an earlier run; add --resume to finish it, --overwrite to move it aside, "
+                "or name another directory",
+            )
+        aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        out.rename(aside)
+        click.echo(f"jailbox: moved the earlier run in {out} to {aside}", err=True)
+    with _fed_by():
         fields: dict[str, Any] = {"model": llm_name}
         if llm_base_url:
             fields["base_url"] = llm_base_url
@@ -385,15 +588,13 @@ def bench_cmd(
         batch = Batch(
             tasks,
             LLMConfig(**fields),
-            Path(output_dir),
+            out,
             config,
             SandboxConfig(rootfs=rootfs, network=network),
             AgentConfig(max_steps=max_steps),
             executor=find_executor(executor),
-            scorers=load_scorers(scorer_modules),
+            scorers=scorers,
         )
-    except (ValidationError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from None
     pending = len(batch.pending())
     progress = Progress(pending, sys.stdout, already=len(tasks) - pending)
     batch.observer = progress
@@ -427,7 +628,12 @@ def bench_cmd(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def replay(trajectory: str, timeout: float, as_json: bool, **jail: Any) -> None:
     """Re-run TRAJECTORY's actions (jailbox's or the reference package's) in a fresh sandbox and report,
-    step by step, where the observation now differs. Exit 1 if any step differs."""
+    step by step, where the observation now differs. Exit 1 if any step differs.
+
+    \b
+    Example:
+      jailbox replay out/trajectory.json --rootfs default
+    """
     from .agent.replay import replay as run_replay
 
     config = _config(**jail)
@@ -451,7 +657,12 @@ def replay(trajectory: str, timeout: float, as_json: bool, **jail: Any) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(as_json: bool) -> None:
-    """Check what this host allows (namespaces, overlayfs, id ranges, seccomp, cgroups) and print fixes."""
+    """Check what this host allows (namespaces, overlayfs, id ranges, seccomp, cgroups) and print fixes.
+
+    \b
+    Example:
+      jailbox doctor --json
+    """
     from .sandbox.checks.doctor import run
 
     probes = run()
@@ -469,7 +680,12 @@ def doctor(as_json: bool) -> None:
 @main.command()
 @click.option("--force", is_flag=True, help="Also remove sandboxes whose host process still runs.")
 def cleanup(force: bool) -> None:
-    """Remove what crashed host processes left: jail processes, writable layers, state."""
+    """Remove what crashed host processes left: jail processes, writable layers, state.
+
+    \b
+    Example:
+      jailbox cleanup
+    """
     removed, failed = cleanup_state(state_dir(), force=force)
     for path in removed:
         click.echo(f"removed {path}")
@@ -479,9 +695,60 @@ def cleanup(force: bool) -> None:
     sys.exit(1 if failed else 0)
 
 
+def settings_reference(group: click.Group, ctx: click.Context, indent: str = "") -> list[str]:
+    """The config file's every key, a section per command (a group's nested), with its default and the flag
+    it sets: read off the commands themselves, so it cannot drift from them."""
+    lines = []
+    for name, keys in _settings_keys(group, ctx).items():
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            lines += [f"{indent}{name}:", *settings_reference(command, ctx, indent + "  ")]
+            continue
+        if not keys:
+            continue
+        lines.append(f"{indent}{name}:")
+        for key, param in keys.items():
+            default = param.default
+            if isinstance(default, tuple | list):
+                default = list(default)
+            elif not isinstance(default, str | int | float | bool):  # click's "no default" marker, or a callable
+                default = [] if param.multiple else False if param.is_flag else None
+            value = json.dumps(default)
+            what = f"{max(param.opts, key=len)}{' (repeatable: a list)' if param.multiple else ''}"
+            help_text = " ".join((param.help or "").split())
+            lines.append(f"{indent}  {key}: {value}  # {what}{': ' + help_text if help_text else ''}")
+    return lines
+
+
+@main.command("config")
+@click.option("--reference", is_flag=True, help="Print every key the config file takes, per command.")
+@click.pass_context
+def config_cmd(ctx: click.Context, reference: bool) -> None:
+    """Show where the config file is (and whether it exists), or with --reference every key it takes:
+    a section per command, a key per option (its name with - or _), its value what the flag takes.
+
+    \b
+    Example:
+      jailbox config --reference > ~/.config/jailbox/config.yaml.example
+    """
+    path = _settings_path()
+    if not reference:
+        click.echo(f"{path} ({'in use' if path.exists() else 'none yet'}); `jailbox config --reference` lists its keys")
+        return
+    root = ctx.find_root()
+    click.echo(f"# {path}: defaults per command; a flag given on the command line wins")
+    for line in settings_reference(main, root):
+        click.echo(line)
+
+
 @main.group("rootfs")
 def rootfs_group() -> None:
-    """Root filesystems: pull OCI images, import archives, list and remove them."""
+    """Root filesystems: pull OCI images, import archives, list and remove them.
+
+    \b
+    Example:
+      jailbox rootfs pull python:3.11-slim && jailbox exec --rootfs python:3.11-slim -- python3 -V
+    """
 
 
 def _rootfs_fail(exc: Exception) -> NoReturn:
@@ -519,7 +786,12 @@ def _interrupt_once(signum: int, frame: object) -> None:
 @click.option("--platform", default=None, help="os/arch[/variant] from a multi-platform image (default: this host).")
 @click.option("--insecure", is_flag=True, help="Plain HTTP (always allowed for localhost registries).")
 def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool) -> None:
-    """Pull image REF (python:3.11-slim, ghcr.io/org/img@sha256:..., localhost:5000/x:y), no Docker."""
+    """Pull image REF (python:3.11-slim, ghcr.io/org/img@sha256:..., localhost:5000/x:y), no Docker.
+
+    \b
+    Example:
+      jailbox rootfs pull python:3.11-slim --name py311
+    """
     from .sandbox.rootfs.pull import pull
 
     default_sigint = signal.signal(signal.SIGINT, _interrupt_once)
@@ -546,7 +818,12 @@ def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool
 def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
     """Build a root filesystem with mmdebstrap (rootless with subordinate ids, or as root).
 
-    With no arguments it builds the paper's environment as "default"."""
+    With no arguments it builds the paper's environment as "default".
+
+    \b
+    Example:
+      jailbox rootfs build slim
+    """
     from .sandbox.rootfs import build, shipped
 
     if recipe is None:
@@ -578,7 +855,12 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
 @click.option("--platform", default=None, help="os/arch from a multi-platform OCI layout (default: this host).")
 @click.option("--tag", default=None, help="Which image of an archive or layout holding several (its tag).")
 def rootfs_import(source: str, name: str, platform: str | None, tag: str | None) -> None:
-    """Import SOURCE (docker/podman save archive, OCI layout directory, rootfs tarball) as NAME."""
+    """Import SOURCE (docker/podman save archive, OCI layout directory, rootfs tarball) as NAME.
+
+    \b
+    Example:
+      docker save python:3.11-slim -o py.tar && jailbox rootfs import py.tar py311
+    """
     from .sandbox.rootfs.importer import import_rootfs
 
     try:
@@ -591,13 +873,25 @@ def rootfs_import(source: str, name: str, platform: str | None, tag: str | None)
 @rootfs_group.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def rootfs_list(as_json: bool) -> None:
-    """Stored root filesystems with kind, size, creation date and source."""
+    """Stored root filesystems with kind, size, creation date and source.
+
+    \b
+    Example:
+      jailbox rootfs list --json
+    """
     from .sandbox.rootfs.store import Store
 
-    entries = Store().list()
+    store = Store()
+    entries = store.list()
     if as_json:
         click.echo(json.dumps([{**e.model_dump(mode="json"), "path": str(e.tree)} for e in entries], indent=2))
         return
+    if not entries:
+        click.echo(
+            f"no root filesystems stored in {store.root}; get one with `jailbox rootfs pull python:3.11-slim` "
+            "or `jailbox rootfs build` (or use --rootfs host, which needs none)",
+            err=True,
+        )
     for e in entries:
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.created))
         click.echo(f"{e.name:40} {e.kind:6} {e.size / 1e6:9.1f} MB  {created}  {e.source}")
@@ -607,7 +901,12 @@ def rootfs_list(as_json: bool) -> None:
 @click.argument("names", nargs=-1, required=True)
 @click.option("--force", is_flag=True, help="Remove even while live sandboxes use it.")
 def rootfs_rm(names: tuple[str, ...], force: bool) -> None:
-    """Remove stored root filesystems (their files may belong to subordinate ids)."""
+    """Remove stored root filesystems (their files may belong to subordinate ids).
+
+    \b
+    Example:
+      jailbox rootfs rm py311
+    """
     from .sandbox.rootfs.store import Store
 
     store = Store()
@@ -621,7 +920,12 @@ def rootfs_rm(names: tuple[str, ...], force: bool) -> None:
 @rootfs_group.command("path")
 @click.argument("name")
 def rootfs_path(name: str) -> None:
-    """Print the directory of a stored root filesystem."""
+    """Print the directory of a stored root filesystem.
+
+    \b
+    Example:
+      ls "$(jailbox rootfs path default)/usr/bin"
+    """
     from .sandbox.rootfs.store import Store
 
     try:
@@ -633,7 +937,12 @@ def rootfs_path(name: str) -> None:
 @rootfs_group.command("du")
 @click.argument("name")
 def rootfs_du(name: str) -> None:
-    """Bytes used by a stored root filesystem (apparent and on disk; hard links once)."""
+    """Bytes used by a stored root filesystem (apparent and on disk; hard links once).
+
+    \b
+    Example:
+      jailbox rootfs du default
+    """
     from .sandbox.rootfs.store import Store
 
     try:

@@ -1,4 +1,4 @@
-"""A batch's summary: one row per (domain, mode) of its results, as ``summary.json`` and ``summary.md``.
+"""A batch's summary: one row per (domain, mode, model) of its results, as ``summary.json`` and ``summary.md``.
 
 Runs in the driver process, after the batch (or on a results file alone); reads only ``TaskResult``s,
 so it is the same for every executor and for a resumed run.
@@ -15,17 +15,18 @@ from .tasks import TaskResult
 
 
 def summary(results: Iterable[TaskResult]) -> list[dict[str, Any]]:
-    """One row per (domain, mode): tasks, mean score, tokens, steps, LLM vs sandbox seconds."""
-    groups: dict[tuple[str, str], list[TaskResult]] = {}
+    """One row per (domain, mode, model): tasks, mean score, tokens, steps, LLM vs sandbox seconds."""
+    groups: dict[tuple[str, str, str], list[TaskResult]] = {}
     for r in results:
-        groups.setdefault((r.domain, r.mode), []).append(r)
+        groups.setdefault((r.domain, r.mode, r.model or ""), []).append(r)
     rows = []
-    for (domain, mode), group in sorted(groups.items()):
+    for (domain, mode, model), group in sorted(groups.items()):
         n = len(group)
         rows.append(
             {
                 "domain": domain,
                 "mode": mode,
+                "model": model,
                 "tasks": n,
                 "score": round(sum(r.score for r in group) / n, 4),
                 "tokens": sum(r.tokens for r in group),

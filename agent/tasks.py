@@ -58,6 +58,7 @@ class TaskResult(BaseModel):
     id: str
     domain: str
     mode: Mode
+    model: str | None = None  # set by the batch that recorded it: results are keyed by (id, mode, model)
     exit_status: str
     answer: str | None = None
     expected: str | None = None

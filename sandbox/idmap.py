@@ -13,6 +13,7 @@ import getpass
 import os
 import pwd
 import shutil
+from collections.abc import Sequence
 
 from .errors import ConfigError
 from .floor.idmap import IdMap
@@ -39,9 +40,37 @@ def subordinate_range(path: str | os.PathLike[str], uid: int, user: str | None =
     return None
 
 
-def subuid_fix(user: str) -> str:
-    """The command that gives ``user`` subordinate ids (the ``uidmap`` package has the helpers)."""
-    return f"sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}"
+SUBID_FILES = ("/etc/subuid", "/etc/subgid")
+FIRST_SUBID = 100000  # useradd's SUB_UID_MIN: below it are the system's and people's own ids
+
+
+def free_range(count: int, paths: Sequence[str | os.PathLike[str]] = SUBID_FILES) -> int:
+    """The lowest first id, at or above ``FIRST_SUBID``, of ``count`` ids that no range in any of ``paths``
+    (subuid/subgid files) overlaps; unreadable files and malformed lines take nothing."""
+    taken: list[tuple[int, int]] = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                for line in f:
+                    parts = line.strip().split(":")
+                    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                        taken.append((int(parts[1]), int(parts[1]) + int(parts[2])))
+        except OSError:
+            continue
+    start = FIRST_SUBID
+    for first, end in sorted(taken):
+        if first >= start + count:
+            break
+        start = max(start, end)
+    return start
+
+
+def subuid_fix(user: str, paths: Sequence[str | os.PathLike[str]] = SUBID_FILES) -> str:
+    """The command that gives ``user`` ``ROOT_RANGE`` subordinate ids in a range no one in ``paths`` holds
+    (the ``uidmap`` package has the helpers)."""
+    first = free_range(ROOT_RANGE, paths)
+    ids = f"{first}-{first + ROOT_RANGE - 1}"
+    return f"sudo usermod --add-subuids {ids} --add-subgids {ids} {user}"
 
 
 def full_range_available() -> bool:
