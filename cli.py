@@ -128,6 +128,19 @@ def _check_url(url: str | None) -> str | None:
     return url
 
 
+def llm_advice(error: str, url: str) -> str:
+    """What to do about an LLM error, from its text (the trajectory's ``error``, or a result's)."""
+    if "HTTP 401" in error or "HTTP 403" in error:
+        return "the endpoint refused the key: check --api-key (or $OPENAI_API_KEY)"
+    if "HTTP 404" in error:
+        return f"is {url} the API's base (it usually ends in /v1), and does it serve --llm-name?"
+    if "HTTP 5" in error or "HTTP 429" in error:
+        return f"the server at {url} kept failing: see its log, or retry later"
+    if "ConnectionError" in error or "Connect" in error or "Timeout" in error:
+        return f"is a server listening on {url}? (start one, or point --llm-base-url at it)"
+    return f"see the trajectory's error, and the server at {url}"
+
+
 def _jail_options(func: Any) -> Any:
     options = [
         click.option(
@@ -393,7 +406,7 @@ def run_cmd(
                   --llm-base-url http://localhost:8000/v1 --output-dir ./out
     """
     from .agent import prompts as prompt_configs
-    from .agent.llm import LLMConfig
+    from .agent.llm import LLMConfig, Retry
     from .agent.loop import AgentConfig
     from .agent.run import check_copy_out, run_task
     from .sandbox.config import Limits
@@ -443,6 +456,13 @@ def run_cmd(
         status = f"[step {step.index}/{max_steps} | {tokens[0]} tokens | {time.monotonic() - started:.0f}s]"
         click.echo(click.style(status, bold=True))
 
+    def retrying(retry: Retry) -> None:
+        status = (
+            f"[LLM request failed: {retry.cause} | retry {retry.attempt}/{retry.retries} in {retry.seconds:.1f}s | "
+            f"{time.monotonic() - started:.0f}s]"
+        )
+        click.echo(click.style(status, fg="yellow", bold=True), err=True)
+
     try:
         trajectory = run_task(
             query,
@@ -454,6 +474,7 @@ def run_cmd(
             sandbox=sandbox,
             on_step=None if quiet or as_json else show,
             copy_out=copy_out,
+            on_retry=None if quiet else retrying,
         )
     except SandboxError as exc:
         click.echo(f"jailbox: {exc}", err=True)
@@ -473,6 +494,8 @@ def run_cmd(
             f"{trajectory.exit_status}: answer={trajectory.answer!r} in {summary['steps']} steps, "
             f"{summary['tokens']} tokens; output in {summary['output_dir']}"
         )
+    if trajectory.exit_status == "llm_error":
+        click.echo(f"jailbox: {trajectory.error}; {llm_advice(trajectory.error or '', llm.base_url)}", err=True)
     sys.exit(0 if trajectory.exit_status == "submitted" else 1)
 
 
@@ -544,7 +567,7 @@ def bench_cmd(
     from .agent.llm import LLMConfig
     from .agent.loop import AgentConfig
     from .agent.progress import Progress
-    from .agent.report import write_summary
+    from .agent.report import common_failure, write_summary
     from .agent.run import check_copy_out
     from .agent.scoring import load_scorers
     from .agent.tasks import load_tasks, read_results
@@ -610,7 +633,7 @@ def bench_cmd(
     previous = signal.signal(signal.SIGINT, interrupt)
     try:
         with progress:
-            batch.run()
+            finished = batch.run()
     except ExecutorError as exc:
         click.echo(f"jailbox: {exc}", err=True)
         sys.exit(2)
@@ -619,6 +642,12 @@ def bench_cmd(
     click.echo(write_summary(read_results(batch.results_path), Path(output_dir)))
     if batch.stopping.is_set():
         sys.exit(130)  # interrupted: the results file has what finished, --resume does the rest
+    cause = common_failure(finished)
+    if cause is not None:
+        click.echo(f"jailbox: every task failed alike, so nothing was measured: {cause}", err=True)
+        if cause.startswith("llm_error"):
+            click.echo(f"jailbox: {llm_advice(cause, batch.job.llm.base_url)}", err=True)
+        sys.exit(1)
 
 
 @main.command()

@@ -7,11 +7,27 @@ so it is the same for every executor and for a resumed run.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .tasks import TaskResult
+
+INFRASTRUCTURE = frozenset({"llm_error", "sandbox_error"})
+"""Exit statuses that blame what the task ran on (the endpoint, the host), not the model's work."""
+
+
+def common_failure(results: Sequence[TaskResult]) -> str | None:
+    """The one cause, as ``status: error``, when every result failed for it (the endpoint down, the
+    rootfs missing): such a run measured nothing, and must not look like a score of zero."""
+    causes = {
+        (r.exit_status, re.sub(r" \(attempt \d+\)", "", r.error or "")) for r in results
+    }  # the attempt count differs between tasks that failed alike
+    if not results or len(causes) != 1:
+        return None
+    status, error = causes.pop()
+    return f"{status}: {error}" if status in INFRASTRUCTURE else None
 
 
 def summary(results: Iterable[TaskResult]) -> list[dict[str, Any]]:
