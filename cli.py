@@ -48,6 +48,7 @@ FLAGS: dict[tuple[str, str], tuple[str, str]] = {
     ("NetworkPolicy", "publish"): ("--publish", "--network full --publish 8080:80"),
     ("SandboxConfig", "limits"): ("--memory", "--memory 4G"),
     ("Limits", "memory"): ("--memory", "--memory 4G"),
+    ("LLMConfig", ""): ("--llm-base-url", "--llm-base-url http://localhost:8000/v1"),  # none given, none in $ENV
     ("LLMConfig", "model"): ("--llm-name", "--llm-name qwen3"),
     ("LLMConfig", "base_url"): ("--llm-base-url", "--llm-base-url http://localhost:8000/v1"),
     ("LLMConfig", "api_key"): ("--api-key", "--api-key sk-..."),
@@ -85,7 +86,8 @@ def _flag_error(flag: str, text: str) -> NoReturn:
                 if ctx.get_parameter_source(param.name) is click.core.ParameterSource.DEFAULT_MAP:
                     source = f" (from {_settings_path()}, key {ctx.info_name}.{param.name})"
     example = EXAMPLES.get(flag)
-    click.echo(f"jailbox: {flag}{source}: {text}" + (f"; e.g. {example}" if example else ""), err=True)
+    where = f"{flag}{source}: " if flag else ""
+    click.echo(f"jailbox: {where}{text}" + (f"; e.g. {example}" if example else ""), err=True)
     sys.exit(2)
 
 
@@ -107,12 +109,12 @@ def _fed_by(flag: str = "") -> Iterator[None]:
         yield
     except ValidationError as exc:
         error = exc.errors()[0]
-        loc = error.get("loc") or ("",)
-        found = FLAGS.get((exc.title, str(loc[0])))
-        where = found[0] if found else flag or "--" + str(loc[0]).replace("_", "-")
-        _flag_error(where, _pydantic_text(error))
+        field = str(error["loc"][0]) if error.get("loc") else ""  # "": the model as a whole
+        found = FLAGS.get((exc.title, field)) if field else None
+        fallback = FLAGS.get((exc.title, ""), ("--" + field.replace("_", "-") if field else "",))[0]
+        _flag_error(found[0] if found else flag or fallback, _pydantic_text(error))
     except ValueError as exc:
-        _flag_error(flag or "jailbox", str(exc))
+        _flag_error(flag, str(exc))
 
 
 def _read_text(path: str) -> str:
