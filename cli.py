@@ -788,12 +788,16 @@ def _rootfs_fail(exc: Exception) -> NoReturn:
 
 
 def _progress() -> Any:
-    """A one-line progress display per blob on stderr (only on a terminal)."""
-    if not sys.stderr.isatty():
-        return None
+    """Download progress on stderr: on a terminal one line per blob redrawn in place; piped (CI logs, a
+    file) one line per blob when it has arrived, never a carriage return."""
+    tty = sys.stderr.isatty()
     last = {"t": 0.0}
 
     def show(digest: str, done: int, total: int | None) -> None:
+        if not tty:
+            if done == total:
+                click.echo(f"{digest[7:19]}  {done / 1e6:9.1f} MB  downloaded", err=True)
+            return
         now = time.monotonic()
         if now - last["t"] < 0.1 and done != total:
             return

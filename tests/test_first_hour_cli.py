@@ -19,8 +19,8 @@ from llm_server import ScriptedServer, error
 
 from jailbox import cli
 from jailbox.agent.tasks import read_results
-from jailbox.sandbox.checks import doctor
 from jailbox.sandbox import idmap
+from jailbox.sandbox.checks import doctor
 
 JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 HANG_GUARD = 300
@@ -398,3 +398,38 @@ def test_unknown_config_keys_are_warned_about(tmp_path: Path) -> None:
         "run.llm_nmae",
     ]
     assert all("jailbox config --reference" in line for line in warned)
+
+
+def test_every_need_in_the_first_hour_section_names_a_doctor_check_that_exists() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## First hour\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| what ")]
+    assert len(rows) >= 6
+    r = jailbox("doctor", "--json")
+    checks = {probe["name"] for probe in json.loads(r.stdout)}
+    for row in rows:
+        named = re.findall(r"`([^`]+)`", row.rstrip(" |").rsplit("|", 1)[1])
+        assert named, f"no doctor check named for: {row}"
+        assert set(named) <= checks, (named, sorted(checks))
+    for word in ("uidmap", "/etc/subuid", "/dev/net/tun", "slirp4netns", "mmdebstrap"):
+        assert word in section
+
+
+@pytest.mark.needs("docker-registry", "skopeo")
+def test_rootfs_pull_piped_prints_a_line_per_blob(tmp_path: Path, store) -> None:
+    from oci_images import E, Layout, LocalRegistry, tar_bytes
+
+    (tmp_path / "registry").mkdir()
+    registry = LocalRegistry(tmp_path / "registry")
+    try:
+        layout = Layout(tmp_path / "layout")
+        layers = [tar_bytes([E("a", data=b"a" * 300_000)]), tar_bytes([E("b", data=b"b" * 200_000)])]
+        layout.tag("v1", layout.image(layers))
+        registry.push(layout.path, "v1", "test/piped")
+        r = jailbox("rootfs", "pull", f"{registry.host}/test/piped:v1", "--name", "piped")
+    finally:
+        registry.close()
+    assert r.returncode == 0, r.stderr
+    downloaded = [line for line in r.stderr.splitlines() if line.endswith("downloaded")]
+    assert len(downloaded) == 3, r.stderr  # the image config and both layers
+    assert "\r" not in r.stderr
