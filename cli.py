@@ -23,6 +23,7 @@ from .sandbox.state import state_dir
 from .sandbox.terminal import attach
 
 TIMEOUT_EXIT = 124
+PIPED_EVERY = 25  # rootfs build, piped: a progress line every this many packages
 SHELL = "command -v bash >/dev/null 2>&1 && exec bash -l || exec sh -l"
 COPY_OUT_HELP = (
     "Also copy PATH (relative to the jail's output directory) into OUTPUT_DIR beside answer.txt (repeatable); "
@@ -842,6 +843,23 @@ def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool
     click.echo(f"{entry.name}  {entry.digest}  {entry.tree}")
 
 
+def _build_display(tty: bool) -> Any:
+    """Shows a build's progress on stderr: stages as lines; package progress redrawn in place on a terminal,
+    and piped every ``PIPED_EVERY``-th package of a phase and its last (a line per package is too many)."""
+    shown = {"transient": False}
+
+    def show(update: Any) -> None:
+        if tty and update.transient:
+            click.echo(f"\r\x1b[2K{update.text}", nl=False, err=True)
+        elif update.transient and update.count % PIPED_EVERY and update.count != update.total:
+            return
+        else:
+            click.echo(("\r\x1b[2K" if tty and shown["transient"] else "") + update.text, err=True)
+        shown["transient"] = tty and update.transient
+
+    return show
+
+
 @rootfs_group.command("build")
 @click.argument("name", required=False)
 @click.option(
@@ -868,7 +886,7 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
     started = time.monotonic()
     default_sigint = signal.signal(signal.SIGINT, _interrupt_once)
     try:
-        entry = build.build(name, recipe, log=None if quiet else lambda line: click.echo(line, err=True))
+        entry = build.build(name, recipe, log=None if quiet else _build_display(sys.stderr.isatty()))
     except build.Interrupted as exc:
         done = f"stopped mmdebstrap, removed the unfinished tree {exc.removed}" if exc.removed else "nothing started"
         click.echo(f"jailbox: interrupted; {done}; nothing stored", err=True)

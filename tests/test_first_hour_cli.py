@@ -433,3 +433,77 @@ def test_rootfs_pull_piped_prints_a_line_per_blob(tmp_path: Path, store) -> None
     downloaded = [line for line in r.stderr.splitlines() if line.endswith("downloaded")]
     assert len(downloaded) == 3, r.stderr  # the image config and both layers
     assert "\r" not in r.stderr
+
+
+MMDEBSTRAP_VERBOSE = """\
+I: running apt-get update...
+Get:1 http://deb.debian.org/debian bookworm InRelease [151 kB]
+Get:4 http://deb.debian.org/debian bookworm/main amd64 Packages [8790 kB]
+Fetched 9422 kB in 2s (4225 kB/s)
+I: downloading packages with apt...
+0 upgraded, 3 newly installed, 0 to remove and 0 not upgraded.
+Need to get 38.0 MB of archives.
+Get:1 http://deb.debian.org/debian bookworm/main amd64 gcc-12-base amd64 12.2.0-14+deb12u1 [37.6 kB]
+Get:2 http://deb.debian.org/debian bookworm/main amd64 libc6 amd64 2.36-9+deb12u14 [2759 kB]
+Get:3 http://security.debian.org/debian-security bookworm-security/main amd64 bash amd64 5.2.15-2+b13 [1491 kB]
+I: extracting archives...
+I: installing essential packages...
+Selecting previously unselected package gcc-12-base:amd64.
+Preparing to unpack .../gcc-12-base_12.2.0-14+deb12u1_amd64.deb ...
+Unpacking gcc-12-base:amd64 (12.2.0-14+deb12u1) ...
+Unpacking libc6:amd64 (2.36-9+deb12u14) ...
+Unpacking bash (5.2.15-2+b13) ...
+Setting up gcc-12-base:amd64 (12.2.0-14+deb12u1) ...
+Setting up libc6:amd64 (2.36-9+deb12u14) ...
+Setting up bash (5.2.15-2+b13) ...
+I: installing remaining packages inside the chroot...
+0 upgraded, 1 newly installed, 0 to remove and 0 not upgraded.
+Get:1 http://deb.debian.org/debian bookworm/main amd64 python3 amd64 3.11.2-1+b1 [26.3 kB]
+Unpacking python3 (3.11.2-1+b1) ...
+Setting up python3 (3.11.2-1+b1) ...
+I: success in 109.5836 seconds
+"""
+
+
+def test_build_progress_counts_packages_with_an_eta() -> None:
+    from jailbox.sandbox.rootfs.build import BuildProgress
+
+    now = [0.0]
+    progress = BuildProgress(clock=lambda: now[0])
+    updates = []
+    for line in MMDEBSTRAP_VERBOSE.splitlines():
+        now[0] += 1.0
+        update = progress.feed(line)
+        if update is not None:
+            updates.append(update)
+    stages = [u.text for u in updates if not u.transient]
+    assert stages[0] == "I: running apt-get update..." and stages[-1].startswith("I: success")
+    assert "I: 3 packages to install (3 in all)" in stages and "I: 1 packages to install (4 in all)" in stages
+    packages = [u for u in updates if u.transient]
+    assert [(u.phase, u.count, u.total) for u in packages[:3]] == [("downloaded", i, 3) for i in (1, 2, 3)]
+    assert packages[3].text.split()[:3] == ["unpacked", "1/3", "gcc-12-base"]  # the arch is dropped
+    assert [(u.phase, u.count, u.total) for u in packages[-3:]] == [
+        ("downloaded", 4, 4),
+        ("unpacked", 4, 4),
+        ("set up", 4, 4),
+    ]
+    assert packages[0].text.endswith("ETA -") and packages[-1].text.endswith("ETA 0:00")
+    assert re.search(r"ETA \d+:\d\d$", packages[4].text)
+    assert not any("Preparing" in u.text or "Selecting" in u.text or "InRelease" in u.text for u in updates)
+
+
+@pytest.mark.needs("mmdebstrap", "subids")
+@pytest.mark.slow
+@pytest.mark.network
+def test_rootfs_build_piped_shows_package_counts_and_an_eta(store) -> None:
+    r = jailbox("rootfs", "build", "slim")
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stderr.splitlines()
+    assert any(line.startswith("I: installing") for line in lines)
+    counted = [line for line in lines if re.match(r"^\s*(downloaded|unpacked|set up)\s+\d+/\d+ \S+  ETA ", line)]
+    assert counted, r.stderr[-3000:]
+    last = [line for line in counted if line.strip().startswith("set up")][-1]
+    done, total = re.search(r"(\d+)/(\d+)", last).groups()
+    assert done == total and int(total) > 20 and last.endswith("ETA 0:00")
+    assert not any(line.startswith(("Preparing to unpack", "Selecting previously", "Setting up")) for line in lines)
+    assert "\r" not in r.stderr
