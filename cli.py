@@ -194,7 +194,7 @@ def _config(
         for item in envs:
             key, sep, value = item.partition("=")
             if not sep or not key:
-                raise ValueError(f"{item!r}: expected KEY=VALUE")
+                raise ValueError(f"{item!r}: expected K=V")
             env[key] = value
     with _fed_by("--bind"):
         mounts = [Mount.parse(b) for b in binds]
@@ -593,7 +593,12 @@ def bench_cmd(
                 f"{out} holds an earlier run; add --resume to finish it, --overwrite to move it aside, "
                 "or name another directory",
             )
-        aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = next(
+            path
+            for n in range(1000)
+            if not (path := out.with_name(f"{out.name}.{stamp}" + (f".{n}" if n else ""))).exists()
+        )
         out.rename(aside)
         click.echo(f"jailbox: moved the earlier run in {out} to {aside}", err=True)
     with _fed_by():

@@ -42,7 +42,6 @@ def summary(results: Iterable[TaskResult]) -> list[dict[str, Any]]:
             {
                 "domain": domain,
                 "mode": mode,
-                "model": model,
                 "tasks": n,
                 "score": round(sum(r.score for r in group) / n, 4),
                 "tokens": sum(r.tokens for r in group),
@@ -50,6 +49,7 @@ def summary(results: Iterable[TaskResult]) -> list[dict[str, Any]]:
                 "llm_seconds": round(sum(r.llm_seconds for r in group), 2),
                 "sandbox_seconds": round(sum(r.sandbox_seconds for r in group), 2),
                 "submitted": sum(r.exit_status == "submitted" for r in group),
+                "model": model,
             }
         )
     return rows
