@@ -67,12 +67,11 @@ FLAGS: dict[tuple[str, str], tuple[str, str]] = {
 EXAMPLES: dict[str, str] = {
     # a valid use of a flag whose value is checked outside pydantic (a parse step before any model)
     **{flag: example for flag, example in FLAGS.values()},
-    "--copy-out": "--copy-out results.csv",
     "--query": "--query @task.txt",
     "--prompt-config": "--prompt-config general.yaml",
     "--scorer-module": "--scorer-module mypkg.scorers",
     "--executor": "--executor threads",
-    "TASKS": 'tasks.jsonl with a line per task, e.g. {"id": "t1", "query": "2+2?", "answer": "4"}',
+    "TASKS": 'a line per task like {"id": "t1", "query": "2+2?", "answer": "4"}',
 }
 
 
@@ -125,10 +124,10 @@ def _read_text(path: str) -> str:
         raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
-def _check_url(url: str | None) -> str | None:
+def _check_url(url: str | None) -> None:
+    """An endpoint must be an http(s) URL: anything else fails only after the first request's retries."""
     if url is not None and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc):
         raise ValueError(f"{url!r} is not an http:// or https:// URL")
-    return url
 
 
 def llm_advice(error: str, url: str) -> str:
@@ -139,7 +138,7 @@ def llm_advice(error: str, url: str) -> str:
         return f"is {url} the API's base (it usually ends in /v1), and does it serve --llm-name?"
     if "HTTP 5" in error or "HTTP 429" in error:
         return f"the server at {url} kept failing: see its log, or retry later"
-    if "ConnectionError" in error or "Connect" in error or "Timeout" in error:
+    if "Connect" in error or "Timeout" in error:  # httpx's ConnectError, ConnectTimeout, ReadTimeout
         return f"is a server listening on {url}? (start one, or point --llm-base-url at it)"
     return f"see the trajectory's error, and the server at {url}"
 

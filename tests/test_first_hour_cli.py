@@ -150,6 +150,15 @@ def test_a_bad_bench_flag_is_one_line_naming_it(args: list[str], flag: str, exam
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("line", ['{"id": "a"}', '{"id": "a", "query": "q", "max_steps": "many"}', "not json"])
+def test_a_bad_tasks_file_is_one_line_naming_the_line(line: str, tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(line + "\n")
+    r = jailbox(*bench_command(tasks, "http://127.0.0.1:9/v1", tmp_path / "out")[len(JAILBOX) :])
+    one_line_naming(r, "TASKS", 'a line per task like {"id": "t1", "query": "2+2?", "answer": "4"}')
+    assert f"{tasks}:1: " in r.stderr
+
+
 def test_no_endpoint_at_all_names_the_flag() -> None:
     env = {"OPENAI_BASE_URL": "", "LLM_BASE_URL": ""}
     one_line_naming(
