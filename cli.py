@@ -7,8 +7,11 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, NoReturn
+from urllib.parse import urlsplit
 
 import click
 from pydantic import ValidationError
@@ -22,6 +25,7 @@ from .sandbox.state import state_dir
 from .sandbox.terminal import attach
 
 TIMEOUT_EXIT = 124
+PIPED_EVERY = 25  # rootfs build, piped: a progress line every this many packages
 SHELL = "command -v bash >/dev/null 2>&1 && exec bash -l || exec sh -l"
 COPY_OUT_HELP = (
     "Also copy PATH (relative to the jail's output directory) into OUTPUT_DIR beside answer.txt (repeatable); "
@@ -31,6 +35,114 @@ NETWORK_HELP = (
     "none (loopback only), host (unconfined), full (slirp4netns: anywhere but the host and its LAN), "
     "or allow:RULES through jailbox's proxy, e.g. allow:pypi,github,*.example.com,!bad.example.com"
 )
+
+
+FLAGS: dict[tuple[str, str], tuple[str, str]] = {
+    # (pydantic model, first field of an error's location) -> (the flag that feeds it, a valid use of that
+    # flag). A model parsed from one flag alone (NetworkPolicy.parse, Mount.parse) needs no entry: the
+    # ``_fed_by`` around it names that flag.
+    ("SandboxConfig", "rootfs"): ("--rootfs", "--rootfs host"),
+    ("SandboxConfig", "mounts"): ("--bind", "--bind ./data:/testbed/data:ro"),
+    ("SandboxConfig", "env"): ("--env", "--env PIP_INDEX_URL=http://localhost:3141/simple"),
+    ("SandboxConfig", "workdir"): ("--workdir", "--workdir /testbed"),
+    ("SandboxConfig", "hostname"): ("--hostname", "--hostname sandbox"),
+    ("SandboxConfig", "upper"): ("--upper", "--upper tmpfs"),
+    ("SandboxConfig", "network"): ("--network", "--network allow:pypi,github"),
+    ("NetworkPolicy", "publish"): ("--publish", "--network full --publish 8080:80"),
+    ("SandboxConfig", "limits"): ("--memory", "--memory 4G"),
+    ("Limits", "memory"): ("--memory", "--memory 4G"),
+    ("LLMConfig", ""): ("--llm-base-url", "--llm-base-url http://localhost:8000/v1"),  # none given, none in $ENV
+    ("LLMConfig", "model"): ("--llm-name", "--llm-name qwen3"),
+    ("LLMConfig", "base_url"): ("--llm-base-url", "--llm-base-url http://localhost:8000/v1"),
+    ("LLMConfig", "api_key"): ("--api-key", "--api-key sk-..."),
+    ("LLMConfig", "temperature"): ("--temperature", "--temperature 0.7"),
+    ("LLMConfig", "max_tokens"): ("--max-tokens-per-call", "--max-tokens-per-call 4096"),
+    ("LLMConfig", "extra_body"): ("--extra-body", """--extra-body '{"top_p": 0.9}'"""),
+    ("AgentConfig", "max_steps"): ("--max-steps", "--max-steps 100"),
+    ("AgentConfig", "max_total_tokens"): ("--max-token-limit", "--max-token-limit 200000"),
+    ("AgentConfig", "time_limit"): ("--time-limit", "--time-limit 600"),
+    ("BatchConfig", "workers"): ("--workers", "--workers 4"),
+    ("BatchConfig", "max_starting"): ("--workers", "--workers 4"),
+    ("BatchConfig", "ray_address"): ("--ray-address", "--ray-address ray://head:10001"),
+    ("BatchConfig", "copy_out"): ("--copy-out", "--copy-out results.csv"),
+}
+EXAMPLES: dict[str, str] = {
+    # a valid use of a flag whose value is checked outside pydantic (a parse step before any model)
+    **{flag: example for flag, example in FLAGS.values()},
+    "--query": "--query @task.txt",
+    "--prompt-config": "--prompt-config general.yaml",
+    "--scorer-module": "--scorer-module mypkg.scorers",
+    "--executor": "--executor threads",
+    "TASKS": 'a line per task like {"id": "t1", "query": "2+2?", "answer": "4"}',
+}
+
+
+def _flag_error(flag: str, text: str) -> NoReturn:
+    """One line naming the flag (and the config file, when the value came from there) and a valid use of it;
+    exit 2, as click's own usage errors do."""
+    ctx = click.get_current_context(silent=True)
+    source = ""
+    if ctx is not None:
+        for param in ctx.command.params:
+            if flag in param.opts and param.name is not None:
+                if ctx.get_parameter_source(param.name) is click.core.ParameterSource.DEFAULT_MAP:
+                    source = f" (from {_settings_path()}, key {ctx.info_name}.{param.name})"
+    example = EXAMPLES.get(flag)
+    where = f"{flag}{source}: " if flag else ""
+    click.echo(f"jailbox: {where}{text}" + (f"; e.g. {example}" if example else ""), err=True)
+    sys.exit(2)
+
+
+def _pydantic_text(error: Any) -> str:
+    """pydantic's message for one error without its type tags, with the value it got."""
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    given = error.get("input")
+    if isinstance(given, str | int | float) and not isinstance(given, bool) and str(given) not in message:
+        return f"{given!r}: {message}"
+    return message
+
+
+@contextmanager
+def _fed_by(flag: str = "") -> Iterator[None]:
+    """Turns a ValueError raised inside (pydantic's ValidationError is one) into ``_flag_error``: the flag is
+    the one ``FLAGS`` says fed the field pydantic names, else ``flag``. The one translation from errors to
+    flags: every command builds its models inside it."""
+    try:
+        yield
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error.get("loc") else ""  # "": the model as a whole
+        found = FLAGS.get((exc.title, field)) if field else None
+        fallback = FLAGS.get((exc.title, ""), ("--" + field.replace("_", "-") if field else "",))[0]
+        _flag_error(found[0] if found else flag or fallback, _pydantic_text(error))
+    except ValueError as exc:
+        _flag_error(flag, str(exc))
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _check_url(url: str | None) -> None:
+    """An endpoint must be an http(s) URL: anything else fails only after the first request's retries."""
+    if url is not None and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc):
+        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+
+
+def llm_advice(error: str, url: str) -> str:
+    """What to do about an LLM error, from its text (the trajectory's ``error``, or a result's)."""
+    if "HTTP 401" in error or "HTTP 403" in error:
+        return "the endpoint refused the key: check --api-key (or $OPENAI_API_KEY)"
+    if "HTTP 404" in error:
+        return f"is {url} the API's base (it usually ends in /v1), and does it serve --llm-name?"
+    if "HTTP 5" in error or "HTTP 429" in error:
+        return f"the server at {url} kept failing: see its log, or retry later"
+    if "Connect" in error or "Timeout" in error:  # httpx's ConnectError, ConnectTimeout, ReadTimeout
+        return f"is a server listening on {url}? (start one, or point --llm-base-url at it)"
+    return f"see the trajectory's error, and the server at {url}"
 
 
 def _jail_options(func: Any) -> Any:
@@ -82,60 +194,113 @@ def _config(
     hostname: str,
     upper: str,
 ) -> SandboxConfig:
-    env = _env_pairs(envs)
-    try:
+    with _fed_by("--env"):
+        env = _env_pairs(envs)
+    with _fed_by("--bind"):
         mounts = [Mount.parse(b) for b in binds]
+    with _fed_by("--network"):
         policy = NetworkPolicy.parse(network)
+    with _fed_by("--publish"):
         if publishes:
             policy = NetworkPolicy(mode=policy.mode, publish=publishes)
+    with _fed_by():
         extra = {"workdir": workdir} if workdir else {}
         return SandboxConfig(
             rootfs=rootfs, mounts=mounts, env=env, network=policy, hostname=hostname, upper=upper, **extra
         )
-    except (ValidationError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from None
+
+
+def _settings_path() -> Path:
+    """~/.config/jailbox/config.yaml (or .yml, .toml: the first that exists), under $XDG_CONFIG_HOME if set."""
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "jailbox"
+    for name in ("config.yaml", "config.yml", "config.toml"):
+        if (base / name).exists():
+            return base / name
+    return base / "config.yaml"
 
 
 def _env_pairs(envs: tuple[str, ...]) -> dict[str, str]:
+    """``--env K=V`` pairs; a ValueError for one without ``=`` (callers run it under ``_fed_by``)."""
     env = {}
     for item in envs:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r}: expected K=V", param_hint="--env")
+        if not sep or not key:
+            raise ValueError(f"{item!r}: expected K=V, e.g. --env LANG=C.UTF-8")
         env[key] = value
     return env
 
 
 def _settings() -> dict[str, Any]:
-    """Defaults for any command's options from ~/.config/jailbox/config.yaml (or .toml), e.g.
+    """Defaults for any command's options from ``_settings_path()``, a section per command, e.g.
     ``run: {llm_base_url: http://localhost:8000/v1, llm_name: qwen3}``; flags still win."""
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "jailbox"
-    for name in ("config.yaml", "config.yml", "config.toml"):
-        path = base / name
-        if not path.exists():
-            continue
-        if name.endswith(".toml"):
-            if sys.version_info >= (3, 11):
-                import tomllib
+    path = _settings_path()
+    if not path.exists():
+        return {}
+    if path.suffix == ".toml":
+        if sys.version_info >= (3, 11):
+            import tomllib
 
-                data = tomllib.loads(path.read_text())
-            else:  # tomllib came with 3.11, and jailbox adds no TOML dependency for 3.10
-                raise click.UsageError(f"{path}: TOML settings need Python 3.11 or newer; use config.yaml")
-        else:
-            import yaml
+            data = tomllib.loads(path.read_text())
+        else:  # tomllib came with 3.11, and jailbox adds no TOML dependency for 3.10
+            raise click.UsageError(f"{path}: TOML settings need Python 3.11 or newer; use config.yaml")
+    else:
+        import yaml
 
-            data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-            raise click.UsageError(f"{path}: expected a section per command, e.g. 'run: {{llm_name: qwen3}}'")
-        return {cmd: {k.replace("-", "_"): v for k, v in opts.items()} for cmd, opts in data.items()}
-    return {}
+        data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise click.UsageError(f"{path}: expected a section per command, e.g. 'run: {{llm_name: qwen3}}'")
+    return {cmd: _underscored(opts) for cmd, opts in data.items()}
+
+
+def _underscored(section: dict[str, Any]) -> dict[str, Any]:
+    """Keys as click names parameters (``llm-name`` -> ``llm_name``), a group's sections too."""
+    return {str(k).replace("-", "_"): _underscored(v) if isinstance(v, dict) else v for k, v in section.items()}
+
+
+def _settings_keys(group: click.Group, ctx: click.Context) -> dict[str, Any]:
+    """Per command (a group's commands nested), the keys its config-file section takes: its options' names."""
+    keys: dict[str, Any] = {}
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            keys[name] = _settings_keys(command, ctx)
+        elif command is not None:
+            keys[name] = {p.name: p for p in command.params if isinstance(p, click.Option) and p.name}
+    return keys
+
+
+def _unknown_settings(data: dict[str, Any], keys: dict[str, Any], where: str = "") -> list[str]:
+    """``section.key`` for every key of ``data`` that no command takes (a typo is not ignored silently)."""
+    unknown = []
+    for name, value in data.items():
+        if name not in keys:
+            unknown.append(f"{where}{name}")
+        elif isinstance(value, dict) and all(not isinstance(v, click.Parameter) for v in keys[name].values()):
+            unknown += _unknown_settings(value, keys[name], f"{where}{name}.")
+        elif isinstance(value, dict):
+            unknown += [f"{where}{name}.{key}" for key in value if key not in keys[name]]
+    return unknown
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="jailbox", message="jailbox %(version)s")
 @click.pass_context
 def main(ctx: click.Context) -> None:
-    """jailbox: rootless sandboxes for running untrusted code and LLM agents, without Docker."""
+    """jailbox: rootless sandboxes for running untrusted code and LLM agents, without Docker.
+
+    \b
+    Example:
+      jailbox exec -- python3 -c 'print(6*7)'
+    """
     ctx.default_map = _settings()
+    if ctx.resilient_parsing:  # shell completion: nothing on stderr
+        return
+    for key in _unknown_settings(ctx.default_map, _settings_keys(main, ctx)):
+        click.echo(
+            f"jailbox: warning: {_settings_path()}: unknown key {key!r}, ignored (`jailbox config --reference` "
+            "lists every key)",
+            err=True,
+        )
 
 
 @main.command("exec", context_settings={"ignore_unknown_options": True})
@@ -144,8 +309,13 @@ def main(ctx: click.Context) -> None:
 @click.option("--id", "sandbox_id", default=None, metavar="ID", help="Run in a sandbox from jailbox create instead.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(command: tuple[str, ...], timeout: float | None, sandbox_id: str | None, **jail: Any) -> None:
-    """Run COMMAND in a fresh sandbox (or, with --id, in a long-lived one); exit with its exit code
-    (124 on timeout)."""
+    """Run COMMAND in a fresh sandbox (or, with --id, in one from jailbox create); exit with its exit code
+    (124 on timeout, 125 when no jail could be made, 127 and 126 when COMMAND is not found or cannot run).
+
+    \b
+    Example:
+      jailbox exec --rootfs python:3.11-slim --network allow:pypi -- pip install requests
+    """
     if sandbox_id is not None:
         _service_exec(sandbox_id, command, timeout, jail)
     config = _config(**jail)
@@ -189,7 +359,12 @@ def exec_cmd(command: tuple[str, ...], timeout: float | None, sandbox_id: str | 
 @main.command()
 @_jail_options
 def shell(**jail: Any) -> None:
-    """Open an interactive shell on a pty inside a fresh sandbox."""
+    """Open an interactive shell on a pty inside a fresh sandbox.
+
+    \b
+    Example:
+      jailbox shell --rootfs default --bind ./project:/testbed/project:rw
+    """
     config = _config(**jail)
     try:
         with Sandbox(config) as sb:
@@ -255,21 +430,34 @@ def run_cmd(
     quiet: bool,
     as_json: bool,
 ) -> None:
-    """Give a model a fresh sandbox and let it work on QUERY until it submits."""
+    """Give a model a fresh sandbox and let it work on QUERY until it submits.
+
+    \b
+    Example:
+      jailbox run --query "What is the 100th prime?" --llm-name qwen3 \\
+                  --llm-base-url http://localhost:8000/v1 --output-dir ./out
+    """
     from .agent import prompts as prompt_configs
-    from .agent.llm import LLMConfig
+    from .agent.llm import LLMConfig, Retry
     from .agent.loop import AgentConfig
     from .agent.run import check_copy_out, run_task
     from .sandbox.config import Limits
 
-    if query.startswith("@"):
-        query = Path(query[1:]).read_text()
-    try:
+    with _fed_by("--query"):
+        if query.startswith("@"):
+            query = _read_text(query[1:])
+    with _fed_by("--extra-body"):
+        extra = json.loads(extra_body) if extra_body else {}
+        if not isinstance(extra, dict):
+            raise ValueError(f"{extra_body!r}: expected a JSON object")
+    with _fed_by("--llm-base-url"):
+        _check_url(llm_base_url)
+    with _fed_by():
         llm_fields = {
             "model": llm_name,
             "temperature": temperature,
             "max_tokens": max_tokens_per_call,
-            "extra_body": json.loads(extra_body) if extra_body else {},
+            "extra_body": extra,
         }
         if llm_base_url:
             llm_fields["base_url"] = llm_base_url
@@ -281,10 +469,10 @@ def run_cmd(
         agent = AgentConfig(
             max_steps=max_steps, max_total_tokens=max_token_limit, time_limit=time_limit, text_mode=text_mode
         )
+    with _fed_by("--prompt-config"):
         prompts = prompt_configs.load(prompt_config)
+    with _fed_by("--copy-out"):
         copy_out = tuple(check_copy_out(rel) for rel in copy_out)
-    except (ValidationError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from None
 
     started, tokens = time.monotonic(), [0]
 
@@ -300,6 +488,13 @@ def run_cmd(
         status = f"[step {step.index}/{max_steps} | {tokens[0]} tokens | {time.monotonic() - started:.0f}s]"
         click.echo(click.style(status, bold=True))
 
+    def retrying(retry: Retry) -> None:
+        status = (
+            f"[LLM request failed: {retry.cause} | retry {retry.attempt}/{retry.retries} in {retry.seconds:.1f}s | "
+            f"{time.monotonic() - started:.0f}s]"
+        )
+        click.echo(click.style(status, fg="yellow", bold=True), err=True)
+
     try:
         trajectory = run_task(
             query,
@@ -311,6 +506,7 @@ def run_cmd(
             sandbox=sandbox,
             on_step=None if quiet or as_json else show,
             copy_out=copy_out,
+            on_retry=None if quiet else retrying,
         )
     except SandboxError as exc:
         click.echo(f"jailbox: {exc}", err=True)
@@ -330,6 +526,8 @@ def run_cmd(
             f"{trajectory.exit_status}: answer={trajectory.answer!r} in {summary['steps']} steps, "
             f"{summary['tokens']} tokens; output in {summary['output_dir']}"
         )
+    if trajectory.exit_status == "llm_error":
+        click.echo(f"jailbox: {trajectory.error}; {llm_advice(trajectory.error or '', llm.base_url)}", err=True)
     sys.exit(0 if trajectory.exit_status == "submitted" else 1)
 
 
@@ -345,7 +543,10 @@ def run_cmd(
 @click.option("--executor", type=click.Choice(["threads", "ray"]), default="threads", show_default=True)
 @click.option("--ray-address", "--ray_address", default=None, help="Default $RAY_ADDRESS, else a local cluster.")
 @click.option("--mode", type=click.Choice(["sandbox", "llm"]), default="sandbox", show_default=True)
-@click.option("--resume", is_flag=True, help="Skip tasks already in OUTPUT_DIR/results.jsonl.")
+@click.option(
+    "--resume", is_flag=True, help="Add to OUTPUT_DIR/results.jsonl, skipping what it has for this model and mode."
+)
+@click.option("--overwrite", is_flag=True, help="Move an earlier run in OUTPUT_DIR aside (to OUTPUT_DIR.DATE) first.")
 @click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
 @click.option("--rootfs", default="host", show_default=True)
 @click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
@@ -376,6 +577,7 @@ def bench_cmd(
     ray_address: str | None,
     mode: str,
     resume: bool,
+    overwrite: bool,
     max_steps: int,
     rootfs: str,
     network: str,
@@ -386,18 +588,49 @@ def bench_cmd(
     """Run every task of TASKS (JSONL) in its own sandbox, N at once, and score the answers.
     Ctrl-C once: running tasks finish, no new one starts; twice: they are killed. TASKS is data: its
     scorers are names (built-in, --scorer-module, or jailbox.scorers entry points) and its @path inputs
-    lie beneath --inputs-root."""
+    lie beneath --inputs-root.
+
+    \b
+    Example:
+      jailbox bench tasks.jsonl --llm-name qwen3 --llm-base-url http://localhost:8000/v1 --workers 8
+    """
     from .agent.batch import Batch, BatchConfig, find_executor
     from .agent.executors import ExecutorError
     from .agent.llm import LLMConfig
     from .agent.loop import AgentConfig
     from .agent.progress import Progress
-    from .agent.report import write_summary
+    from .agent.report import common_failure, write_summary
+    from .agent.run import check_copy_out
     from .agent.scoring import load_scorers
     from .agent.tasks import load_tasks, read_results
 
-    try:
+    if resume and overwrite:
+        _flag_error("--overwrite", "is for a fresh run, --resume adds to the earlier one: give one of them")
+    with _fed_by("TASKS"):
         tasks = load_tasks(tasks_file)
+    with _fed_by("--llm-base-url"):
+        _check_url(llm_base_url)
+    with _fed_by("--scorer-module"):
+        scorers = load_scorers(scorer_modules)
+    with _fed_by("--copy-out"):
+        copy_out = tuple(check_copy_out(rel) for rel in copy_out)
+    out = Path(output_dir)
+    if not resume and out.exists() and any(out.iterdir()):
+        if not overwrite:
+            _flag_error(
+                "--output-dir",
+                f"{out} holds an earlier run; add --resume to finish it, --overwrite to move it aside, "
+                "or name another directory",
+            )
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = next(
+            path
+            for n in range(1000)
+            if not (path := out.with_name(f"{out.name}.{stamp}" + (f".{n}" if n else ""))).exists()
+        )
+        out.rename(aside)
+        click.echo(f"jailbox: moved the earlier run in {out} to {aside}", err=True)
+    with _fed_by():
         fields: dict[str, Any] = {"model": llm_name}
         if llm_base_url:
             fields["base_url"] = llm_base_url
@@ -415,15 +648,13 @@ def bench_cmd(
         batch = Batch(
             tasks,
             LLMConfig(**fields),
-            Path(output_dir),
+            out,
             config,
             SandboxConfig(rootfs=rootfs, network=network),
             AgentConfig(max_steps=max_steps),
             executor=find_executor(executor),
-            scorers=load_scorers(scorer_modules),
+            scorers=scorers,
         )
-    except (ValidationError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from None
     pending = len(batch.pending())
     progress = Progress(pending, sys.stdout, already=len(tasks) - pending)
     batch.observer = progress
@@ -439,7 +670,7 @@ def bench_cmd(
     previous = signal.signal(signal.SIGINT, interrupt)
     try:
         with progress:
-            batch.run()
+            finished = batch.run()
     except ExecutorError as exc:
         click.echo(f"jailbox: {exc}", err=True)
         sys.exit(2)
@@ -448,6 +679,12 @@ def bench_cmd(
     click.echo(write_summary(read_results(batch.results_path), Path(output_dir)))
     if batch.stopping.is_set():
         sys.exit(130)  # interrupted: the results file has what finished, --resume does the rest
+    cause = common_failure(finished)
+    if cause is not None:
+        click.echo(f"jailbox: every task failed alike, so nothing was measured: {cause}", err=True)
+        if cause.startswith("llm_error"):
+            click.echo(f"jailbox: {llm_advice(cause, batch.job.llm.base_url)}", err=True)
+        sys.exit(1)
 
 
 @main.command()
@@ -457,7 +694,12 @@ def bench_cmd(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def replay(trajectory: str, timeout: float, as_json: bool, **jail: Any) -> None:
     """Re-run TRAJECTORY's actions (jailbox's or the reference package's) in a fresh sandbox and report,
-    step by step, where the observation now differs. Exit 1 if any step differs."""
+    step by step, where the observation now differs. Exit 1 if any step differs.
+
+    \b
+    Example:
+      jailbox replay out/trajectory.json --rootfs default
+    """
     from .agent.replay import replay as run_replay
 
     config = _config(**jail)
@@ -481,7 +723,12 @@ def replay(trajectory: str, timeout: float, as_json: bool, **jail: Any) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(as_json: bool) -> None:
-    """Check what this host allows (namespaces, overlayfs, id ranges, seccomp, cgroups) and print fixes."""
+    """Check what this host allows (namespaces, overlayfs, id ranges, seccomp, cgroups) and print fixes.
+
+    \b
+    Example:
+      jailbox doctor --json
+    """
     from .sandbox.checks.doctor import run
 
     probes = run()
@@ -499,7 +746,12 @@ def doctor(as_json: bool) -> None:
 @main.command()
 @click.option("--force", is_flag=True, help="Also remove sandboxes whose host process still runs.")
 def cleanup(force: bool) -> None:
-    """Remove what crashed host processes left: jail processes, writable layers, state, cgroups."""
+    """Remove what crashed host processes left: jail processes, writable layers, state, cgroups.
+
+    \b
+    Example:
+      jailbox cleanup
+    """
     from .sandbox.service.client import remove_stale_socket
 
     removed, failed = cleanup_state(state_dir(), force=force)
@@ -552,13 +804,15 @@ def _service_exec(ref: str, command: tuple[str, ...], timeout: float | None, jai
                 f"{flags[name]} cannot change a running sandbox (only --workdir and --env can, per command); "
                 f"give it to jailbox create, e.g. jailbox create {flags[name]} ..."
             )
+    with _fed_by("--env"):
+        env = _env_pairs(jail["envs"])
     try:
         request = protocol.Exec(
             op="exec",
             id=ref,
             argv=list(command),
             cwd=jail["workdir"],
-            env=_env_pairs(jail["envs"]),
+            env=env,
             timeout=timeout,
             stdin=sys.stdin is not None and not sys.stdin.isatty(),
         )
@@ -596,7 +850,12 @@ def _service_exec(ref: str, command: tuple[str, ...], timeout: float | None, jai
 @click.option("--name", default=None, help="A unique name to use wherever an ID goes.")
 def create(name: str | None, **jail: Any) -> None:
     """Create a sandbox that lives until jailbox stop, and print its ID. jailbox exec --id ID, cp, ps and
-    stop use it; a per-user service holds it (started on demand, gone once idle)."""
+    stop use it; a per-user service holds it (started on demand, gone once idle).
+
+    \b
+    Example:
+      jailbox create --rootfs python:3.11-slim --name work
+    """
     from .sandbox.service import protocol
 
     config = _config(**jail)
@@ -617,7 +876,12 @@ def create(name: str | None, **jail: Any) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ps(as_json: bool) -> None:
-    """List the sandboxes jailbox create made (ID, name, rootfs, created, state)."""
+    """List the sandboxes jailbox create made (ID, name, rootfs, created, state).
+
+    \b
+    Example:
+      jailbox ps --json
+    """
     from .sandbox.service import protocol
 
     try:
@@ -638,7 +902,12 @@ def ps(as_json: bool) -> None:
 @click.argument("refs", metavar="ID...", nargs=-1)
 @click.option("--all", "stop_all", is_flag=True, help="Stop every sandbox.")
 def stop(refs: tuple[str, ...], stop_all: bool) -> None:
-    """Stop sandboxes (IDs, unique ID prefixes or names): kill their processes, remove their state."""
+    """Stop sandboxes (IDs, unique ID prefixes or names): kill their processes, remove their state.
+
+    \b
+    Example:
+      jailbox stop work
+    """
     from .sandbox.service import protocol
 
     if not refs and not stop_all:
@@ -670,7 +939,12 @@ def _cp_side(arg: str) -> tuple[str | None, str]:
 @click.argument("dst")
 def cp(src: str, dst: str) -> None:
     """Copy between the host and a sandbox: SRC or DST (one of them) is ID:PATH. DST is the path the
-    copy gets; one ending in / means inside that directory. Links the jail left are never followed."""
+    copy gets; one ending in / means inside that directory. Links the jail left are never followed.
+
+    \b
+    Example:
+      jailbox cp ./data.csv work:/testbed/
+    """
     from .sandbox.service import protocol
 
     (src_ref, src_path), (dst_ref, dst_path) = _cp_side(src), _cp_side(dst)
@@ -702,9 +976,60 @@ def service_cmd(idle: float) -> None:
     serve(idle)
 
 
+def settings_reference(group: click.Group, ctx: click.Context, indent: str = "") -> list[str]:
+    """The config file's every key, a section per command (a group's nested), with its default and the flag
+    it sets: read off the commands themselves, so it cannot drift from them."""
+    lines = []
+    for name, keys in _settings_keys(group, ctx).items():
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            lines += [f"{indent}{name}:", *settings_reference(command, ctx, indent + "  ")]
+            continue
+        if not keys:
+            continue
+        lines.append(f"{indent}{name}:")
+        for key, param in keys.items():
+            default = param.default
+            if isinstance(default, tuple | list):
+                default = list(default)
+            elif not isinstance(default, str | int | float | bool):  # click's "no default" marker, or a callable
+                default = [] if param.multiple else False if param.is_flag else None
+            value = json.dumps(default)
+            what = f"{max(param.opts, key=len)}{' (repeatable: a list)' if param.multiple else ''}"
+            help_text = " ".join((param.help or "").split())
+            lines.append(f"{indent}  {key}: {value}  # {what}{': ' + help_text if help_text else ''}")
+    return lines
+
+
+@main.command("config")
+@click.option("--reference", is_flag=True, help="Print every key the config file takes, per command.")
+@click.pass_context
+def config_cmd(ctx: click.Context, reference: bool) -> None:
+    """Show where the config file is (and whether it exists), or with --reference every key it takes:
+    a section per command, a key per option (its name with - or _), its value what the flag takes.
+
+    \b
+    Example:
+      jailbox config --reference > ~/.config/jailbox/config.yaml.example
+    """
+    path = _settings_path()
+    if not reference:
+        click.echo(f"{path} ({'in use' if path.exists() else 'none yet'}); `jailbox config --reference` lists its keys")
+        return
+    root = ctx.find_root()
+    click.echo(f"# {path}: defaults per command; a flag given on the command line wins")
+    for line in settings_reference(main, root):
+        click.echo(line)
+
+
 @main.group("rootfs")
 def rootfs_group() -> None:
-    """Root filesystems: pull OCI images, import archives, list and remove them."""
+    """Root filesystems: pull OCI images, import archives, list and remove them.
+
+    \b
+    Example:
+      jailbox rootfs pull python:3.11-slim && jailbox exec --rootfs python:3.11-slim -- python3 -V
+    """
 
 
 def _rootfs_fail(exc: Exception) -> NoReturn:
@@ -713,12 +1038,16 @@ def _rootfs_fail(exc: Exception) -> NoReturn:
 
 
 def _progress() -> Any:
-    """A one-line progress display per blob on stderr (only on a terminal)."""
-    if not sys.stderr.isatty():
-        return None
+    """Download progress on stderr: on a terminal one line per blob redrawn in place; piped (CI logs, a
+    file) one line per blob when it has arrived, never a carriage return."""
+    tty = sys.stderr.isatty()
     last = {"t": 0.0}
 
     def show(digest: str, done: int, total: int | None) -> None:
+        if not tty:
+            if done == total:
+                click.echo(f"{digest[7:19]}  {done / 1e6:9.1f} MB  downloaded", err=True)
+            return
         now = time.monotonic()
         if now - last["t"] < 0.1 and done != total:
             return
@@ -742,7 +1071,12 @@ def _interrupt_once(signum: int, frame: object) -> None:
 @click.option("--platform", default=None, help="os/arch[/variant] from a multi-platform image (default: this host).")
 @click.option("--insecure", is_flag=True, help="Plain HTTP (always allowed for localhost registries).")
 def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool) -> None:
-    """Pull image REF (python:3.11-slim, ghcr.io/org/img@sha256:..., localhost:5000/x:y), no Docker."""
+    """Pull image REF (python:3.11-slim, ghcr.io/org/img@sha256:..., localhost:5000/x:y), no Docker.
+
+    \b
+    Example:
+      jailbox rootfs pull python:3.11-slim --name py311
+    """
     from .sandbox.rootfs.pull import pull
 
     default_sigint = signal.signal(signal.SIGINT, _interrupt_once)
@@ -758,6 +1092,23 @@ def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool
     click.echo(f"{entry.name}  {entry.digest}  {entry.tree}")
 
 
+def _build_display(tty: bool) -> Any:
+    """Shows a build's progress on stderr: stages as lines; package progress redrawn in place on a terminal,
+    and piped every ``PIPED_EVERY``-th package of a phase and its last (a line per package is too many)."""
+    shown = {"transient": False}
+
+    def show(update: Any) -> None:
+        if tty and update.transient:
+            click.echo(f"\r\x1b[2K{update.text}", nl=False, err=True)
+        elif update.transient and update.count % PIPED_EVERY and update.count != update.total:
+            return
+        else:
+            click.echo(("\r\x1b[2K" if tty and shown["transient"] else "") + update.text, err=True)
+        shown["transient"] = tty and update.transient
+
+    return show
+
+
 @rootfs_group.command("build")
 @click.argument("name", required=False)
 @click.option(
@@ -769,7 +1120,12 @@ def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool
 def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
     """Build a root filesystem with mmdebstrap (rootless with subordinate ids, or as root).
 
-    With no arguments it builds the paper's environment as "default"."""
+    With no arguments it builds the paper's environment as "default".
+
+    \b
+    Example:
+      jailbox rootfs build slim
+    """
     from .sandbox.rootfs import build, shipped
 
     if recipe is None:
@@ -779,7 +1135,7 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
     started = time.monotonic()
     default_sigint = signal.signal(signal.SIGINT, _interrupt_once)
     try:
-        entry = build.build(name, recipe, log=None if quiet else lambda line: click.echo(line, err=True))
+        entry = build.build(name, recipe, log=None if quiet else _build_display(sys.stderr.isatty()))
     except build.Interrupted as exc:
         done = f"stopped mmdebstrap, removed the unfinished tree {exc.removed}" if exc.removed else "nothing started"
         click.echo(f"jailbox: interrupted; {done}; nothing stored", err=True)
@@ -801,7 +1157,12 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
 @click.option("--platform", default=None, help="os/arch from a multi-platform OCI layout (default: this host).")
 @click.option("--tag", default=None, help="Which image of an archive or layout holding several (its tag).")
 def rootfs_import(source: str, name: str, platform: str | None, tag: str | None) -> None:
-    """Import SOURCE (docker/podman save archive, OCI layout directory, rootfs tarball) as NAME."""
+    """Import SOURCE (docker/podman save archive, OCI layout directory, rootfs tarball) as NAME.
+
+    \b
+    Example:
+      docker save python:3.11-slim -o py.tar && jailbox rootfs import py.tar py311
+    """
     from .sandbox.rootfs.importer import import_rootfs
 
     try:
@@ -814,13 +1175,25 @@ def rootfs_import(source: str, name: str, platform: str | None, tag: str | None)
 @rootfs_group.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def rootfs_list(as_json: bool) -> None:
-    """Stored root filesystems with kind, size, creation date and source."""
+    """Stored root filesystems with kind, size, creation date and source.
+
+    \b
+    Example:
+      jailbox rootfs list --json
+    """
     from .sandbox.rootfs.store import Store
 
-    entries = Store().list()
+    store = Store()
+    entries = store.list()
     if as_json:
         click.echo(json.dumps([{**e.model_dump(mode="json"), "path": str(e.tree)} for e in entries], indent=2))
         return
+    if not entries:
+        click.echo(
+            f"no root filesystems stored in {store.root}; get one with `jailbox rootfs pull python:3.11-slim` "
+            "or `jailbox rootfs build` (or use --rootfs host, which needs none)",
+            err=True,
+        )
     for e in entries:
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.created))
         click.echo(f"{e.name:40} {e.kind:6} {e.size / 1e6:9.1f} MB  {created}  {e.source}")
@@ -830,7 +1203,12 @@ def rootfs_list(as_json: bool) -> None:
 @click.argument("names", nargs=-1, required=True)
 @click.option("--force", is_flag=True, help="Remove even while live sandboxes use it.")
 def rootfs_rm(names: tuple[str, ...], force: bool) -> None:
-    """Remove stored root filesystems (their files may belong to subordinate ids)."""
+    """Remove stored root filesystems (their files may belong to subordinate ids).
+
+    \b
+    Example:
+      jailbox rootfs rm py311
+    """
     from .sandbox.rootfs.store import Store
 
     store = Store()
@@ -844,7 +1222,12 @@ def rootfs_rm(names: tuple[str, ...], force: bool) -> None:
 @rootfs_group.command("path")
 @click.argument("name")
 def rootfs_path(name: str) -> None:
-    """Print the directory of a stored root filesystem."""
+    """Print the directory of a stored root filesystem.
+
+    \b
+    Example:
+      ls "$(jailbox rootfs path default)/usr/bin"
+    """
     from .sandbox.rootfs.store import Store
 
     try:
@@ -856,7 +1239,12 @@ def rootfs_path(name: str) -> None:
 @rootfs_group.command("du")
 @click.argument("name")
 def rootfs_du(name: str) -> None:
-    """Bytes used by a stored root filesystem (apparent and on disk; hard links once)."""
+    """Bytes used by a stored root filesystem (apparent and on disk; hard links once).
+
+    \b
+    Example:
+      jailbox rootfs du default
+    """
     from .sandbox.rootfs.store import Store
 
     try:

@@ -32,6 +32,9 @@ EXECUTORS: dict[str, tuple[str, str]] = {
 }
 """Executors by name: (module relative to this package, class)."""
 
+ResultKey = tuple[str, str, str | None]
+"""(task id, mode, model): one task's result for one way of running it."""
+
 
 def find_executor(name: str) -> ExecutorFactory:
     """The executor called ``name`` in ``EXECUTORS``, its module imported now."""
@@ -109,19 +112,26 @@ class Batch:
         self.stopping = threading.Event()
         self.killing = threading.Event()
 
-    def done_ids(self) -> set[str]:
-        return {r.id for r in read_results(self.results_path)}
+    def key(self, task_id: str) -> ResultKey:
+        """What a result is known by: the task, and the mode and model this batch runs it with."""
+        return (task_id, self.config.mode, self.job.llm.model)
+
+    def done_keys(self) -> set[ResultKey]:
+        return {(r.id, r.mode, r.model) for r in read_results(self.results_path)}
 
     def pending(self) -> list[Task]:
-        """The tasks this run will do: all, or with ``resume`` those not in ``results.jsonl``."""
-        done = self.done_ids() if self.config.resume else set()
-        return [t for t in self.tasks if t.id not in done]
+        """The tasks this run will do: all, or with ``resume`` those ``results.jsonl`` lacks for this batch's
+        mode and model (another model's or mode's results in the same file are kept, and not counted)."""
+        done = self.done_keys() if self.config.resume else set()
+        return [t for t in self.tasks if self.key(t.id) not in done]
 
     def run(self) -> list[TaskResult]:
+        """Raises ``FileExistsError`` without ``resume`` when ``results.jsonl`` exists: results are never
+        deleted (move the directory aside, or resume)."""
+        if not self.config.resume and self.results_path.exists():
+            raise FileExistsError(f"{self.results_path} exists: resume it (resume=True) or use another out_dir")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         pending = self.pending()
-        if not self.config.resume and self.results_path.exists():
-            self.results_path.unlink()
         results: list[TaskResult] = []
         executor: Executor = self.make_executor(self.job, self.out_dir, self.config, self.observer.stepped)
         killed = False
@@ -160,6 +170,7 @@ class Batch:
 
     def _record(self, result: TaskResult) -> TaskResult:
         """Scored here, on the driver, then appended and synced before anyone is told."""
+        result.model = self.job.llm.model
         expected = self._by_id.get(result.id)
         if expected is not None and expected.answer is not None:
             result.score = score(result.answer, expected.answer, expected.scorer, self.scorers)

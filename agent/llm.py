@@ -156,8 +156,20 @@ class _Send:
 
 
 @dataclass(frozen=True)
+class Retry:
+    """A failed attempt that will be retried: told to ``on_retry`` before the back-off starts, so a user
+    waiting on a dead endpoint sees why (the last failure is the raised error)."""
+
+    attempt: int  # the request that failed, from 1
+    retries: int  # how many retries the client makes at most (``max_retries``)
+    seconds: float  # the back-off before the next attempt
+    cause: str  # what went wrong: ``ConnectError: [Errno 111] Connection refused``, ``HTTP 503: ...``
+
+
+@dataclass(frozen=True)
 class _Sleep:
     seconds: float
+    retry: Retry
 
 
 _Outcome = httpx.Response | httpx.TransportError | None
@@ -166,6 +178,13 @@ _Flow = Generator[_Send | _Sleep, _Outcome, Completion]
 
 def _excerpt(status: int, text: str) -> str:
     return f"HTTP {status}: {text[:_BODY_EXCERPT]}"
+
+
+def _cause(outcome: _Outcome) -> str:
+    """A failed attempt in one line: the transport error, or the status and the start of the body."""
+    if isinstance(outcome, httpx.Response):
+        return " ".join(_excerpt(outcome.status_code, outcome.text)[:200].split())
+    return f"{type(outcome).__name__}: {str(outcome) or 'no detail'}"
 
 
 def _is_context_error(text: str) -> bool:
@@ -293,7 +312,8 @@ class _ChatCore:
                 if not _retryable(exc) or failures >= self.config.max_retries:
                     raise
                 failures += 1
-                yield _Sleep(self._backoff(failures, outcome))
+                seconds = self._backoff(failures, outcome)
+                yield _Sleep(seconds, Retry(attempts, self.config.max_retries, seconds, _cause(outcome)))
                 continue
             return self._record(choice, usage, body, time.monotonic() - started, attempts)
 
@@ -323,8 +343,15 @@ class LLMClient(_ChatCore):
     timeout (ten minutes by default) on a stalled server, and a batch being killed must not.
     """
 
-    def __init__(self, config: LLMConfig, *, sleep: Callable[[float], object] | None = None) -> None:
+    def __init__(
+        self,
+        config: LLMConfig,
+        *,
+        sleep: Callable[[float], object] | None = None,
+        on_retry: Callable[[Retry], None] | None = None,
+    ) -> None:
         super().__init__(config)
+        self.on_retry = on_retry
         self._cancelled = threading.Event()
         self._sleep = sleep or self._cancelled.wait
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
@@ -345,6 +372,8 @@ class LLMClient(_ChatCore):
 
     def _perform(self, step: _Send | _Sleep) -> _Outcome:
         if not self._cancelled.is_set() and isinstance(step, _Sleep):
+            if self.on_retry is not None:
+                self.on_retry(step.retry)
             self._sleep(step.seconds)
         if self._cancelled.is_set():
             raise LLMCancelled(f"{self.url}: the request was cancelled")
@@ -395,8 +424,15 @@ def _shut(sock: socket.socket) -> None:
 class AsyncLLMClient(_ChatCore):
     """The asyncio twin of `LLMClient`: same core, awaited I/O."""
 
-    def __init__(self, config: LLMConfig, *, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        config: LLMConfig,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_retry: Callable[[Retry], None] | None = None,
+    ) -> None:
         super().__init__(config)
+        self.on_retry = on_retry
         self._sleep = sleep
         self._http = httpx.AsyncClient(headers=self._headers, timeout=self._timeout)
 
@@ -414,6 +450,8 @@ class AsyncLLMClient(_ChatCore):
 
     async def _perform(self, step: _Send | _Sleep) -> _Outcome:
         if isinstance(step, _Sleep):
+            if self.on_retry is not None:
+                self.on_retry(step.retry)
             await self._sleep(step.seconds)
             return None
         try:

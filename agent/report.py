@@ -1,4 +1,4 @@
-"""A batch's summary: one row per (domain, mode) of its results, as ``summary.json`` and ``summary.md``.
+"""A batch's summary: one row per (domain, mode, model) of its results, as ``summary.json`` and ``summary.md``.
 
 Runs in the driver process, after the batch (or on a results file alone); reads only ``TaskResult``s,
 so it is the same for every executor and for a resumed run.
@@ -7,20 +7,36 @@ so it is the same for every executor and for a resumed run.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .tasks import TaskResult
 
+INFRASTRUCTURE = frozenset({"llm_error", "sandbox_error"})
+"""Exit statuses that blame what the task ran on (the endpoint, the host), not the model's work."""
+
+
+def common_failure(results: Sequence[TaskResult]) -> str | None:
+    """The one cause, as ``status: error``, when every result failed for it (the endpoint down, the
+    rootfs missing): such a run measured nothing, and must not look like a score of zero."""
+    causes = {
+        (r.exit_status, re.sub(r" \(attempt \d+\)", "", r.error or "")) for r in results
+    }  # the attempt count differs between tasks that failed alike
+    if not results or len(causes) != 1:
+        return None
+    status, error = causes.pop()
+    return f"{status}: {error}" if status in INFRASTRUCTURE else None
+
 
 def summary(results: Iterable[TaskResult]) -> list[dict[str, Any]]:
-    """One row per (domain, mode): tasks, mean score, tokens, steps, LLM vs sandbox seconds."""
-    groups: dict[tuple[str, str], list[TaskResult]] = {}
+    """One row per (domain, mode, model): tasks, mean score, tokens, steps, LLM vs sandbox seconds."""
+    groups: dict[tuple[str, str, str], list[TaskResult]] = {}
     for r in results:
-        groups.setdefault((r.domain, r.mode), []).append(r)
+        groups.setdefault((r.domain, r.mode, r.model or ""), []).append(r)
     rows = []
-    for (domain, mode), group in sorted(groups.items()):
+    for (domain, mode, model), group in sorted(groups.items()):
         n = len(group)
         rows.append(
             {
@@ -33,6 +49,7 @@ def summary(results: Iterable[TaskResult]) -> list[dict[str, Any]]:
                 "llm_seconds": round(sum(r.llm_seconds for r in group), 2),
                 "sandbox_seconds": round(sum(r.sandbox_seconds for r in group), 2),
                 "submitted": sum(r.exit_status == "submitted" for r in group),
+                "model": model,
             }
         )
     return rows

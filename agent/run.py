@@ -17,7 +17,7 @@ from typing import Any
 from ..sandbox import Mount, Sandbox, SandboxConfig, hostfs
 from ..sandbox.errors import SandboxError
 from . import inputs
-from .llm import LLMClient, LLMConfig
+from .llm import LLMClient, LLMConfig, Retry
 from .loop import Agent, AgentConfig, ChatModel
 from .prompts import PromptConfig
 from .tasks import Task
@@ -105,6 +105,7 @@ def run_task(
     sandbox: SandboxConfig | None = None,
     on_step: Callable[[Step], None] | None = None,
     copy_out: Sequence[str] = (),
+    on_retry: Callable[[Retry], None] | None = None,
 ) -> Trajectory:
     prompts = prompts or PromptConfig()
     copy_out = [check_copy_out(rel) for rel in copy_out]
@@ -118,6 +119,6 @@ def run_task(
         "sandbox": config.model_dump(mode="json"),
         "input_dir": None if input_dir is None else str(input_dir),
     }
-    with Sandbox(config) as sb, LLMClient(llm) as client:
+    with Sandbox(config) as sb, LLMClient(llm, on_retry=on_retry) as client:
         prepare(sb, prompts)
         return run_in(sb, client, problem, output_dir, prompts, agent, on_step, describe, copy_out=copy_out)

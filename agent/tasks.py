@@ -58,6 +58,7 @@ class TaskResult(BaseModel):
     id: str
     domain: str
     mode: Mode
+    model: str | None = None  # set by the batch that recorded it: results are keyed by (id, mode, model)
     exit_status: str
     answer: str | None = None
     expected: str | None = None
@@ -78,7 +79,10 @@ def load_tasks(path: str | Path) -> list[Task]:
             continue
         try:
             task = Task.model_validate(json.loads(line))
-        except (ValueError, ValidationError) as exc:
+        except ValidationError as exc:  # one line naming the field, not pydantic's report
+            first = exc.errors()[0]
+            raise ValueError(f"{path}:{number}: {'.'.join(map(str, first['loc'])) or 'task'}: {first['msg']}") from None
+        except ValueError as exc:
             raise ValueError(f"{path}:{number}: {exc}") from None
         if task.id in seen:
             raise ValueError(f"{path}:{number}: duplicate task id {task.id!r}")

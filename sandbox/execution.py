@@ -132,8 +132,12 @@ class ExecRun:
             self.exit, _ = parse_reply(self.reply, Exit, 0, None)
         except SandboxClosed:
             raise SandboxClosed("the sandbox died while a command was running") from None
-        if self.exit.error:
-            self.captures[self.err_r].feed(self.exit.error.encode() + b"\n")
+        if self.exit.error:  # the command never started: say why, to a streaming caller too
+            message = self.exit.error.encode() + b"\n"
+            self.captures[self.err_r].feed(message)
+            callback = self.callbacks.get(self.err_r)
+            if callback is not None:
+                callback(message)
         self.elapsed = time.monotonic() - self.started
 
     def _read(self, fd: int, until_blocked: bool) -> bool:

@@ -21,6 +21,7 @@ import os
 import pwd
 import shutil
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import ConfigError
@@ -67,9 +68,30 @@ def _entries(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
     return found
 
 
-def subuid_fix(user: str) -> str:
-    """The command that gives ``user`` subordinate ids (the ``uidmap`` package has the helpers)."""
-    return f"sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}"
+SUBID_FILES = ("/etc/subuid", "/etc/subgid")
+
+
+def free_range(count: int, paths: Sequence[str | os.PathLike[str]] = SUBID_FILES, align: int = 1) -> int:
+    """The lowest first id, at or above ``FIRST_ID`` and a multiple of ``align``, of ``count`` ids that no
+    range in any of ``paths`` (subuid/subgid files) overlaps; unreadable files and malformed lines take
+    nothing."""
+    taken = [entry for path in paths for entry in _entries(path)]
+    start = -(-FIRST_ID // align) * align
+    while start + count <= MAX_ID:
+        end = start + count
+        clash = [s + c for _, s, c in taken if s < end and start < s + c]
+        if not clash:
+            return start
+        start = -(-max(clash) // align) * align
+    raise ConfigError(f"no free range of {count} ids left in {' and '.join(map(str, paths))}; set {RANGE_ENV}")
+
+
+def subuid_fix(user: str, paths: Sequence[str | os.PathLike[str]] = SUBID_FILES) -> str:
+    """The command that gives ``user`` ``ROOT_RANGE`` subordinate ids in a range no one in ``paths`` holds
+    (the ``uidmap`` package has the helpers)."""
+    first = free_range(ROOT_RANGE, paths)
+    ids = f"{first}-{first + ROOT_RANGE - 1}"
+    return f"sudo usermod --add-subuids {ids} --add-subgids {ids} {user}"
 
 
 def full_range_available() -> bool:
@@ -119,7 +141,7 @@ def _file_range(subuid: str, subgid: str) -> tuple[int, int]:
         found = _find(subuid, subgid)  # another process may have allocated it meanwhile
         if found is not None:
             return found
-        start = _free_start(_entries(subuid) + _entries(subgid))
+        start = free_range(ROOT_RANGE, (subuid, subgid), align=ROOT_RANGE)
         line = f"{ROOT_ENTRY}:{start}:{ROOT_RANGE}\n".encode()
         for path in (subuid, subgid):
             if _range_in(path) is None:
@@ -158,18 +180,6 @@ def _range_in(path: str) -> int | None:
 def _find(subuid: str, subgid: str) -> tuple[int, int] | None:
     uid, gid = _range_in(subuid), _range_in(subgid)
     return None if uid is None or gid is None else (uid, gid)
-
-
-def _free_start(taken: list[tuple[str, int, int]]) -> int:
-    """The lowest ROOT_RANGE-aligned start >= FIRST_ID whose range overlaps no entry of either file."""
-    start = -(-FIRST_ID // ROOT_RANGE) * ROOT_RANGE
-    while start + ROOT_RANGE <= MAX_ID:
-        end = start + ROOT_RANGE
-        clash = [s + c for _, s, c in taken if s < end and start < s + c]
-        if not clash:
-            return start
-        start = -(-max(clash) // ROOT_RANGE) * ROOT_RANGE
-    raise ConfigError(f"no free range of {ROOT_RANGE} ids left in /etc/subuid and /etc/subgid; set {RANGE_ENV}")
 
 
 def _append(path: str, line: bytes) -> None:

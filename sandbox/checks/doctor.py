@@ -157,7 +157,7 @@ def id_ranges(host: Host) -> Probe:
     if host.uid == 0:
         return root_range(host)
     tool = shutil.which("newuidmap", path=host.path)
-    fix = f"sudo apt-get install uidmap && {subuid_fix(host.user)}"
+    fix = f"sudo apt-get install uidmap && {subuid_fix(host.user, (host.subuid, host.subgid))}"
     if tool is None or not os.stat(tool).st_mode & stat.S_ISUID:
         return Probe(
             name="id ranges",
@@ -337,7 +337,7 @@ def rootfs_build(host: Host) -> Probe:
             name="rootfs build",
             status="degraded",
             detail=f"{tool}, but its rootless mode needs a subordinate id range for {host.user}",
-            fix=subuid_fix(host.user),
+            fix=subuid_fix(host.user, (host.subuid, host.subgid)),
         )
     mode = "root" if host.uid == 0 else "unshare"
     return Probe(name="rootfs build", status="ok", detail=f"{tool} (--mode={mode})")

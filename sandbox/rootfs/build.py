@@ -20,8 +20,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, ClassVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -124,6 +125,7 @@ def mmdebstrap_argv(recipe: Recipe, mode: str) -> list[str]:
         f"--components={','.join(recipe.components)}",
         # apt inside a jail runs as (namespaced) root: without subordinate ids there is no _apt user.
         '--aptopt=APT::Sandbox::User "root"',
+        "--verbose",  # apt's and dpkg's line per package: what BuildProgress counts
     ]
     if recipe.packages:
         argv.append(f"--include={','.join(recipe.packages)}")
@@ -159,11 +161,12 @@ def build(
     name: str | None = None,
     recipe: str | Path = "default",
     *,
-    log: Callable[[str], None] | None = None,
+    log: Callable[[Update], None] | None = None,
     root: Path | None = None,
 ) -> store_mod.Entry:
     """Build ``recipe`` into the store as ``name`` (default: the recipe's name) and return the entry.
 
+    ``log`` is told the build's progress (``BuildProgress``: stages, and a line per package).
     The tree is unpacked into a staging directory and renamed into place only when mmdebstrap
     succeeded, so a failed or interrupted build leaves the previous tree (if any) untouched.
     """
@@ -184,7 +187,7 @@ def build(
     return store.require(name)
 
 
-def _run(argv: list[str], tree: Path, log: Callable[[str], None] | None) -> dict:
+def _run(argv: list[str], tree: Path, log: Callable[[Update], None] | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "http_proxy", "https_proxy")}
     # mmdebstrap's temporary files go in a directory of ours, removed whatever happens: interrupted
     # early, mmdebstrap leaves its gpg home or chroot there, owned by subordinate ids when rootless.
@@ -197,7 +200,7 @@ def _run(argv: list[str], tree: Path, log: Callable[[str], None] | None) -> dict
         unpack.rmtree(work)
 
 
-def _mmdebstrap(argv: list[str], env: dict[str, str], tree: Path, log: Callable[[str], None] | None) -> dict:
+def _mmdebstrap(argv: list[str], env: dict[str, str], tree: Path, log: Callable[[Update], None] | None) -> dict:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
     assert proc.stdout is not None and proc.stderr is not None
     tail: list[str] = []
@@ -256,14 +259,81 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Update:
+    """One line for the user: a stage (``transient`` False: keep it), or a package's progress, which a
+    terminal redraws in place (``transient``); ``phase``/``count``/``total`` say which package event."""
+
+    text: str
+    transient: bool = False
+    phase: str = ""
+    count: int = 0
+    total: int = 0
+
+
+class BuildProgress:
+    """mmdebstrap --verbose's output made into progress: its ``I:``/``W:``/``E:`` stage lines as they are,
+    and a line per package downloaded (apt's ``Get:``), unpacked and set up (dpkg's) with counts and an
+    ETA; everything else (dpkg's chatter) is dropped, though a failed build still shows the raw tail.
+
+    The total is the sum of apt's ``N newly installed`` lines (one for the essential set, one for the
+    rest), so it grows once mid-build; the ETA assumes the remaining steps go at the average pace so far.
+    """
+
+    NEW = re.compile(r"^\d+ upgraded, (\d+) newly installed")
+    GET = re.compile(r"^Get:\d+ \S+ \S+ \S+ (\S+) \S+ \S+ \[")  # Get:N URL SUITE/COMPONENT ARCH PKG ARCH VER [SIZE]
+    DPKG = re.compile(r"^(Unpacking|Setting up) (\S+) ")
+    PHASES: ClassVar[dict[str, str]] = {"Get": "downloaded", "Unpacking": "unpacked", "Setting up": "set up"}
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.total = 0
+        self.counts = dict.fromkeys(self.PHASES.values(), 0)
+        self._first: float | None = None
+
+    def feed(self, line: str) -> Update | None:
+        if line[:3] in ("I: ", "W: ", "E: "):
+            return Update(line)
+        new = self.NEW.match(line)
+        if new:
+            self.total += int(new.group(1))
+            return Update(f"I: {new.group(1)} packages to install ({self.total} in all)")
+        get = self.GET.match(line) if self.total else None  # before a total, Get: lines are package indexes
+        dpkg = self.DPKG.match(line)
+        if get:
+            verb, package = "Get", get.group(1)
+        elif dpkg:
+            verb, package = dpkg.group(1), dpkg.group(2).split(":")[0]
+        else:
+            return None
+        phase = self.PHASES[verb]
+        self.counts[phase] = min(self.counts[phase] + 1, max(self.total, 1))
+        now = self.clock()
+        if self._first is None:
+            self._first = now
+        count, total = self.counts[phase], max(self.total, self.counts[phase])
+        text = f"{phase:>10} {count:>4}/{total} {package}  ETA {self.eta(now)}"
+        return Update(text, transient=True, phase=phase, count=count, total=total)
+
+    def eta(self, now: float) -> str:
+        done = sum(self.counts.values())
+        left = 3 * self.total - done
+        if self._first is None or done < 2 or left <= 0:
+            return "-" if left > 0 else "0:00"
+        seconds = int((now - self._first) / (done - 1) * left)
+        return f"{seconds // 60}:{seconds % 60:02}"
+
+
 def _failed(code: int, tail: list[str]) -> RootfsBuildError:
     return RootfsBuildError(f"mmdebstrap failed (exit {code}):\n" + "\n".join(tail[-25:]))
 
 
-def _read_log(stream: IO[bytes], tail: list[str], log: Callable[[str], None] | None) -> None:
+def _read_log(stream: IO[bytes], tail: list[str], log: Callable[[Update], None] | None) -> None:
+    progress = BuildProgress()
     for raw in stream:
         line = raw.decode(errors="replace").rstrip()
         tail.append(line)
         del tail[:-200]
-        if log is not None:
-            log(line)
+        update = progress.feed(line)
+        if log is not None and update is not None:
+            log(update)

@@ -45,7 +45,7 @@ def lower_dir(value: str, entry: Entry | None) -> Path:
     if _is_path(value):
         raise RootfsNotFound(
             f"root filesystem {root} does not exist or is not a directory; "
-            'use rootfs="host", the name of a stored root filesystem, or the path of an unpacked one'
+            "use \"host\" (this machine's own system), a stored root filesystem's name, or an unpacked one's path"
         )
     store = Store()
     raise RootfsNotFound(not_found_message(value, [e.name for e in store.list()]))

@@ -383,4 +383,7 @@ def not_found_message(name: str, existing: list[str]) -> str:
         ways.append(f"`jailbox rootfs import FILE {arg}` (an image archive or rootfs tarball)")
         ways.append(f"`jailbox rootfs build --recipe RECIPE {arg}` (RECIPE: {', '.join(recipes)} or a recipe file)")
         get = "Get it with " + ", ".join(ways[:-1]) + " or " + ways[-1]
-    return f'no root filesystem named {name!r} (stored: {have}). {get}; or give a directory path, or rootfs="host"'
+    return (
+        f"no root filesystem named {name!r} (stored: {have}). {get}; "
+        'or give a directory path, or "host" (this machine\'s own system)'
+    )
