@@ -163,3 +163,6 @@ EDITOR_REQUIRES = {
     UNDO: (),
 }
 """The parameters each ``str_replace_editor`` command needs besides ``command`` and ``path``."""
+
+PARAMETERS = parameters(TOOL_SCHEMAS)
+"""Each default tool's parameter schema, by tool name."""
