@@ -436,41 +436,41 @@ def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None,
     """Re-run each TRAJECTORY's actions (jailbox's or the reference package's) in a fresh sandbox and report,
     step by step, where the observation or exit code now differs; steps that reach the network and steps that
     differ only in times or order get their own columns. Exit 1 if any step differs."""
-    from .agent.replay import VERDICTS
+    from .agent.replay import VERDICTS, StepDiff
     from .agent.replay import replay as run_replay
 
     config = _config(**jail)
-    runs: dict[str, list[Any]] = {}
+    runs: list[tuple[str, list[StepDiff]]] = []
     for trajectory in trajectories:
         try:
-            runs[trajectory] = run_replay(trajectory, config, timeout=timeout, input_dir=input_dir)
+            runs.append((trajectory, run_replay(trajectory, config, timeout=timeout, input_dir=input_dir)))
         except SandboxError as exc:
             click.echo(f"jailbox: {exc}", err=True)
             sys.exit(125)
     if as_json:
-        payload = {t: [s.model_dump() for s in steps] for t, steps in runs.items()}
-        click.echo(json.dumps(payload if len(runs) > 1 else payload[trajectories[0]]))
+        payload = [{"trajectory": t, "steps": [s.model_dump() for s in steps]} for t, steps in runs]
+        click.echo(json.dumps(payload if len(runs) > 1 else payload[0]["steps"]))
     else:
-        for trajectory, steps in runs.items():
+        for trajectory, steps in runs:
             if len(runs) > 1:
                 click.echo(f"== {trajectory}")
             for s in steps:
                 click.echo(f"step {s.index:3} {s.verdict:16} {s.action[:90]}")
                 if s.verdict == "differs":
                     click.echo(_trim(s.diff, 1200))
-        width = max(len(Path(t).stem) for t in runs)
+        width = max(len("trajectory"), *(len(Path(t).stem) for t, _ in runs))
         click.echo(f"{'trajectory':{width}}  steps  " + "  ".join(VERDICTS))
-        for trajectory, steps in runs.items():
+        for trajectory, steps in runs:
             counts = [sum(s.verdict == v for s in steps) for v in VERDICTS]
             cells = "  ".join(f"{n:{len(v)}}" for n, v in zip(counts, VERDICTS, strict=True))
             click.echo(f"{Path(trajectory).stem:{width}}  {len(steps):5}  {cells}")
-        every = [s for steps in runs.values() for s in steps]
+        every = [s for _, steps in runs for s in steps]
         counts = {v: sum(s.verdict == v for s in every) for v in VERDICTS}
         click.echo(
             f"{counts['same']} same, {counts['differs']} differ, {counts['network']} used the network, "
             f"{counts['nondeterministic']} nondeterministic"
         )
-    sys.exit(1 if any(s.verdict == "differs" for steps in runs.values() for s in steps) else 0)
+    sys.exit(1 if any(s.verdict == "differs" for _, steps in runs for s in steps) else 0)
 
 
 @main.command()
