@@ -461,8 +461,7 @@ def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None,
         width = max(len("trajectory"), *(len(Path(t).stem) for t, _ in runs))
         click.echo(f"{'trajectory':{width}}  steps  " + "  ".join(VERDICTS))
         for trajectory, steps in runs:
-            counts = [sum(s.verdict == v for s in steps) for v in VERDICTS]
-            cells = "  ".join(f"{n:{len(v)}}" for n, v in zip(counts, VERDICTS, strict=True))
+            cells = "  ".join(f"{sum(s.verdict == v for s in steps):{len(v)}}" for v in VERDICTS)
             click.echo(f"{Path(trajectory).stem:{width}}  {len(steps):5}  {cells}")
         every = [s for _, steps in runs for s in steps]
         counts = {v: sum(s.verdict == v for s in every) for v in VERDICTS}

@@ -6,7 +6,9 @@ uses. It bounds what it keeps of each step's diff (``MAX_DIFF``) and of its acti
 This checks that an environment reproduces a run (ours or the reference package's). Observations are compared
 after normalisation: older formats differ in their wrappers (``Exit code: 0\\n[STDOUT]``, the reference's
 ``Execution output of \\[execute_bash]:``, ``(empty)``, ``(no output)``), so wrapper lines are dropped and
-trailing blanks ignored, while the exit codes (in either spelling) are compared on their own. A step that
+trailing blanks ignored, while the exit codes (in either spelling) are compared on their own. A command
+recorded as its bare output (some of the paper's runs) is compared with all of its output lines, as such
+a recording shows them, not with the first and last ``STREAM_LINES`` an observation keeps. A step that
 differs is put in its own column when its command reaches the network (``network``), or when it differs
 only in what no two runs share (``nondeterministic``: dates and times, the order of lines, as readdir gives
 it, or of the items within a line, as a set's hash order gives it).
@@ -99,9 +101,11 @@ def replay(
         sb.exec(["mkdir", "-p", INPUT_DIR])
         sb.exec("cd /testbed && git init >/dev/null 2>&1 || true")
         tools = Tools(sb, timeout=timeout)
+        every_line = Tools(sb, timeout=timeout, stream_lines=None)
         for step in trajectory.steps:
             for action, recorded in zip(step.actions, step.observations, strict=False):
-                observation = tools.call(action.function, action.parameters).observation
+                bare = action.function == "execute_bash" and exit_code(recorded) is None
+                observation = (every_line if bare else tools).call(action.function, action.parameters).observation
                 command = str(action.parameters.get("command", ""))
                 label = f"{action.function} {command}".strip()
                 results.append(_compare(step.index, label, action.function, command, recorded, observation))

@@ -187,13 +187,13 @@ def exit_text(result: ExecResult) -> str:
     return "0" if code == 0 else f"Error: Exit code {code}"
 
 
-def stream(text: str) -> str:
-    """One stream as the reference shows it: escapes and "\\r" dropped, and past twice ``STREAM_LINES``
-    lines only the first and last ``STREAM_LINES``."""
+def stream(text: str, keep: int | None = STREAM_LINES) -> str:
+    """One stream as the reference shows it: escapes and "\\r" dropped, and past twice ``keep`` lines
+    only the first and last ``keep`` (``None``: every line)."""
     text = _ESCAPES.sub("", text)
     lines = text.splitlines()
-    if len(lines) > 2 * STREAM_LINES:
-        return "\n".join([*lines[:STREAM_LINES], _TRUNCATED, *lines[-STREAM_LINES:]])
+    if keep is not None and len(lines) > 2 * keep:
+        return "\n".join([*lines[:keep], _TRUNCATED, *lines[-keep:]])
     return text
 
 

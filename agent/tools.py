@@ -81,12 +81,18 @@ class Tools:
     """The LLM-in-Sandbox tools bound to one sandbox: ``Tools(sb).call(name, arguments)``.
 
     ``timeout`` bounds each ``execute_bash`` command (seconds); ``max_chars`` caps what an observation shows of
-    command output or file content. ``undo=True`` adds ``undo_edit`` (offer ``schemas`` to the model then): the
-    editor keeps the last ``HISTORY_DEPTH`` versions of each file it changed.
+    command output or file content; of a longer stream only the first and last ``stream_lines`` lines are shown
+    (``None``: all, within ``max_chars``). ``undo=True`` adds ``undo_edit`` (offer ``schemas`` to the model
+    then): the editor keeps the last ``HISTORY_DEPTH`` versions of each file it changed.
     """
 
     def __init__(
-        self, sb: Sandbox, timeout: float = DEFAULT_TIMEOUT, max_chars: int = DEFAULT_MAX_CHARS, undo: bool = False
+        self,
+        sb: Sandbox,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_chars: int = DEFAULT_MAX_CHARS,
+        undo: bool = False,
+        stream_lines: int | None = text.STREAM_LINES,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
@@ -95,6 +101,7 @@ class Tools:
         self.sb = sb
         self.timeout = timeout
         self.max_chars = max_chars
+        self.stream_lines = stream_lines
         self.schemas = tool_schemas(undo)
         self._parameters = parameters(self.schemas)
         self._view_chars = min(max_chars, text.VIEW_CHARS)
@@ -152,7 +159,7 @@ class Tools:
 
     def _bash_observation(self, result: ExecResult) -> str:
         """The reference's layout; a timeout says so in place of the output, an OOM kill in the stderr section."""
-        stdout, stderr = text.stream(result.stdout), text.stream(result.stderr)
+        stdout, stderr = text.stream(result.stdout, self.stream_lines), text.stream(result.stderr, self.stream_lines)
         out_budget, err_budget = text.share(len(stdout), len(stderr), self.max_chars)
         stdout = text.clip(stdout, out_budget, text.dropped_hint(result.stdout_dropped))  # one giant line
         stderr = text.clip(stderr, err_budget, text.dropped_hint(result.stderr_dropped))

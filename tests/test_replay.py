@@ -180,3 +180,19 @@ def test_offline_trajectories_reproduce_with_the_host_rootfs(with_python, name, 
     expected = {s.index: "same" for s in steps} | dict.fromkeys(nondeterministic, "nondeterministic")
     expected |= dict.fromkeys(random, "differs")
     assert {s.index: s.verdict for s in steps} == expected
+
+
+def test_a_bare_recording_is_compared_with_every_line_and_a_full_one_with_the_cut(tmp_path):
+    every = "".join(f"{n}\n" for n in range(1, 101))
+    divider = "-" * 50
+    cut = "\n".join([*map(str, range(1, 41)), divider, "<Observation truncated in middle for saving context>"])
+    cut += "\n" + "\n".join([divider, *map(str, range(61, 101))])
+    path = _trajectory(
+        tmp_path,
+        [
+            ("execute_bash", {"command": "seq 1 100"}, every),
+            ("execute_bash", {"command": "seq 1 100"}, bash_observation("0", cut)),
+            ("execute_bash", {"command": "seq 1 100"}, bash_observation("0", every)),
+        ],
+    )
+    assert [s.verdict for s in replay(path)] == ["same", "same", "differs"]
