@@ -2,7 +2,7 @@
 
 Runs in whichever host process calls the tools, with no I/O and no sandbox, so every function here is
 tested without a jail. The formats are the reference package's, byte for byte (models trained in its
-sandbox learned them): the editor numbers ``text.split("\n")`` with tabs expanded and cuts a listing
+sandbox learned them): the editor numbers ``text.split("\\n")`` with tabs expanded and cuts a listing
 after ``VIEW_CHARS`` characters with a ``<response clipped>`` line; a command's observation has an exit
 code line, a header and its streams, each cut to ``STREAM_LINES`` first and last lines. What it bounds:
 an observation's length (those cuts, and ``clip``, which keeps head and tail within a character limit

@@ -7,7 +7,7 @@ The schemas are data in ``agent.schemas``; the pure text work (argument checks, 
 
 Names, JSON parameter schemas, their order and the observations' formats match the reference package, so its
 prompts and models trained on it carry over: ``create`` writes the text and a final newline (replacing a file
-already there), views number ``split("\n")`` with tabs expanded, a directory is listed in ``find``'s order,
+already there), views number ``split("\\n")`` with tabs expanded, a directory is listed in ``find``'s order,
 commands run as ``bash -c`` (errors read ``bash: line 1: ...``). ``undo_edit`` (as in SWE-agent and OpenHands,
 whose editor the reference copied) is there with ``undo=True`` only. Where the reference broke, this does
 better, through the sandbox's public API only:
@@ -17,7 +17,7 @@ better, through the sandbox's public API only:
   ``view`` works on any text file, not only ``.py``; binary files are described, not dumped. Edits work on the
   bytes: ``old_str`` matches its UTF-8 encoding exactly, so a file that is not valid UTF-8 can still be edited
   (displayed with U+FFFD and a note) and nothing is normalised. Edits keep the file's permission bits.
-- ``str_replace`` and ``insert`` keep the file's bytes (the reference stripped "\r" and added a newline at each
+- ``str_replace`` and ``insert`` keep the file's bytes (the reference stripped "\\r" and added a newline at each
   edit); a command's streams are capped by characters too, keeping head and tail, so one giant line cannot
   flood the context.
 - A malformed call (bad JSON, unknown tool or command, missing or mistyped parameter, relative path) gives an
@@ -154,7 +154,10 @@ class Tools:
     def _shell(self, command: str) -> list[str] | str:
         """``command`` for bash named "bash" (what error messages start with), or for /bin/sh where bash is not."""
         if self._bash is None:
-            self._bash = self._existing("/bin/bash") == "A file"
+            try:
+                self._bash = self._existing("/bin/bash") == "A file"
+            except ToolError:  # unreadable: the jail's own business; its commands get /bin/sh
+                self._bash = False
         return ["/bin/bash", "-c", _AS_BASH, "bash", command] if self._bash else command
 
     def _bash_observation(self, result: ExecResult) -> str:
