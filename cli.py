@@ -688,36 +688,60 @@ def bench_cmd(
 
 
 @main.command()
-@click.argument("trajectory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("trajectories", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @_jail_options
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Per-command timeout.")
+@click.option(
+    "--input_dir",
+    "--input-dir",
+    "input_dir",
+    type=click.Path(exists=True, file_okay=False),
+    help="The task's input files, copied to /testbed/input first, e.g. examples/09_long_context/input.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def replay(trajectory: str, timeout: float, as_json: bool, **jail: Any) -> None:
-    """Re-run TRAJECTORY's actions (jailbox's or the reference package's) in a fresh sandbox and report,
-    step by step, where the observation now differs. Exit 1 if any step differs.
+def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None, as_json: bool, **jail: Any) -> None:
+    """Re-run each TRAJECTORY's actions (jailbox's or the reference package's) in a fresh sandbox and report,
+    step by step, where the observation or exit code now differs; steps that reach the network and steps that
+    differ only in times or order get their own columns. Exit 1 if any step differs.
 
     \b
     Example:
-      jailbox replay out/trajectory.json --rootfs default
+      jailbox replay out/trajectory.json --rootfs default --input_dir task/input
     """
+    from .agent.replay import VERDICTS, StepDiff
     from .agent.replay import replay as run_replay
 
     config = _config(**jail)
-    try:
-        steps = run_replay(trajectory, config, timeout=timeout)
-    except SandboxError as exc:
-        click.echo(f"jailbox: {exc}", err=True)
-        sys.exit(125)
+    runs: list[tuple[str, list[StepDiff]]] = []
+    for trajectory in trajectories:
+        try:
+            runs.append((trajectory, run_replay(trajectory, config, timeout=timeout, input_dir=input_dir)))
+        except SandboxError as exc:
+            click.echo(f"jailbox: {exc}", err=True)
+            sys.exit(125)
     if as_json:
-        click.echo(json.dumps([s.model_dump() for s in steps]))
+        payload = [{"trajectory": t, "steps": [s.model_dump() for s in steps]} for t, steps in runs]
+        click.echo(json.dumps(payload if len(runs) > 1 else payload[0]["steps"]))
     else:
-        for s in steps:
-            click.echo(f"step {s.index:3} {s.verdict:8} {s.action[:90]}")
-            if s.verdict == "differs":
-                click.echo(_trim(s.diff, 1200))
-        counts = {v: sum(s.verdict == v for s in steps) for v in ("same", "differs", "network")}
-        click.echo(f"{counts['same']} same, {counts['differs']} differ, {counts['network']} used the network")
-    sys.exit(1 if any(s.verdict == "differs" for s in steps) else 0)
+        for trajectory, steps in runs:
+            if len(runs) > 1:
+                click.echo(f"== {trajectory}")
+            for s in steps:
+                click.echo(f"step {s.index:3} {s.verdict:16} {s.action[:90]}")
+                if s.verdict == "differs":
+                    click.echo(_trim(s.diff, 1200))
+        width = max(len("trajectory"), *(len(Path(t).stem) for t, _ in runs))
+        click.echo(f"{'trajectory':{width}}  steps  " + "  ".join(VERDICTS))
+        for trajectory, steps in runs:
+            cells = "  ".join(f"{sum(s.verdict == v for s in steps):{len(v)}}" for v in VERDICTS)
+            click.echo(f"{Path(trajectory).stem:{width}}  {len(steps):5}  {cells}")
+        every = [s for _, steps in runs for s in steps]
+        counts = {v: sum(s.verdict == v for s in every) for v in VERDICTS}
+        click.echo(
+            f"{counts['same']} same, {counts['differs']} differ, {counts['network']} used the network, "
+            f"{counts['nondeterministic']} nondeterministic"
+        )
+    sys.exit(1 if any(s.verdict == "differs" for _, steps in runs for s in steps) else 0)
 
 
 @main.command()

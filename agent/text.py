@@ -1,26 +1,35 @@
-"""Pure text for the tools: argument parsing and checking, observation clipping, and line and byte arithmetic.
+"""Pure text for the tools: argument parsing and checking, the observations' formats, and line and byte arithmetic.
 
 Runs in whichever host process calls the tools, with no I/O and no sandbox, so every function here is
-tested without a jail. What it bounds: an observation's length (``clip`` keeps head and tail within
-its limit, ``share`` splits one limit between stdout and stderr), how much of a file is sniffed for
-binary content (``SNIFF_BYTES``) and how many matching lines an error lists (``MAX_LISTED_LINES``).
+tested without a jail. The formats are the reference package's, byte for byte (models trained in its
+sandbox learned them): the editor numbers ``text.split("\\n")`` with tabs expanded and cuts a listing
+after ``VIEW_CHARS`` characters with a ``<response clipped>`` line; a command's observation has an exit
+code line, a header and its streams, each cut to ``STREAM_LINES`` first and last lines. What it bounds:
+an observation's length (those cuts, and ``clip``, which keeps head and tail within a character limit
+that ``share`` splits between stdout and stderr), how much of a file is sniffed for binary content
+(``SNIFF_BYTES``) and how many matching lines an error lists (``MAX_LISTED_LINES``).
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
-import signal
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .schemas import EXAMPLES, PARAMETERS
+from .schemas import EXAMPLES
 
 if TYPE_CHECKING:
     from ..sandbox import ExecResult
 
 SNIFF_BYTES = 8192
 MAX_LISTED_LINES = 20
+VIEW_CHARS = 10_000
+CLIPPED = "\n<response clipped>"
+STREAM_LINES = 40
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*m|\r")  # colour codes and carriage returns, as the reference strips them
+_TRUNCATED = "-" * 50 + "\n<Observation truncated in middle for saving context>\n" + "-" * 50
 _JSON_TYPES: dict[str, type] = {"string": str, "integer": int, "array": list}
 _TYPE_WORDS = {"string": "a string", "integer": "an integer", "array": "an array of integers"}
 _MAGIC = (
@@ -63,9 +72,8 @@ def parse_arguments(name: str, arguments: str | Mapping[str, Any] | None) -> dic
     return {key: value for key, value in arguments.items() if value is not None}
 
 
-def check_arguments(name: str, args: dict[str, Any]) -> None:
-    """Check ``args`` against the tool's JSON schema: known names, required ones present, right types."""
-    schema = PARAMETERS[name]
+def check_arguments(name: str, args: dict[str, Any], schema: dict[str, Any]) -> None:
+    """Check ``args`` against the tool's JSON parameter ``schema``: known names, required ones present, right types."""
     properties: dict[str, Any] = schema["properties"]
     unknown = sorted(set(args) - set(properties))
     if unknown:
@@ -152,32 +160,60 @@ def dropped_hint(dropped: int) -> str:
     return f"; the sandbox had already dropped {dropped} bytes of this stream" if dropped else ""
 
 
-def body(text: str) -> str:
-    if not text:
-        return "(empty)\n"
-    return text if text.endswith("\n") else text + "\n"
+def clip_view(text: str, limit: int = VIEW_CHARS) -> str:
+    """The editor's cut: the first ``limit`` characters, then a ``<response clipped>`` line."""
+    return text if len(text) <= limit else text[:limit] + CLIPPED
 
 
-def status_line(result: ExecResult, timeout: float) -> str:
-    if result.timed_out:
-        return (
-            f"The command timed out after {timeout:g} s and its process tree was killed. "
-            "Run long jobs in the background (`nohup CMD > log 2>&1 &`) and check on them later."
-        )
-    if result.oom_killed:
-        return f"The command was killed by the OOM killer: out of memory (exit code {result.exit_code})."
-    if result.signal:
-        try:
-            name = signal.Signals(result.signal).name
-        except ValueError:
-            name = f"signal {result.signal}"
-        return f"Exit code: {result.exit_code} (killed by {name})"
-    return f"Exit code: {result.exit_code}"
+def listing(text: str, what: str, first: int, limit: int = VIEW_CHARS) -> str:
+    """``text`` cut, tabs expanded and numbered from ``first``, under the reference's `cat -n` header."""
+    lines = clip_view(text, limit).expandtabs().split("\n")
+    return f"Here's the result of running `cat -n` on {what}:\n{number(lines, first)}\n"
+
+
+def view_lines(text: str) -> list[str]:
+    """A file's lines as the editor shows them: tabs expanded, and a final newline makes a last, empty line."""
+    return text.expandtabs().split("\n")
 
 
 def number(lines: list[str], first: int) -> str:
-    """``cat -n`` style: the number right-aligned in 6 columns, a tab, the line."""
+    """The number right-aligned in 6 columns, a tab, the line."""
     return "\n".join(f"{n:6}\t{line}" for n, line in enumerate(lines, first))
+
+
+def exit_text(result: ExecResult) -> str:
+    """The reference's exit code field: "0", else "Error: Exit code N" (128 + the signal for a killed command)."""
+    code = 128 + result.signal if result.signal else result.exit_code
+    return "0" if code == 0 else f"Error: Exit code {code}"
+
+
+def stream(text: str, keep: int | None = STREAM_LINES) -> str:
+    """One stream as the reference shows it: escapes and "\\r" dropped, and past twice ``keep`` lines
+    only the first and last ``keep`` (``None``: every line)."""
+    text = _ESCAPES.sub("", text)
+    lines = text.splitlines()
+    if keep is not None and len(lines) > 2 * keep:
+        return "\n".join([*lines[:keep], _TRUNCATED, *lines[-keep:]])
+    return text
+
+
+def bash_observation(exit_field: str, stdout: str, stderr: str) -> str:
+    """Exit code line, header, ``\\[STDOUT]`` (or "(no output)"), and ``\\[STDERR]`` only when it has text.
+
+    The backslashes are the reference's (it escaped the brackets for its console); models learned them.
+    """
+    parts = [f"Exit code: {exit_field}", "Execution output of \\[execute_bash]:"]
+    parts.append(f"\\[STDOUT]\n{stdout}" if stdout.strip() else "\\[STDOUT]\n(no output)")
+    if stderr.strip():
+        parts.append(f"\\[STDERR]\n{stderr}")
+    return "\n".join(parts)
+
+
+def timeout_text(timeout: float) -> str:
+    return (
+        f"The command timed out after {timeout:g} s and its process tree was killed. "
+        "Run long jobs in the background (`nohup CMD > log 2>&1 &`) and check on them later."
+    )
 
 
 def line_range(view_range: list[int] | None, total: int) -> tuple[int, int]:
@@ -229,14 +265,6 @@ def occurrence_lines(data: bytes, needle: bytes) -> list[int]:
 
 def decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
-
-
-def split_lines(text: str) -> list[str]:
-    """Lines as ``cat -n`` counts them: split on "\\n" only, so "\\r" and tabs stay; no line after a final "\\n"."""
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return lines
 
 
 def count_lines(data: bytes) -> int:

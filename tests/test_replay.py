@@ -80,3 +80,119 @@ def test_normalise_ignores_the_wrappers_of_each_format():
     ours = "Exit code: 0\n[STDOUT]\n42\n[STDERR]\n(empty)\n\nSteps Remaining: 3"
     assert normalise(reference) == normalise(ours) == ["42"]
     assert normalise("(no output)") == normalise("Exit code: 0\n[STDOUT]\n(empty)\n[STDERR]\n(empty)\n") == []
+
+
+def _trajectory(tmp_path: Path, steps: list[tuple[str, dict, str]]) -> Path:
+    """A trajectory in the reference's format, from (function, parameters, recorded observation)."""
+    path = tmp_path / f"t{len(list(tmp_path.glob('t*.json')))}.json"
+    raw = [{"action": {"function": f, "parameters": p}, "observation": o} for f, p, o in steps]
+    path.write_text(json.dumps({"problem_statement": "", "steps": raw}))
+    return path
+
+
+def bash_observation(code: str, stdout: str) -> str:
+    return f"Exit code: {code}\nExecution output of \\[execute_bash]:\n\\[STDOUT]\n{stdout}"
+
+
+def test_exit_codes_are_compared_in_either_spelling(tmp_path):
+    path = _trajectory(
+        tmp_path,
+        [
+            ("execute_bash", {"command": "false"}, bash_observation("0", "(no output)")),
+            ("execute_bash", {"command": "true"}, bash_observation("Error: Exit code 1", "(no output)")),
+            ("execute_bash", {"command": "exit 3"}, "Exit code: 3\n[STDOUT]\n(empty)\n[STDERR]\n(empty)\n"),
+            ("execute_bash", {"command": "exit 4"}, bash_observation("Error: Exit code 4", "(no output)")),
+            ("execute_bash", {"command": "echo hi; exit 5"}, "hi\n"),  # a recording of the output alone
+        ],
+    )
+    steps = replay(path)
+    assert [s.verdict for s in steps] == ["differs", "differs", "same", "same", "same"]
+    assert [(s.exit_recorded, s.exit_now) for s in steps] == [(0, 1), (1, 0), (3, 3), (4, 4), (None, 5)]
+    assert steps[0].diff == "-exit code 0\n+exit code 1"
+
+
+def test_times_and_orders_are_nondeterministic_and_other_changes_differ(tmp_path):
+    listing = "-rw-r--r-- 1 root root 4 {} /testbed/output/f.txt\n"
+    now = "ls -l --time-style=+'%b %d %H:%M' /testbed/output/f.txt"
+    path = _trajectory(
+        tmp_path,
+        [
+            ("execute_bash", {"command": "echo abc > /testbed/output/f.txt"}, bash_observation("0", "(no output)")),
+            ("execute_bash", {"command": now}, bash_observation("0", listing.format("Jan 19 09:30"))),
+            ("execute_bash", {"command": "date -u +%F"}, bash_observation("0", "2026-01-19\n")),
+            ("execute_bash", {"command": "printf 'a\\nb\\nc\\n'"}, bash_observation("0", "c\na\nb\n")),
+            ("execute_bash", {"command": "echo \"{'x', 'y', 'z'}\""}, bash_observation("0", "{'z', 'x', 'y'}\n")),
+            ("execute_bash", {"command": "printf 'a\\nb\\n'"}, bash_observation("0", "a\nc\n")),
+            ("execute_bash", {"command": "echo 11:00"}, bash_observation("Error: Exit code 1", "09:30\n")),
+        ],
+    )
+    steps = replay(path)
+    assert [s.verdict for s in steps] == ["same"] + ["nondeterministic"] * 4 + ["differs", "differs"]
+    assert "-c\n+b" in steps[5].diff
+
+
+def test_input_dir_is_copied_to_testbed_input(tmp_path):
+    inputs = tmp_path / "in"
+    (inputs / "sub").mkdir(parents=True)
+    (inputs / "theme.json").write_text('{"name": "Luna"}\n')
+    (inputs / "sub" / "deep.txt").write_text("deep\n")
+    view = 'Here\'s the result of running `cat -n` on /testbed/input/theme.json:\n     1\t{"name": "Luna"}\n     2\t'
+    path = _trajectory(
+        tmp_path,
+        [
+            ("str_replace_editor", {"command": "view", "path": "/testbed/input/theme.json"}, view),
+            ("execute_bash", {"command": "cat input/sub/deep.txt"}, bash_observation("0", "deep\n")),
+        ],
+    )
+    assert [s.verdict for s in replay(path, input_dir=inputs)] == ["same", "same"]
+    assert [s.verdict for s in replay(path)] == ["differs", "differs"]
+    cli = [sys.executable, "-c", "from jailbox.cli import main; main()", "replay"]
+    r = subprocess.run(
+        [*cli, str(path), str(path), "--input_dir", str(inputs)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    table = r.stdout[r.stdout.index("trajectory  steps") :].splitlines()
+    assert table == [
+        "trajectory  steps  same  differs  network  nondeterministic",
+        "t0              2     2        0        0                 0",
+        "t0              2     2        0        0                 0",
+        "4 same, 0 differ, 0 used the network, 0 nondeterministic",
+    ]
+
+
+@pytest.mark.needs("shared-data")
+@pytest.mark.parametrize(
+    ("name", "nondeterministic", "random"),
+    [
+        ("math", [], []),
+        # instruct prints two Python sets (hash order) and runs one unseeded random search (step 38)
+        ("instruct", [2, 42], [38]),
+    ],
+)
+def test_offline_trajectories_reproduce_with_the_host_rootfs(with_python, name, nondeterministic, random):
+    steps = replay(REFERENCE / f"trajectory_{name}.json", with_python)
+    for step in steps:
+        print(f"step {step.index}: {step.verdict:16} {step.action[:70]}")
+    expected = {s.index: "same" for s in steps} | dict.fromkeys(nondeterministic, "nondeterministic")
+    expected |= dict.fromkeys(random, "differs")
+    assert {s.index: s.verdict for s in steps} == expected
+
+
+def test_a_bare_recording_is_compared_with_every_line_and_a_full_one_with_the_cut(tmp_path):
+    every = "".join(f"{n}\n" for n in range(1, 101))
+    divider = "-" * 50
+    cut = "\n".join([*map(str, range(1, 41)), divider, "<Observation truncated in middle for saving context>"])
+    cut += "\n" + "\n".join([divider, *map(str, range(61, 101))])
+    path = _trajectory(
+        tmp_path,
+        [
+            ("execute_bash", {"command": "seq 1 100"}, every),
+            ("execute_bash", {"command": "seq 1 100"}, bash_observation("0", cut)),
+            ("execute_bash", {"command": "seq 1 100"}, bash_observation("0", every)),
+        ],
+    )
+    assert [s.verdict for s in replay(path)] == ["same", "same", "differs"]

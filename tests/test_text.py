@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jailbox.agent import text
-from jailbox.agent.schemas import EDITOR_COMMANDS
+from jailbox.agent.schemas import EDITOR_COMMANDS, PARAMETERS
 from jailbox.agent.text import ToolError
 from jailbox.sandbox import ExecResult
 
@@ -68,33 +68,38 @@ def test_share(out, err, limit, expected):
     assert sum(text.share(out, err, limit)) <= limit
 
 
-def test_dropped_hint_and_body():
+def test_dropped_hint():
     assert text.dropped_hint(0) == ""
     assert text.dropped_hint(5) == "; the sandbox had already dropped 5 bytes of this stream"
-    assert text.body("") == "(empty)\n"
-    assert text.body("x") == "x\n"
-    assert text.body("x\n") == "x\n"
-    assert text.body("\n") == "\n"
 
 
-def test_status_line():
-    assert text.status_line(ExecResult(exit_code=0), 120) == "Exit code: 0"
-    assert text.status_line(ExecResult(exit_code=3), 120) == "Exit code: 3"
-    assert text.status_line(ExecResult(exit_code=-1, timed_out=True), 2.5).startswith(
-        "The command timed out after 2.5 s and its process tree was killed. "
-    )
-    assert (
-        text.status_line(ExecResult(exit_code=137, signal=9, oom_killed=True), 120)
-        == "The command was killed by the OOM killer: out of memory (exit code 137)."
-    )
-    assert text.status_line(ExecResult(exit_code=137, signal=9), 120) == "Exit code: 137 (killed by SIGKILL)"
-    assert text.status_line(ExecResult(exit_code=200, signal=99), 120) == "Exit code: 200 (killed by signal 99)"
+def test_exit_text_is_the_references():
+    assert text.exit_text(ExecResult(exit_code=0)) == "0"
+    assert text.exit_text(ExecResult(exit_code=3)) == "Error: Exit code 3"
+    assert text.exit_text(ExecResult(exit_code=-9, signal=9)) == "Error: Exit code 137", "as bash reports a kill"
+    assert text.timeout_text(2.5).startswith("The command timed out after 2.5 s and its process tree was killed. ")
+
+
+def test_bash_observation_layout():
+    head = "Exit code: 0\nExecution output of \\[execute_bash]:\n"
+    assert text.bash_observation("0", "42\n", "") == head + "\\[STDOUT]\n42\n"
+    assert text.bash_observation("0", " \n", "\n") == head + "\\[STDOUT]\n(no output)", "blank streams are empty"
+    assert text.bash_observation("0", "", "oops\n") == head + "\\[STDOUT]\n(no output)\n\\[STDERR]\noops\n"
+
+
+def test_stream_keeps_40_first_and_last_lines_and_drops_escapes():
+    assert text.stream("\x1b[31mred\x1b[0m\r\n50%\r100%\n") == "red\n50%100%\n"
+    assert text.stream("\n".join(map(str, range(80)))) == "\n".join(map(str, range(80))), "80 lines: all kept"
+    cut = text.stream("".join(f"{n}\n" for n in range(1, 102)))
+    divider = "-" * 50
+    middle = f"{divider}\n<Observation truncated in middle for saving context>\n{divider}"
+    assert cut == "\n".join([*map(str, range(1, 41)), middle, *map(str, range(62, 102))])
 
 
 # --- numbering and ranges -------------------------------------------------------------------------
 
 
-def test_number_is_cat_n():
+def test_number_pads_to_six_columns_and_a_tab():
     assert text.number([], 1) == ""
     assert text.number(["a", "\tb"], 9) == "     9\ta\n    10\t\tb"
     assert text.number(["x"], 123456) == "123456\tx"
@@ -163,10 +168,13 @@ def test_parse_arguments_refuses_bad_json_with_an_example():
 
 
 def test_check_arguments_accepts_well_formed_calls():
-    text.check_arguments("execute_bash", {"command": "ls"})
-    text.check_arguments("submit", {})
-    text.check_arguments("str_replace_editor", {"command": "view", "path": "/x", "view_range": [1, -1]})
-    text.check_arguments("str_replace_editor", {"command": "insert", "path": "/x", "insert_line": 0, "new_str": ""})
+    text.check_arguments("execute_bash", {"command": "ls"}, PARAMETERS["execute_bash"])
+    text.check_arguments("submit", {}, PARAMETERS["submit"])
+    editor = PARAMETERS["str_replace_editor"]
+    text.check_arguments("str_replace_editor", {"command": "view", "path": "/x", "view_range": [1, -1]}, editor)
+    text.check_arguments(
+        "str_replace_editor", {"command": "insert", "path": "/x", "insert_line": 0, "new_str": ""}, editor
+    )
 
 
 @pytest.mark.parametrize(
@@ -205,13 +213,13 @@ def test_check_arguments_accepts_well_formed_calls():
 )
 def test_check_arguments_refuses(name, args, message):
     with pytest.raises(ToolError) as caught:
-        text.check_arguments(name, args)
+        text.check_arguments(name, args, PARAMETERS[name])
     assert str(caught.value) == message
 
 
 def test_check_arguments_clips_a_huge_wrong_value_in_its_message():
     with pytest.raises(ToolError) as caught:
-        text.check_arguments("execute_bash", {"command": list(range(10_000))})
+        text.check_arguments("execute_bash", {"command": list(range(10_000))}, PARAMETERS["execute_bash"])
     message = str(caught.value)
     assert message.startswith("Parameter `command` of `execute_bash` must be a string, got an array [0, 1, 2,")
     assert "characters elided" in message and len(message) < 400
@@ -274,22 +282,34 @@ def test_decode_replaces_what_is_not_utf8():
 @pytest.mark.parametrize(
     ("source", "lines"),
     [
-        ("", []),
-        ("\n", [""]),
+        ("", [""]),
+        ("\n", ["", ""]),
         ("a", ["a"]),
-        ("a\n", ["a"]),
-        ("a\n\n", ["a", ""]),
-        ("a\r\nb\tc", ["a\r", "b\tc"]),
+        ("a\n", ["a", ""]),
+        ("a\n\n", ["a", "", ""]),
+        ("a\r\nb\tc", ["a\r", "b       c"]),
+        ("\tx\n12\ty", ["        x", "12      y"]),
     ],
 )
-def test_split_lines(source, lines):
-    assert text.split_lines(source) == lines
+def test_view_lines_split_on_newlines_and_expand_tabs(source, lines):
+    assert text.view_lines(source) == lines
+
+
+def test_clip_view_and_listing_are_the_references():
+    assert text.clip_view("a" * 10_000) == "a" * 10_000
+    assert text.clip_view("a" * 10_001) == "a" * 10_000 + "\n<response clipped>"
+    assert text.clip_view("abcdef", 3) == "abc\n<response clipped>"
+    assert (
+        text.listing("x\ty\n", "/f", 1) == "Here's the result of running `cat -n` on /f:\n     1\tx       y\n     2\t\n"
+    )
+    assert text.listing("abcdef", "/f", 7, 3) == (
+        "Here's the result of running `cat -n` on /f:\n     7\tabc\n     8\t<response clipped>\n"
+    )
 
 
 @pytest.mark.parametrize(("data", "count"), [(b"", 0), (b"a", 1), (b"a\n", 1), (b"a\nb", 2), (b"\n\n", 2)])
 def test_count_lines(data, count):
     assert text.count_lines(data) == count
-    assert text.count_lines(data) == len(text.split_lines(text.decode(data)))
 
 
 @pytest.mark.parametrize(("line", "offset"), [(0, 0), (1, 3), (2, 6), (3, 8), (10, 8)])

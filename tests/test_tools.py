@@ -11,7 +11,13 @@ from jailbox.agent.tools import ToolResult, Tools
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.config import Limits
 
-EMPTY_STDERR = "[STDERR]\n(empty)\n"
+HEADER = "Execution output of \\[execute_bash]:\n"
+
+
+def out(stdout: str, stderr: str = "", code: str = "0") -> str:
+    """The reference's observation of a command."""
+    sections = f"\\[STDOUT]\n{stdout or '(no output)'}" + (f"\n\\[STDERR]\n{stderr}" if stderr else "")
+    return f"Exit code: {code}\n{HEADER}{sections}"
 
 
 @pytest.fixture
@@ -31,6 +37,11 @@ def numbered(lines: list[str], first: int = 1) -> str:
     return "".join(f"{n:6}\t{line}\n" for n, line in enumerate(lines, first))
 
 
+def view_of(path: str, lines: list[str], first: int = 1) -> str:
+    """A file view as the reference prints it: no newline after the last numbered line."""
+    return f"Here's the result of running `cat -n` on {path}:\n" + numbered(lines, first).removesuffix("\n")
+
+
 # --- schemas ----------------------------------------------------------------------------------
 
 
@@ -42,7 +53,7 @@ def test_schemas_have_the_reference_names_order_and_parameters():
     assert editor_params["required"] == ["command", "path"]
     properties = editor_params["properties"]
     assert list(properties) == ["command", "path", "file_text", "old_str", "new_str", "insert_line", "view_range"]
-    assert properties["command"]["enum"] == ["view", "create", "str_replace", "insert", "undo_edit"]
+    assert properties["command"]["enum"] == ["view", "create", "str_replace", "insert"], "undo_edit is opt-in"
     assert {name: p["type"] for name, p in properties.items()} == {
         "command": "string",
         "path": "string",
@@ -57,7 +68,8 @@ def test_schemas_have_the_reference_names_order_and_parameters():
     assert bash_params["properties"]["command"]["type"] == "string"
     assert submit_params == {"type": "object", "properties": {}, "required": []}
     assert json.loads(json.dumps(TOOL_SCHEMAS)) == TOOL_SCHEMAS
-    assert "cannot be used if the specified `path` already exists" in functions[0]["description"]
+    assert "replacing any file already at `path`" in functions[0]["description"]
+    assert "undo_edit" not in json.dumps(TOOL_SCHEMAS)
     assert "/testbed/output/answer.txt" in functions[2]["description"]
 
 
@@ -66,43 +78,43 @@ def test_schemas_have_the_reference_names_order_and_parameters():
 
 def test_bash_reports_exit_code_and_both_streams(tools):
     result = tools.call("execute_bash", '{"command": "echo hi; echo oops >&2; exit 3"}')
-    assert result.observation == "Exit code: 3\n[STDOUT]\nhi\n[STDERR]\noops\n"
+    assert result.observation == out("hi\n", "oops\n", "Error: Exit code 3")
     assert (result.exit_code, result.timed_out, result.error, result.submitted) == (3, False, False, False)
     assert result.wall_time is not None
 
 
-def test_bash_writes_empty_for_an_empty_stream_and_runs_in_testbed(tools):
-    assert bash(tools, "true").observation == "Exit code: 0\n[STDOUT]\n(empty)\n" + EMPTY_STDERR
-    assert bash(tools, "pwd").observation == "Exit code: 0\n[STDOUT]\n/testbed\n" + EMPTY_STDERR
+def test_bash_writes_no_output_for_an_empty_stdout_and_runs_in_testbed(tools):
+    assert bash(tools, "true").observation == f"Exit code: 0\n{HEADER}\\[STDOUT]\n(no output)"
+    assert bash(tools, "pwd").observation == f"Exit code: 0\n{HEADER}\\[STDOUT]\n/testbed\n"
 
 
 def test_bash_caps_a_giant_single_line_keeping_head_and_tail(tools):
     result = bash(tools, "python3 -c \"print('x'*200000)\"")
     stdout = "x" * 15000 + "\n[... 170001 characters elided ...]\n" + "x" * 14999 + "\n"
-    assert result.observation == f"Exit code: 0\n[STDOUT]\n{stdout}" + EMPTY_STDERR
+    assert result.observation == out(stdout)
 
 
 def test_bash_caps_each_stream_and_shares_the_budget(sb):
     tools = Tools(sb, max_chars=1000)
     both = bash(tools, "python3 -c \"import sys; print('o'*5000, end=''); print('e'*5000, end='', file=sys.stderr)\"")
-    stdout = "o" * 250 + "\n[... 4500 characters elided ...]\n" + "o" * 250 + "\n"
-    stderr = "e" * 250 + "\n[... 4500 characters elided ...]\n" + "e" * 250 + "\n"
-    assert both.observation == f"Exit code: 0\n[STDOUT]\n{stdout}[STDERR]\n{stderr}"
+    stdout = "o" * 250 + "\n[... 4500 characters elided ...]\n" + "o" * 250
+    stderr = "e" * 250 + "\n[... 4500 characters elided ...]\n" + "e" * 250
+    assert both.observation == out(stdout, stderr)
     short_stderr = bash(tools, "python3 -c \"print('o'*5000, end='')\"; echo warn >&2")
-    stdout = "o" * 497 + "\n[... 4005 characters elided ...]\n" + "o" * 498 + "\n"
-    assert short_stderr.observation == f"Exit code: 0\n[STDOUT]\n{stdout}[STDERR]\nwarn\n"
+    stdout = "o" * 497 + "\n[... 4005 characters elided ...]\n" + "o" * 498
+    assert short_stderr.observation == out(stdout, "warn\n")
 
 
-def test_bash_cap_cuts_many_lines_at_line_ends(sb):
-    result = bash(Tools(sb, max_chars=200), "seq 1 1000")
-    stdout = result.observation.removeprefix("Exit code: 0\n[STDOUT]\n").removesuffix(EMPTY_STDERR)
+def test_bash_cap_cuts_many_long_lines_at_line_ends(sb):
+    result = bash(Tools(sb, max_chars=200), "seq 1000001 1000080")
+    stdout = result.observation.removeprefix(f"Exit code: 0\n{HEADER}\\[STDOUT]\n")
     head, rest = stdout.split("[... ", 1)
     marker, tail = rest.split(" ...]\n", 1)
     head_numbers = [int(n) for n in head.splitlines()]
     tail_numbers = [int(n) for n in tail.splitlines()]
-    assert head_numbers == list(range(1, len(head_numbers) + 1))
-    assert tail_numbers == list(range(1001 - len(tail_numbers), 1001))
-    elided = sum(len(f"{n}\n") for n in range(len(head_numbers) + 1, 1001 - len(tail_numbers)))
+    assert head_numbers == list(range(1000001, 1000001 + len(head_numbers)))
+    assert tail_numbers == list(range(1000081 - len(tail_numbers), 1000081))
+    elided = sum(len(f"{n}\n") for n in range(1000001 + len(head_numbers), 1000081 - len(tail_numbers)))
     assert marker == f"{elided} characters elided"
     assert len(head) + len(tail) <= 200
 
@@ -118,16 +130,17 @@ def test_bash_timeout_kills_the_command_and_says_so(sb):
     result = bash(tools, "echo started; sleep 10")
     assert result.timed_out is True
     assert result.error is False
-    assert result.observation == (
+    assert result.observation == out(
         "The command timed out after 1 s and its process tree was killed. Run long jobs in the background "
-        "(`nohup CMD > log 2>&1 &`) and check on them later.\n[STDOUT]\nstarted\n" + EMPTY_STDERR
+        "(`nohup CMD > log 2>&1 &`) and check on them later.",
+        code="-1",
     )
-    assert bash(tools, "echo alive").observation == "Exit code: 0\n[STDOUT]\nalive\n" + EMPTY_STDERR
+    assert bash(tools, "echo alive").observation == out("alive\n")
 
 
-def test_bash_names_a_killing_signal(tools):
+def test_bash_reports_a_killing_signal_as_bash_does(tools):
     result = bash(tools, "kill -SEGV $$")
-    assert result.observation == "Exit code: 139 (killed by SIGSEGV)\n[STDOUT]\n(empty)\n" + EMPTY_STDERR
+    assert result.observation == out("", code="Error: Exit code 139")
     assert result.exit_code == 139
 
 
@@ -136,7 +149,8 @@ def test_bash_reports_the_oom_killer():
     with Sandbox(limits=Limits(memory="64M")) as box:
         result = bash(Tools(box), "python3 -c 'x = bytearray(512 << 20)'")
     assert result.oom_killed is True
-    assert result.observation.startswith("The command was killed by the OOM killer: out of memory (exit code 137).\n")
+    assert result.observation.startswith("Exit code: Error: Exit code 137\n")
+    assert result.observation.endswith("\\[STDERR]\nThe command was killed by the OOM killer: out of memory.")
 
 
 def test_bash_rejects_an_empty_command_and_a_nul_byte(tools):
@@ -223,7 +237,7 @@ def test_unknown_editor_command(tools):
     assert result.error is True
     assert result.observation == (
         "Error: Unknown command 'delete' for `str_replace_editor`. "
-        "Allowed options are: `view`, `create`, `str_replace`, `insert`, `undo_edit`."
+        "Allowed options are: `view`, `create`, `str_replace`, `insert`."
     )
 
 
@@ -240,7 +254,7 @@ def test_unknown_parameter_is_refused_before_any_edit(tools, sb):
 def test_null_optional_values_count_as_absent(tools, sb):
     sb.write_file("/testbed/a.txt", b"one\n")
     result = tools.call("str_replace_editor", '{"command": "view", "path": "/testbed/a.txt", "view_range": null}')
-    assert result.observation == "Here's the result of running `cat -n` on /testbed/a.txt:\n" + numbered(["one"])
+    assert result.observation == view_of("/testbed/a.txt", ["one", ""])
 
 
 def test_relative_paths_get_the_absolute_form_suggested(tools):
@@ -255,42 +269,41 @@ def test_relative_paths_get_the_absolute_form_suggested(tools):
 def test_dot_dot_in_an_absolute_path_is_resolved(tools, sb):
     sb.write_file("/testbed/a.txt", b"one\n")
     result = editor(tools, command="view", path="/testbed/sub/../a.txt")
-    assert result.observation == "Here's the result of running `cat -n` on /testbed/a.txt:\n" + numbered(["one"])
+    assert result.observation == view_of("/testbed/a.txt", ["one", ""])
 
 
 # --- view -------------------------------------------------------------------------------------
 
 
-def test_view_any_text_file_numbered_like_cat_n(tools, sb):
+def test_view_any_text_file_numbered_as_the_reference_splits_it(tools, sb):
     sb.write_file("/testbed/notes.md", b"# Title\n\nSome *text*.\n")
     result = editor(tools, command="view", path="/testbed/notes.md")
     assert result.error is False
-    assert result.observation == (
-        "Here's the result of running `cat -n` on /testbed/notes.md:\n" + numbered(["# Title", "", "Some *text*."])
+    assert result.observation == view_of("/testbed/notes.md", ["# Title", "", "Some *text*.", ""])
+    sb.write_file("/testbed/open.md", b"no final newline")
+    assert editor(tools, command="view", path="/testbed/open.md").observation == view_of(
+        "/testbed/open.md", ["no final newline"]
     )
 
 
 def test_view_range(tools, sb):
     sb.write_file("/testbed/data.csv", "".join(f"{i},{i * i}\n" for i in range(1, 11)).encode())
-    header = "Here's the result of running `cat -n` on /testbed/data.csv:\n"
-    assert editor(tools, command="view", path="/testbed/data.csv", view_range=[3, 4]).observation == (
-        header + numbered(["3,9", "4,16"], 3)
+    path = "/testbed/data.csv"
+    assert editor(tools, command="view", path=path, view_range=[3, 4]).observation == view_of(path, ["3,9", "4,16"], 3)
+    assert editor(tools, command="view", path=path, view_range=[9, -1]).observation == view_of(
+        path, ["9,81", "10,100", ""], 9
     )
-    assert editor(tools, command="view", path="/testbed/data.csv", view_range=[9, -1]).observation == (
-        header + numbered(["9,81", "10,100"], 9)
-    )
-    assert editor(tools, command="view", path="/testbed/data.csv", view_range=[10, 10]).observation == (
-        header + numbered(["10,100"], 10)
-    )
+    assert editor(tools, command="view", path=path, view_range=[10, 10]).observation == view_of(path, ["10,100"], 10)
+    assert editor(tools, command="view", path=path, view_range=[11, 11]).observation == view_of(path, [""], 11)
 
 
 @pytest.mark.parametrize(
     ("view_range", "message"),
     [
-        ([0, 2], "Invalid `view_range` [0, 2]: start 0 must be within [1, 10] (the file has 10 lines)."),
-        ([11, -1], "Invalid `view_range` [11, -1]: start 11 must be within [1, 10] (the file has 10 lines)."),
-        ([5, 4], "Invalid `view_range` [5, 4]: end 4 must be within [5, 10], or -1 to view to the end of the file."),
-        ([1, 11], "Invalid `view_range` [1, 11]: end 11 must be within [1, 10], or -1 to view to the end of the file."),
+        ([0, 2], "Invalid `view_range` [0, 2]: start 0 must be within [1, 11] (the file has 11 lines)."),
+        ([12, -1], "Invalid `view_range` [12, -1]: start 12 must be within [1, 11] (the file has 11 lines)."),
+        ([5, 4], "Invalid `view_range` [5, 4]: end 4 must be within [5, 11], or -1 to view to the end of the file."),
+        ([1, 12], "Invalid `view_range` [1, 12]: end 12 must be within [1, 11], or -1 to view to the end of the file."),
         ([1], "`view_range` must be two integers [start, end], e.g. [1, 40] or [100, -1]; got [1]."),
     ],
 )
@@ -300,12 +313,10 @@ def test_view_range_is_validated(tools, sb, view_range, message):
     assert (result.error, result.observation) == (True, f"Error: {message}")
 
 
-def test_view_keeps_crlf_and_tabs(tools, sb):
-    sb.write_file("/testbed/win.txt", b"one\r\n\ttwo\r\nthree")
+def test_view_keeps_crlf_and_expands_tabs(tools, sb):
+    sb.write_file("/testbed/win.txt", b"one\r\n\ttwo\r\nab\tthree")
     result = editor(tools, command="view", path="/testbed/win.txt")
-    assert result.observation == (
-        "Here's the result of running `cat -n` on /testbed/win.txt:\n" + numbered(["one\r", "\ttwo\r", "three"])
-    )
+    assert result.observation == view_of("/testbed/win.txt", ["one\r", "        two\r", "ab      three"])
 
 
 def test_view_of_an_empty_file(tools, sb):
@@ -320,7 +331,7 @@ def test_view_of_non_utf8_text_replaces_bad_bytes_with_a_note(tools, sb):
     result = editor(tools, command="view", path="/testbed/latin1.txt")
     assert result.observation == (
         "Note: /testbed/latin1.txt is not valid UTF-8; undecodable bytes are shown as \ufffd.\n"
-        "Here's the result of running `cat -n` on /testbed/latin1.txt:\n" + numbered(["caf\ufffd", "na\ufffdve"])
+        + view_of("/testbed/latin1.txt", ["caf\ufffd", "na\ufffdve", ""])
     )
 
 
@@ -341,26 +352,24 @@ def test_view_describes_a_binary_file_instead_of_dumping_it(tools, sb):
     )
 
 
-def test_view_caps_a_long_file_by_characters_with_a_hint(sb):
+def test_view_clips_a_long_file_after_its_first_characters(tools, sb):
     sb.write_file("/testbed/long.txt", "".join(f"line {i}\n" for i in range(1, 5001)).encode())
-    result = editor(Tools(sb, max_chars=500), command="view", path="/testbed/long.txt")
-    body = result.observation.removeprefix("Here's the result of running `cat -n` on /testbed/long.txt:\n")
-    head, rest = body.split("\n[... ", 1)
-    marker, tail = rest.split(" ...]\n", 1)
-    assert head.startswith(numbered(["line 1", "line 2"]))
-    assert tail.endswith(numbered(["line 4999", "line 5000"], 4999))
-    assert marker.endswith("characters elided; use view_range to see specific lines")
-    assert len(head) + len(tail) <= 501
+    full = view_of("/testbed/long.txt", [f"line {i}" for i in range(1, 5001)] + [""])
+    assert editor(tools, command="view", path="/testbed/long.txt").observation == full[:10_000] + "\n<response clipped>"
+    small = editor(Tools(sb, max_chars=500), command="view", path="/testbed/long.txt")
+    assert small.observation == full[:500] + "\n<response clipped>", "a smaller max_chars clips sooner"
 
 
-def test_view_of_a_directory_lists_two_levels_without_hidden_entries(tools, sb):
+def test_view_of_a_directory_lists_two_levels_without_hidden_entries_in_find_order(tools, sb):
     for path in ["/testbed/a.py", "/testbed/src/b.py", "/testbed/src/deep/c.py", "/testbed/.git/config"]:
         sb.write_file(path, b"x")
     sb.write_file("/testbed/src/.hidden", b"x")
     result = editor(tools, command="view", path="/testbed")
+    order = bash(tools, "find /testbed -mindepth 1 -maxdepth 2 -not -name '.*' -not -path '*/.*'").observation
+    entries = order.split("\\[STDOUT]\n", 1)[1]
+    assert sorted(entries.splitlines()) == ["/testbed/a.py", "/testbed/src", "/testbed/src/b.py", "/testbed/src/deep"]
     assert result.observation == (
-        "Here's the files and directories up to 2 levels deep in /testbed, excluding hidden items:\n"
-        "/testbed\n/testbed/a.py\n/testbed/src\n/testbed/src/b.py\n/testbed/src/deep\n"
+        f"Here's the files and directories up to 2 levels deep in /testbed, excluding hidden:\n/testbed\n{entries}"
     )
     assert editor(tools, command="view", path="/testbed/.git").observation.endswith(
         "/testbed/.git\n/testbed/.git/config\n"
@@ -384,28 +393,27 @@ def test_view_of_a_missing_path(tools):
 # --- create -----------------------------------------------------------------------------------
 
 
-def test_create_writes_exactly_the_text_and_makes_parents(tools, sb):
+def test_create_writes_the_text_and_a_newline_and_makes_parents(tools, sb):
     text = "a\r\n\tb\n\u00e9\n"
     result = editor(tools, command="create", path="/testbed/new/dir/f.txt", file_text=text)
     assert (result.error, result.observation) == (
         False,
         "File created at /testbed/new/dir/f.txt. Here's the result of running `cat -n` on /testbed/new/dir/f.txt:\n"
-        "     1\ta\r\n     2\t\tb\n     3\t\u00e9\n"
+        "     1\ta\r\n     2\t        b\n     3\t\u00e9\n     4\t\n"
         "Review the file and make sure that it is as expected. Edit the file if necessary.",
     )
-    assert sb.read_file("/testbed/new/dir/f.txt") == text.encode()
+    assert sb.read_file("/testbed/new/dir/f.txt") == text.encode() + b"\n"
 
 
-def test_create_refuses_an_existing_path(tools, sb):
-    sb.write_file("/testbed/f.txt", b"keep")
-    result = editor(tools, command="create", path="/testbed/f.txt", file_text="new")
-    assert result.observation == (
-        "Error: A file already exists at /testbed/f.txt. Cannot overwrite it with `create`; edit it with "
-        "`str_replace` or `insert`, or remove it with execute_bash first."
-    )
-    assert sb.read_file("/testbed/f.txt") == b"keep"
-    assert editor(tools, command="create", path="/testbed", file_text="x").observation.startswith(
-        "Error: A directory already exists at /testbed."
+def test_create_replaces_an_existing_file_keeping_its_mode_but_not_a_directory(tools, sb):
+    sb.write_file("/testbed/f.sh", b"old contents\n", mode=0o755)
+    result = editor(tools, command="create", path="/testbed/f.sh", file_text="echo new")
+    assert result.observation.startswith("File created at /testbed/f.sh. ")
+    assert sb.read_file("/testbed/f.sh") == b"echo new\n"
+    assert bash(tools, "stat -c %a f.sh && ./f.sh").observation == out("755\nnew\n")
+    directory = editor(tools, command="create", path="/testbed", file_text="x")
+    assert directory.observation == (
+        "Error: /testbed is a directory; `create` writes files. Pick a file path, e.g. /testbed/new.py."
     )
 
 
@@ -417,7 +425,8 @@ def test_create_reports_what_stops_it(tools, sb):
     assert read_only.observation == "Error: Cannot write /usr/bin/new-tool: Read-only file system."
 
 
-def test_create_cannot_be_undone(tools):
+def test_creating_a_new_file_cannot_be_undone(sb):
+    tools = Tools(sb, undo=True)
     editor(tools, command="create", path="/testbed/f.txt", file_text="x")
     assert editor(tools, command="undo_edit", path="/testbed/f.txt").observation == (
         "Error: No edit history found for /testbed/f.txt; only `str_replace` and `insert` edits can be undone."
@@ -433,7 +442,7 @@ TEN_LINES = "".join(f"line {i}\n" for i in range(1, 11))
 def test_str_replace_shows_a_numbered_snippet(tools, sb):
     sb.write_file("/testbed/f.txt", TEN_LINES.encode())
     result = editor(tools, command="str_replace", path="/testbed/f.txt", old_str="line 6\n", new_str="six\nSIX\n")
-    lines = ["line 2", "line 3", "line 4", "line 5", "six", "SIX", "line 7", "line 8", "line 9", "line 10"]
+    lines = ["line 2", "line 3", "line 4", "line 5", "six", "SIX", "line 7", "line 8", "line 9", "line 10", ""]
     assert result.observation == (
         "The file /testbed/f.txt has been edited. Here's the result of running `cat -n` on a snippet of "
         f"/testbed/f.txt:\n{numbered(lines, 2)}Review the changes and make sure they are as expected. "
@@ -510,7 +519,7 @@ def test_edits_keep_the_file_mode(tools, sb):
     editor(tools, command="str_replace", path="/testbed/run.sh", old_str="one", new_str="two")
     editor(tools, command="insert", path="/testbed/run.sh", insert_line=2, new_str="echo three")
     result = bash(tools, "stat -c %a run.sh && ./run.sh")
-    assert result.observation == "Exit code: 0\n[STDOUT]\n755\ntwo\nthree\n" + EMPTY_STDERR
+    assert result.observation == out("755\ntwo\nthree\n")
 
 
 # --- insert -----------------------------------------------------------------------------------
@@ -522,7 +531,7 @@ def test_insert_after_a_line_shows_a_snippet(tools, sb):
     lines = ["line 2", "line 3", "line 4", "line 5", "new a", "new b", "line 6", "line 7", "line 8", "line 9"]
     assert result.observation == (
         "The file /testbed/f.txt has been edited. Here's the result of running `cat -n` on a snippet of "
-        f"/testbed/f.txt:\n{numbered(lines, 2)}Review the changes and make sure they are as expected (correct "
+        f"the edited file:\n{numbered(lines, 2)}Review the changes and make sure they are as expected (correct "
         "indentation, no duplicate lines, etc). Edit the file again if necessary."
     )
     assert sb.read_file("/testbed/f.txt") == TEN_LINES.replace("line 5\n", "line 5\nnew a\nnew b\n").encode()
@@ -561,7 +570,9 @@ def test_insert_line_is_validated(tools, sb, line):
 # --- undo_edit --------------------------------------------------------------------------------
 
 
-def test_undo_edit_restores_each_earlier_version_exactly(tools, sb):
+def test_undo_edit_restores_each_earlier_version_exactly(sb):
+    tools = Tools(sb, undo=True)
+    assert tools.schemas[0]["function"]["parameters"]["properties"]["command"]["enum"][-1] == "undo_edit"
     original = b"a\r\n\tb\r\nc\r\n"
     sb.write_file("/testbed/win.txt", original)
     editor(tools, command="str_replace", path="/testbed/win.txt", old_str="\tb", new_str="\tB\tB")
@@ -582,25 +593,26 @@ def test_undo_edit_restores_each_earlier_version_exactly(tools, sb):
 # --- large files ------------------------------------------------------------------------------
 
 
-def test_editor_handles_a_5_mb_file(tools, sb):
+def test_editor_handles_a_5_mb_file(sb):
+    tools = Tools(sb, undo=True)
     lines = [f"row {i:07d}\tvalue {i * 7}\r\n" for i in range(200_000)]
     original = "".join(lines).encode()
     assert len(original) > 5_000_000
     sb.write_file("/testbed/big.tsv", original)
 
     view = editor(tools, command="view", path="/testbed/big.tsv", view_range=[100_001, 100_002])
-    assert view.observation == "Here's the result of running `cat -n` on /testbed/big.tsv:\n" + numbered(
-        ["row 0100000\tvalue 700000\r", "row 0100001\tvalue 700007\r"], 100_001
+    assert view.observation == view_of(
+        "/testbed/big.tsv", ["row 0100000     value 700000\r", "row 0100001     value 700007\r"], 100_001
     )
     whole = editor(tools, command="view", path="/testbed/big.tsv")
-    assert "characters elided; use view_range to see specific lines ...]" in whole.observation
-    assert len(whole.observation) < 30_200
+    assert whole.observation.endswith("\n<response clipped>")
+    assert len(whole.observation) == 10_000 + len("\n<response clipped>")
 
     replaced = editor(
         tools, command="str_replace", path="/testbed/big.tsv", old_str="row 0199998\t", new_str="ROW 199998\t"
     )
     assert replaced.error is False
-    assert "199999\tROW 199998\tvalue 1399986\r\n" in replaced.observation
+    assert "199999\tROW 199998      value 1399986\r\n" in replaced.observation
     expected = original.replace(b"row 0199998\t", b"ROW 199998\t")
     assert sb.read_file("/testbed/big.tsv") == expected
 
