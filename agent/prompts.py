@@ -8,11 +8,14 @@ this loop does not use (``dataset``, ``split``, ``config``) are kept in ``extra`
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
+
+from .schemas import ANSWER_PATH, TOOL_SCHEMAS
 
 DEFAULT_SYSTEM = """\
 You are working on a Linux computer to solve a task. You have a shell and a file editor, and you
@@ -71,6 +74,16 @@ class PromptConfig(BaseModel):
 
     def instance(self, problem: str) -> str:
         return _fill(self.instance_prompt, self._values(problem))
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools as sent to the model, ``submit`` naming this config's answer file: a config whose
+        ``output_dir`` is ``/testbed`` must not be told to write ``/testbed/output/answer.txt``."""
+        answer = f"{self.output_dir.rstrip('/')}/answer.txt"
+        schemas = copy.deepcopy(TOOL_SCHEMAS)
+        for schema in schemas:
+            function = schema["function"]
+            function["description"] = function["description"].replace(ANSWER_PATH, answer)
+        return schemas
 
 
 def _fill(template: str, values: dict[str, str]) -> str:

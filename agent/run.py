@@ -105,7 +105,10 @@ def run_task(
     sandbox: SandboxConfig | None = None,
     on_step: Callable[[Step], None] | None = None,
     copy_out: Sequence[str] = (),
+    on_retry: Callable[[str], None] | None = None,
 ) -> Trajectory:
+    """``problem`` in a fresh jail, recorded in ``output_dir``; ``on_retry`` hears each request sent again and
+    why (the CLI's status line)."""
     prompts = prompts or PromptConfig()
     copy_out = [check_copy_out(rel) for rel in copy_out]
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -118,6 +121,6 @@ def run_task(
         "sandbox": config.model_dump(mode="json"),
         "input_dir": None if input_dir is None else str(input_dir),
     }
-    with Sandbox(config) as sb, LLMClient(llm) as client:
+    with Sandbox(config) as sb, LLMClient(llm, on_retry=on_retry) as client:
         prepare(sb, prompts)
         return run_in(sb, client, problem, output_dir, prompts, agent, on_step, describe, copy_out=copy_out)
