@@ -461,7 +461,7 @@ def _docker_image(ref: str, quiet: bool) -> str:
             return name
         return pull(ref, name, progress=None if quiet else _progress(), log=None if quiet else click.echo).name
     except SandboxError as exc:
-        raise click.UsageError(f"--docker_image {ref}: {exc}") from None
+        raise click.UsageError(f"--docker_image {ref}: {exc} (e.g. --docker_image python:3.11-slim)") from None
 
 
 @main.command("bench")
