@@ -362,7 +362,8 @@ def _arguments(value: Any) -> str:
 def _tool_call(raw: Any) -> dict[str, Any] | None:
     if not isinstance(raw, dict):
         return None
-    function = raw.get("function") if isinstance(raw.get("function"), dict) else {}
+    given = raw.get("function")
+    function: dict[str, Any] = given if isinstance(given, dict) else {}
     call_id = raw.get("id")
     return {
         **raw,

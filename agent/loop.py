@@ -214,8 +214,8 @@ class Agent:
     def _remaining(self, text: str, index: int) -> str:
         left = self.config.max_steps - index
         if left == 1:
-            return f"{text}\n\nSteps Remaining: 1. " + LAST_STEP.format(output_dir=self.prompts.output_dir)
-        return f"{text}\n\nSteps Remaining: {left}"
+            return f"{text}\nSteps Remaining: 1. " + LAST_STEP.format(output_dir=self.prompts.output_dir)
+        return f"{text}\nSteps Remaining: {left}"  # one newline, as the reference appends it
 
     def _answer(self, traj: Trajectory) -> None:
         self.answer_file, why = read_answer(self.sandbox, self.prompts.output_dir)

@@ -124,6 +124,7 @@ def test_replies_without_a_tool_call_are_nudged_until_max_steps(tmp_path):
         nudges = [request.json["messages"][-1] for request in server.requests[1:6]]
     assert (traj.exit_status, traj.answer) == ("submitted", "42")
     assert all(m["role"] == "user" and m["content"].startswith(NO_TOOL_CALL) for m in nudges)
+    assert nudges[0]["content"] == NO_TOOL_CALL + "\nSteps Remaining: 99"  # the reference's suffix, one newline
     with ScriptedServer([reply("no") for _ in range(4)]) as server:
         assert run(server, tmp_path / "b", max_steps=4).exit_status == "max_steps"
     with ScriptedServer([reply("no") for _ in range(2)]) as server:
@@ -214,6 +215,18 @@ def test_reference_readme_command_lines_run_unchanged(tmp_path, line):
         assert first.json["temperature"] == 0.7
     if "--extra_body" in argv:
         assert first.json["chat_template_kwargs"] == {"thinking": True}
+
+
+def test_reference_settings_file_fills_what_the_command_line_leaves_out(tmp_path):
+    with ScriptedServer(HELLO) as server:
+        settings = tmp_path / "llm-in-sandbox.yaml"
+        settings.write_text(f"llm_name: hosted_vllm/from-settings\nllm_base_url: {server.url}\napi_key: s3cret\n")
+        argv = ["run", "--query", "q", "--settings", str(settings), "--save_litellm_response"]
+        r = subprocess.run([*JAILBOX, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        first = server.requests[0]
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert first.json["model"] == "from-settings" and first.headers["authorization"] == "Bearer s3cret"
+    assert "--save_litellm_response" in r.stderr
 
 
 @pytest.mark.parametrize(
