@@ -348,6 +348,10 @@ def _text_of(content: Any) -> tuple[str | None, str]:
     return "".join(texts), "".join(thoughts)
 
 
+def _string_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 def _call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 
@@ -406,6 +410,10 @@ def normalise_message(message: dict[str, Any], tools_offered: bool) -> dict[str,
     out = dict(message)
     content, thinking = _text_of(message.get("content"))
     out["content"] = content
+    for key in ("reasoning_content", "reasoning"):  # some servers send these as parts too
+        if out.get(key) is not None and not isinstance(out[key], str):
+            text, thought = _text_of(out[key])
+            out[key] = (text or "") + thought if isinstance(out[key], list) else json.dumps(out[key])
     if thinking and not (out.get("reasoning_content") or out.get("reasoning")):
         out["reasoning_content"] = thinking
     calls = [call for call in map(_tool_call, message.get("tool_calls") or []) if call is not None]
@@ -428,6 +436,7 @@ class _ChatCore:
         self.config = config
         self.on_retry = on_retry
         """Told, in one line, why a request is sent again (the status line shows it)."""
+        self._output_limit: tuple[str, int | None] = ("max_tokens", None)  # the key and cap a refusal taught
         self.url = config.base_url.rstrip("/") + "/chat/completions"
         self.usage = UsageTotals()
         self._usage_lock = threading.Lock()
@@ -448,7 +457,8 @@ class _ChatCore:
         if self.config.temperature is not None:
             body["temperature"] = self.config.temperature
         if self.config.max_tokens is not None:
-            body["max_tokens"] = self.config.max_tokens
+            key, cap = self._output_limit
+            body[key] = min(self.config.max_tokens, cap) if cap is not None else self.config.max_tokens
         return {**body, **self.config.extra_body}
 
     def _check(self, outcome: _Outcome, attempts: int) -> tuple[dict[str, Any], Usage]:
@@ -513,6 +523,8 @@ class _ChatCore:
                     refused.add(refusal)
                     self._retrying(f"the server refused the output limit; asking with {fixed[1]}: {_cause(exc)}")
                     body = fixed[0]
+                    key = _limit_key(body)
+                    self._output_limit = (key, body[key])  # the model's own limit: later calls ask within it
                     continue
                 if not _retryable(exc) or failures >= self.config.max_retries:
                     raise
@@ -541,7 +553,7 @@ class _ChatCore:
             self.usage.calls += 1
         return Completion(
             message=normalise_message(choice["message"], tools_offered),
-            finish_reason=choice.get("finish_reason"),
+            finish_reason=_string_or_none(choice.get("finish_reason")),
             usage=usage,
             max_tokens_used=body.get("max_tokens"),
             latency=latency,

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from llm_server import ScriptedServer, Step, error, reply
 
 from jailbox.agent.llm import LLMClient, LLMConfig
@@ -60,8 +61,9 @@ def strict(messages: list[dict[str, Any]]) -> str | None:
 class StrictServer(ScriptedServer):
     """Plays ``replies`` in order, answering a request the strict checks refuse with a 400 instead."""
 
-    def __init__(self, replies: list[Step]) -> None:
+    def __init__(self, replies: list[Any], refuse: Any = None) -> None:
         self.replies = list(replies)
+        self.refuse = refuse  # a standing condition of the server: body -> Step to refuse with, or None
         self.refusals: list[str] = []
         super().__init__(responder=self._answer)
 
@@ -70,6 +72,9 @@ class StrictServer(ScriptedServer):
         if problem is not None:
             self.refusals.append(problem)
             return error(400, problem)
+        refused = None if self.refuse is None else self.refuse(body)
+        if refused is not None:
+            return refused
         if not self.replies:
             return Step(status=410, json={"error": "script exhausted"})
         step = self.replies[0]
@@ -324,3 +329,50 @@ def test_tool_calls_left_as_text_are_taken_as_calls(tmp_path):
     }
     tool = [m for m in second if m["role"] == "tool"]
     assert "42" in tool[1]["content"]
+
+
+def openai_refusal(message: str, code: str) -> Step:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": "max_tokens", "code": code}}
+    return Step(status=400, json=body)
+
+
+def small_output(body: dict[str, Any]) -> Step | None:
+    """gpt-4o's words for a max_tokens above its 16384-token output."""
+    wanted = body.get("max_tokens", 0)
+    if wanted <= 16384:
+        return None
+    return openai_refusal(
+        f"max_tokens is too large: {wanted}. This model supports at most 16384 completion tokens, whereas you "
+        f"provided {wanted}.",
+        "invalid_value",
+    )
+
+
+def reasoning_model(body: dict[str, Any]) -> Step | None:
+    """o-series and gpt-5 words for max_tokens, which they do not take."""
+    if "max_tokens" not in body:
+        return None
+    return openai_refusal(
+        "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+        "unsupported_parameter",
+    )
+
+
+@pytest.mark.parametrize(
+    ("refuse", "key", "limit"), [(small_output, "max_tokens", 16384), (reasoning_model, "max_completion_tokens", 65536)]
+)
+def test_openai_refusals_of_the_output_limit_are_learned_once(tmp_path, refuse, key, limit):
+    """The reference's 65536-token default meets OpenAI's per-model output caps and its reasoning models'
+    max_completion_tokens: the first call is sent again as the refusal asks, and later calls ask so at once."""
+    with StrictServer(
+        [
+            message(None, calls=[call("execute_bash", json.dumps({"command": WRITE}))]),
+            message(None, calls=[call("submit", "{}", "call_2")]),
+        ],
+        refuse=refuse,
+    ) as server:
+        r = jailbox_run(server, tmp_path / "o")
+        asked = [request.json.get(key) for request in server.requests]
+    submitted(r, tmp_path / "o")
+    assert len(asked) == 3 and asked[1:] == [limit, limit], asked
+    assert [line for line in status_lines(r) if "refused the output limit" in line], r.stdout
