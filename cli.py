@@ -442,7 +442,10 @@ def _run_settings(path: str | None) -> dict[str, Any]:
         return {}
     import yaml
 
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise click.UsageError(f"--settings {path}: not YAML ({exc}); e.g. 'llm_name: openai/gpt-4o'") from None
     if not isinstance(data, dict):
         raise click.UsageError(f"--settings {path}: expected a YAML mapping, e.g. 'llm_name: openai/gpt-4o'")
     return {key: str(value) for key, value in data.items() if value not in (None, "")}

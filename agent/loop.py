@@ -121,7 +121,7 @@ class Agent:
             size = conversation_tokens(traj.messages, counted)
             if self.config.max_token_limit is not None and size > self.config.max_token_limit:
                 traj.error = (
-                    f"the conversation holds about {size} tokens, over --max_token_limit {self.config.max_token_limit}"
+                    f"the conversation holds about {size} tokens, over max_token_limit {self.config.max_token_limit}"
                 )
                 return "token_limit"
             try:
@@ -239,12 +239,9 @@ def conversation_tokens(messages: list[dict[str, Any]], counted: tuple[int, int]
     """The conversation's size in tokens, as the reference checks it before each call: what the server counted
     for the first ``counted[0]`` messages (its last reply's prompt and completion tokens), plus about one token
     per four characters for the messages after them (all of them when the server never said)."""
-    known, tokens = counted
-    rest = messages[known:] if 0 < known <= len(messages) else messages
-    if rest is messages:
-        tokens = 0
+    known, tokens = counted if 0 < counted[0] <= len(messages) else (0, 0)
     chars = 0
-    for message in rest:
+    for message in messages[known:]:
         content = message.get("content") or ""
         chars += len(content if isinstance(content, str) else json.dumps(content, ensure_ascii=False))
         chars += len(str(message.get("reasoning_content") or message.get("reasoning") or ""))

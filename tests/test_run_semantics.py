@@ -73,7 +73,7 @@ def test_token_limit_stops_before_a_call_the_conversation_outgrew(tmp_path):
         server.add(calls(("execute_bash", {"command": "true"}), usage=used(980, 30)))
         traj = run(server, tmp_path / "a", max_token_limit=1000)
         assert traj.exit_status == "token_limit" and len(server.requests) == 1
-        assert "over --max_token_limit 1000" in (traj.error or "")
+        assert "over max_token_limit 1000" in (traj.error or "")
 
     big = "head -c 6000 /dev/zero | tr '\\0' x"  # each observation adds about 1500 tokens
     with ScriptedServer() as server:
