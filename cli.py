@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ COPY_OUT_HELP = (
     "Also copy PATH (relative to the jail's output directory) into OUTPUT_DIR beside answer.txt (repeatable); "
     "nothing else the jail writes leaves it."
 )
+SETTINGS_HELP = "YAML with defaults for llm_name, llm_base_url, api_key and prompt_config (the reference's)."
 NETWORK_HELP = (
     "none (loopback only), host (unconfined), full (slirp4netns: anywhere but the host and its LAN), "
     "or allow:RULES through jailbox's proxy, e.g. allow:pypi,github,*.example.com,!bad.example.com"
@@ -383,7 +385,14 @@ def _trim(text: str, limit: int = 600) -> str:
 
 @main.command("run", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--query", "--problem", required=True, help="The task (text, or @FILE to read it from a file).")
-@click.option("--llm-name", "--llm_name", "--model", "llm_name", required=True, help="Model name at the endpoint.")
+@click.option(
+    "--llm-name",
+    "--llm_name",
+    "--model",
+    "llm_name",
+    default=None,
+    help="Model name at the endpoint; a litellm provider prefix (openai/, hosted_vllm/, openrouter/...) is dropped.",
+)
 @click.option(
     "--llm-base-url",
     "--llm_base_url",
@@ -395,14 +404,51 @@ def _trim(text: str, limit: int = 600) -> str:
 @click.option("--input-dir", "--input_dir", type=click.Path(exists=True, file_okay=False), default=None)
 @click.option("--output-dir", "--output_dir", type=click.Path(file_okay=False), default="./output", show_default=True)
 @click.option("--prompt-config", "--prompt_config", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--temperature", type=float, default=None)
+@click.option("--temperature", type=float, default=1.0, show_default=True)
 @click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
-@click.option("--max-token-limit", "--max_token_limit", type=int, default=None, help="Total tokens for the run.")
-@click.option("--max-tokens-per-call", "--max_tokens_per_call", type=int, default=None)
-@click.option("--extra-body", "--extra_body", default=None, help="JSON merged into each request body.")
+@click.option(
+    "--max-token-limit",
+    "--max_token_limit",
+    type=click.IntRange(min=1),
+    default=65536,
+    show_default=True,
+    help="Tokens the conversation may hold, checked before each call.",
+)
+@click.option(
+    "--max-tokens-per-call", "--max_tokens_per_call", type=click.IntRange(min=1), default=65536, show_default=True
+)
+@click.option(
+    "--max-format-errors",
+    "--max_format_errors",
+    type=click.IntRange(min=1),
+    default=None,
+    help="End after N replies in a row without a usable tool call [default: nudge and go on].",
+)
+@click.option(
+    "--extra-body",
+    "--extra_body",
+    default=None,
+    help="JSON (or a Python literal, as the reference takes it) merged into each request body, e.g. "
+    '\'{"chat_template_kwargs": {"thinking": true}}\'.',
+)
 @click.option("--time-limit", "--time_limit", type=float, default=None, help="Seconds of wall time for the run.")
 @click.option("--text-mode", is_flag=True, help="For models without tool calling: one fenced action per reply.")
-@click.option("--rootfs", default="host", show_default=True)
+@click.option("--rootfs", default=None, help='"host", a stored name or a directory [default: host].')
+@click.option(
+    "--docker-image",
+    "--docker_image",
+    "docker_image",
+    default=None,
+    metavar="REF",
+    help="Image to run in, pulled into the store unless it is there already (instead of --rootfs).",
+)
+@click.option("--settings", type=click.Path(exists=True, dir_okay=False), default=None, help=SETTINGS_HELP)
+@click.option(
+    "--save-litellm-response",
+    "--save_litellm_response",
+    is_flag=True,
+    help="Accepted for the reference's command lines; trajectory.json already holds every reply.",
+)
 @click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
 @click.option("--memory", default=None, help="Memory cap for the jail, e.g. 4G.")
 @click.option("--copy-out", "--copy_out", "copy_out", multiple=True, metavar="PATH", help=COPY_OUT_HELP)
@@ -410,20 +456,24 @@ def _trim(text: str, limit: int = 600) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the final result as JSON.")
 def run_cmd(
     query: str,
-    llm_name: str,
+    llm_name: str | None,
     llm_base_url: str | None,
     api_key: str | None,
     input_dir: str | None,
     output_dir: str,
     prompt_config: str | None,
-    temperature: float | None,
+    temperature: float,
     max_steps: int,
-    max_token_limit: int | None,
-    max_tokens_per_call: int | None,
+    max_token_limit: int,
+    max_tokens_per_call: int,
+    max_format_errors: int | None,
     extra_body: str | None,
     time_limit: float | None,
     text_mode: bool,
-    rootfs: str,
+    rootfs: str | None,
+    docker_image: str | None,
+    settings: str | None,
+    save_litellm_response: bool,
     network: str,
     memory: str | None,
     copy_out: tuple[str, ...],
@@ -446,37 +496,54 @@ def run_cmd(
     with _fed_by("--query"):
         if query.startswith("@"):
             query = _read_text(query[1:])
-    with _fed_by("--extra-body"):
-        extra = json.loads(extra_body) if extra_body else {}
-        if not isinstance(extra, dict):
-            raise ValueError(f"{extra_body!r}: expected a JSON object")
+    if rootfs is not None and docker_image is not None:
+        raise click.UsageError("--rootfs and --docker_image both name the filesystem: give one, e.g. --rootfs host")
+    defaults = _run_settings(settings)
+    llm_name = llm_name or defaults.get("llm_name")
+    llm_base_url = llm_base_url or defaults.get("llm_base_url")
+    api_key = api_key or defaults.get("api_key")
+    prompt_config = prompt_config or defaults.get("prompt_config")
+    if not llm_name:
+        raise click.UsageError("--llm_name is required (or llm_name in --settings), e.g. --llm_name openai/gpt-4o")
+    if save_litellm_response and not quiet and not as_json:
+        click.echo("jailbox: --save_litellm_response: every request and reply is in trajectory.json already", err=True)
+    model, provider_url = _model_route(llm_name)
+    with _fed_by("--extra_body"):
+        extra = _extra_body(extra_body) if extra_body else {}
     with _fed_by("--llm-base-url"):
         _check_url(llm_base_url)
     with _fed_by():
-        llm_fields = {
-            "model": llm_name,
+        llm_fields: dict[str, Any] = {
+            "model": model,
             "temperature": temperature,
             "max_tokens": max_tokens_per_call,
             "extra_body": extra,
         }
-        if llm_base_url:
-            llm_fields["base_url"] = llm_base_url
+        if llm_base_url or provider_url:
+            llm_fields["base_url"] = llm_base_url or provider_url
         if api_key:
             llm_fields["api_key"] = api_key
         llm = LLMConfig(**llm_fields)
         limits = Limits(memory=memory) if memory else Limits()
-        sandbox = SandboxConfig(rootfs=rootfs, network=network, limits=limits)
+        sandbox = SandboxConfig(rootfs=rootfs or "host", network=network, limits=limits)
         agent = AgentConfig(
-            max_steps=max_steps, max_total_tokens=max_token_limit, time_limit=time_limit, text_mode=text_mode
+            max_steps=max_steps,
+            max_token_limit=max_token_limit,
+            max_format_errors=max_format_errors,
+            time_limit=time_limit,
+            text_mode=text_mode,
         )
     with _fed_by("--prompt-config"):
         prompts = prompt_configs.load(prompt_config)
     with _fed_by("--copy-out"):
         copy_out = tuple(check_copy_out(rel) for rel in copy_out)
+    if docker_image is not None:
+        sandbox = sandbox.model_copy(update={"rootfs": _docker_image(docker_image, quiet or as_json)})
 
     started, tokens = time.monotonic(), [0]
 
     def show(step: Any) -> None:
+        steps.append(step.index)
         tokens[0] += step.prompt_tokens + step.completion_tokens
         if step.reasoning:
             click.echo(click.style(_trim(step.reasoning, 400), dim=True))
@@ -488,9 +555,16 @@ def run_cmd(
         status = f"[step {step.index}/{max_steps} | {tokens[0]} tokens | {time.monotonic() - started:.0f}s]"
         click.echo(click.style(status, bold=True))
 
+    steps: list[Any] = []
+
     def retrying(retry: Retry) -> None:
+        again = (
+            f"retry {retry.attempt}/{retry.retries} in {retry.seconds:.1f}s{' (Retry-After)' if retry.hinted else ''}"
+            if retry.backoff
+            else "asking again now"
+        )
         status = (
-            f"[LLM request failed: {retry.cause} | retry {retry.attempt}/{retry.retries} in {retry.seconds:.1f}s | "
+            f"[LLM request failed: {retry.cause} | {again} | step {len(steps) + 1}/{max_steps} | "
             f"{time.monotonic() - started:.0f}s]"
         )
         click.echo(click.style(status, fg="yellow", bold=True), err=True)
@@ -529,6 +603,95 @@ def run_cmd(
     if trajectory.exit_status == "llm_error":
         click.echo(f"jailbox: {trajectory.error}; {llm_advice(trajectory.error or '', llm.base_url)}", err=True)
     sys.exit(0 if trajectory.exit_status == "submitted" else 1)
+
+
+# litellm's provider prefixes as the reference passes model names through it: the prefix picks the API (these
+# are all OpenAI-compatible) and, with no --llm_base_url, the provider's endpoint; the server sees the rest.
+PROVIDERS: dict[str, str | None] = {
+    "openai": None,
+    "hosted_vllm": None,
+    "custom_openai": None,
+    "text-completion-openai": None,
+    "openrouter": "https://openrouter.ai/api/v1",
+    "deepseek": "https://api.deepseek.com/v1",
+    "anthropic": "https://api.anthropic.com/v1",
+    "ollama": "http://localhost:11434/v1",
+    "ollama_chat": "http://localhost:11434/v1",
+    "lm_studio": "http://localhost:1234/v1",
+    "groq": "https://api.groq.com/openai/v1",
+    "together_ai": "https://api.together.xyz/v1",
+    "fireworks_ai": "https://api.fireworks.ai/inference/v1",
+    "mistral": "https://api.mistral.ai/v1",
+    "xai": "https://api.x.ai/v1",
+    "gemini": "https://generativelanguage.googleapis.com/v1beta/openai",
+}
+
+
+def _model_route(name: str) -> tuple[str, str | None]:
+    """(model as the server knows it, the provider's endpoint if the prefix names one). Only a known provider
+    prefix goes, as in litellm: "openai/Qwen/Qwen3-8B" sends "Qwen/Qwen3-8B", "Qwen/Qwen3-8B" is sent whole."""
+    provider, slash, rest = name.partition("/")
+    if slash and rest and provider in PROVIDERS:
+        return rest, PROVIDERS[provider]
+    return name, None
+
+
+def _extra_body(text: str) -> dict[str, Any]:
+    """--extra_body as JSON, or as the Python literal the reference's README writes ({"thinking": True}); the
+    strings "true" and "false" become booleans, as the reference makes them."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            raise ValueError(
+                f"--extra_body: not JSON ({text[:80]!r}); write an object, e.g. "
+                '\'{"chat_template_kwargs": {"enable_thinking": false}}\''
+            ) from None
+    if not isinstance(value, dict):
+        raise ValueError("--extra_body: expected a JSON object, e.g. '{\"top_p\": 0.95}'")
+    return _booleans(value)
+
+
+def _booleans(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _booleans(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_booleans(item) for item in value]
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
+def _run_settings(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise click.UsageError(f"--settings {path}: not YAML ({exc}); e.g. 'llm_name: openai/gpt-4o'") from None
+    if not isinstance(data, dict):
+        raise click.UsageError(f"--settings {path}: expected a YAML mapping, e.g. 'llm_name: openai/gpt-4o'")
+    return {key: str(value) for key, value in data.items() if value not in (None, "")}
+
+
+def _docker_image(ref: str, quiet: bool) -> str:
+    """The stored rootfs for image REF, pulled first if the store does not hold it (as Docker runs a local image
+    without asking the registry); its store name."""
+    from .sandbox.rootfs.pull import pull
+    from .sandbox.rootfs.reference import Reference
+    from .sandbox.rootfs.store import Store
+
+    try:
+        name = str(Reference.parse(ref))
+        if Store().get(name) is not None:
+            return name
+        return pull(ref, name, progress=None if quiet else _progress(), log=None if quiet else click.echo).name
+    except SandboxError as exc:
+        raise click.UsageError(f"--docker_image {ref}: {exc} (e.g. --docker_image python:3.11-slim)") from None
 
 
 @main.command("bench")

@@ -8,10 +8,13 @@ happened, so the retry policy, context-length recovery and response validation e
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import json
 import os
 import random
 import re
+import secrets
 import socket
 import threading
 import time
@@ -41,6 +44,10 @@ class LLMHTTPError(_StatusError):
     """The server answered with an error status (after any retries it deserved)."""
 
 
+class LLMBodyError(LLMHTTPError):
+    """A 2xx reply whose body is an error, not a completion; ``status`` is the code the error gives (else 502)."""
+
+
 class ContextLengthError(LLMHTTPError):
     """The conversation does not fit the model's context, even with ``max_tokens`` shrunk to what is left."""
 
@@ -64,12 +71,25 @@ _CONTEXT_PHRASES = (
     "context length exceeded",
     "reduce the length",
     "too many tokens",
+    "exceeds the available context size",  # llama.cpp
+    "exceed_context_size_error",  # llama.cpp's error type
+    "longer than the model's context length",  # SGLang, a prompt that alone is too long
 )
-_CONTEXT_LIMIT = re.compile(r"maximum context length (?:is|of) (\d+)", re.IGNORECASE)
+# vLLM "maximum context length is N", SGLang "... of N tokens", llama.cpp "available context size (N tokens)"
+_CONTEXT_LIMIT = re.compile(
+    r"maximum context length (?:is|of) (\d+)|available context size \((\d+) tokens\)", re.IGNORECASE
+)
 _PROMPT_TOKENS = re.compile(
-    r"(\d+) in the messages|(\d+) input tokens|messages resulted in (\d+) tokens", re.IGNORECASE
+    r"(\d+) in the messages|(\d+) input tokens|messages resulted in (\d+) tokens|(\d+) tokens from the input",
+    re.IGNORECASE,
 )
 _CONTEXT_MARGIN = 16
+_OUTPUT_CAP = re.compile(r"supports at most (\d+) completion tokens", re.IGNORECASE)
+_USE_COMPLETION_TOKENS = re.compile(r"'max_tokens' is not supported.*use 'max_completion_tokens'", re.I | re.S)
+_TEXT_PARTS = frozenset({"text", "output_text"})
+_TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+_XML_FUNCTION = re.compile(r"^<function=([\w.-]+)>(.*?)</function>$", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([\w.-]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 _REASONING_KEYS = frozenset({"reasoning_content", "reasoning"})
 _BODY_EXCERPT = 500
 
@@ -84,15 +104,19 @@ class Timeouts(BaseModel):
 
 
 class LLMConfig(BaseModel):
-    """Where and how to ask; ``base_url`` and ``api_key`` default to the usual environment variables."""
+    """Where and how to ask; ``base_url`` and ``api_key`` default to the usual environment variables.
+
+    ``temperature`` and ``max_tokens`` default to the reference package's (1.0 and 65536: models trained in its
+    setting were sampled so); None leaves a field out of the request, to the server's default.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str
     base_url: str
     api_key: SecretStr = Field(default_factory=lambda: SecretStr(os.environ.get("OPENAI_API_KEY", "")))
-    temperature: float | None = None
-    max_tokens: int | None = None
+    temperature: float | None = 1.0
+    max_tokens: int | None = Field(default=65536, ge=1)
     extra_body: dict[str, Any] = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
     timeout: Timeouts = Field(default_factory=Timeouts)
@@ -136,7 +160,8 @@ class UsageTotals(Usage):
 
 
 class Completion(BaseModel):
-    """One answer: the assistant message exactly as returned (reasoning and unknown fields included).
+    """One answer: the assistant message as returned (reasoning and unknown fields included), in the shape a
+    server accepts back (``normalise_message``).
 
     ``max_tokens_used`` is what the answering request asked for (smaller after a context-length shrink),
     ``latency`` the whole call's wall time with retries and back-off, ``attempts`` the requests sent.
@@ -164,12 +189,13 @@ class Retry:
     retries: int  # how many retries the client makes at most (``max_retries``)
     seconds: float  # the back-off before the next attempt
     cause: str  # what went wrong: ``ConnectError: [Errno 111] Connection refused``, ``HTTP 503: ...``
+    hinted: bool = False  # the wait is the server's Retry-After
+    backoff: bool = True  # False: sent again at once, changed (a shorter output limit), not after a failure count
 
 
 @dataclass(frozen=True)
 class _Sleep:
     seconds: float
-    retry: Retry
 
 
 _Outcome = httpx.Response | httpx.TransportError | None
@@ -180,7 +206,7 @@ def _excerpt(status: int, text: str) -> str:
     return f"HTTP {status}: {text[:_BODY_EXCERPT]}"
 
 
-def _cause(outcome: _Outcome) -> str:
+def _failure(outcome: _Outcome) -> str:
     """A failed attempt in one line: the transport error, or the status and the start of the body."""
     if isinstance(outcome, httpx.Response):
         return " ".join(_excerpt(outcome.status_code, outcome.text)[:200].split())
@@ -193,28 +219,92 @@ def _is_context_error(text: str) -> bool:
     return any(phrase in lowered for phrase in _CONTEXT_PHRASES)
 
 
+def _cause(exc: LLMError) -> str:
+    """One line naming what went wrong, for the status line: the status and the start of the server's words."""
+    if isinstance(exc, LLMBodyError):
+        return " ".join(f"HTTP 200 carrying error {exc.status}: {exc.body}".split())[:200]
+    if isinstance(exc, _StatusError):
+        return " ".join(f"HTTP {exc.status}: {exc.body}".split())[:200]
+    return " ".join(str(exc).split())[:200]
+
+
 def _retryable(exc: LLMError) -> bool:
     if isinstance(exc, LLMHTTPError):
         return exc.status in _RETRY_STATUSES or exc.status >= 500
     return isinstance(exc, LLMConnectionError)
 
 
+def _first(match: re.Match[str] | None) -> int | None:
+    return None if match is None else int(next(group for group in match.groups() if group))
+
+
+def _llama_cpp_counts(text: str) -> tuple[int | None, int | None]:
+    """llama.cpp puts the numbers beside its message: ``{"error": {"n_ctx": N, "n_prompt_tokens": P, ...}}``."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None, None
+    error = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(error, dict):
+        return None, None
+    counts = [error.get(key) for key in ("n_ctx", "n_prompt_tokens")]
+    limit, prompt = (value if isinstance(value, int) and not isinstance(value, bool) else None for value in counts)
+    return limit, prompt
+
+
 def _room_left(text: str) -> int | None:
     """Completion tokens that still fit, from messages like vLLM's "maximum context length is N tokens ...
-    (X in the messages, Y in the completion)"; None when the message does not say or nothing fits."""
-    limit = _CONTEXT_LIMIT.search(text)
-    prompt = _PROMPT_TOKENS.search(text)
+    (X in the messages, Y in the completion)", SGLang's "... of N tokens ... X tokens from the input messages"
+    or llama.cpp's ``n_ctx``/``n_prompt_tokens``; None when the message does not say or nothing fits."""
+    limit, prompt = _llama_cpp_counts(text)
+    limit = limit if limit is not None else _first(_CONTEXT_LIMIT.search(text))
+    prompt = prompt if prompt is not None else _first(_PROMPT_TOKENS.search(text))
     if limit is None or prompt is None:
         return None
-    room = int(limit.group(1)) - int(next(group for group in prompt.groups() if group))
+    room = limit - prompt
     return max(1, room - _CONTEXT_MARGIN) if room > 0 else None
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    try:
-        return max(0.0, float(response.headers["retry-after"]))
-    except (KeyError, ValueError):
+def _limit_key(body: dict[str, Any]) -> str:
+    """Which key bounds the completion in this body ("" when none does)."""
+    return next((key for key in ("max_tokens", "max_completion_tokens") if isinstance(body.get(key), int)), "")
+
+
+def _within_output_cap(body: dict[str, Any], text: str) -> tuple[dict[str, Any], str] | None:
+    """The body changed as a refusal of its output limit asks, and what changed; None for other refusals.
+
+    OpenAI caps completions per model ("... supports at most N completion tokens") and its reasoning models
+    take only ``max_completion_tokens``; the reference's defaults (65536 tokens) meet both, which litellm
+    smoothed over for it.
+    """
+    key = _limit_key(body)
+    if not key:
         return None
+    if key == "max_tokens" and _USE_COMPLETION_TOKENS.search(text):
+        rest = {name: value for name, value in body.items() if name != "max_tokens"}
+        return {**rest, "max_completion_tokens": body["max_tokens"]}, "max_completion_tokens"
+    cap = _OUTPUT_CAP.search(text)
+    if cap is None or int(cap.group(1)) >= body[key]:
+        return None
+    return {**body, key: int(cap.group(1))}, f"{key} {cap.group(1)}"
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """Retry-After in seconds, or as an HTTP date (RFC 9110 allows both; proxies and CDNs send dates)."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # "-0000": a date without a zone, which HTTP dates are in GMT anyway
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _usage(data: Any) -> Usage:
@@ -222,6 +312,26 @@ def _usage(data: Any) -> Usage:
     if not isinstance(data, dict):
         return Usage()
     return Usage(**{field: int(data.get(field) or 0) for field in Usage.model_fields})
+
+
+def _error_in_body(data: Any) -> tuple[int, str] | None:
+    """An error a 2xx body carries instead of a completion (OpenRouter relays a provider's failure as HTTP 200
+    with ``{"error": {"code": 502, "message": ...}}``, or as a choice whose ``finish_reason`` is "error"):
+    the status it stands for (its code when that is an HTTP status, else 502) and its message."""
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    choices = data.get("choices")
+    if error is None and isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        choice = choices[0]
+        if choice.get("finish_reason") == "error" or choice.get("error") is not None:
+            error = choice.get("error") or {"message": "the choice ended with finish_reason 'error'"}
+    if error is None:
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599 else 502
+    message = error.get("message") if isinstance(error, dict) else error
+    return status, str(message)
 
 
 def _parse_choice(response: httpx.Response) -> tuple[dict[str, Any], Usage]:
@@ -242,11 +352,111 @@ def _parse_choice(response: httpx.Response) -> tuple[dict[str, Any], Usage]:
     return choice, _usage(data.get("usage"))
 
 
+def _text_of(content: Any) -> tuple[str | None, str]:
+    """``content`` as one string, and any thinking parts: servers in the Responses or Anthropic style send a
+    list of parts, which a strict server refuses when it comes back in an assistant turn as it was."""
+    if not isinstance(content, list):
+        return (None if content is None else str(content)), ""
+    texts, thoughts = [], []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif isinstance(part, dict) and isinstance(part.get("thinking"), str):
+            thoughts.append(part["thinking"])
+    return "".join(texts), "".join(thoughts)
+
+
+def _string_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+def _arguments(value: Any) -> str:
+    """Arguments as the JSON string the API defines; Ollama and some templates return the object itself."""
+    if isinstance(value, str):
+        return value
+    return json.dumps({} if value is None else value, ensure_ascii=False)
+
+
+def _tool_call(raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, dict):
+        return None
+    given = raw.get("function")
+    function: dict[str, Any] = given if isinstance(given, dict) else {}
+    call_id = raw.get("id")
+    return {
+        **raw,
+        "id": call_id if isinstance(call_id, str) and call_id else _call_id(),
+        "type": "function",
+        "function": {
+            **function,
+            "name": str(function.get("name") or ""),
+            "arguments": _arguments(function.get("arguments")),
+        },
+    }
+
+
+def _tagged_call(block: str) -> dict[str, Any] | None:
+    """One ``<tool_call>`` block as a tool call: Hermes-style JSON ``{"name": ..., "arguments": {...}}``, or the
+    Qwen3-Coder form ``<function=NAME><parameter=KEY>VALUE</parameter></function>``; None if it is neither."""
+    xml = _XML_FUNCTION.match(block.strip())
+    if xml is not None:
+        arguments: Any = dict(_XML_PARAMETER.findall(xml.group(2)))
+        name: Any = xml.group(1)
+    else:
+        try:
+            data = json.loads(block)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            return None
+        name, arguments = data["name"], data.get("arguments", data.get("parameters", {}))
+    return {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": _arguments(arguments)}}
+
+
+def normalise_message(message: dict[str, Any], tools_offered: bool) -> dict[str, Any]:
+    """The assistant message in the shape every OpenAI-compatible server accepts back in the next turn.
+
+    Unknown fields (reasoning, provider extras) stay. ``content`` becomes a string; each tool call gets an
+    ``id`` (answered by that id), ``type`` and its arguments as a JSON string; an empty ``tool_calls`` goes.
+    When tools were offered but the calls came back as text in ``content`` (``<tool_call>...</tool_call>``,
+    as a server without the model's tool parser returns them), they are moved to ``tool_calls``.
+    """
+    out = dict(message)
+    content, thinking = _text_of(message.get("content"))
+    out["content"] = content
+    for key in ("reasoning_content", "reasoning"):  # some servers send these as parts too
+        if out.get(key) is not None and not isinstance(out[key], str):
+            text, thought = _text_of(out[key])
+            out[key] = (text or "") + thought if isinstance(out[key], list) else json.dumps(out[key])
+    if thinking and not (out.get("reasoning_content") or out.get("reasoning")):
+        out["reasoning_content"] = thinking
+    calls = [call for call in map(_tool_call, message.get("tool_calls") or []) if call is not None]
+    if not calls and tools_offered and content and "<tool_call>" in content:
+        tagged = [_tagged_call(block) for block in _TOOL_CALL_TAG.findall(content)]
+        if tagged and all(call is not None for call in tagged):
+            calls = [call for call in tagged if call is not None]
+            out["content"] = _TOOL_CALL_TAG.sub("", content).strip() or None
+    if calls:
+        out["tool_calls"] = calls
+    else:
+        out.pop("tool_calls", None)
+    return out
+
+
 class _ChatCore:
     """Everything but I/O: the request, the retry policy, response checks and the usage totals."""
 
-    def __init__(self, config: LLMConfig) -> None:
+    def __init__(self, config: LLMConfig, on_retry: Callable[[Retry], None] | None = None) -> None:
         self.config = config
+        self.on_retry = on_retry
+        """Told, in one line, why a request is sent again (the status line shows it)."""
+        self._output_limit: tuple[str, int | None] = ("max_tokens", None)  # the key and cap a refusal taught
         self.url = config.base_url.rstrip("/") + "/chat/completions"
         self.usage = UsageTotals()
         self._usage_lock = threading.Lock()
@@ -267,7 +477,8 @@ class _ChatCore:
         if self.config.temperature is not None:
             body["temperature"] = self.config.temperature
         if self.config.max_tokens is not None:
-            body["max_tokens"] = self.config.max_tokens
+            key, cap = self._output_limit
+            body[key] = min(self.config.max_tokens, cap) if cap is not None else self.config.max_tokens
         return {**body, **self.config.extra_body}
 
     def _check(self, outcome: _Outcome, attempts: int) -> tuple[dict[str, Any], Usage]:
@@ -278,47 +489,83 @@ class _ChatCore:
             ) from outcome
         status, text = outcome.status_code, outcome.text
         if 200 <= status < 300:
-            return _parse_choice(outcome)
-        if status == 400 and _is_context_error(text):
+            try:
+                carried = _error_in_body(outcome.json())
+            except ValueError:
+                carried = None
+            if carried is None:
+                return _parse_choice(outcome)
+            code, message = carried
+            shown = f"HTTP {status} carrying error {code}: {message[:_BODY_EXCERPT]}"
+            if _is_context_error(message):
+                raise ContextLengthError(f"context length exceeded ({shown})", code, message)
+            raise LLMBodyError(f"{self.url}: {shown} (attempt {attempts})", code, message)
+        if status in (400, 413) and _is_context_error(text):
             raise ContextLengthError(f"context length exceeded ({_excerpt(status, text)})", status, text)
         raise LLMHTTPError(f"{self.url}: {_excerpt(status, text)} (attempt {attempts})", status, text)
 
-    def _backoff(self, failures: int, outcome: _Outcome) -> float:
-        """Full jitter over an exponential cap, or the server's Retry-After; never more than backoff_max."""
+    def _backoff(self, failures: int, outcome: _Outcome) -> tuple[float, bool]:
+        """Full jitter over an exponential cap, or the server's Retry-After (the flag says which); never more
+        than backoff_max."""
         hinted = _retry_after(outcome) if isinstance(outcome, httpx.Response) else None
         if hinted is not None:
-            return min(hinted, self.config.backoff_max)
-        return random.uniform(0, min(self.config.backoff_max, self.config.backoff_base * 2 ** (failures - 1)))
+            return min(hinted, self.config.backoff_max), True
+        return random.uniform(0, min(self.config.backoff_max, self.config.backoff_base * 2 ** (failures - 1))), False
+
+    def _retrying(self, retry: Retry) -> None:
+        if self.on_retry is not None:
+            self.on_retry(retry)
 
     def _exchange(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> _Flow:
         body = self._body(messages, tools)
         started = time.monotonic()
         attempts = failures = 0
         shrunk = False
+        refused: set[str] = set()  # bodies of refusals already answered once: a second one is final
         while True:
             attempts += 1
             outcome = yield _Send(body)
             try:
                 choice, usage = self._check(outcome, attempts)
             except ContextLengthError as exc:
-                room = None if shrunk else _room_left(exc.body)
-                current = body.get("max_tokens")
-                if room is None or (current is not None and room >= current):
+                key = _limit_key(body)
+                room = None if shrunk or not key else _room_left(exc.body)
+                if room is None or room >= body[key]:
                     raise
-                body = {**body, "max_tokens": room}
+                cause = f"context length exceeded: {key} {body[key]} -> {room}"
+                self._retrying(Retry(attempts, self.config.max_retries, 0.0, cause, backoff=False))
+                body = {**body, key: room}
                 shrunk = True
                 continue
             except LLMError as exc:
+                refusal = exc.body if isinstance(exc, LLMHTTPError) and exc.status == 400 else None
+                fixed = None if refusal is None or refusal in refused else _within_output_cap(body, refusal)
+                if refusal is not None and fixed is not None:
+                    refused.add(refusal)
+                    cause = f"the server refused the output limit; asking with {fixed[1]}: {_cause(exc)}"
+                    self._retrying(Retry(attempts, self.config.max_retries, 0.0, cause, backoff=False))
+                    body = fixed[0]
+                    key = _limit_key(body)
+                    self._output_limit = (key, body[key])  # the model's own limit: later calls ask within it
+                    continue
                 if not _retryable(exc) or failures >= self.config.max_retries:
                     raise
                 failures += 1
-                seconds = self._backoff(failures, outcome)
-                yield _Sleep(seconds, Retry(attempts, self.config.max_retries, seconds, _cause(outcome)))
+                wait, hinted = self._backoff(failures, outcome)
+                cause = _cause(exc) if isinstance(outcome, httpx.Response) else _failure(outcome)
+                self._retrying(Retry(failures, self.config.max_retries, wait, cause, hinted=hinted))
+                yield _Sleep(wait)
                 continue
-            return self._record(choice, usage, body, time.monotonic() - started, attempts)
+            return self._record(choice, usage, body, time.monotonic() - started, attempts, bool(tools))
 
     def _record(
-        self, choice: dict[str, Any], usage: Usage, body: dict[str, Any], latency: float, attempts: int
+        self,
+        choice: dict[str, Any],
+        usage: Usage,
+        body: dict[str, Any],
+        latency: float,
+        attempts: int,
+        tools_offered: bool,
     ) -> Completion:
         """Adds to the client's totals under a lock: one sync client may serve many threads."""
         with self._usage_lock:
@@ -327,8 +574,8 @@ class _ChatCore:
             self.usage.total_tokens += usage.total_tokens
             self.usage.calls += 1
         return Completion(
-            message=choice["message"],
-            finish_reason=choice.get("finish_reason"),
+            message=normalise_message(choice["message"], tools_offered),
+            finish_reason=_string_or_none(choice.get("finish_reason")),
             usage=usage,
             max_tokens_used=body.get("max_tokens"),
             latency=latency,
@@ -350,8 +597,7 @@ class LLMClient(_ChatCore):
         sleep: Callable[[float], object] | None = None,
         on_retry: Callable[[Retry], None] | None = None,
     ) -> None:
-        super().__init__(config)
-        self.on_retry = on_retry
+        super().__init__(config, on_retry)
         self._cancelled = threading.Event()
         self._sleep = sleep or self._cancelled.wait
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
@@ -372,8 +618,6 @@ class LLMClient(_ChatCore):
 
     def _perform(self, step: _Send | _Sleep) -> _Outcome:
         if not self._cancelled.is_set() and isinstance(step, _Sleep):
-            if self.on_retry is not None:
-                self.on_retry(step.retry)
             self._sleep(step.seconds)
         if self._cancelled.is_set():
             raise LLMCancelled(f"{self.url}: the request was cancelled")
@@ -431,8 +675,7 @@ class AsyncLLMClient(_ChatCore):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_retry: Callable[[Retry], None] | None = None,
     ) -> None:
-        super().__init__(config)
-        self.on_retry = on_retry
+        super().__init__(config, on_retry)
         self._sleep = sleep
         self._http = httpx.AsyncClient(headers=self._headers, timeout=self._timeout)
 
@@ -450,8 +693,6 @@ class AsyncLLMClient(_ChatCore):
 
     async def _perform(self, step: _Send | _Sleep) -> _Outcome:
         if isinstance(step, _Sleep):
-            if self.on_retry is not None:
-                self.on_retry(step.retry)
             await self._sleep(step.seconds)
             return None
         try:

@@ -1,7 +1,9 @@
 """The agent loop: a model, a jail, the paper's three tools, until it submits or a limit ends it.
 
 Every limit ends the run with a status, never an exception: ``submitted``, ``max_steps``,
-``token_limit``, ``time_limit``, ``format_errors``, ``llm_error``, ``sandbox_error``. The
+``token_limit`` (the conversation outgrew ``max_token_limit``, checked before each call as the reference
+does), ``time_limit``, ``format_errors`` (only with ``max_format_errors``: by default a reply without a
+tool call is answered with a nudge, as the reference does), ``llm_error``, ``sandbox_error``. The
 trajectory is saved after every step.
 
 Runs in the host process that drives the model (the CLI's, a batch's worker thread, a Ray worker);
@@ -22,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from ..sandbox import Sandbox
 from ..sandbox.errors import SandboxError, SandboxFileError
-from .llm import Completion, LLMError, Usage, parse_text_action
+from .llm import Completion, LLMError, parse_text_action
 from .prompts import PromptConfig
 from .schemas import TOOL_SCHEMAS
 from .tools import Tools
@@ -43,15 +45,10 @@ TEXT_MODE_HELP = "Call a tool with one fenced block: ```<tool_name>\\n{{json arg
 
 
 class ChatModel(Protocol):
-    """What the loop needs of a model: one chat completion per step, and the tokens spent so far.
+    """What the loop needs of a model: one chat completion per step.
 
     ``LLMClient`` is one; so is any fake that answers ``complete`` (raising ``LLMError`` when it cannot).
     """
-
-    @property
-    def usage(self) -> Usage:
-        """Tokens over every completion so far; ``total_tokens`` is what ``max_total_tokens`` bounds."""
-        ...
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Completion:
         """The model's reply to ``messages``, offered ``tools`` (None in text mode)."""
@@ -60,10 +57,14 @@ class ChatModel(Protocol):
 
 class AgentConfig(BaseModel):
     max_steps: int = Field(100, ge=1)
-    max_total_tokens: int | None = Field(None, ge=1)
+    max_token_limit: int | None = Field(
+        65536, ge=1, description="tokens the conversation may hold, counted before each call (the reference's)"
+    )
     time_limit: float | None = Field(None, gt=0, description="seconds of wall time for the whole run")
     command_timeout: float = Field(120.0, gt=0)
-    max_format_errors: int = Field(3, ge=1, description="consecutive replies without a usable tool call")
+    max_format_errors: int | None = Field(
+        None, ge=1, description="end after this many consecutive replies without a usable tool call (None: nudge on)"
+    )
     text_mode: bool = Field(False, description="parse one fenced action per reply instead of tool calls")
     observation_chars: int = Field(30_000, ge=1000)
 
@@ -112,16 +113,26 @@ class Agent:
     def _loop(self, traj: Trajectory) -> ExitStatus:
         start = time.monotonic()
         format_errors = 0
+        tools = None if self.config.text_mode else self.prompts.tool_schemas()
+        counted = (0, 0)  # (messages, tokens) as the server counted them in its last reply
         for index in range(1, self.config.max_steps + 1):
             if self.config.time_limit is not None and time.monotonic() - start > self.config.time_limit:
                 return "time_limit"
+            size = conversation_tokens(traj.messages, counted)
+            if self.config.max_token_limit is not None and size > self.config.max_token_limit:
+                traj.error = (
+                    f"the conversation holds about {size} tokens, over max_token_limit {self.config.max_token_limit}"
+                )
+                return "token_limit"
             try:
-                completion = self.llm.complete(traj.messages, tools=None if self.config.text_mode else TOOL_SCHEMAS)
+                completion = self.llm.complete(traj.messages, tools=tools)
             except LLMError as exc:
                 traj.error = f"{type(exc).__name__}: {exc}"
                 return "llm_error"
             message = completion.message
             traj.messages.append(message)
+            if completion.usage.prompt_tokens:
+                counted = (len(traj.messages), completion.usage.prompt_tokens + completion.usage.completion_tokens)
             step = Step(
                 index=index,
                 thought=message.get("content") or "",
@@ -144,10 +155,8 @@ class Agent:
             if submitted:
                 return "submitted"
             format_errors = 0 if usable else format_errors + 1
-            if format_errors >= self.config.max_format_errors:
+            if self.config.max_format_errors is not None and format_errors >= self.config.max_format_errors:
                 return "format_errors"
-            if self.config.max_total_tokens is not None and self.llm.usage.total_tokens >= self.config.max_total_tokens:
-                return "token_limit"
         return "max_steps"
 
     def _act(self, traj: Trajectory, step: Step, message: dict[str, Any], index: int) -> tuple[bool, bool]:
@@ -205,8 +214,8 @@ class Agent:
     def _remaining(self, text: str, index: int) -> str:
         left = self.config.max_steps - index
         if left == 1:
-            return f"{text}\n\nSteps Remaining: 1. " + LAST_STEP.format(output_dir=self.prompts.output_dir)
-        return f"{text}\n\nSteps Remaining: {left}"
+            return f"{text}\nSteps Remaining: 1. " + LAST_STEP.format(output_dir=self.prompts.output_dir)
+        return f"{text}\nSteps Remaining: {left}"  # one newline, as the reference appends it
 
     def _answer(self, traj: Trajectory) -> None:
         self.answer_file, why = read_answer(self.sandbox, self.prompts.output_dir)
@@ -224,6 +233,21 @@ class Agent:
     def _save(self, traj: Trajectory) -> None:
         if self.path is not None:
             traj.save(self.path)
+
+
+def conversation_tokens(messages: list[dict[str, Any]], counted: tuple[int, int] = (0, 0)) -> int:
+    """The conversation's size in tokens, as the reference checks it before each call: what the server counted
+    for the first ``counted[0]`` messages (its last reply's prompt and completion tokens), plus about one token
+    per four characters for the messages after them (all of them when the server never said)."""
+    known, tokens = counted if 0 < counted[0] <= len(messages) else (0, 0)
+    chars = 0
+    for message in messages[known:]:
+        content = message.get("content") or ""
+        chars += len(content if isinstance(content, str) else json.dumps(content, ensure_ascii=False))
+        chars += len(str(message.get("reasoning_content") or message.get("reasoning") or ""))
+        if message.get("tool_calls"):
+            chars += len(json.dumps(message["tool_calls"], ensure_ascii=False))
+    return tokens + chars // 4
 
 
 def read_answer(sb: Sandbox, output_dir: str) -> tuple[bytes | None, str | None]:

@@ -12,12 +12,15 @@ to gigabytes of nodes; no prompt needs them).
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from yaml.composer import ComposerError
+
+from .schemas import ANSWER_PATH, TOOL_SCHEMAS
 
 MAX_BYTES = 1 << 20
 
@@ -78,6 +81,16 @@ class PromptConfig(BaseModel):
 
     def instance(self, problem: str) -> str:
         return _fill(self.instance_prompt, self._values(problem))
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools as sent to the model, ``submit`` naming this config's answer file: a config whose
+        ``output_dir`` is ``/testbed`` must not be told to write ``/testbed/output/answer.txt``."""
+        answer = f"{self.output_dir.rstrip('/')}/answer.txt"
+        schemas = copy.deepcopy(TOOL_SCHEMAS)
+        for schema in schemas:
+            function = schema["function"]
+            function["description"] = function["description"].replace(ANSWER_PATH, answer)
+        return schemas
 
 
 def _fill(template: str, values: dict[str, str]) -> str:

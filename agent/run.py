@@ -107,6 +107,8 @@ def run_task(
     copy_out: Sequence[str] = (),
     on_retry: Callable[[Retry], None] | None = None,
 ) -> Trajectory:
+    """``problem`` in a fresh jail, recorded in ``output_dir``; ``on_retry`` hears each request sent again and
+    why (the CLI's status line)."""
     prompts = prompts or PromptConfig()
     copy_out = [check_copy_out(rel) for rel in copy_out]
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -137,8 +137,9 @@ def test_step_token_and_llm_limits(server, tmp_path):
     assert traj.exit_status == "max_steps"
     last = tool_messages(server.requests[1])[-1]["content"]
     assert "Steps Remaining: 1. This is your last step" in last
-    server.add(tool_reply(call("execute_bash", {"command": "true"})))
-    assert run(server, tmp_path / "b", max_total_tokens=100).exit_status == "token_limit"
+    big = {"prompt_tokens": 5000, "completion_tokens": 20, "total_tokens": 5020}
+    server.add(reply(None, tool_calls=[call("execute_bash", {"command": "true"})], usage=big))
+    assert run(server, tmp_path / "b", max_token_limit=4000).exit_status == "token_limit"
     server.add(error(401, "bad key"))
     traj = run(server, tmp_path / "c")
     assert traj.exit_status == "llm_error" and "401" in traj.error

@@ -88,7 +88,11 @@ def test_trailing_slash_in_base_url_and_no_key_means_no_authorization(server, sl
     [request] = server.requests
     assert request.path == "/v1/chat/completions"
     assert "authorization" not in request.headers
-    assert set(request.json) == {"model", "messages"}
+    assert {key: request.json[key] for key in set(request.json) - {"messages"}} == {
+        "model": "test-model",
+        "temperature": 1.0,
+        "max_tokens": 65536,
+    }
 
 
 def test_429_waits_what_retry_after_says(server, sleeps):

@@ -4,8 +4,9 @@ cgroups where usable (v2 delegated, or v1 as root), else an rlimit where one fit
 address space, pids as per-uid process count, which a user namespace makes per-sandbox) and the host's
 watcher (``watch.py``: the total memory of the jail's processes, a disk writable layer's bytes and
 inodes), else nothing, said plainly. The jail's tmpfs (/tmp, /dev/shm, a tmpfs writable layer) is one
-mount with a size and an inode count (``scratch``). Core dumps are always off. The bounds all sandboxes share (the pids budget,
-the per-user kernel counters) are stated here too; ``budget.py`` decides them.
+mount with a size and an inode count (``scratch``). Core dumps are always off. The bounds all
+sandboxes share (the pids budget, the per-user kernel counters) are stated here too; ``budget.py``
+decides them.
 """
 
 from __future__ import annotations
