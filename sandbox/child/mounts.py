@@ -79,8 +79,8 @@ def plan(spec: JailSpec) -> list[Op]:
     ops += [
         Op(Step.PROC, "/proc", True, True, _mount_proc),
         Op(Step.SYS, "/sys", True, True, _mount_sys),
-        Op(Step.DEV, "/dev", True, True, functools.partial(_mount_dev, spec.stage)),
-        Op(Step.TMP, "/tmp", True, True, functools.partial(_mount_scratch, spec.stage + "/tmp")),
+        Op(Step.DEV, "/dev", True, True, _mount_dev),
+        Op(Step.TMP, "/tmp", True, True, functools.partial(_mount_scratch, "tmp")),
         Op(Step.WORKDIR, spec.workdir, True, False, _workdir),
     ]
     ops += [Op(Step.BIND, b.dst, b.is_dir, False, functools.partial(_bind, b)) for b in spec.user_binds]
@@ -236,7 +236,9 @@ def _bind(bind: Bind, target: str) -> None:
 
 
 def _mount_scratch(src: str, target: str) -> None:
-    """A directory of the staging tmpfs (nosuid, nodev, bounded) at ``target``."""
+    """A directory of the staging tmpfs (nosuid, nodev, bounded) at ``target``. ``src`` is relative to
+    the staging tmpfs, the working directory during setup: as host root the jail is a subordinate id
+    by now, which cannot search root's state directory above it."""
     L.mount(src, target, None, L.MS_BIND)
 
 
@@ -303,7 +305,7 @@ def _mask(mounted_at: str, prefix: str) -> None:
             L.make_readonly(target)  # the host's /dev/null: its mode must not change through here
 
 
-def _mount_dev(stage: str, dev: str) -> None:
+def _mount_dev(dev: str) -> None:
     # a byte bound alone would leave empty files free: each costs the host an inode's memory
     L.mount("tmpfs", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k,nr_inodes=256")
     for name in DEVICES:
@@ -316,6 +318,6 @@ def _mount_dev(stage: str, dev: str) -> None:
     os.mkdir(dev + "/pts", 0o755)
     L.mount("devpts", dev + "/pts", "devpts", L.MS_NOSUID | L.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     os.mkdir(dev + "/shm", 0o1777)
-    _mount_scratch(stage + "/shm", dev + "/shm")
+    _mount_scratch("shm", dev + "/shm")  # relative: our working directory is the staging tmpfs
     for name, target in DEV_LINKS.items():
         os.symlink(target, f"{dev}/{name}")

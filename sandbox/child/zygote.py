@@ -355,8 +355,24 @@ def _write_counters(counters: dict[str, int]) -> None:
 
 def _host_ids(idmap: IdMap) -> IdMap:
     """A's map: the host ids ``idmap`` uses, each onto itself. The jail's namespace, nested in A's,
-    then gets ``idmap`` itself, and reads the same ``/proc/self/uid_map`` as without A's."""
-    return IdMap(_lines(idmap.uid_map, True), _lines(idmap.gid_map, True), idmap.helper, idmap.deny_setgroups)
+    then gets ``idmap`` itself, and reads the same ``/proc/self/uid_map`` as without A's.
+
+    The kernel lets A2 create the nested namespace only if its own ids are mapped in A's. Rootless
+    they are among ``idmap``'s; host root's jails map a subordinate range and never uid 0, so A's
+    map names the launcher's own ids too (A's namespace is never entered by anything in the jail)."""
+    uid_map, gid_map = _lines(idmap.uid_map, True), _lines(idmap.gid_map, True)
+    uid_map = _with_own(uid_map, os.getuid())
+    gid_map = _with_own(gid_map, os.getgid())
+    return IdMap(uid_map, gid_map, idmap.helper, idmap.deny_setgroups)
+
+
+def _with_own(lines: str, own: int) -> str:
+    """``lines`` (one "inside outside count" triple each) plus ``own`` onto itself, unless it is mapped."""
+    for line in lines.splitlines():
+        _, outside, count = (int(n) for n in line.split())
+        if outside <= own < outside + count:
+            return lines
+    return f"{own} {own} 1\n" + lines
 
 
 def _lines(text: str, host_ids: bool) -> str:
