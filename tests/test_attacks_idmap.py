@@ -9,6 +9,7 @@ bits, device nodes and FIFOs, whichever call makes them.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from jailbox.sandbox import Mount, Sandbox, idmap
-from jailbox.sandbox.errors import ConfigError
+from jailbox.sandbox.errors import ConfigError, SandboxFileError
 from jailbox.sandbox.rootfs.store import Store
 
 RANGE = idmap.ROOT_RANGE
@@ -286,3 +287,31 @@ def test_an_entry_stored_with_the_identity_map_is_shifted_into_the_range(store: 
     entry = store.get("old")
     assert entry is not None and entry.idmap["uid_map"].split()[1] == str(uid)
     assert stored("old") is not None and host_view(tree)["home/u"].st_uid == uid + 1000  # shifted once
+
+
+def test_the_file_api_stays_in_the_jail_when_openat2_is_refused(tmp_path: Path) -> None:
+    """A jail with a read-write bind refuses openat2 (ENOSYS), the init's file API included: it then
+    resolves paths itself, a component at a time, and links the jail planted (absolute, chains of
+    ``..``, a loop) still resolve inside the jail, never to the host's file of the same name."""
+    secret = tmp_path / "secret"
+    secret.write_text("host's own\n")
+    _, mount = rw_bind(tmp_path)
+    with Sandbox(mounts=[mount]) as sb:
+        assert sb.exec(["python3", "-c", "import os; os.open('/tmp', os.O_RDONLY)"]).exit_code == 0
+        planted = (
+            f"mkdir -p /w/d{tmp_path} && echo jail > /w/d{secret} && ln -s {secret} /w/abs && "
+            f"ln -s ../../../../../../../../../..{secret} /w/d/up && ln -s /w/d /w/dl && "
+            "ln -s /w/loop /w/loop && echo in > /w/d/in"
+        )
+        assert sb.exec(["sh", "-c", planted]).exit_code == 0, "the jail could not plant its links"
+        for path in ("/w/abs", "/w/d/up"):
+            with pytest.raises(SandboxFileError) as refused:
+                sb.read_file(path)  # the jail has no such file: never the host's
+            assert refused.value.errno == errno.ENOENT, path
+        assert sb.read_file(f"/w/dl{secret}") == b"jail\n"
+        with pytest.raises(SandboxFileError) as looped:
+            sb.read_file("/w/loop")
+        assert looped.value.errno == errno.ELOOP
+        sb.write_file("/w/dl/out", b"x")
+        assert sb.exec(["cat", "/w/d/out"]).stdout == "x"
+    assert secret.read_text() == "host's own\n"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from llm_server import ScriptedServer, Step, error, reply
 
-from jailbox.agent.llm import LLMClient, LLMConfig
+from jailbox.agent.llm import LLMClient, LLMConfig, Retry
 
 ROOT = Path(__file__).resolve().parent.parent
 JAILBOX_RUN = [sys.executable, "-c", "from jailbox.cli import main; main()", "run", "--query", "6*7?"]
@@ -291,7 +291,7 @@ def test_retry_after_date_is_the_wait():
     ahead = email.utils.formatdate(time.time() + 5, usegmt=True)
     past = email.utils.formatdate(time.time() - 60, usegmt=True)
     sleeps: list[float] = []
-    causes: list[str] = []
+    causes: list[Retry] = []
     with ScriptedServer(
         [error(429, "slow", headers={"Retry-After": ahead}), error(429, "slow", headers={"Retry-After": past}), reply()]
     ) as server:
@@ -299,7 +299,7 @@ def test_retry_after_date_is_the_wait():
         with LLMClient(config, sleep=sleeps.append, on_retry=causes.append) as client:
             client.complete([{"role": "user", "content": "hi"}])
     assert 3.0 <= sleeps[0] <= 5.0 and sleeps[1] == 0.0
-    assert all("(Retry-After)" in cause and "HTTP 429" in cause for cause in causes)
+    assert all(retry.hinted and "HTTP 429" in retry.cause for retry in causes)
 
 
 def test_tool_calls_left_as_text_are_taken_as_calls(tmp_path):

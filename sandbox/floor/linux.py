@@ -8,6 +8,7 @@ and a short description of what was attempted, so a refused step names itself.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 import resource
@@ -141,12 +142,59 @@ def clone_mount(path: str) -> int:
     return _check(_libc.syscall(_NR["open_tree"], -100, _b(path), OPEN_TREE_CLONE | os.O_CLOEXEC), f"clone {path}")
 
 
+MAX_LINKS = 40  # the kernel's own bound on symlinks in one lookup (ELOOP past it)
+
+
 def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
-    """openat2(RESOLVE_IN_ROOT): symlinks in ``path`` resolve inside ``root_fd``, never above it."""
+    """openat2(RESOLVE_IN_ROOT): symlinks in ``path`` resolve inside ``root_fd``, never above it.
+
+    A jail with a read-write bind refuses openat2 itself (ENOSYS: seccomp cannot read the mode in
+    its struct), and the init's file API runs under that filter too: then the same resolution is
+    done here, a component at a time with ``O_NOFOLLOW``."""
     how = struct.pack("QQQ", flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
     buf = ctypes.create_string_buffer(how, len(how))
     res = _libc.syscall(_NR["openat2"], root_fd, _b(path), buf, len(how))
+    if res < 0 and ctypes.get_errno() == errno.ENOSYS:
+        return _walk_in_root(root_fd, path, flags, mode)
     return _check(res, f"open {path}")
+
+
+def _walk_in_root(root_fd: int, path: str, flags: int, mode: int) -> int:
+    """``open_in_root`` without openat2: each directory opened ``O_PATH|O_NOFOLLOW`` from the one
+    before, ``..`` never above ``root_fd``, a symlink's target read and walked the same way (an
+    absolute one from ``root_fd``), at most ``MAX_LINKS`` of them; the last component opened with
+    ``flags`` and ``O_NOFOLLOW`` once it is known not to be a link."""
+    stack = [os.dup(root_fd)]  # the directories walked, root first: ".." pops, never past the root
+    pending = [c for c in path.split("/") if c not in ("", ".")]
+    links = 0
+    try:
+        while pending:
+            name = pending.pop(0)
+            if name == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                continue
+            try:
+                target = os.readlink(name, dir_fd=stack[-1])
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOENT):  # EINVAL: not a link; ENOENT: made below
+                    raise
+            else:
+                links += 1
+                if links > MAX_LINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+                if target.startswith("/"):
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                pending = [c for c in target.split("/") if c not in ("", ".")] + pending
+                continue
+            if not pending:
+                return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=stack[-1])
+            stack.append(os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=stack[-1]))
+        return os.open(".", flags | os.O_CLOEXEC, mode, dir_fd=stack[-1])  # the path named a directory
+    finally:
+        for fd in stack:
+            os.close(fd)
 
 
 def shed_exec_privileges() -> None:
