@@ -61,7 +61,8 @@ FLAGS: dict[tuple[str, str], tuple[str, str]] = {
     ("LLMConfig", "max_tokens"): ("--max-tokens-per-call", "--max-tokens-per-call 4096"),
     ("LLMConfig", "extra_body"): ("--extra-body", """--extra-body '{"top_p": 0.9}'"""),
     ("AgentConfig", "max_steps"): ("--max-steps", "--max-steps 100"),
-    ("AgentConfig", "max_total_tokens"): ("--max-token-limit", "--max-token-limit 200000"),
+    ("AgentConfig", "max_token_limit"): ("--max-token-limit", "--max-token-limit 65536"),
+    ("AgentConfig", "max_format_errors"): ("--max-format-errors", "--max-format-errors 3"),
     ("AgentConfig", "time_limit"): ("--time-limit", "--time-limit 600"),
     ("BatchConfig", "workers"): ("--workers", "--workers 4"),
     ("BatchConfig", "max_starting"): ("--workers", "--workers 4"),
@@ -409,7 +410,7 @@ def _trim(text: str, limit: int = 600) -> str:
 @click.option(
     "--max-token-limit",
     "--max_token_limit",
-    type=click.IntRange(min=1),
+    type=int,  # checked by AgentConfig, whose error names the flag (FLAGS)
     default=65536,
     show_default=True,
     help="Tokens the conversation may hold, checked before each call.",
@@ -508,7 +509,7 @@ def run_cmd(
     if save_litellm_response and not quiet and not as_json:
         click.echo("jailbox: --save_litellm_response: every request and reply is in trajectory.json already", err=True)
     model, provider_url = _model_route(llm_name)
-    with _fed_by("--extra_body"):
+    with _fed_by("--extra-body"):
         extra = _extra_body(extra_body) if extra_body else {}
     with _fed_by("--llm-base-url"):
         _check_url(llm_base_url)
@@ -645,12 +646,9 @@ def _extra_body(text: str) -> dict[str, Any]:
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
-            raise ValueError(
-                f"--extra_body: not JSON ({text[:80]!r}); write an object, e.g. "
-                '\'{"chat_template_kwargs": {"enable_thinking": false}}\''
-            ) from None
+            raise ValueError(f"not JSON ({text[:80]!r}); write an object") from None
     if not isinstance(value, dict):
-        raise ValueError("--extra_body: expected a JSON object, e.g. '{\"top_p\": 0.95}'")
+        raise ValueError("expected a JSON object")
     return _booleans(value)
 
 
@@ -1157,7 +1155,12 @@ def cp(src: str, dst: str) -> None:
 @main.command("_service", hidden=True)
 @click.option("--idle", type=click.FloatRange(min=0, min_open=True), default=300.0)
 def service_cmd(idle: float) -> None:
-    """The per-user service that holds jailbox create's sandboxes (started by the first create)."""
+    """The per-user service that holds jailbox create's sandboxes (started by the first create).
+
+    \b
+    Example:
+      jailbox _service --idle 60
+    """
     from .sandbox.service.server import main as serve
 
     serve(idle)

@@ -234,8 +234,8 @@ def test_reference_settings_file_fills_what_the_command_line_leaves_out(tmp_path
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
-        (["--extra_body", "[1, 2]"], "--extra_body"),
-        (["--extra_body", "{'a': nope}"], "--extra_body"),
+        (["--extra_body", "[1, 2]"], "--extra-body"),
+        (["--extra_body", "{'a': nope}"], "--extra-body"),
         (["--docker_image", "Not A Ref!"], "--docker_image"),
         (["--docker_image", "alpine", "--rootfs", "host"], "--docker_image"),
     ],
