@@ -212,11 +212,29 @@ def _refusal(subuid: str, subgid: str, exc: OSError) -> ConfigError:
 
 def plan(mode: str) -> IdMap:
     """The map the launcher writes for a jail of ``mode`` ("auto", "full" or "single")."""
+    if os.getuid() == 0 and not _root_is_parents_root():
+        # root of a user namespace an unprivileged user made (``unshare --map-root-user``): our uid 0 is
+        # that user outside, so the jail's root may be ours, as a rootless jail's root is its caller
+        return IdMap(uid_map="0 0 1\n", gid_map="0 0 1\n", helper=False, deny_setgroups=True)
     if os.getuid() == 0:
         first = root_range()
         _check_mapped(first)
         return _root_plan(first, mode)
     return _plan(os.getuid(), mode)
+
+
+def _root_is_parents_root() -> bool:
+    """Does our namespace's uid 0 stand for uid 0 of the namespace above (the host's, at the top)? A
+    namespace that maps 0 onto another id was made by someone else than root: its root is that id."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            lines = f.read(MAX_SUBID_FILE).splitlines()
+    except OSError:
+        return True  # no /proc: assume the worst
+    for fields in (line.split() for line in lines):
+        if len(fields) == 3 and fields[0] == "0":
+            return fields[1] == "0"
+    return True
 
 
 def _check_mapped(first: tuple[int, int]) -> None:

@@ -108,3 +108,22 @@ def _in_userns_with_roots_range(script: str) -> subprocess.CompletedProcess:
         Path(f"/proc/{proc.pid}/{key}").write_text(f"0 0 1\n{first} {first} 65536\n")
     out, err = proc.communicate("go\n", timeout=60)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.rootless
+def test_root_of_a_users_own_namespace_runs_jails_as_that_user():
+    """uid 0 of a namespace an unprivileged user made (``unshare --map-root-user``) is that user, not
+    the host's root: its jails need no range of root's, and their root is that same one id."""
+    script = (
+        "exec " + sys.executable + " -c '"
+        "from jailbox.sandbox import Sandbox\nwith Sandbox() as sb:\n"
+        '    print(sb.exec("cat /proc/self/uid_map").stdout.split())\''
+    )
+    r = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=60,
+    )
+    assert r.stdout.strip() == "['0', '0', '1']", r.stderr
