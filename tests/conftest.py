@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jailbox.sandbox import ExecResult, Sandbox, idmap
+from jailbox.sandbox import ExecResult, Mount, Sandbox, SandboxConfig, idmap
 from jailbox.sandbox.limits import cgroups
 from jailbox.sandbox.rootfs.store import Store
 
@@ -130,6 +130,15 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     yield store
     for entry in store.list():
         store.remove(entry.name)
+
+
+@pytest.fixture
+def with_python(tmp_path: Path) -> SandboxConfig:
+    """The host rootfs with the `python` command the paper's image has (its recorded runs call it)."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "python").symlink_to("/usr/bin/python3")
+    return SandboxConfig(mounts=[Mount(shim, "/opt/shim")], env={"PATH": "/opt/shim:/usr/local/bin:/usr/bin:/bin"})
 
 
 @pytest.fixture

@@ -315,3 +315,22 @@ def test_the_file_api_stays_in_the_jail_when_openat2_is_refused(tmp_path: Path) 
         sb.write_file("/w/dl/out", b"x")
         assert sb.exec(["cat", "/w/d/out"]).stdout == "x"
     assert secret.read_text() == "host's own\n"
+
+
+@pytest.mark.root
+def test_give_never_follows_links_a_jail_left_in_the_source(tmp_path: Path) -> None:
+    """``give=True`` chowns a bind's source to the jail's root: links an earlier jail planted there
+    (to a host file, to a host directory, a chain) are changed themselves, never what they name."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "file").write_text("host\n")
+    before = {p.name: (p.lstat().st_uid, p.lstat().st_gid) for p in (outside, outside / "file")}
+    out, mount = rw_bind(tmp_path)
+    with Sandbox(mounts=[mount]) as sb:
+        planted = f"ln -s {outside}/file /out/f && ln -s {outside} /out/d && ln -s /out/d /out/chain"
+        assert sb.exec(["sh", "-c", planted]).exit_code == 0
+    with Sandbox(mounts=[mount]) as sb:  # gives the tree again, links included
+        assert sb.exec(["true"]).exit_code == 0
+    assert {p.name: (p.lstat().st_uid, p.lstat().st_gid) for p in (outside, outside / "file")} == before
+    root_uid = jail_root()[0]
+    assert all(os.lstat(out / name).st_uid == root_uid for name in ("f", "d", "chain"))

@@ -15,7 +15,7 @@ import pytest
 
 from jailbox.agent.tools import Tools
 from jailbox.agent.trajectory import load
-from jailbox.sandbox import Mount, Sandbox, SandboxConfig
+from jailbox.sandbox import Sandbox
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 TRAJECTORIES = SHARED / "reference-trajectories"
@@ -23,15 +23,6 @@ LONG_CONTEXT_INPUT = SHARED / "reference-examples" / "09_long_context" / "input"
 HEADER = "Execution output of \\[execute_bash]:\n"
 CREATED = "Review the file and make sure that it is as expected. Edit the file if necessary."
 EDITED = "Review the changes and make sure they are as expected. Edit the file again if necessary."
-
-
-@pytest.fixture
-def with_python(tmp_path) -> SandboxConfig:
-    """The host rootfs with the `python` command the reference's image has (the recorded runs call it)."""
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "python").symlink_to("/usr/bin/python3")
-    return SandboxConfig(mounts=[Mount(shim, "/opt/shim")], env={"PATH": "/opt/shim:/usr/local/bin:/usr/bin:/bin"})
 
 
 @pytest.fixture

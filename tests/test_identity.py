@@ -76,13 +76,7 @@ def test_kernel_refusal_names_the_sysctl_that_fixes_it():
     if os.getuid() == 0:  # root's jails need root's range mapped in the namespace too: we write its maps
         r = _in_userns_with_roots_range(script)
     else:
-        r = subprocess.run(
-            ["unshare", "--user", "--map-root-user", "sh", "-c", script],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parent.parent,
-            timeout=60,
-        )
+        r = _as_root_of_own_userns(script)
     assert "sysctl -w user.max_user_namespaces=" in r.stdout, r.stderr
     with Sandbox() as sb:
         assert sb.exec("true").exit_code == 0
@@ -119,11 +113,16 @@ def test_root_of_a_users_own_namespace_runs_jails_as_that_user():
         "from jailbox.sandbox import Sandbox\nwith Sandbox() as sb:\n"
         '    print(sb.exec("cat /proc/self/uid_map").stdout.split())\''
     )
-    r = subprocess.run(
+    r = _as_root_of_own_userns(script)
+    assert r.stdout.strip() == "['0', '0', '1']", r.stderr
+
+
+def _as_root_of_own_userns(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` as uid 0 of a user namespace this (unprivileged) user makes, mapping only itself."""
+    return subprocess.run(
         ["unshare", "--user", "--map-root-user", "sh", "-c", script],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parent.parent,
         timeout=60,
     )
-    assert r.stdout.strip() == "['0', '0', '1']", r.stderr

@@ -10,19 +10,9 @@ from pathlib import Path
 import pytest
 
 from jailbox.agent.replay import normalise, replay
-from jailbox.sandbox import Mount, SandboxConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT.parent / "shared" / "data" / "reference-trajectories"
-
-
-@pytest.fixture
-def with_python(tmp_path) -> SandboxConfig:
-    """The host rootfs plus the `python` command the paper's image has (recorded runs call it)."""
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "python").symlink_to("/usr/bin/python3")
-    return SandboxConfig(mounts=[Mount(shim, "/opt/shim")], env={"PATH": "/opt/shim:/usr/local/bin:/usr/bin:/bin"})
 
 
 @pytest.mark.needs("shared-data")

@@ -267,12 +267,17 @@ def _child_a(chan: socket.socket, body: Body, userns: bool, nproc: int | None) -
         _expect(chan, Go)
         body(chan)
     except BaseException as exc:
-        try:
-            wire.send(chan, failure(exc, Step.PROTOCOL).to_wire())
-        except BaseException:
-            pass
+        _report(chan, exc)
     finally:
         os._exit(0)
+
+
+def _report(chan: socket.socket, exc: BaseException) -> None:
+    """Tell the host why a forked setup process failed; it exits next, whether or not the host hears."""
+    try:
+        wire.send(chan, failure(exc, Step.PROTOCOL).to_wire())
+    except BaseException:
+        pass
 
 
 def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
@@ -313,10 +318,7 @@ def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
                 _write_counters(spec.counters)
             then(chan)
         except BaseException as exc:
-            try:
-                wire.send(chan, failure(exc, Step.PROTOCOL).to_wire())
-            except BaseException:
-                pass
+            _report(chan, exc)
         finally:
             os._exit(0)
     os.close(unshared_w)
