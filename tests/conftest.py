@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -86,6 +87,11 @@ def need(thing: str) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Started as a background job (``cmd &`` in a script), the suite inherits SIGINT ignored, and an
+    # ignored signal stays ignored across exec: the Ctrl-C tests' children would never see theirs.
+    # A handler here is reset to the default in each child, which Python then turns into KeyboardInterrupt.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line("markers", "needs(*things): tools, 'shared-data', 'subids', 'tun' (see conftest.need)")
 
 
