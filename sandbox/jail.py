@@ -111,6 +111,9 @@ class Jail:
         sandbox_dir = base / "sandboxes" / self.id
         sandbox_dir.mkdir(mode=0o700)
         undo.callback(state.remove_sandbox_dir, sandbox_dir, self._idmap)
+        # the owner first: a host killed before the jail is up leaves a directory `cleanup` (and the
+        # next run) can tell is dead at once, not one that waits out the grace for half-made ones
+        state.write_meta(sandbox_dir, host_pid=os.getpid(), host_start=state.own_start(), idmap=self._idmap.to_wire())
         if os.getuid() == 0 and self.config.userns:  # the jail's root (a subordinate id) makes its layer here
             os.chown(sandbox_dir, *self._idmap.host_root())
         return sandbox_dir

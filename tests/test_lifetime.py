@@ -87,6 +87,37 @@ def test_sigkill_of_the_host_process_kills_and_removes_everything(_state_dir):
     assert _wait_until(lambda: not Path(info["dir"]).exists())
 
 
+HALF_MADE = r"""
+import json, os, sys, time
+from pathlib import Path
+from jailbox.sandbox import Sandbox, state
+sb = Sandbox()
+# what Jail does first for the next sandbox, before it asks the launcher for the jail: the host dies here
+half = Path(sb.dir).parent / "halfmade0001"
+half.mkdir(mode=0o700)
+state.write_meta(half, host_pid=os.getpid(), host_start=state.own_start())
+print(json.dumps({"dir": str(sb.dir), "half": str(half)}), flush=True)
+time.sleep(1000)
+"""
+
+
+def test_a_host_killed_while_making_a_sandbox_leaves_no_directory(_state_dir):
+    """The host names itself in a sandbox directory as soon as it makes it: killed before it asked
+    for the jail, the directory is removed by its launcher too, and `cleanup` knows it is dead at once."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", HALF_MADE], stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent.parent)
+    )
+    info = json.loads(child.stdout.readline())
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert _wait_until(lambda: not Path(info["dir"]).exists() and not Path(info["half"]).exists())
+    late = _state_dir / "sandboxes" / "halfmade0002"  # one whose launcher is gone as well
+    late.mkdir(mode=0o700)
+    (late / "meta.json").write_text(json.dumps({"host_pid": child.pid, "host_start": 1.0}))
+    removed, failed = cleanup(_state_dir)
+    assert late in removed and not failed and not late.exists()
+
+
 def test_cleanup_removes_what_a_crashed_launcher_left(_state_dir):
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent.parent)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import resource
 import select
@@ -106,6 +107,8 @@ class Zygote:
         self.jails: dict[str, JailSpec] = {}  # sandbox dir -> spec, for cleanup after the host dies
         self.pending: dict[int, int] = {}  # pid of an A -> "go" pipe of its init
         self.live: dict[int, str | None] = {}  # unreaped init pid -> sandbox dir (reaped pids get reused)
+        self.host = os.getppid()  # the host process that started us, named in the directories it makes
+        self.bases: set[str] = set()  # state directories' "sandboxes" folders seen in requests
 
     def reap(self, wake_r: int) -> None:
         for pid, _, _ in L.reaped(wake_r):
@@ -128,6 +131,8 @@ class Zygote:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+        for path in self._half_made():  # made by the host for a jail it had not asked us for yet
+            shutil.rmtree(path, ignore_errors=True)
         for path, spec in self.jails.items():
             if os.path.lexists(path):
                 shutil.rmtree(path, ignore_errors=True)
@@ -139,6 +144,30 @@ class Zygote:
                 except Exception:
                     pass
         os._exit(0)
+
+    def _half_made(self) -> list[str]:
+        """Sandbox directories beside ours that our host made (its meta names it) but no jail of ours
+        uses: the host died between making one and asking for its jail. Only the host writes a meta
+        (the jail never sees its sandbox directory); read bounded all the same."""
+        found = []
+        for base in self.bases:
+            try:
+                names = os.listdir(base)
+            except OSError:
+                continue
+            for name in names[:4096]:
+                path = os.path.join(base, name)
+                if path in self.jails:
+                    continue
+                try:
+                    fd = os.open(os.path.join(path, "meta.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    with os.fdopen(fd, "rb") as f:
+                        meta = json.loads(f.read(1 << 16))
+                except (OSError, ValueError):
+                    continue
+                if isinstance(meta, dict) and meta.get("host_pid") == self.host and "init_pid" not in meta:
+                    found.append(path)
+        return found
 
     def _forget_removed(self) -> None:
         for path in [p for p in self.jails if not os.path.lexists(p)]:
@@ -220,6 +249,7 @@ class Zygote:
                 self._forget_removed()
             if spec.dir:
                 self.jails[spec.dir] = spec
+                self.bases.add(os.path.dirname(spec.dir))
             self.live[started.pid] = spec.dir
             pidfd = os.pidfd_open(started.pid)
             try:
