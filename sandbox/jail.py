@@ -228,7 +228,14 @@ class Jail:
         upper = self.dir / "upper" if self.dir is not None and disk_bound else None
         if memory is None and upper is None:
             return None
-        watched = Watched(self.init_pid, memory=memory, upper=upper, disk=limits.disk, inodes=limits.inodes)
+        watched = Watched(
+            self.init_pid,
+            memory=memory,
+            upper=upper,
+            disk=limits.disk,
+            inodes=limits.inodes,
+            sockets=not isinstance(self.mode, modes.HostNetwork),
+        )
         WATCHER.add(watched)
         undo.callback(WATCHER.remove, watched)
         return watched

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -253,6 +254,38 @@ def test_a_new_process_removes_the_cgroups_dead_owners_left():
     )
     assert r.returncode == 0, r.stderr
     assert not any(group.exists() for group in groups)
+
+
+@pytest.mark.cgroup
+def test_cleanup_removes_empty_groups_of_the_old_naming_and_keeps_busy_ones():
+    """Groups named by a bare sandbox id (before names recorded an owner) cannot be tied to a
+    process: empty and idle ones go, one with a process in it stays, and its process lives."""
+    groups = _killed_holder()
+    parent = groups[0].parent
+    empty = [parent / secrets.token_hex(6) for _ in range(3)]
+    busy = parent / secrets.token_hex(6)
+    young = parent / secrets.token_hex(6)
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        for group in [*empty, busy, young]:
+            group.mkdir()
+        (busy / "cgroup.procs").write_text(str(sleeper.pid))
+        for group in [*empty, busy]:
+            old = time.time() - 2 * cgroups.OLD_IDLE
+            os.utime(group, (old, old))
+        r = subprocess.run(
+            [sys.executable, "-m", "jailbox.cli", "cleanup"], capture_output=True, text=True, cwd=ROOT, timeout=120
+        )
+        assert r.returncode == 0, r.stderr
+        assert not any(group.exists() for group in empty), r.stdout
+        assert busy.exists() and young.exists()
+        assert sleeper.poll() is None
+        assert not any(group.exists() for group in groups)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for group in (busy, young):
+            cgroups._remove_v2(group) if cgroups.v2_mounted() else cgroups._remove_v1([group])
 
 
 # --- a YAML bomb in a prompt config ---------------------------------------------------------------------

@@ -147,3 +147,39 @@ def test_the_watcher_kills_only_inside_the_jail_tree():
         finally:
             outside.kill()
             outside.wait()
+
+
+# Connections over the jail's loopback whose reader never reads: what is written waits in kernel
+# socket buffers, which no rlimit counts. Each connection is filled until the kernel refuses more.
+SOCKET_FILL = """
+import socket, time
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(512)
+kept = []
+for _ in range({n}):
+    a = socket.create_connection(server.getsockname())
+    b, _ = server.accept()
+    a.setblocking(False)
+    try:
+        while True:
+            a.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    kept += [a, b]
+print("filled", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.nocgroup
+@pytest.mark.parametrize("processes", [1, 4])
+def test_without_a_cgroup_bytes_queued_on_sockets_count_towards_memory(processes):
+    with Sandbox(limits=Limits(memory="96M")) as sb:
+        script = SOCKET_FILL.format(n=80 // processes)
+        cmd = " & ".join([f"python3 -c '{script}'"] * processes) + "; wait"
+        r = sb.exec(cmd, timeout=120)
+        assert r.oom_killed is True, (r.stdout, r.stderr)
+        assert r.stdout.count("filled") < processes
+        assert watch._socket_queues(sb._jail.init_pid) <= 96 * MiB
+        assert sb.exec("echo fine").stdout == "fine\n"

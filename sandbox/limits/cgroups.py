@@ -26,6 +26,7 @@ rlimits instead and records, limit by limit, how (or whether) each is enforced.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -292,6 +293,8 @@ def _remove_v2(path: Path) -> bool:
 PARENT_NAME = "jailbox"
 SEARCH_DEPTH = 8  # how deep below a hierarchy's root ``reap_stale`` looks for ``jailbox`` groups
 SEARCH_GROUPS = 20_000  # and how many groups it visits at most (a systemd host has a few hundred)
+OLD_NAME = re.compile(r"[0-9a-f]{12}")  # a bare sandbox id: how groups were named before they named an owner
+OLD_IDLE = 60.0  # seconds an empty group of the old naming stays untouched (its maker may be attaching)
 
 
 def _owner() -> str:
@@ -337,6 +340,33 @@ def _stale_groups(parent: Path) -> list[Path]:
     return found
 
 
+def _abandoned_groups(parent: Path) -> list[Path]:
+    """Empty groups of the old naming (no owner recorded), this user's, untouched for ``OLD_IDLE``.
+    Nothing in them is killed: they are only removed, and ``rmdir`` refuses a group that has a
+    process or a child, so one in use by a process of an older jailbox stays."""
+    found = []
+    now = time.time()
+    try:
+        for entry in os.scandir(parent):
+            if entry.is_dir(follow_symlinks=False) and OLD_NAME.fullmatch(entry.name):
+                st = entry.stat(follow_symlinks=False)
+                if st.st_uid == os.geteuid() and now - st.st_mtime > OLD_IDLE and not _pids(Path(entry.path)):
+                    found.append(Path(entry.path))
+    except OSError:
+        pass
+    return found
+
+
+def _remove_empty(group: Path) -> bool:
+    try:
+        group.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
 _REAPED: set[Path] = set()
 
 
@@ -349,6 +379,8 @@ def _reap_once(parent: Path) -> None:
                 _remove_v2(group)
             else:
                 _remove_v1([group])
+        for group in _abandoned_groups(parent):
+            _remove_empty(group)
 
 
 def _parents(root: Path) -> list[Path]:
@@ -390,6 +422,7 @@ def reap_stale() -> tuple[list[Path], list[tuple[Path, str]]]:
                     removed.append(group)
                 else:
                     failed.append((group, "processes in it survived SIGKILL, or it could not be removed"))
+            removed.extend(group for group in _abandoned_groups(parent) if _remove_empty(group))
     return removed, failed
 
 

@@ -7,8 +7,11 @@ jail's own init is untrusted once a command has run. Every ``TICK`` the thread r
 for all watched sandboxes: a jail's processes are the descendants of its init (every process of a
 pid namespace descends from its pid 1, so none can leave the set). Over ``memory``, the biggest
 process (proportional resident set of its anonymous and shared memory) is killed with its
-descendants; over ``disk`` or ``inodes`` (a bounded walk of the writable layer, spaced by how long
-the last one took), every process of the jail but its init is killed each time usage grew.
+descendants. The bytes queued on the sockets of the jail's own network namespace (TCP and UDP,
+from its ``/proc/PID/net`` tables) count towards ``memory`` too: socket buffers are kernel memory no
+rlimit holds, and a reader that never reads makes a writer fill them. Over ``disk`` or ``inodes`` (a
+bounded walk of the writable layer, spaced by how long the last one took), every process of the
+jail but its init is killed each time usage grew.
 
 Both are reactive: what a fast allocator or writer gets past the bound before the next sample is
 measured in README ("Resource bounds"). Kills go through a pidfd opened and re-checked against the
@@ -33,6 +36,8 @@ WALK_SHARE = 5  # walks of writable layers take at most a fifth of the thread's 
 WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still seen
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ROLLUP_KEYS = (b"Pss_Anon:", b"Pss_Shmem:", b"SwapPss:")
+SOCKET_TABLES = ("tcp", "tcp6", "udp", "udp6")
+SOCKET_TABLE_BYTES = 16 << 20  # read at most this much of one table (about 100k sockets)
 
 
 @dataclass(eq=False)
@@ -44,6 +49,7 @@ class Watched:
     upper: Path | None = None  # a disk writable layer, on the host
     disk: int | None = None
     inodes: int | None = None
+    sockets: bool = False  # the jail has its own network namespace: its socket queues count as memory
     counters: dict[str, int] = field(default_factory=dict)
     last_usage: tuple[int, int] = (0, 0)
     next_walk: float = 0.0
@@ -120,16 +126,23 @@ def check(watched: list[Watched], now: float) -> None:
 def _check_memory(w: Watched, tree: dict[int, list[int]]) -> None:
     assert w.memory is not None
     pids = [w.init_pid, *_descendants(tree, w.init_pid)]
+    queued = _socket_queues(w.init_pid) if w.sockets else 0
     # resident minus file-backed pages first (cheap, counts pages shared after fork twice);
     # only over the bound the exact proportional share is read
-    if sum(_anon_resident(pid) for pid in pids) <= w.memory:
+    if queued + sum(_anon_resident(pid) for pid in pids) <= w.memory:
         return
     sizes = {pid: _proportional(pid) for pid in pids}
-    if sum(sizes.values()) <= w.memory:
+    if queued + sum(sizes.values()) <= w.memory:
         return
     candidates = {pid: size for pid, size in sizes.items() if pid != w.init_pid}
     if not candidates:
         return  # the init alone: it reads at most one bounded request, and is never killed here
+    # Queued bytes belong to no process's pages: when they are what is over, the processes holding
+    # sockets are the candidates (a socket's queue is freed when its last holder is gone).
+    if queued > sum(sizes.values()):
+        holders = {pid: _sockets(pid) for pid in candidates}
+        if any(holders.values()):
+            candidates = holders
     biggest = max(candidates, key=lambda pid: candidates[pid])
     w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
     _kill_all([biggest, *_descendants(tree, biggest)], w.init_pid)
@@ -184,6 +197,43 @@ def _proportional(pid: int) -> int:
     except (OSError, ValueError, IndexError):
         return _anon_resident(pid)
     return total
+
+
+def _socket_queues(init_pid: int) -> int:
+    """Bytes waiting in the send and receive queues of every TCP and UDP socket of the jail's own
+    network namespace (never asked of a jail on the host's: those tables are the host's)."""
+    total = 0
+    for table in SOCKET_TABLES:
+        try:
+            with open(f"/proc/{init_pid}/net/{table}", "rb") as f:
+                lines = f.read(SOCKET_TABLE_BYTES).splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            try:  # "sl local remote st tx_queue:rx_queue ...", the queues in hex
+                tx, rx = fields[4].split(b":")
+                total += int(tx, 16) + int(rx, 16)
+            except (IndexError, ValueError):
+                continue
+    return total
+
+
+def _sockets(pid: int) -> int:
+    """How many sockets ``pid`` holds open (at most 65536 looked at)."""
+    count = 0
+    try:
+        with os.scandir(f"/proc/{pid}/fd") as it:
+            for n, entry in enumerate(it):
+                if n >= 65536:
+                    break
+                try:
+                    count += os.readlink(entry.path).startswith("socket:")
+                except OSError:
+                    continue
+    except OSError:
+        return 0
+    return count
 
 
 def _in_tree(pid: int, init_pid: int) -> bool:
