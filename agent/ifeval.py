@@ -140,8 +140,16 @@ def _same_length_sentences(text: str) -> bool:
 
 
 def _stairs(text: str) -> bool:
-    """Each non-blank line indented by more spaces than the one before."""
-    indents = [len(line) - len(line.lstrip(" ")) for line in text.split("\n") if line.strip()]
+    """Each line indented by more spaces than the one before, blank lines dropped as IFBench drops them: it
+    removes them from the list it is walking, which skips the line after each, so of two blank lines in a
+    row one stays (and, with no indent, breaks the stairs)."""
+    lines = text.split("\n")
+    index = 0
+    while index < len(lines):
+        if not lines[index].strip():
+            lines.remove(lines[index])
+        index += 1
+    indents = [len(line) - len(line.lstrip(" ")) for line in lines]
     return all(b > a for a, b in itertools.pairwise(indents))
 
 
@@ -210,10 +218,13 @@ def instructions(answer: str, expected: str) -> float:
     kwargs = spec.get("kwargs") or [{}] * len(ids)
     if not isinstance(ids, list) or not isinstance(kwargs, list) or len(kwargs) != len(ids):
         raise InstructionError("instruction_id_list and kwargs must be lists of the same length")
+    unknown = [i for i in ids if not isinstance(i, str) or i not in CHECKS]
+    if unknown:
+        raise InstructionError(f"instruction {unknown[0]!r} has no check here; known: {', '.join(CHECKS)}")
     for instruction, given in zip(ids, kwargs, strict=True):
-        check = CHECKS.get(instruction) if isinstance(instruction, str) else None
-        if check is None:
-            raise InstructionError(f"instruction {instruction!r} has no check here; known: {', '.join(CHECKS)}")
+        check = CHECKS[instruction]
+        if not isinstance(given, dict | None):
+            raise InstructionError(f"instruction {instruction!r}: its kwargs must be an object")
         arguments = {_ARGUMENT_NAMES.get(k, k): v for k, v in (given or {}).items() if v is not None}
         if not _follows(check, instruction, arguments, answer):
             return 0.0

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .llm import LLMClient, LLMConfig, LLMError
 
-REPLY_CHARS = 4096
+REPLY_CHARS = 1 << 16  # a reply within the judge's 16384 tokens fits
 _VERDICT = re.compile(r"INCORRECT|CORRECT")
 
 PROMPT = """\

@@ -31,8 +31,8 @@ class Task(BaseModel):
 
     The reference benchmark's rows load as they are: ``ground_truth`` is the ``answer`` (an object, as an
     instruction list may be given, is kept as its JSON text), ``input_files`` may be a JSON string (as its
-    dataset stores it) and a ``null`` file is skipped, a file named without a ``/`` lands in the prompt
-    config's input directory, and a task naming no ``scorer`` gets its domain's (``scoring.default_scorer``).
+    dataset stores it) and a ``null`` file is skipped, a relative file name (``notes.txt``) lands in the
+    prompt config's input directory, and a task naming no ``scorer`` gets its domain's (``scoring.default_scorer``).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -80,9 +80,9 @@ class Task(BaseModel):
         return data
 
     def input_paths(self, input_dir: str) -> dict[str, str]:
-        """``input_files`` by jail path: a name without ``/`` (the reference's form) is in ``input_dir``."""
+        """``input_files`` by jail path: a relative name (the reference's bare ``notes.txt``) is in ``input_dir``."""
         return {
-            name if "/" in name else f"{input_dir.rstrip('/')}/{name}": content
+            name if name.startswith("/") else f"{input_dir.rstrip('/')}/{name}": content
             for name, content in self.input_files.items()
         }
 
@@ -139,8 +139,8 @@ def read_results(path: Path) -> list[TaskResult]:
 
 def check_task(task: Task, scorers: Mapping[str, Scorer]) -> None:
     """Refuse, before anything runs, a task naming a scorer not in ``scorers`` (or ``judge`` with no judge
-    model set), an input file named ``.`` or ``..``, or an ``@path`` input that is absolute or has ``..``; the
-    error is one line naming the task and the field."""
+    model set), a relative input name that leaves the input directory, or an ``@path`` input that is absolute
+    or has ``..``; the error is one line naming the task and the field."""
     if scorers.get(task.scorer) is judge.unconfigured:
         raise ValueError(f"task {task.id!r}: {judge.NO_JUDGE}")
     if task.scorer not in scorers:
@@ -149,8 +149,11 @@ def check_task(task: Task, scorers: Mapping[str, Scorer]) -> None:
             "(others come from --scorer-module or the jailbox.scorers entry points, never from a tasks file)"
         )
     for jail_path, value in task.input_files.items():
-        if "/" not in jail_path and jail_path in ("", ".", ".."):
-            raise inputs.InputError(task.id, jail_path, "a bare file name names a file, e.g. 'notes.txt'")
+        parts = [part for part in jail_path.split("/") if part not in ("", ".")]
+        if not jail_path.startswith("/") and (not parts or ".." in parts or "\0" in jail_path):
+            raise inputs.InputError(
+                task.id, jail_path, "a relative name is a file in the input directory, without '..': e.g. 'notes.txt'"
+            )
         inputs.check(task.id, jail_path, value)
 
 
