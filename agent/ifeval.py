@@ -225,7 +225,7 @@ def instructions(answer: str, expected: str) -> float:
         check = CHECKS[instruction]
         if not isinstance(given, dict | None):
             raise InstructionError(f"instruction {instruction!r}: its kwargs must be an object")
-        arguments = {_ARGUMENT_NAMES.get(k, k): v for k, v in (given or {}).items() if v is not None}
+        arguments = {_ARGUMENT_NAMES.get(str(k), str(k)): v for k, v in (given or {}).items() if v is not None}
         if not _follows(check, instruction, arguments, answer):
             return 0.0
     return 1.0

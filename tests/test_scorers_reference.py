@@ -11,9 +11,11 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
+from batch_tasks import ROOT, bench_command
 from conftest import need
 from llm_server import ScriptedServer, Step, error, reply
 
@@ -23,7 +25,7 @@ from jailbox.agent.environment import Environment
 from jailbox.agent.judge import Judge, JudgeConfig, from_flags, verdict
 from jailbox.agent.llm import LLMConfig
 from jailbox.agent.scoring import ScoringError, load_scorers, score
-from jailbox.agent.tasks import Task, check_task, load_tasks
+from jailbox.agent.tasks import Task, check_task, load_tasks, read_results
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 EXAMPLES = SHARED / "reference-examples"
@@ -346,6 +348,28 @@ def test_a_batch_records_a_judge_it_cannot_reach_as_the_tasks_error(tmp_path):
         scorers = load_scorers(judge_config=_judge(judge).config)
         [result] = Batch(tasks, llm, tmp_path / "out", BatchConfig(mode="llm"), scorers=scorers).run()
     assert result.score == 0.0 and result.error is not None and "scorer 'judge'" in result.error
+
+
+def test_bench_command_line_judges_with_the_judge_flags_and_refuses_without_them(tmp_path):
+    rows = [
+        {"id": "p1", "domain": "physics", "problem_statement": "Where does it stop?", "ground_truth": "d"},
+        {"id": "c1", "domain": "chem", "problem_statement": "Pick: (A) x (B) y", "ground_truth": "B"},
+    ]
+    path = tmp_path / "TASKS.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with ScriptedServer(responder=_llm_answers) as agent, ScriptedServer(responder=lambda r: reply("CORRECT")) as judge:
+        refused = subprocess.run(
+            bench_command(path, agent.url, tmp_path / "no", "--mode", "llm"), cwd=ROOT, capture_output=True, text=True
+        )
+        assert refused.returncode == 2 and not agent.requests
+        assert "task 'p1': scorer 'judge' needs a judge model: pass --judge-model NAME" in refused.stderr
+        flags = ["--mode", "llm", "--judge_model", "j", "--judge_base_url", judge.url, "--judge-repeats", "1"]
+        done = subprocess.run(
+            bench_command(path, agent.url, tmp_path / "out", *flags), cwd=ROOT, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+    assert {r.id: r.score for r in read_results(tmp_path / "out" / "results.jsonl")} == {"p1": 1.0, "c1": 1.0}
+    assert len(judge.requests) == 1 and judge.requests[0].json["temperature"] == 0.7
 
 
 # --- the plain-LLM prompt ----------------------------------------------------------------------------
