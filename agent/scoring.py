@@ -557,6 +557,13 @@ def resolve_scorer(name: str, scorers: Mapping[str, Scorer] = SCORERS) -> Scorer
     return scorers[name]
 
 
+def _takes_question(function: Scorer) -> bool:
+    try:
+        return "question" in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a callable without a signature Python can read (some builtins)
+        return False
+
+
 def score(
     answer: str | None,
     expected: str,
@@ -573,7 +580,7 @@ def score(
     if answer is None:
         return 0.0
     try:
-        if "question" in inspect.signature(function).parameters:
+        if _takes_question(function):
             value = float(function(answer, expected, question=question))
         else:
             value = float(function(answer, expected))
