@@ -133,6 +133,45 @@ def _no_comma(text: str) -> bool:
     return "," not in text
 
 
+def _constrained_response(text: str) -> bool:
+    return any(option in text.strip() for option in ("My answer is yes.", "My answer is no.", "My answer is maybe."))
+
+
+def _sections(text: str, section_spliter: str, num_sections: int) -> bool:
+    """At least ``num_sections`` headers like ``SECTION 1`` (the argument's spelling is IFEval's)."""
+    return len(re.split(r"\s?" + re.escape(section_spliter.strip()) + r"\s?\d+\s?", text)) - 1 >= num_sections
+
+
+def _nth_paragraph_first_word(text: str, num_paragraphs: int, nth_paragraph: int, first_word: str) -> bool:
+    """``num_paragraphs`` paragraphs split by blank lines, the ``nth_paragraph``-th starting with ``first_word``."""
+    paragraphs = text.split("\n\n")
+    count = sum(1 for p in paragraphs if p.strip())
+    if not 0 < nth_paragraph <= count or not paragraphs[nth_paragraph - 1].strip():
+        return False
+    word = paragraphs[nth_paragraph - 1].split()[0].lstrip("'").lstrip('"')
+    first = ""
+    for letter in word:
+        if letter in ".,?!'\"":
+            break
+        first += letter.lower()
+    return count == num_paragraphs and first == first_word
+
+
+def _two_responses(text: str) -> bool:
+    responses = text.split("******")
+    kept = []
+    for index, response in enumerate(responses):
+        if response.strip():
+            kept.append(response.strip())
+        elif 0 < index < len(responses) - 1:
+            return False
+    return len(kept) == 2 and kept[0] != kept[1]
+
+
+def _repeat_prompt(text: str, prompt_to_repeat: str) -> bool:
+    return text.strip().lower().startswith(prompt_to_repeat.strip().lower())
+
+
 def _same_length_sentences(text: str) -> bool:
     """Three sentences of the same number of characters."""
     sentences = [s.strip() for s in _sentences(text)]
@@ -171,6 +210,11 @@ CHECKS: dict[str, Callable[..., bool]] = {
     "detectable_format:number_highlighted_sections": _highlighted_sections,
     "detectable_format:json_format": _json_format,
     "detectable_format:title": _title,
+    "detectable_format:constrained_response": _constrained_response,
+    "detectable_format:multiple_sections": _sections,
+    "length_constraints:nth_paragraph_first_word": _nth_paragraph_first_word,
+    "combination:two_responses": _two_responses,
+    "combination:repeat_prompt": _repeat_prompt,
     "startend:end_checker": _end_phrase,
     "startend:quotation": _quotation,
     "punctuation:no_comma": _no_comma,

@@ -33,7 +33,12 @@ def _read(task: Task, name: str, value: str, inputs_root: Path | None, room: int
         status = os.fstat(fd)
         if stat.S_ISDIR(status.st_mode):
             return None
-        data = os.read(fd, room * 4) if room else b""  # a character is at most 4 bytes of UTF-8
+        data = b""
+        while len(data) < room * 4:  # a character is at most 4 bytes of UTF-8
+            chunk = os.read(fd, room * 4 - len(data))
+            if not chunk:
+                break
+            data += chunk
     finally:
         os.close(fd)
     text = data.decode(errors="replace")

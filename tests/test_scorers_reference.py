@@ -147,6 +147,20 @@ def test_the_instruct_examples_answer_scores_as_the_reference_scores_it():
         ("p1 *** p2 *** p3", "length_constraints:number_paragraphs", {"num_paragraphs": 3}, 1.0),
         ("a\n  b\n\n\n    c\n      d", "format:line_indent", {}, 0.0),  # of two blank lines one stays, as in IFBench
         ("a\n  b\n\n    c\n      d", "format:line_indent", {}, 1.0),
+        (
+            "SECTION 1 a\nSECTION 2 b",
+            "detectable_format:multiple_sections",
+            {"section_spliter": "SECTION", "num_sections": 2},
+            1.0,
+        ),
+        (
+            "x\n\nWorld, big.",
+            "length_constraints:nth_paragraph_first_word",
+            {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "world"},
+            1.0,
+        ),
+        ("same\n******\nsame", "combination:two_responses", {}, 0.0),
+        ("My answer is maybe.", "detectable_format:constrained_response", {}, 1.0),
     ],
 )
 def test_instruction_checks(answer, instruction, kwargs, verdict):
