@@ -727,6 +727,14 @@ def _docker_image(ref: str, quiet: bool) -> str:
     help="Where a task's @path input files are [default: the tasks file's directory].",
 )
 @click.option("--copy-out", "--copy_out", "copy_out", multiple=True, metavar="PATH", help=COPY_OUT_HELP)
+@click.option("--judge-model", "--judge_model", default=None, help="Model for tasks scored by 'judge'.")
+@click.option(
+    "--judge-base-url", "--judge_base_url", default=None, help="The judge's endpoint [default: $OPENAI_BASE_URL]."
+)
+@click.option("--judge-api-key", "--judge_api_key", default=None, help="The judge's API key.")
+@click.option(
+    "--judge-repeats", "--num_repeats", type=int, default=4, show_default=True, help="Verdicts averaged per answer."
+)
 def bench_cmd(
     tasks_file: str,
     llm_name: str,
@@ -745,6 +753,10 @@ def bench_cmd(
     scorer_modules: tuple[str, ...],
     inputs_root: str | None,
     copy_out: tuple[str, ...],
+    judge_model: str | None,
+    judge_base_url: str | None,
+    judge_api_key: str | None,
+    judge_repeats: int,
 ) -> None:
     """Run every task of TASKS (JSONL) in its own sandbox, N at once, and score the answers.
     Ctrl-C once: running tasks finish, no new one starts; twice: they are killed. TASKS is data: its
@@ -771,8 +783,12 @@ def bench_cmd(
         tasks = load_tasks(tasks_file)
     with _fed_by("--llm-base-url"):
         _check_url(llm_base_url)
+    from .agent.judge import from_flags
+
+    with _fed_by("--judge-model"):
+        judge = from_flags(judge_model, judge_base_url, judge_api_key, judge_repeats)
     with _fed_by("--scorer-module"):
-        scorers = load_scorers(scorer_modules)
+        scorers = load_scorers(scorer_modules, judge)
     with _fed_by("--copy-out"):
         copy_out = tuple(check_copy_out(rel) for rel in copy_out)
     out = Path(output_dir)

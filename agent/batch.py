@@ -23,7 +23,7 @@ from .execution import Job
 from .executors import Executor, ExecutorConfig, ExecutorFactory, ThreadExecutor
 from .llm import LLMConfig
 from .loop import AgentConfig
-from .scoring import Scorer, load_scorers, score
+from .scoring import Scorer, ScoringError, load_scorers, score
 from .tasks import Mode, Task, TaskResult, check_task, read_results
 
 EXECUTORS: dict[str, tuple[str, str]] = {
@@ -173,7 +173,10 @@ class Batch:
         result.model = self.job.llm.model
         expected = self._by_id.get(result.id)
         if expected is not None and expected.answer is not None:
-            result.score = score(result.answer, expected.answer, expected.scorer, self.scorers)
+            try:
+                result.score = score(result.answer, expected.answer, expected.scorer, self.scorers, expected.query)
+            except ScoringError as exc:  # the task ran; its score is what failed, and says why
+                result.error = result.error or str(exc)
         with open(self.results_path, "a") as f:
             f.write(result.model_dump_json() + "\n")
             f.flush()

@@ -18,14 +18,13 @@ from pydantic import BaseModel, Field, field_validator
 
 from ..sandbox import Sandbox, SandboxConfig
 from ..sandbox.errors import SandboxError
+from . import llm_prompt
 from . import prompts as prompt_configs
 from .llm import LLMClient, LLMConfig, LLMError
 from .loop import AgentConfig
 from .run import check_copy_out, prepare, run_in
 from .tasks import Mode, Task, TaskResult
 from .trajectory import Step
-
-LLM_MODE_SUFFIX = "\n\nAnswer directly. Put the final answer in \\boxed{}."
 
 Stepped = Callable[[str, int, int], None]
 """Told ``(task_id, step, tokens)`` after each agent step of a running task; ``tokens`` is its total so far."""
@@ -155,7 +154,7 @@ def _in_sandbox(task: Task, job: Job, directory: Path, guard: Guard, stepped: St
 def _llm_only(task: Task, job: Job, guard: Guard) -> TaskResult:
     """The same model answering directly, no tools: the baseline the sandbox's gain is measured against."""
     with LLMClient(job.llm) as client, guard.hold(client.cancel):
-        completion = client.complete([{"role": "user", "content": task.query + LLM_MODE_SUFFIX}])
+        completion = client.complete([{"role": "user", "content": llm_prompt.build(task, job.inputs_root)}])
     answer = str(completion.message.get("content") or "").strip()
     return TaskResult(
         id=task.id,

@@ -33,7 +33,7 @@ def prepare(sb: Sandbox, prompts: PromptConfig, task: Task | None = None, inputs
     sb.exec(["mkdir", "-p", prompts.output_dir, prompts.input_dir])
     if task is None:
         return
-    for path, content in task.input_files.items():
+    for path, content in task.input_paths(prompts.input_dir).items():
         if not content.startswith(inputs.PREFIX):
             sb.write_file(path, content)
             continue

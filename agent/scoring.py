@@ -3,7 +3,10 @@
 The paper's domains ask for different answer formats (``\\boxed{}`` for math and physics, one
 choice letter for chemistry and biomedicine, plain text for long context and instruction following),
 and models do not always follow them to the letter, so each scorer extracts the answer leniently
-before comparing it strictly. Every scorer maps ``(answer, expected)`` to a float in [0, 1].
+before comparing it strictly. Every scorer maps ``(answer, expected)`` to a float in [0, 1]. Where the
+reference benchmark has a scorer for a domain, the one here gives its verdicts: ``choice`` reads a letter by
+its rules, ``instructions`` checks IFBench instructions by its loose rule (``ifeval``), and ``judge`` asks a
+model as its LLM-as-a-judge step does (``judge``).
 
 Runs where a batch scores (the driver) or where an RL environment steps. A tasks file names its scorer,
 and a tasks file is data: it picks from ``load_scorers``' names (the built-ins, installed entry points and
@@ -21,7 +24,10 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-Scorer = Callable[[str, str], float]
+from . import ifeval, judge
+
+Scorer = Callable[..., float]
+"""``(answer, expected) -> float``; one that also takes ``question=`` is given the task's question."""
 
 # Symbolic comparison is skipped for longer expressions: there is no timeout, so size is the guard.
 _MAX_SYMPY_CHARS = 200
@@ -89,41 +95,53 @@ def _unwrap_text(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Multiple choice
+# Multiple choice, read as the reference's chemistry and biomedicine scorers read it
 
-_LONE_LETTER = re.compile(r"[\W_]*([A-Za-z])[\W_]*")
-_ANSWER_IS = re.compile(
-    r"(?i:\banswers?\b(?:\s+(?:is|would\s+be|should\s+be))?)[\s:=*\"'\[]*(?:\(([A-Za-z])\)|([A-Z])(?![A-Za-z0-9]))"
-)
-_LEADING_OPTION = re.compile(r"[\s*\"'(\[]*([A-Za-z])[).:\]](?:\s|$)")
+_ANSWER_FIELD = re.compile(r'"answer"\s*:\s*"([A-Z])"', re.IGNORECASE)
+_ANSWER_COLON = re.compile(r"answer\s*[:\uff1a]\s*([A-Z])\b", re.IGNORECASE)
+_ANSWER_IS = re.compile(r"(?:answer|choice)\s+is\s+([A-Z])\b", re.IGNORECASE)
+_STANDALONE = re.compile(r"\b([A-Z])\b")
 
 
-def choice_letter(text: str) -> str | None:
-    """The chosen option letter, upper-cased, or None if no letter can be told apart from prose.
-
-    Tried in order: the last box, a lone letter (``A``, ``(b)``, ``**E**.``), an answer phrase
-    (``Answer: C``, ``"answer": "C"``, ``The answer is (d)``), an option echoed at the start (``B. 16 months``).
-    """
-    boxed = last_boxed(text)
-    if boxed is not None and boxed != text:
-        return choice_letter(_unwrap_text(boxed))
-    text = _unwrap_text(text).strip()
-    if lone := _LONE_LETTER.fullmatch(text):
-        return lone.group(1).upper()
-    phrases = list(_ANSWER_IS.finditer(text))
-    if phrases:
-        return (phrases[-1].group(1) or phrases[-1].group(2)).upper()
-    if option := _LEADING_OPTION.match(text):
-        return option.group(1).upper()
+def _plain_boxed(text: str) -> str | None:
+    """What the reference takes from the last ``\\boxed{``: braces counted, no escapes, no ``\\fbox``."""
+    start = text.rfind("\\boxed{")
+    if start == -1:
+        return None
+    start += len("\\boxed{")
+    depth = 1
+    for i in range(start, len(text)):
+        depth += (text[i] == "{") - (text[i] == "}")
+        if depth == 0:
+            return text[start:i].strip()
     return None
 
 
+def choice_letter(text: str) -> str | None:
+    """The chosen option letter, upper-cased, or None; the first of these rules that finds one decides:
+    an ``"answer": "C"`` field, ``Answer: C``, ``the answer is C`` (or ``choice is``), the first letter of
+    the last box, the last letter standing alone anywhere, the text's first character if it is a letter.
+
+    These are the reference's rules, in its order, so a benchmark scores as the paper's did: they are lenient
+    (``the answer is a dog`` reads A), and a model that writes only the letter, as the prompts ask, is read
+    right by all of them.
+    """
+    for pattern in (_ANSWER_FIELD, _ANSWER_COLON, _ANSWER_IS):
+        if found := pattern.search(text):
+            return found.group(1).upper()
+    boxed = _plain_boxed(text)
+    if boxed and boxed != text.strip() and boxed[0].upper().isalpha():
+        return boxed[0].upper()
+    if letters := _STANDALONE.findall(text.upper()):
+        return str(letters[-1])
+    first = text.strip()[:1]
+    return first.upper() if first.upper().isalpha() else None
+
+
 def choice_match(answer: str, expected: str) -> float:
-    """1.0 when both name the same option; an expected answer that is no letter is compared exactly."""
-    wanted = choice_letter(expected)
-    if wanted is None:
-        return exact_match(answer, expected)
-    return float(choice_letter(answer) == wanted)
+    """1.0 when the answer is the expected text (case aside) or its chosen letter is."""
+    wanted = expected.strip().upper()
+    return float(answer.strip().upper() == wanted or (choice_letter(answer) or "") == wanted)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -467,21 +485,46 @@ SCORERS: dict[str, Scorer] = {
     "f1": f1_score,
     "math": math_equal,
     "rouge_l": rouge_l,
+    "instructions": ifeval.instructions,
+    "judge": judge.unconfigured,
 }
+
+DOMAIN_SCORERS = {
+    "math": "math",
+    "physics": "judge",
+    "chem": "choice",
+    "biomed": "choice",
+    "long_context": "judge",
+    "instruct_follow": "instructions",
+}
+"""The scorer a task without one gets, by the start of its ``domain``: the reference benchmark's for that domain."""
+
+
+def default_scorer(domain: str) -> str:
+    """``domain``'s scorer in the reference benchmark (``DOMAIN_SCORERS``), else ``exact``."""
+    lowered = domain.lower()
+    return next((name for prefix, name in DOMAIN_SCORERS.items() if lowered.startswith(prefix)), "exact")
+
+
+class ScoringError(ValueError):
+    """A scorer could not give a score (an instruction it has no check for, an unreachable judge)."""
 
 
 ENTRY_POINTS = "jailbox.scorers"
 """The entry point group installed packages put their scorers in (``name = package.module:function``)."""
 
 
-def load_scorers(modules: Iterable[str] = ()) -> dict[str, Scorer]:
-    """Every scorer a run may name: the built-ins, the installed ``jailbox.scorers`` entry points, and the
-    public functions of each module named here (by the user, never by a tasks file), by name.
+def load_scorers(modules: Iterable[str] = (), judge_config: judge.JudgeConfig | None = None) -> dict[str, Scorer]:
+    """Every scorer a run may name: the built-ins (``judge`` asking ``judge_config``'s model when given), the
+    installed ``jailbox.scorers`` entry points, and the public functions of each module named here (by the
+    user, never by a tasks file), by name.
 
     A name that two of them give to different functions is an error, so a task never gets a scorer other
     than the one its name says.
     """
     found: dict[str, tuple[Scorer, str]] = {name: (function, "built-in") for name, function in SCORERS.items()}
+    if judge_config is not None:
+        found["judge"] = (judge.Judge(judge_config), "built-in")
 
     def add(name: str, function: Any, origin: str) -> None:
         if not callable(function):
@@ -514,10 +557,33 @@ def resolve_scorer(name: str, scorers: Mapping[str, Scorer] = SCORERS) -> Scorer
     return scorers[name]
 
 
-def score(answer: str | None, expected: str, scorer: str = "exact", scorers: Mapping[str, Scorer] = SCORERS) -> float:
-    """The answer's score in [0, 1]; a missing answer scores 0.0 (the scorer name is checked all the same)."""
+def _takes_question(function: Scorer) -> bool:
+    try:
+        return "question" in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a callable without a signature Python can read (some builtins)
+        return False
+
+
+def score(
+    answer: str | None,
+    expected: str,
+    scorer: str = "exact",
+    scorers: Mapping[str, Scorer] = SCORERS,
+    question: str = "",
+) -> float:
+    """The answer's score in [0, 1]; a missing answer scores 0.0 (the scorer name is checked all the same).
+
+    A scorer with a ``question`` parameter (the judge) is given the task's question too. A scorer that
+    cannot score raises ``ScoringError`` with the reason.
+    """
     function = resolve_scorer(scorer, scorers)
     if answer is None:
         return 0.0
-    value = float(function(answer, expected))
+    try:
+        if _takes_question(function):
+            value = float(function(answer, expected, question=question))
+        else:
+            value = float(function(answer, expected))
+    except (ifeval.InstructionError, judge.JudgeError) as exc:
+        raise ScoringError(f"scorer {scorer!r}: {exc}") from None
     return 0.0 if math.isnan(value) else min(max(value, 0.0), 1.0)

@@ -11,14 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import string
-from collections.abc import Collection
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..sandbox import hostfs
-from . import inputs
+from . import inputs, judge
+from .scoring import Scorer, default_scorer
 
 Mode = Literal["sandbox", "llm"]
 _KEPT = frozenset(string.ascii_letters + string.digits + "-_.")
@@ -26,7 +27,13 @@ _NAME_CHARS = 100
 
 
 class Task(BaseModel):
-    """One row of a tasks file: ``id``, ``query`` (or ``problem_statement``), and what scores it."""
+    """One row of a tasks file: ``id``, ``query`` (or ``problem_statement``), and what scores it.
+
+    The reference benchmark's rows load as they are: ``ground_truth`` is the ``answer`` (an object, as an
+    instruction list may be given, is kept as its JSON text), ``input_files`` may be a JSON string (as its
+    dataset stores it) and a ``null`` file is skipped, a relative file name (``notes.txt``) lands in the
+    prompt config's input directory, and a task naming no ``scorer`` gets its domain's (``scoring.default_scorer``).
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -36,7 +43,8 @@ class Task(BaseModel):
     scorer: str = "exact"
     domain: str = "general"
     input_files: dict[str, str] = Field(
-        default_factory=dict, description="jail path -> inline text, or @path beneath the inputs root"
+        default_factory=dict,
+        description="jail path, or a bare name in the input directory -> inline text, or @path beneath the inputs root",
     )
     prompt_config: str | None = None
     max_steps: int | None = None
@@ -49,9 +57,34 @@ class Task(BaseModel):
             data = dict(data)
             if "query" not in data and "problem_statement" in data:
                 data["query"] = data["problem_statement"]
+            if "answer" not in data and "ground_truth" in data:
+                data["answer"] = data["ground_truth"]
+            if isinstance(data.get("answer"), dict | list):
+                data["answer"] = json.dumps(data["answer"])
             if "id" in data:
                 data["id"] = str(data["id"])
+            if "scorer" not in data:
+                data["scorer"] = default_scorer(str(data.get("domain") or ""))
+            files = data.get("input_files")
+            if isinstance(files, str):
+                try:
+                    files = json.loads(files) if files.strip() else {}
+                except ValueError:
+                    raise ValueError(
+                        'input_files: a string must be a JSON object, e.g. \'{"notes.txt": "text"}\''
+                    ) from None
+            if isinstance(files, dict):
+                files = {name: content for name, content in files.items() if content is not None}
+            if files is not None:
+                data["input_files"] = files
         return data
+
+    def input_paths(self, input_dir: str) -> dict[str, str]:
+        """``input_files`` by jail path: a relative name (the reference's bare ``notes.txt``) is in ``input_dir``."""
+        return {
+            name if name.startswith("/") else f"{input_dir.rstrip('/')}/{name}": content
+            for name, content in self.input_files.items()
+        }
 
 
 class TaskResult(BaseModel):
@@ -104,15 +137,23 @@ def read_results(path: Path) -> list[TaskResult]:
     return results
 
 
-def check_task(task: Task, scorers: Collection[str]) -> None:
-    """Refuse, before anything runs, a task naming a scorer not in ``scorers`` or an ``@path`` input that is
-    absolute or has ``..``; the error is one line naming the task and the field."""
+def check_task(task: Task, scorers: Mapping[str, Scorer]) -> None:
+    """Refuse, before anything runs, a task naming a scorer not in ``scorers`` (or ``judge`` with no judge
+    model set), a relative input name that leaves the input directory, or an ``@path`` input that is absolute
+    or has ``..``; the error is one line naming the task and the field."""
+    if scorers.get(task.scorer) is judge.unconfigured:
+        raise ValueError(f"task {task.id!r}: {judge.NO_JUDGE}")
     if task.scorer not in scorers:
         raise ValueError(
             f"task {task.id!r}: scorer {task.scorer!r} is unknown; valid names: {', '.join(scorers)} "
             "(others come from --scorer-module or the jailbox.scorers entry points, never from a tasks file)"
         )
     for jail_path, value in task.input_files.items():
+        parts = [part for part in jail_path.split("/") if part not in ("", ".")]
+        if not jail_path.startswith("/") and (not parts or ".." in parts or "\0" in jail_path):
+            raise inputs.InputError(
+                task.id, jail_path, "a relative name is a file in the input directory, without '..': e.g. 'notes.txt'"
+            )
         inputs.check(task.id, jail_path, value)
 
 
