@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 MAX_BODY = 65 << 20
 """Largest request body (a 64 MiB file upload with its multipart framing)."""
@@ -172,14 +173,14 @@ class Server(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
 
-    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+    def process_request(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
         if not self.slots.acquire(blocking=False):  # over the limit: refuse the connection, do not queue it
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
 
-    def process_request_thread(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+    def process_request_thread(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
         try:
-            super().process_request_thread(request, client_address)  # type: ignore[arg-type]
+            super().process_request_thread(request, client_address)
         finally:
             self.slots.release()

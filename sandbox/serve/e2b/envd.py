@@ -54,10 +54,10 @@ def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
     served = registry.by_token(sandbox_id, request.header("X-Access-Token"))
     path = request.path
     if served is None:
-        message = NOT_FOUND.format(sandbox_id)
+        missing = NOT_FOUND.format(sandbox_id)
         if path.startswith(("/process.", "/filesystem.")):
-            return _error_response(RpcError("unavailable", message))
-        return _http_error(502, message)
+            return _error_response(RpcError("unavailable", missing))
+        return _http_error(502, missing)
     if path == "/health" and request.method == "GET":
         return Response(204)
     if path == "/files":
