@@ -236,6 +236,46 @@ def test_watch_dir(server: Served, tmp_path: Path) -> None:
     )
 
 
+def test_pty(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import time
+        from e2b import CommandExitException, PtySize, Sandbox
+
+        sb = Sandbox.create(template="host")
+        seen = []
+        term = sb.pty.create(PtySize(rows=24, cols=80), cwd="/tmp")
+        sb.pty.send_stdin(term.pid, b"stty size; pwd; echo mark$((40+2))\\n")
+        deadline = time.monotonic() + 60
+        for _, _, pty in term:
+            seen.append(pty or b"")
+            if b"mark42" in b"".join(seen) or time.monotonic() > deadline:
+                break
+        sb.pty.resize(term.pid, PtySize(rows=30, cols=100))
+        sb.pty.send_stdin(term.pid, b"stty size; exit 3\\n")
+        try:
+            term.wait(on_pty=seen.append)
+            raise AssertionError("exit 3 did not raise")
+        except CommandExitException as exc:
+            assert exc.exit_code == 3, exc
+        text = b"".join(seen).decode(errors="replace")
+        assert "24 80" in text and "/tmp" in text and "mark42" in text and "30 100" in text, text
+
+        term = sb.pty.create(PtySize(rows=24, cols=80))
+        assert sb.pty.kill(term.pid)
+        try:
+            term.wait()
+            raise AssertionError("a killed terminal did not raise")
+        except CommandExitException:
+            pass
+        assert term.pid not in [p.pid for p in sb.commands.list()]
+        sb.kill()
+        """,
+    )
+
+
 def test_timeout_and_expiry(server: Served, tmp_path: Path) -> None:
     sdk(
         server,

@@ -9,17 +9,20 @@ written with a deadline so a command that never reads cannot pin a request threa
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import queue
 import select
+import struct
+import termios
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..errors import SandboxError
-from ..execution import ExecRun, run_sync
+from ..execution import ExecRun, TtyCommand, run_sync
 from ..sandbox import Sandbox
 
 MAX_PROCESSES = 128
@@ -31,11 +34,15 @@ STALL = 30.0
 STDIN_DEADLINE = 10.0
 """Seconds one write to a command's stdin may wait for the command to read."""
 FIRST_PID = 1000
+HANGUP_GRACE = 5.0
+"""Seconds a killed PTY's command has to exit after its terminal is hung up."""
+MAX_PTY = 1000
+"""Largest PTY side, in rows or columns."""
 
 
 @dataclass(frozen=True)
 class Output:
-    stream: str  # "stdout" or "stderr"
+    stream: str  # "stdout", "stderr" or "pty"
     data: bytes
 
 
@@ -75,6 +82,8 @@ class Process:
         self.watchers: list[Watcher] = []
         self.run: ExecRun | None = None
         self.stdin_w = -1
+        self.tty: TtyCommand | None = None
+        self.hangup_w = -1
         self.ended = threading.Event()
 
     def watch(self) -> Watcher:
@@ -101,10 +110,13 @@ class Process:
                 self.unwatch(w)
                 _wake(w)
 
-    def write_stdin(self, data: bytes) -> None:
+    def write_input(self, data: bytes, pty: bool) -> None:
+        """Feed the command's stdin pipe, or type into its terminal."""
         with self.lock:
-            fd = self.stdin_w
-            if fd < 0:
+            if pty != (self.tty is not None):
+                raise ProcessError("invalid_argument", f"process {self.pid} {'has no' if pty else 'has a'} PTY")
+            fd = self.tty.master if self.tty is not None else self.stdin_w
+            if fd < 0 or self.ended.is_set():
                 raise ProcessError(
                     "failed_precondition", f"process {self.pid} has no open stdin (start it with stdin=True)"
                 )
@@ -127,12 +139,33 @@ class Process:
                 os.close(self.stdin_w)
                 self.stdin_w = -1
 
+    def resize(self, cols: int, rows: int) -> None:
+        with self.lock:
+            if self.tty is None or self.ended.is_set():
+                raise ProcessError("failed_precondition", f"process {self.pid} has no PTY to resize")
+            fcntl.ioctl(self.tty.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
     def kill(self) -> None:
-        """Kill the command's whole tree (the jail's init does it; the end event follows)."""
+        """Kill the command's whole tree (the jail's init does it; the end event follows). A PTY is hung
+        up instead (SIGHUP to its session, as closing a terminal window does): a command that ignores
+        that keeps running until the sandbox ends, and its end event says so."""
         with self.lock:
             run = self.run
+            if self.hangup_w >= 0 and not self.ended.is_set():
+                os.write(self.hangup_w, b"k")
         if run is not None and not self.ended.is_set():
             run.kill()
+
+
+def _close_tty(proc: Process, tty: TtyCommand, hung_up: bool) -> None:
+    """Called with ``proc.lock`` held, so no input or resize races the close."""
+    proc.tty = None
+    if hung_up:  # its master is closed already
+        tty.reply.close()
+    else:
+        tty.close()
+    os.close(proc.hangup_w)
+    proc.hangup_w = -1
 
 
 def _wake(w: Watcher) -> None:
@@ -152,6 +185,86 @@ class ProcessTable:
         self.procs: dict[int, Process] = {}
         self.pids = itertools.count(FIRST_PID)
 
+    def _add(self, cmd: str, args: list[str], envs: dict[str, str], cwd: str | None, tag: str | None) -> Process:
+        with self.lock:
+            if len(self.procs) >= MAX_PROCESSES:
+                raise ProcessError("resource_exhausted", f"{MAX_PROCESSES} processes already run in this sandbox")
+            if tag is not None and any(p.tag == tag for p in self.procs.values()):
+                raise ProcessError("already_exists", f"a process tagged {tag!r} is running")
+            proc = Process(next(self.pids), cmd, args, envs, cwd, tag)
+            self.procs[proc.pid] = proc
+        return proc
+
+    def start_pty(
+        self, cmd: str, args: list[str], envs: dict[str, str], cwd: str | None, tag: str | None, cols: int, rows: int
+    ) -> tuple[Process, Watcher]:
+        """Start a command as session leader on a new terminal of ``cols`` x ``rows``."""
+        if not (1 <= cols <= MAX_PTY and 1 <= rows <= MAX_PTY):
+            raise ProcessError("invalid_argument", f"pty size must be 1..{MAX_PTY} columns and rows, e.g. 80x24")
+        proc = self._add(cmd, args, envs, cwd, tag)
+        watcher = proc.watch()
+        argv = [cmd, *args]
+        if cwd is not None:  # the jail starts a terminal in its workdir: move there first, then become the command
+            argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
+        try:
+            tty = self.sandbox.exec_tty(argv, env=envs)
+        except (SandboxError, ValueError, OSError) as exc:
+            self._forget(proc)
+            raise ProcessError("invalid_argument", f"cannot start {cmd!r} on a PTY: {exc}") from None
+        os.set_blocking(tty.master, False)
+        fcntl.ioctl(tty.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        proc.tty = tty
+        hangup_r, proc.hangup_w = os.pipe2(os.O_CLOEXEC)
+        threading.Thread(
+            target=self._drive_tty, args=(proc, tty, hangup_r), name=f"jailbox-serve-pty-{proc.pid}", daemon=True
+        ).start()
+        return proc, watcher
+
+    def _drive_tty(self, proc: Process, tty: TtyCommand, hangup_r: int) -> None:
+        end = End(-1, "error", "the sandbox stopped while the terminal ran")
+        reading = True  # until the terminal is hung up here, or no process holds it any more
+        hung_up = False
+        try:
+            while True:
+                watch = [tty.fileno(), *([tty.master] if reading else []), *([] if hung_up else [hangup_r])]
+                ready = select.select(watch, [], [], HANGUP_GRACE if hung_up else None)[0]
+                if not ready:
+                    end = End(-1, "error", "the command kept running after its terminal was hung up")
+                    break
+                if reading and tty.master in ready:
+                    reading = self._pump(proc, tty) is not None
+                    continue
+                if tty.fileno() in ready:
+                    code = tty.exit_code()
+                    while reading and self._pump(proc, tty):  # what it wrote before exiting
+                        pass
+                    end = End(code, f"exit status {code}")
+                    break
+                if hangup_r in ready:  # kill: hang the terminal up, as closing a terminal window does
+                    with proc.lock:
+                        proc.tty = None
+                        os.close(tty.master)
+                    reading, hung_up = False, True
+        except Exception:  # the sandbox died under the terminal: its watchers hear so
+            pass
+        os.close(hangup_r)
+        self._finish(proc, end, lambda: _close_tty(proc, tty, hung_up))
+
+    @staticmethod
+    def _pump(proc: Process, tty: TtyCommand) -> bool | None:
+        """Pass on what the terminal has: True if there was some, False if none yet, None once no
+        process holds the terminal (EIO), so nobody polls a dead end."""
+        try:
+            data = os.read(tty.master, 1 << 16)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return None
+        if not data:
+            return None
+        proc.publish(Output("pty", data))
+        return True
+
     def start(
         self,
         cmd: str,
@@ -162,13 +275,7 @@ class ProcessTable:
         stdin: bool,
     ) -> tuple[Process, Watcher]:
         """Start a command; the returned watcher sees all of its output and its end."""
-        with self.lock:
-            if len(self.procs) >= MAX_PROCESSES:
-                raise ProcessError("resource_exhausted", f"{MAX_PROCESSES} processes already run in this sandbox")
-            if tag is not None and any(p.tag == tag for p in self.procs.values()):
-                raise ProcessError("already_exists", f"a process tagged {tag!r} is running")
-            proc = Process(next(self.pids), cmd, args, envs, cwd, tag)
-            self.procs[proc.pid] = proc
+        proc = self._add(cmd, args, envs, cwd, tag)
         watcher = proc.watch()
         stdin_r = -1
         try:
@@ -216,7 +323,11 @@ class ProcessTable:
             if hasattr(source, "close"):
                 source.close()
             proc.close_stdin()
+        self._finish(proc, end, lambda: None)
+
+    def _finish(self, proc: Process, end: End, release: Callable[[], None]) -> None:
         with proc.lock:
+            release()
             proc.ended.set()
             watchers = list(proc.watchers)
             proc.watchers.clear()

@@ -173,8 +173,10 @@ class Registry:
             if self.served.get(served.id) is not served:
                 return
             del self.served[served.id]
-        served.procs.kill_all()
-        served.sandbox.close()
+        try:
+            served.procs.kill_all()
+        finally:  # closing the jail kills whatever is left in it
+            served.sandbox.close()
 
     def _reap(self) -> None:
         while True:
@@ -199,4 +201,7 @@ class Registry:
             everyone = list(self.served.values())
             self.lock.notify_all()
         for served in everyone:
-            self._close(served)
+            try:
+                self._close(served)
+            except Exception:  # one that fails to close must not keep the others open
+                pass

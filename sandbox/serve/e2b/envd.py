@@ -3,10 +3,11 @@
 Runs in the serving host process, on a request's thread. A request names its sandbox (header or
 host) and carries that sandbox's access token (``X-Access-Token``); without the right token it is
 answered exactly as a sandbox that does not exist, so ids cannot be probed. Served: the Connect RPC
-process service (start, connect, list, send input, signal, close stdin) and filesystem service
-(stat, list, make dir, move, remove, polled and streamed directory watches), and the HTTP ``/files``
-download and upload. The user an SDK names (``user=``) is not switched to: commands run as the
-jail's user. PTY processes and the client-streaming ``StreamInput`` answer ``unimplemented``.
+process service (start with or without a PTY, connect, list, send input, resize, signal, close
+stdin) and filesystem service (stat, list, make dir, move, remove, polled and streamed directory
+watches), and the HTTP ``/files`` download and upload. The user an SDK names (``user=``) is not
+switched to: commands run as the jail's user. The client-streaming ``StreamInput`` answers
+``unimplemented``.
 """
 
 from __future__ import annotations
@@ -257,12 +258,21 @@ def _follow(
 
 
 def _start(served: Served, req: ppb.StartRequest, limits: tuple[float | None, float | None]) -> Iterator[Message]:
-    if req.HasField("pty"):
-        raise RpcError("unimplemented", "PTY processes are not served by jailbox yet; run commands without pty")
     config = req.process
     if not config.cmd:
         raise RpcError("invalid_argument", "process.cmd is required, e.g. /bin/bash")
     cwd = fs.check_path(config.cwd, served.sandbox.config.workdir) if config.HasField("cwd") and config.cwd else None
+    if req.HasField("pty"):
+        proc, watcher = served.procs.start_pty(
+            config.cmd,
+            list(config.args),
+            dict(config.envs),
+            cwd,
+            req.tag if req.HasField("tag") else None,
+            req.pty.size.cols,
+            req.pty.size.rows,
+        )
+        return _follow(proc, watcher, limits, ppb.StartResponse)
     proc, watcher = served.procs.start(
         config.cmd,
         list(config.args),
@@ -293,10 +303,17 @@ def _list(served: Served, req: ppb.ListRequest) -> Message:
 
 
 def _send_input(served: Served, req: ppb.SendInputRequest) -> Message:
-    if req.input.WhichOneof("input") != "stdin":
-        raise RpcError("unimplemented", "only stdin input is served (no PTY)")
-    _find(served, req.process).write_stdin(req.input.stdin)
+    which = req.input.WhichOneof("input")
+    if which is None:
+        raise RpcError("invalid_argument", "input must hold stdin or pty bytes")
+    _find(served, req.process).write_input(getattr(req.input, which), pty=which == "pty")
     return ppb.SendInputResponse()
+
+
+def _update(served: Served, req: ppb.UpdateRequest) -> Message:
+    if req.HasField("pty"):
+        _find(served, req.process).resize(req.pty.size.cols, req.pty.size.rows)
+    return ppb.UpdateResponse()
 
 
 def _send_signal(served: Served, req: ppb.SendSignalRequest) -> Message:
@@ -427,6 +444,7 @@ StreamCall = Callable[[Served, Any, tuple[float | None, float | None]], Iterator
 UNARY: dict[tuple[str, str], tuple[type[Message], UnaryCall]] = {
     ("process.Process", "List"): (ppb.ListRequest, _list),
     ("process.Process", "SendInput"): (ppb.SendInputRequest, _send_input),
+    ("process.Process", "Update"): (ppb.UpdateRequest, _update),
     ("process.Process", "SendSignal"): (ppb.SendSignalRequest, _send_signal),
     ("process.Process", "CloseStdin"): (ppb.CloseStdinRequest, _close_stdin),
     ("filesystem.Filesystem", "Stat"): (fpb.StatRequest, _stat),
