@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -542,3 +543,58 @@ def test_key_file_must_be_private(tmp_path: Path) -> None:
         timeout=60,
     )
     assert r.returncode != 0 and "--api-key-file" in r.stderr, r.stderr
+
+
+def _raw(server: Served, request: bytes) -> bytes:
+    """Send ``request`` as written on a fresh connection; the reply's status line and headers."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.sendall(request)
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    return reply
+
+
+def test_oversized_and_malformed_bodies_are_refused(server: Served) -> None:
+    _, before = api(server, "GET", "/v2/sandboxes", KEY_A)
+    auth = f"X-API-Key: {KEY_A}\r\n".encode()
+    # declared too large: refused before a byte of it is read
+    big = b"POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 999999999999\r\n\r\n"
+    assert b" 413 " in _raw(server, big).split(b"\r\n")[0]
+    # chunked past the bound: refused as it arrives
+    chunk = b"%x\r\n%s\r\n" % (1 << 20, b"x" * (1 << 20))
+    chunked = b"POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\n" + auth + b"Transfer-Encoding: chunked\r\n\r\n" + chunk * 70
+    assert b" 413 " in _raw(server, chunked).split(b"\r\n")[0]
+    # a control-plane body over 1 MiB, JSON nested past the parser, not an object
+    for body in (b'{"templateID": "host", "x": "' + b"y" * (2 << 20) + b'"}', b"[" * 100000, b"[]", b"{"):
+        req = urllib.request.Request(
+            server.url + "/v2/sandboxes", data=body, method="POST", headers={"X-API-Key": KEY_A}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=60)
+        assert refused.value.code in (400, 413), body[:20]
+    _, after = api(server, "GET", "/v2/sandboxes", KEY_A)
+    assert after == before
+    # a Connect message over its bound, to a real sandbox with its token
+    status, made = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host"})
+    assert status == 201
+    try:
+        headers = {
+            "E2b-Sandbox-Id": made["sandboxID"],  # type: ignore[index]
+            "X-Access-Token": made["envdAccessToken"],  # type: ignore[index]
+            "Content-Type": "application/proto",
+        }
+        for data in (b"\x0a" + b"\xff" * 10, b"\x00" * ((16 << 20) + 64)):
+            req = urllib.request.Request(
+                server.url + "/filesystem.Filesystem/Stat", data=data, headers=headers, method="POST"
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=60)
+            assert refused.value.code in (400, 429), refused.value.read()
+        assert api(server, "GET", f"/sandboxes/{made['sandboxID']}", KEY_A)[0] == 200  # type: ignore[index]
+    finally:
+        api(server, "DELETE", f"/sandboxes/{made['sandboxID']}", KEY_A)  # type: ignore[index]

@@ -5,13 +5,16 @@ the jail's API is blocking and thread-safe, so one thread per request maps onto 
 in between and no dependency to audit, and Connect's server streams are plain chunked responses over
 HTTP/1.1. What a client sends is bounded here before any handler sees it: header count and size (the
 standard library's), at most ``MAX_CONNECTIONS`` connections at once, a request body of at most
-``MAX_BODY`` bytes (declared or chunked), and ``IDLE`` seconds of silence on a connection.
+``MAX_BODY`` bytes (declared or chunked), ``MAX_TRANSFERS`` large bodies or file transfers at once,
+and ``IDLE`` seconds of silence on a connection.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
+import traceback
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +26,9 @@ MAX_BODY = 65 << 20
 """Largest request body (a 64 MiB file upload with its multipart framing)."""
 MAX_CONNECTIONS = 512
 IDLE = 120.0
+SMALL_BODY = 1 << 20
+MAX_TRANSFERS = 8
+"""Requests with a body over ``SMALL_BODY``, or moving a file, at once: what they hold in memory is bounded."""
 
 
 @dataclass
@@ -32,7 +38,6 @@ class Request:
     query: dict[str, list[str]]
     headers: Message
     body: bytes
-    client_gone: Callable[[], bool]
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -55,6 +60,10 @@ class BodyTooLarge(Exception):
 
 
 App = Callable[[Request], Response]
+
+
+def _error(status: int, message: str) -> Response:
+    return Response(status, json.dumps({"code": status, "message": message}).encode(), "application/json")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -108,31 +117,42 @@ class Handler(BaseHTTPRequestHandler):
             parts.append(self.rfile.read(size))
             self.rfile.readline(16)
 
-    def _client_gone(self) -> bool:
+    def _heavy(self, path: str) -> bool:
+        """Whether this request may hold a large body or reply (a file, or a body over ``SMALL_BODY``)."""
+        if path == "/files" or "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            return True
         try:
-            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except BlockingIOError:
-            return False
-        except OSError:
+            return int(self.headers.get("Content-Length") or 0) > SMALL_BODY
+        except ValueError:
             return True
 
     def _handle(self) -> None:
         url = urllib.parse.urlsplit(self.path)
-        try:
-            body = self._body()
-        except BodyTooLarge as exc:
+        heavy = self._heavy(url.path)
+        if heavy and not self.server.transfers.acquire(timeout=IDLE):
             self.close_connection = True
-            self._send(Response(413, f'{{"code":413,"message":"{exc}"}}'.encode(), "application/json"))
+            self._send(_error(503, f"{MAX_TRANSFERS} large transfers are already under way; try again"))
             return
-        request = Request(
-            self.command,
-            url.path,
-            urllib.parse.parse_qs(url.query, max_num_fields=64),
-            self.headers,
-            body,
-            self._client_gone,
-        )
-        self._send(self.server.app(request))
+        try:
+            try:
+                body = self._body()
+                query = urllib.parse.parse_qs(url.query, max_num_fields=64)
+            except BodyTooLarge as exc:
+                self.close_connection = True
+                self._send(_error(413, str(exc)))
+                return
+            except ValueError as exc:
+                self._send(_error(400, f"bad query string: {exc}"))
+                return
+            try:
+                response = self.server.app(Request(self.command, url.path, query, self.headers, body))
+            except Exception:  # a bug here must cost one request, never the server
+                self.log_error("request failed:\n%s", traceback.format_exc())
+                response = _error(500, "internal error (see the server's log)")
+            self._send(response)
+        finally:
+            if heavy:
+                self.server.transfers.release()
 
     def _send(self, response: Response) -> None:
         self.send_response(response.status)
@@ -169,6 +189,7 @@ class Server(ThreadingHTTPServer):
         self.app = app
         self.verbose = verbose
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.transfers = threading.BoundedSemaphore(MAX_TRANSFERS)
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, Handler)

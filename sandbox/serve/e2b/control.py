@@ -23,6 +23,7 @@ CLIENT_ID = "jailbox"
 SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([A-Za-z0-9_-]{1,64})(/[a-z]+)?$")
 ENVD_HOST = re.compile(r"^\d{1,5}-([a-z0-9]{1,64})\.")
 MAX_LIST = 1000
+MAX_JSON = 1 << 20
 
 
 def _json(status: int, obj: object, headers: dict[str, str] | None = None) -> Response:
@@ -90,9 +91,11 @@ class ControlPlane:
     def _body(self, request: Request) -> dict:
         if not request.body:
             return {}
+        if len(request.body) > MAX_JSON:
+            raise ServeError(413, f"a control-plane request body is at most {MAX_JSON} bytes")
         try:
             body = json.loads(request.body)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ServeError(400, 'the request body must be JSON, e.g. {"templateID": "default"}') from None
         if not isinstance(body, dict):
             raise ServeError(400, 'the request body must be a JSON object, e.g. {"templateID": "default"}')
