@@ -1172,6 +1172,7 @@ def cp(src: str, dst: str) -> None:
     help="a sandbox's default lifetime, seconds",
 )
 @click.option("--max-timeout", type=click.IntRange(min=1), default=86400, show_default=True)
+@click.option("--warm", type=click.IntRange(0, 64), default=2, show_default=True, help="jails kept ready per template")
 @click.option("-v", "--verbose", is_flag=True, help="log every request")
 def serve_cmd(
     host: str,
@@ -1181,6 +1182,7 @@ def serve_cmd(
     max_per_key: int,
     timeout: int,
     max_timeout: int,
+    warm: int,
     verbose: bool,
 ) -> None:
     """Serve sandboxes over the E2B API, for the E2B SDKs (see README: Use jailbox from the E2B SDK).
@@ -1193,7 +1195,7 @@ def serve_cmd(
     from .sandbox.serve.main import run
 
     try:
-        run(host, port, api_key_file, max_sandboxes, max_per_key, timeout, max_timeout, verbose)
+        run(host, port, api_key_file, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose)
     except (KeyFileError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
 

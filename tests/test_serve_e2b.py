@@ -461,6 +461,9 @@ def test_bad_requests_are_named(server: Served, tmp_path: Path) -> None:
     for metadata in ("x", {"k": 1}, {str(i): "v" for i in range(100)}):
         status, body = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host", "metadata": metadata})
         assert status == 400 and "metadata" in body["message"], (metadata, body)  # type: ignore[index]
+    for envs in ({"A B": "x"}, {"": "x"}, {"X": "a\0b"}, {"X": 1}, ["X"]):
+        status, body = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host", "envVars": envs})
+        assert status == 400 and "envVars" in body["message"], (envs, body)  # type: ignore[index]
     sdk(
         server,
         tmp_path,
@@ -598,3 +601,44 @@ def test_oversized_and_malformed_bodies_are_refused(server: Served) -> None:
         assert api(server, "GET", f"/sandboxes/{made['sandboxID']}", KEY_A)[0] == 200  # type: ignore[index]
     finally:
         api(server, "DELETE", f"/sandboxes/{made['sandboxID']}", KEY_A)  # type: ignore[index]
+
+
+def test_64_sandboxes_at_once(tmp_path: Path) -> None:
+    """The server's whole default capacity, made concurrently through the SDK, each running a command;
+    what an idle sandbox costs the server process is printed (``-s`` shows it)."""
+    _sdk()
+    served = start_server(tmp_path, "--api-key-file", str(key_file(tmp_path, KEY_A)), "--max-sandboxes", "64")
+    try:
+        out = sdk(
+            served,
+            tmp_path,
+            f"""
+            from concurrent.futures import ThreadPoolExecutor
+            import psutil
+            from e2b import Sandbox, SandboxException
+
+            server = psutil.Process({served.proc.pid})
+            before = server.memory_info().rss
+
+            def one(i):
+                sb = Sandbox.create(template="host")
+                assert sb.commands.run(f"echo {{i}}").stdout == f"{{i}}\\n"
+                return sb
+
+            with ThreadPoolExecutor(64) as pool:
+                made = list(pool.map(one, range(64)))
+            assert len({{sb.sandbox_id for sb in made}}) == 64
+            print("server memory per idle sandbox:", (server.memory_info().rss - before) // 64 // 1024, "KiB")
+            try:
+                Sandbox.create(template="host")
+                raise AssertionError("a 65th sandbox was made")
+            except SandboxException as exc:
+                assert "--max-sandboxes" in str(exc), exc
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda sb: sb.kill(), made))
+            assert Sandbox.list().next_items() == []
+            """,
+        )
+        print(out)
+    finally:
+        served.stop()

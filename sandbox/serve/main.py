@@ -25,6 +25,7 @@ def run(
     max_per_key: int,
     default_timeout: int,
     max_timeout: int,
+    warm: int,
     verbose: bool = False,
 ) -> None:
     path = api_key_file or keys.default_path()
@@ -32,7 +33,7 @@ def run(
         key = keys.create(path)
         print(f"jailbox serve: made an API key in {path} (shown only now): {key}", file=sys.stderr)
     loaded = keys.load(path)
-    registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout)
+    registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm)
     try:
         server = Server((host, port), ControlPlane(keys.Keys(loaded), registry), verbose)
     except BaseException:

@@ -179,8 +179,9 @@ def _wake(w: Watcher) -> None:
 class ProcessTable:
     """The commands of one sandbox, by the number the client uses for them."""
 
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: Sandbox, base_env: dict[str, str]) -> None:
         self.sandbox = sandbox
+        self.base_env = base_env  # the sandbox's own variables (from create), under each command's
         self.lock = threading.Lock()
         self.procs: dict[int, Process] = {}
         self.pids = itertools.count(FIRST_PID)
@@ -207,7 +208,7 @@ class ProcessTable:
         if cwd is not None:  # the jail starts a terminal in its workdir: move there first, then become the command
             argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
         try:
-            tty = self.sandbox.exec_tty(argv, env=envs)
+            tty = self.sandbox.exec_tty(argv, env={**self.base_env, **envs})
         except (SandboxError, ValueError, OSError) as exc:
             self._forget(proc)
             raise ProcessError("invalid_argument", f"cannot start {cmd!r} on a PTY: {exc}") from None
@@ -288,7 +289,7 @@ class ProcessTable:
                 proc.run = self.sandbox.begin_exec(
                     [cmd, *args],
                     cwd=cwd,
-                    env=envs,
+                    env={**self.base_env, **envs},
                     stdin=source,
                     on_stdout=lambda data: proc.publish(Output("stdout", data)),
                     on_stderr=lambda data: proc.publish(Output("stderr", data)),

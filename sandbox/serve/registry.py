@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from ..config import check_env
 from ..errors import SandboxError
+from ..pool import SandboxPool
 from ..sandbox import Sandbox
 from .fs import Watchers
 from .processes import ProcessTable
@@ -25,6 +27,7 @@ TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
 MAX_METADATA = 64
 MAX_ENV = 256
 MAX_TEXT = 4096
+MAX_POOLS = 4
 
 
 class ServeError(Exception):
@@ -69,10 +72,13 @@ def _strings(value: object, what: str, limit: int) -> dict[str, str]:
 
 
 class Registry:
-    """Every served sandbox, with the limits: ``max_total`` in all, ``max_per_key`` per key."""
+    """Every served sandbox, with the limits: ``max_total`` in all, ``max_per_key`` per key; ``warm``
+    jails kept ready for each template in use (0: none), which do not count against the limits."""
 
-    def __init__(self, max_total: int, max_per_key: int, default_timeout: int, max_timeout: int) -> None:
+    def __init__(self, max_total: int, max_per_key: int, default_timeout: int, max_timeout: int, warm: int) -> None:
         self.max_total = max_total
+        self.warm = warm
+        self.pools: dict[str, SandboxPool] = {}
         self.max_per_key = max_per_key
         self.default_timeout = default_timeout
         self.max_timeout = max_timeout
@@ -99,6 +105,10 @@ class Registry:
         timeout = self._timeout(body.get("timeout"))
         metadata = _strings(body.get("metadata"), "metadata", MAX_METADATA)
         envs = _strings(body.get("envVars"), "envVars", MAX_ENV)
+        try:
+            check_env(envs)
+        except ValueError as exc:
+            raise ServeError(400, f'envVars: {exc} (e.g. {{"DEBUG": "1"}})') from None
         with self.lock:
             if self.closed:
                 raise ServeError(503, "the server is shutting down")
@@ -111,7 +121,7 @@ class Registry:
             self.reserved[owner] = self.reserved.get(owner, 0) + 1
         try:
             try:
-                sandbox = Sandbox(rootfs=template, env=envs)
+                sandbox = self._sandbox(template)
             except (SandboxError, ValueError) as exc:
                 raise ServeError(400, f"cannot create a sandbox from template {template!r}: {exc}") from None
             served = Served(
@@ -124,7 +134,7 @@ class Registry:
                 sandbox=sandbox,
                 started=datetime.now(timezone.utc),
                 deadline=time.monotonic() + timeout,
-                procs=ProcessTable(sandbox),
+                procs=ProcessTable(sandbox, envs),
             )
             with self.lock:
                 self.served[served.id] = served
@@ -135,6 +145,21 @@ class Registry:
                 self.reserved[owner] -= 1
                 if not self.reserved[owner]:
                     del self.reserved[owner]
+
+    def _sandbox(self, template: str) -> Sandbox:
+        """A jail of ``template``: from its warm pool if it has one. A template gets a pool (up to
+        ``MAX_POOLS`` of them) once a sandbox of it has been built, so a name that builds nothing
+        never holds jails."""
+        with self.lock:
+            pool = self.pools.get(template)
+        if pool is not None:
+            return pool.acquire()
+        sandbox = Sandbox(rootfs=template)
+        if self.warm:
+            with self.lock:
+                if template not in self.pools and len(self.pools) < MAX_POOLS and not self.closed:
+                    self.pools[template] = SandboxPool(self.warm, rootfs=template)
+        return sandbox
 
     def get(self, owner: str, sandbox_id: str) -> Served:
         with self.lock:
@@ -205,3 +230,5 @@ class Registry:
                 self._close(served)
             except Exception:  # one that fails to close must not keep the others open
                 pass
+        for pool in self.pools.values():
+            pool.close()

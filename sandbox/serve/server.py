@@ -184,6 +184,7 @@ class Handler(BaseHTTPRequestHandler):
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 256  # the listen backlog: a burst of SDK clients must queue, not be reset
 
     def __init__(self, address: tuple[str, int], app: App, verbose: bool = False) -> None:
         self.app = app
