@@ -16,6 +16,8 @@ from .e2b.control import ControlPlane
 from .registry import Registry
 from .server import Server
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
 
 def run(
     host: str,
@@ -46,6 +48,13 @@ def run(
         file=sys.stderr,
         flush=True,
     )
+
+    if host not in LOOPBACK:
+        print(
+            f"jailbox serve: {host} is not loopback: keys and tokens travel in plain HTTP; put TLS in front "
+            "(SECURITY.md: jailbox serve)",
+            file=sys.stderr,
+        )
 
     def stop(signum: int, frame: object) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
