@@ -321,7 +321,7 @@ def test_async_sdk(server: Served, tmp_path: Path) -> None:
         tmp_path,
         """
         import asyncio
-        from e2b import AsyncSandbox, CommandExitException
+        from e2b import AsyncSandbox, CommandExitException, FilesystemEventType
 
         async def main():
             sb = await AsyncSandbox.create(template="host", metadata={"kind": "async"})
@@ -336,6 +336,14 @@ def test_async_sdk(server: Served, tmp_path: Path) -> None:
             await sb.files.write("/tmp/async.txt", "written")
             assert await sb.files.read("/tmp/async.txt") == "written"
             assert [e.name for e in await sb.files.list("/tmp") if e.name == "async.txt"]
+
+            await sb.files.make_dir("/tmp/seen")
+            events = asyncio.Queue()
+            handle = await sb.files.watch_dir("/tmp/seen", on_event=events.put_nowait, recursive=True)
+            await sb.files.write("/tmp/seen/new.txt", "x")
+            event = await asyncio.wait_for(events.get(), 60)
+            assert (event.name, event.type) == ("new.txt", FilesystemEventType.CREATE), event
+            await handle.stop()
             await sb.kill()
 
         asyncio.run(main())
