@@ -79,6 +79,7 @@ class Process:
         self.pid = pid
         self.cmd, self.args, self.envs, self.cwd, self.tag = cmd, args, envs, cwd, tag
         self.lock = threading.Lock()
+        self.input_lock = threading.Lock()  # held by whoever writes, closes or resizes the input side
         self.watchers: list[Watcher] = []
         self.run: ExecRun | None = None
         self.stdin_w = -1
@@ -111,8 +112,10 @@ class Process:
                 _wake(w)
 
     def write_input(self, data: bytes, pty: bool) -> None:
-        """Feed the command's stdin pipe, or type into its terminal."""
-        with self.lock:
+        """Feed the command's stdin pipe, or type into its terminal. Holds ``input_lock`` (not ``lock``) while
+        it waits for the command to read, so output keeps flowing meanwhile, and no close of the
+        descriptor can slip in between (its number could be reused by then)."""
+        with self.input_lock:
             if pty != (self.tty is not None):
                 raise ProcessError("invalid_argument", f"process {self.pid} {'has no' if pty else 'has a'} PTY")
             fd = self.tty.master if self.tty is not None else self.stdin_w
@@ -134,13 +137,13 @@ class Process:
                     raise ProcessError("failed_precondition", f"process {self.pid} closed its stdin") from None
 
     def close_stdin(self) -> None:
-        with self.lock:
+        with self.input_lock:
             if self.stdin_w >= 0:
                 os.close(self.stdin_w)
                 self.stdin_w = -1
 
     def resize(self, cols: int, rows: int) -> None:
-        with self.lock:
+        with self.input_lock:
             if self.tty is None or self.ended.is_set():
                 raise ProcessError("failed_precondition", f"process {self.pid} has no PTY to resize")
             fcntl.ioctl(self.tty.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
@@ -158,12 +161,13 @@ class Process:
 
 
 def _close_tty(proc: Process, tty: TtyCommand, hung_up: bool) -> None:
-    """Called with ``proc.lock`` held, so no input or resize races the close."""
-    proc.tty = None
-    if hung_up:  # its master is closed already
-        tty.reply.close()
-    else:
-        tty.close()
+    """Called with ``proc.lock`` held (so a kill cannot write to a closed hangup pipe)."""
+    with proc.input_lock:
+        proc.tty = None
+        if hung_up:  # its master is closed already
+            tty.reply.close()
+        else:
+            tty.close()
     os.close(proc.hangup_w)
     proc.hangup_w = -1
 
@@ -242,7 +246,7 @@ class ProcessTable:
                     end = End(code, f"exit status {code}")
                     break
                 if hangup_r in ready:  # kill: hang the terminal up, as closing a terminal window does
-                    with proc.lock:
+                    with proc.input_lock:
                         proc.tty = None
                         os.close(tty.master)
                     reading, hung_up = False, True
