@@ -56,7 +56,7 @@ def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
     served = registry.by_token(sandbox_id, request.header("X-Access-Token"))
     path = request.path
     if served is None:
-        missing = NOT_FOUND.format(sandbox_id)
+        missing = NOT_FOUND.format(sandbox_id[:64])
         if path.startswith(("/process.", "/filesystem.")):
             return _error_response(RpcError("unavailable", missing))
         return _http_error(502, missing)
@@ -81,6 +81,8 @@ def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
             return _error_response(exc)
         except (fs.FsError, processes.ProcessError) as exc:
             return _error_response(RpcError(exc.code, str(exc)))
+        except SandboxError as exc:
+            return _error_response(RpcError("unavailable", f"the sandbox stopped: {exc}"))
         return Response(200, codec.encode(reply), codec.unary_type)
     if request.method == "POST" and (service, method) in STREAMS:
         kind, stream = STREAMS[(service, method)]
