@@ -37,8 +37,8 @@ def _sdk() -> None:
 
 
 class Served:
-    def __init__(self, proc: subprocess.Popen[str], url: str, log: list[str]) -> None:
-        self.proc, self.url, self.log = proc, url, log
+    def __init__(self, proc: subprocess.Popen[str], url: str, log: list[str], cwd: Path) -> None:
+        self.proc, self.url, self.log, self.cwd = proc, url, log, cwd
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -71,7 +71,7 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Se
         m = re.search(r"listening on (http://\S+)", line)
         if m:
             threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
-            return Served(proc, m.group(1), log)
+            return Served(proc, m.group(1), log, tmp)
     proc.kill()
     raise AssertionError("jailbox serve did not start: " + "".join(log))
 
@@ -460,7 +460,9 @@ def test_envd_needs_the_sandboxs_own_token(server: Served) -> None:
 
 
 def test_bad_requests_are_named(server: Served, tmp_path: Path) -> None:
-    for template in ("/", "../etc", "/usr", "a/b", "", None, 7):
+    (server.cwd / "here").mkdir(exist_ok=True)  # a directory beside the server is not a template
+    (server.cwd / "here" / "secret").write_text("host data")
+    for template in ("/", "../etc", "/usr", "a/b", "", None, 7, "here", "~", ".", "no-such-rootfs"):
         status, body = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": template})
         assert status == 400 and "templateID" in body["message"], (template, body)  # type: ignore[index]
     for timeout in (0, -1, 10**9, "300", 1.5, True):

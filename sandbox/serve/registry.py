@@ -19,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 from ..config import check_env
 from ..errors import SandboxError
 from ..pool import SandboxPool
+from ..rootfs.store import Store
 from ..sandbox import Sandbox
 from .fs import Watchers
 from .processes import ProcessTable
@@ -101,6 +102,11 @@ class Registry:
         if not isinstance(template, str) or not TEMPLATE_NAME.match(template):
             raise ServeError(
                 400, "templateID must name a stored root filesystem or 'host' (e.g. 'default'), not a path"
+            )
+        if template != "host" and Store().resolve(template) is None:
+            # a name the store lacks would be tried as a directory relative to the server's cwd
+            raise ServeError(
+                400, f"templateID {template!r} is not a stored root filesystem (jailbox rootfs list; or use 'host')"
             )
         timeout = self._timeout(body.get("timeout"))
         metadata = _strings(body.get("metadata"), "metadata", MAX_METADATA)
