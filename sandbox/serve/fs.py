@@ -110,8 +110,8 @@ def _find(sb: Sandbox, args: list[str]) -> list[Entry]:
         raise FsError("resource_exhausted", f"the listing is over the sandbox's output limit ({r.output_limit} bytes)")
     if r.exit_code != 0:
         err = r.stderr_bytes.decode(errors="replace")[-300:].strip()
-        if "No such file or directory" in err:
-            raise FsError("not_found", f"path {args[-1] if args else ''} not found")
+        if "No such file or directory" in err and not r.stdout_bytes:  # not an entry gone mid-walk
+            raise FsError("not_found", f"{err.splitlines()[-1] if err else 'path not found'}")
         if "Permission denied" in err and not r.stdout_bytes:
             raise FsError("permission_denied", err)
         if not r.stdout_bytes:
