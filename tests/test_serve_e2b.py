@@ -124,7 +124,7 @@ def test_create_run_and_kill(server: Served, tmp_path: Path) -> None:
         server,
         tmp_path,
         """
-        from e2b import CommandExitException, Sandbox
+        from e2b import CommandExitException, Sandbox, SandboxException
 
         sb = Sandbox.create(template="host", metadata={"suite": "serve"}, envs={"GREETING": "hello"})
         assert sb.is_running()
@@ -162,6 +162,12 @@ def test_create_run_and_kill(server: Served, tmp_path: Path) -> None:
         info = sb.get_info()
         assert info.metadata == {"suite": "serve"} and info.template_id == "host", info
         assert sb.sandbox_id in [s.sandbox_id for s in Sandbox.list().next_items()]
+        for unserved in (sb.pause, sb.get_metrics):
+            try:
+                unserved()
+                raise AssertionError(f"{unserved.__name__} answered")
+            except SandboxException as exc:
+                assert "not served by jailbox" in str(exc), exc
         sb.kill()
         assert not sb.is_running()
         assert sb.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]

@@ -129,7 +129,8 @@ class ControlPlane:
             if body.get("timeout") is not None:
                 served = self.registry.set_timeout(owner, sandbox_id, body["timeout"], extend_only=True)
             return _json(200, created(served))
-        return error(404, f"{method} {path} is not served by jailbox")
+        self.registry.get(owner, sandbox_id)  # another key's sandbox stays not found
+        return error(501, f"{method} {path} is not served by jailbox (pause, snapshots, metrics and logs are not)")
 
     def _list(self, owner: str, request: Request) -> Response:
         wanted: dict[str, str] = {}
