@@ -312,7 +312,8 @@ def test_connect_by_id(server: Served, tmp_path: Path) -> None:
         """
         from e2b import Sandbox
 
-        sb = Sandbox.create(template="host")
+        sb = Sandbox.create()  # the SDK's default template: default if stored, else host
+        assert sb.get_info().template_id in ("default", "host")
         sb.commands.run("echo kept > /tmp/kept")
         again = Sandbox.connect(sb.sandbox_id)
         assert again.commands.run("cat /tmp/kept").stdout == "kept\\n"

@@ -29,6 +29,7 @@ MAX_METADATA = 64
 MAX_ENV = 256
 MAX_TEXT = 4096
 MAX_POOLS = 4
+SDK_DEFAULT = "base"
 
 
 class ServeError(Exception):
@@ -103,6 +104,8 @@ class Registry:
             raise ServeError(
                 400, "templateID must name a stored root filesystem or 'host' (e.g. 'default'), not a path"
             )
+        if template == SDK_DEFAULT:  # what the SDK asks for when its caller names no template
+            template = "default" if Store().resolve("default") is not None else "host"
         if template != "host" and Store().resolve(template) is None:
             # a name the store lacks would be tried as a directory relative to the server's cwd
             raise ServeError(
