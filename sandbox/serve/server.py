@@ -108,9 +108,10 @@ class Handler(BaseHTTPRequestHandler):
             except ValueError:
                 raise BodyTooLarge("bad chunk header") from None
             if size == 0:
-                while self.rfile.readline(1024).strip():  # trailers
-                    pass
-                return b"".join(parts)
+                for _ in range(64):  # trailers, read and dropped; a client cannot send them forever
+                    if not self.rfile.readline(1024).strip():
+                        return b"".join(parts)
+                raise BodyTooLarge("more than 64 trailer lines")
             total += size
             if size < 0 or total > MAX_BODY:
                 raise BodyTooLarge(f"request body over {MAX_BODY} bytes")
