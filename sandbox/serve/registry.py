@@ -47,7 +47,6 @@ class Served:
     owner: str
     template: str
     metadata: dict[str, str]
-    envs: dict[str, str]
     access_token: str
     sandbox: Sandbox
     started: datetime
@@ -138,7 +137,6 @@ class Registry:
                 owner=owner,
                 template=template,
                 metadata=metadata,
-                envs=envs,
                 access_token=secrets.token_urlsafe(32),
                 sandbox=sandbox,
                 started=datetime.now(timezone.utc),
