@@ -1192,8 +1192,11 @@ def serve_cmd(
       jailbox serve --port 49982
     """
     from .sandbox.serve.keys import KeyFileError
-    from .sandbox.serve.main import run
 
+    try:
+        from .sandbox.serve.main import run
+    except ModuleNotFoundError as exc:  # protobuf comes with the serve extra only
+        raise click.ClickException(f"jailbox serve needs {exc.name}: pip install 'jailbox[serve]'") from None
     try:
         run(host, port, api_key_file, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose)
     except (KeyFileError, OSError) as exc:
