@@ -1168,6 +1168,57 @@ def cp(src: str, dst: str) -> None:
         _service_fail(SandboxError(f"no sandbox {ref!r}; jailbox ps lists them"))
 
 
+@main.command("serve")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="address to bind (loopback unless exposed on purpose)"
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=49982, show_default=True)
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="keys, one a line (default: made on first start)",
+)
+@click.option("--max-sandboxes", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--max-per-key", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--timeout",
+    type=click.IntRange(min=1),
+    default=300,
+    show_default=True,
+    help="a sandbox's default lifetime, seconds",
+)
+@click.option("--max-timeout", type=click.IntRange(min=1), default=86400, show_default=True)
+@click.option("--warm", type=click.IntRange(0, 64), default=2, show_default=True, help="jails kept ready per template")
+@click.option("-v", "--verbose", is_flag=True, help="log every request")
+def serve_cmd(
+    host: str,
+    port: int,
+    api_key_file: Path | None,
+    max_sandboxes: int,
+    max_per_key: int,
+    timeout: int,
+    max_timeout: int,
+    warm: int,
+    verbose: bool,
+) -> None:
+    """Serve sandboxes over the E2B API, for the E2B SDKs (see README: Use jailbox from the E2B SDK).
+
+    \b
+    Example:
+      jailbox serve --port 49982
+    """
+    from .sandbox.serve.keys import KeyFileError
+
+    try:
+        from .sandbox.serve.main import run
+    except ModuleNotFoundError as exc:  # protobuf comes with the serve extra only
+        raise click.ClickException(f"jailbox serve needs {exc.name}: pip install 'jailbox[serve]'") from None
+    try:
+        run(host, port, api_key_file, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose)
+    except (KeyFileError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @main.command("_service", hidden=True)
 @click.option("--idle", type=click.FloatRange(min=0, min_open=True), default=300.0)
 def service_cmd(idle: float) -> None:

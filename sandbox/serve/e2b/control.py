@@ -1,0 +1,153 @@
+"""The E2B control plane over HTTP: create, list, get, kill, set the timeout of, and connect to sandboxes.
+
+Runs in the serving host process, on a request's thread. Every request needs an API key
+(``X-API-Key``); a missing or unknown one is 401 before anything else is looked at, and a sandbox of
+another key answers 404 like one that never existed. A request that carries a sandbox id header (or
+the ``<port>-<id>.<domain>`` host the SDK builds without ``E2B_SANDBOX_URL``) goes to the sandbox's own
+daemon protocol instead (``envd``), which is authorised by that sandbox's access token.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+from datetime import datetime
+
+from ..keys import Keys
+from ..registry import Registry, Served, ServeError
+from ..server import Request, Response
+from . import envd
+
+CLIENT_ID = "jailbox"
+SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([A-Za-z0-9_-]{1,64})(/[a-z]+)?$")
+ENVD_HOST = re.compile(r"^\d{1,5}-([a-z0-9]{1,64})\.")
+MAX_LIST = 1000
+MAX_JSON = 1 << 20
+
+
+def _json(status: int, obj: object, headers: dict[str, str] | None = None) -> Response:
+    return Response(status, json.dumps(obj).encode(), "application/json", headers or {})
+
+
+def error(status: int, message: str) -> Response:
+    return _json(status, {"code": status, "message": message})
+
+
+def _time(t: datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
+
+
+def created(served: Served) -> dict:
+    return {
+        "templateID": served.template,
+        "sandboxID": served.id,
+        "clientID": CLIENT_ID,
+        "envdVersion": envd.ENVD_VERSION,
+        "envdAccessToken": served.access_token,
+        "alias": served.template,
+    }
+
+
+def detail(served: Served) -> dict:
+    return {
+        "templateID": served.template,
+        "alias": served.template,
+        "sandboxID": served.id,
+        "clientID": CLIENT_ID,
+        "startedAt": _time(served.started),
+        "endAt": _time(served.end_at),
+        "envdVersion": envd.ENVD_VERSION,
+        "cpuCount": int(served.sandbox.config.limits.cpus or 1),
+        "memoryMB": (served.sandbox.config.limits.memory or 0) >> 20,
+        "diskSizeMB": (served.sandbox.config.limits.disk or 0) >> 20,
+        "state": "running",
+        "metadata": served.metadata,
+    }
+
+
+class ControlPlane:
+    """The application ``jailbox serve`` hands its HTTP server: routes each request to a plane."""
+
+    def __init__(self, keys: Keys, registry: Registry) -> None:
+        self.keys = keys
+        self.registry = registry
+
+    def __call__(self, request: Request) -> Response:
+        sandbox_id = request.header("E2b-Sandbox-Id")
+        if sandbox_id is None:
+            host = ENVD_HOST.match(request.header("Host") or "")
+            sandbox_id = host.group(1) if host else None
+        if sandbox_id is not None:
+            return envd.handle(self.registry, sandbox_id, request)
+        owner = self.keys.owner(request.header("X-API-Key"))
+        if owner is None:
+            return error(401, "missing or invalid API key: send it as the X-API-Key header (E2B_API_KEY)")
+        try:
+            return self._route(owner, request)
+        except ServeError as exc:
+            return error(exc.status, exc.message)
+
+    def _body(self, request: Request) -> dict:
+        if not request.body:
+            return {}
+        if len(request.body) > MAX_JSON:
+            raise ServeError(413, f"a control-plane request body is at most {MAX_JSON} bytes")
+        try:
+            body = json.loads(request.body)
+        except (ValueError, RecursionError):
+            raise ServeError(400, 'the request body must be JSON, e.g. {"templateID": "default"}') from None
+        if not isinstance(body, dict):
+            raise ServeError(400, 'the request body must be a JSON object, e.g. {"templateID": "default"}')
+        return body
+
+    def _route(self, owner: str, request: Request) -> Response:
+        method, path = request.method, request.path
+        if path in ("/sandboxes", "/v2/sandboxes"):
+            if method == "POST":
+                return _json(201, created(self.registry.create(owner, self._body(request))))
+            if method == "GET":
+                return self._list(owner, request)
+        m = SANDBOX_PATH.match(path)
+        if m is None:
+            return error(404, f"{method} {path} is not served by jailbox")
+        sandbox_id, action = m.group(1), m.group(2)
+        if action is None and method == "GET":
+            return _json(200, detail(self.registry.get(owner, sandbox_id)))
+        if action is None and method == "DELETE":
+            self.registry.kill(owner, sandbox_id)
+            return Response(204)
+        if action == "/timeout" and method == "POST":
+            self.registry.set_timeout(owner, sandbox_id, self._body(request).get("timeout"))
+            return Response(204)
+        if action == "/refreshes" and method == "POST":
+            self.registry.set_timeout(owner, sandbox_id, self._body(request).get("duration"), extend_only=True)
+            return Response(204)
+        if action in ("/connect", "/resume") and method == "POST":
+            body = self._body(request)
+            served = self.registry.get(owner, sandbox_id)
+            if body.get("timeout") is not None:
+                served = self.registry.set_timeout(owner, sandbox_id, body["timeout"], extend_only=True)
+            return _json(200, created(served))
+        self.registry.get(owner, sandbox_id)  # another key's sandbox stays not found
+        return error(501, f"{method} {path} is not served by jailbox (pause, snapshots, metrics and logs are not)")
+
+    def _list(self, owner: str, request: Request) -> Response:
+        wanted: dict[str, str] = {}
+        if request.arg("metadata"):
+            wanted = dict(urllib.parse.parse_qsl(request.arg("metadata") or "", max_num_fields=64))
+        state = request.arg("state")
+        if state and "running" not in state.split(","):
+            return _json(200, [])
+        everyone = sorted(self.registry.list(owner), key=lambda s: (s.started, s.id))
+        if request.arg("order") == "desc":
+            everyone.reverse()
+        everyone = [s for s in everyone if all(s.metadata.get(k) == v for k, v in wanted.items())]
+        try:
+            limit = min(MAX_LIST, max(1, int(request.arg("limit") or 100)))
+            start = int(request.arg("nextToken") or 0)
+        except ValueError:
+            raise ServeError(400, "limit and nextToken must be whole numbers, e.g. limit=100") from None
+        page = everyone[start : start + limit]
+        headers = {"x-next-token": str(start + limit)} if start + limit < len(everyone) else {}
+        return _json(200, [detail(s) for s in page], headers)

@@ -1,0 +1,468 @@
+"""The daemon protocol inside an E2B sandbox (envd), served for jailbox sandboxes from the host.
+
+Runs in the serving host process, on a request's thread. A request names its sandbox (header or
+host) and carries that sandbox's access token (``X-Access-Token``); without the right token it is
+answered exactly as a sandbox that does not exist, so ids cannot be probed. Served: the Connect RPC
+process service (start with or without a PTY, connect, list, send input, resize, signal, close
+stdin) and filesystem service (stat, list, make dir, move, remove, polled and streamed directory
+watches), and the HTTP ``/files`` download and upload. The user an SDK names (``user=``) is not
+switched to: commands run as the jail's user. The client-streaming ``StreamInput`` answers
+``unimplemented``.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from google.protobuf.message import Message
+
+from ...errors import SandboxError
+from .. import fs, processes
+from ..connect import (
+    HTTP_STATUS,
+    MAX_MESSAGE,
+    RpcError,
+    inflate,
+    stream_frames,
+    stream_request,
+    unary_request,
+)
+from ..registry import Registry, Served
+from ..server import Request, Response
+from . import filesystem_pb2 as fpb
+from . import process_pb2 as ppb
+
+ENVD_VERSION = "0.5.7"
+"""The envd version the SDK is told: the features it gates on up to here are served."""
+MAX_FILE = 64 << 20
+KEEPALIVE_DEFAULT = 50.0
+WATCH_POLL = 0.5
+NOT_FOUND = "sandbox {} was not found"
+
+
+def _error_response(error: RpcError) -> Response:
+    return Response(HTTP_STATUS[error.code], json.dumps(error.json()).encode(), "application/json")
+
+
+def _http_error(status: int, message: str) -> Response:
+    return Response(status, json.dumps({"code": status, "message": message}).encode(), "application/json")
+
+
+def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
+    served = registry.by_token(sandbox_id, request.header("X-Access-Token"))
+    path = request.path
+    if served is None:
+        missing = NOT_FOUND.format(sandbox_id[:64])
+        if path.startswith(("/process.", "/filesystem.")):
+            return _error_response(RpcError("unavailable", missing))
+        return _http_error(502, missing)
+    if path == "/health" and request.method == "GET":
+        return Response(204)
+    if path == "/files":
+        if request.method == "GET":
+            return _download(served, request)
+        if request.method == "POST":
+            return _upload(served, request)
+    service, _, method = path.lstrip("/").partition("/")
+    if path.startswith(("/process.", "/filesystem.")) and len(request.body) > MAX_MESSAGE + 5:
+        return _error_response(RpcError("resource_exhausted", f"a message is at most {MAX_MESSAGE} bytes"))
+    if request.method == "POST" and (service, method) in UNARY:
+        kind, call = UNARY[(service, method)]
+        try:
+            message, codec = unary_request(
+                kind, request.body, request.header("Content-Type") or "", request.header("Content-Encoding") or ""
+            )
+            reply = call(served, message)
+        except RpcError as exc:
+            return _error_response(exc)
+        except (fs.FsError, processes.ProcessError) as exc:
+            return _error_response(RpcError(exc.code, str(exc)))
+        except SandboxError as exc:
+            return _error_response(RpcError("unavailable", f"the sandbox stopped: {exc}"))
+        return Response(200, codec.encode(reply), codec.unary_type)
+    if request.method == "POST" and (service, method) in STREAMS:
+        kind, stream = STREAMS[(service, method)]
+        try:
+            message, codec = stream_request(
+                kind,
+                request.body,
+                request.header("Content-Type") or "",
+                request.header("Connect-Content-Encoding") or "",
+            )
+        except RpcError as exc:
+            return _error_response(exc)
+        limits = _call_limits(request)
+        return Response(200, stream_frames(codec, _wrap(lambda: stream(served, message, limits))), codec.stream_type)
+    if path.startswith(("/process.", "/filesystem.")):
+        return _error_response(RpcError("unimplemented", f"{service}/{method} is not served by jailbox"))
+    return _http_error(404, f"{request.method} {path} is not served by jailbox")
+
+
+def _wrap(opened: Callable[[], Iterator[Message]]) -> Iterator[Message]:
+    """Errors of the jail's side as the stream's end: a client hears why, never a cut connection."""
+    try:
+        yield from opened()
+    except (fs.FsError, processes.ProcessError) as exc:
+        raise RpcError(exc.code, str(exc)) from None
+    except SandboxError as exc:
+        raise RpcError("unavailable", f"the sandbox stopped: {exc}") from None
+
+
+def _call_limits(request: Request) -> tuple[float | None, float | None]:
+    """The call's deadline (``Connect-Timeout-Ms``) and keepalive interval, both bounded."""
+    deadline = None
+    try:
+        ms = int(request.header("Connect-Timeout-Ms") or 0)
+        if ms > 0:
+            deadline = time.monotonic() + ms / 1000
+        keepalive = float(request.header("Keepalive-Ping-Interval") or KEEPALIVE_DEFAULT)
+    except ValueError:
+        keepalive = KEEPALIVE_DEFAULT
+    return deadline, min(300.0, max(1.0, keepalive))
+
+
+# --- /files ------------------------------------------------------------------------------------
+
+
+def _file_path(served: Served, request: Request, fallback: str | None = None) -> str:
+    path = request.arg("path") or fallback
+    if not path:
+        raise fs.FsError("invalid_argument", "the path query parameter is required, e.g. ?path=/tmp/a.txt")
+    return fs.check_path(path, served.sandbox.config.workdir)
+
+
+def _fs_status(exc: fs.FsError) -> int:
+    return {"not_found": 404, "invalid_argument": 400, "permission_denied": 403}.get(exc.code, 500)
+
+
+def _download(served: Served, request: Request) -> Response:
+    try:
+        path = _file_path(served, request)
+        data = served.sandbox.read_file(path, max_bytes=MAX_FILE)
+    except fs.FsError as exc:
+        return _http_error(_fs_status(exc), str(exc))
+    except OSError as exc:  # SandboxFileError carries the jail's errno
+        status = {2: 404, 21: 400, 27: 413, 13: 403}.get(exc.errno or 0, 500)
+        return _http_error(status, f"cannot read {request.arg('path')}: {exc.strerror or exc}")
+    except SandboxError as exc:
+        return _http_error(502, str(exc))
+    return Response(200, data, "application/octet-stream")
+
+
+def _multipart(body: bytes, content_type: str) -> list[tuple[str | None, bytes]]:
+    """The file parts of a multipart/form-data body: (filename, data) each."""
+    boundary = None
+    for item in content_type.split(";")[1:]:
+        name, _, value = item.strip().partition("=")
+        if name.lower() == "boundary":
+            boundary = value.strip('"')
+    if not boundary or len(boundary) > 200:
+        raise fs.FsError("invalid_argument", "multipart/form-data without a boundary")
+    delimiter = b"--" + boundary.encode()
+    parts = []
+    for chunk in body.split(delimiter)[1:]:
+        if chunk.startswith(b"--"):
+            break
+        head, sep, data = chunk.partition(b"\r\n\r\n")
+        if not sep:
+            raise fs.FsError("invalid_argument", "a multipart part without headers")
+        if data.endswith(b"\r\n"):
+            data = data[:-2]
+        filename = None
+        for line in head.split(b"\r\n"):
+            name, _, value = line.decode(errors="replace").partition(":")
+            if name.strip().lower() == "content-disposition":
+                for param in value.split(";"):
+                    key, _, val = param.strip().partition("=")
+                    if key == "filename":
+                        filename = val.strip('"')
+        parts.append((filename, data))
+    return parts
+
+
+def _upload(served: Served, request: Request) -> Response:
+    content_type = request.header("Content-Type") or ""
+    try:
+        if content_type.startswith("multipart/form-data"):
+            parts = _multipart(request.body, content_type)
+            if not parts:
+                raise fs.FsError("invalid_argument", "the upload holds no file")
+            files = [
+                (
+                    _file_path(served, request, name)
+                    if len(parts) == 1
+                    else fs.check_path(name or "", served.sandbox.config.workdir),
+                    data,
+                )
+                for name, data in parts
+            ]
+        else:
+            data = request.body
+            encoding = request.header("Content-Encoding") or ""
+            if encoding:
+                try:
+                    data = inflate(data, encoding)
+                except RpcError as exc:
+                    raise fs.FsError("invalid_argument", exc.message) from None
+            files = [(_file_path(served, request), data)]
+        for path, data in files:
+            served.sandbox.write_file(path, data)
+    except fs.FsError as exc:
+        return _http_error(_fs_status(exc), str(exc))
+    except OSError as exc:
+        status = {2: 404, 21: 400, 20: 400, 13: 403, 28: 507}.get(exc.errno or 0, 500)
+        return _http_error(status, f"cannot write: {exc.strerror or exc}")
+    except SandboxError as exc:
+        return _http_error(502, str(exc))
+    return Response(
+        200,
+        json.dumps([{"name": posixpath.basename(p), "type": "file", "path": p} for p, _ in files]).encode(),
+        "application/json",
+    )
+
+
+# --- the process service ------------------------------------------------------------------------
+
+
+def _selector(sel: ppb.ProcessSelector) -> tuple[int | None, str | None]:
+    which = sel.WhichOneof("selector")
+    if which == "pid":
+        return sel.pid, None
+    if which == "tag":
+        return None, sel.tag
+    raise RpcError("invalid_argument", "name the process by pid or tag")
+
+
+def _find(served: Served, sel: ppb.ProcessSelector) -> processes.Process:
+    return served.procs.find(*_selector(sel))
+
+
+def _event(event: processes.Event | None) -> ppb.ProcessEvent:
+    if event is None:
+        return ppb.ProcessEvent(keepalive=ppb.ProcessEvent.KeepAlive())
+    if isinstance(event, processes.Output):
+        data = ppb.ProcessEvent.DataEvent(**{event.stream: event.data})
+        return ppb.ProcessEvent(data=data)
+    end = ppb.ProcessEvent.EndEvent(exit_code=event.exit_code, exited=event.error is None, status=event.status)
+    if event.error is not None:
+        end.error = event.error
+    return ppb.ProcessEvent(end=end)
+
+
+def _follow(
+    proc: processes.Process, watcher: processes.Watcher, limits: tuple[float | None, float | None], reply: Any
+) -> Iterator[Message]:
+    deadline, keepalive = limits
+    yield reply(event=ppb.ProcessEvent(start=ppb.ProcessEvent.StartEvent(pid=proc.pid)))
+    for event in processes.events(proc, watcher, keepalive, deadline):
+        yield reply(event=_event(event))
+
+
+def _start(served: Served, req: ppb.StartRequest, limits: tuple[float | None, float | None]) -> Iterator[Message]:
+    config = req.process
+    if not config.cmd:
+        raise RpcError("invalid_argument", "process.cmd is required, e.g. /bin/bash")
+    cwd = fs.check_path(config.cwd, served.sandbox.config.workdir) if config.HasField("cwd") and config.cwd else None
+    if req.HasField("pty"):
+        proc, watcher = served.procs.start_pty(
+            config.cmd,
+            list(config.args),
+            dict(config.envs),
+            cwd,
+            req.tag if req.HasField("tag") else None,
+            req.pty.size.cols,
+            req.pty.size.rows,
+        )
+        return _follow(proc, watcher, limits, ppb.StartResponse)
+    proc, watcher = served.procs.start(
+        config.cmd,
+        list(config.args),
+        dict(config.envs),
+        cwd,
+        req.tag if req.HasField("tag") else None,
+        req.stdin if req.HasField("stdin") else False,
+    )
+    return _follow(proc, watcher, limits, ppb.StartResponse)
+
+
+def _connect(served: Served, req: ppb.ConnectRequest, limits: tuple[float | None, float | None]) -> Iterator[Message]:
+    proc = _find(served, req.process)
+    return _follow(proc, proc.watch(), limits, ppb.ConnectResponse)
+
+
+def _list(served: Served, req: ppb.ListRequest) -> Message:
+    infos = []
+    for p in served.procs.list():
+        config = ppb.ProcessConfig(cmd=p.cmd, args=p.args, envs=p.envs)
+        if p.cwd is not None:
+            config.cwd = p.cwd
+        info = ppb.ProcessInfo(config=config, pid=p.pid)
+        if p.tag is not None:
+            info.tag = p.tag
+        infos.append(info)
+    return ppb.ListResponse(processes=infos)
+
+
+def _send_input(served: Served, req: ppb.SendInputRequest) -> Message:
+    which = req.input.WhichOneof("input")
+    if which is None:
+        raise RpcError("invalid_argument", "input must hold stdin or pty bytes")
+    _find(served, req.process).write_input(getattr(req.input, which), pty=which == "pty")
+    return ppb.SendInputResponse()
+
+
+def _update(served: Served, req: ppb.UpdateRequest) -> Message:
+    if req.HasField("pty"):
+        _find(served, req.process).resize(req.pty.size.cols, req.pty.size.rows)
+    return ppb.UpdateResponse()
+
+
+def _send_signal(served: Served, req: ppb.SendSignalRequest) -> Message:
+    if req.signal not in (ppb.SIGNAL_SIGKILL, ppb.SIGNAL_SIGTERM):
+        raise RpcError("invalid_argument", "signal must be SIGKILL or SIGTERM")
+    _find(served, req.process).kill()
+    return ppb.SendSignalResponse()
+
+
+def _close_stdin(served: Served, req: ppb.CloseStdinRequest) -> Message:
+    _find(served, req.process).close_stdin()
+    return ppb.CloseStdinResponse()
+
+
+# --- the filesystem service ---------------------------------------------------------------------
+
+
+def _entry(e: fs.Entry) -> fpb.EntryInfo:
+    kind = {"file": fpb.FILE_TYPE_FILE, "dir": fpb.FILE_TYPE_DIRECTORY}.get(e.kind, fpb.FILE_TYPE_FILE)
+    info = fpb.EntryInfo(
+        name=e.name,
+        type=kind,
+        path=e.path,
+        size=e.size,
+        mode=e.mode,
+        permissions=e.permissions,
+        owner=e.owner,
+        group=e.group,
+        is_symlink=e.kind == "symlink",
+    )
+    info.modified_time.FromNanoseconds(int(e.mtime * 1e9))
+    if e.target is not None:
+        info.symlink_target = e.target
+    return info
+
+
+def _path(served: Served, path: str) -> str:
+    return fs.check_path(path, served.sandbox.config.workdir)
+
+
+def _stat(served: Served, req: fpb.StatRequest) -> Message:
+    return fpb.StatResponse(entry=_entry(fs.stat(served.sandbox, _path(served, req.path))))
+
+
+def _make_dir(served: Served, req: fpb.MakeDirRequest) -> Message:
+    return fpb.MakeDirResponse(entry=_entry(fs.make_dir(served.sandbox, _path(served, req.path))))
+
+
+def _move(served: Served, req: fpb.MoveRequest) -> Message:
+    entry = fs.move(served.sandbox, _path(served, req.source), _path(served, req.destination))
+    return fpb.MoveResponse(entry=_entry(entry))
+
+
+def _list_dir(served: Served, req: fpb.ListDirRequest) -> Message:
+    entries = fs.list_dir(served.sandbox, _path(served, req.path), req.depth or 1)
+    return fpb.ListDirResponse(entries=[_entry(e) for e in entries])
+
+
+def _remove(served: Served, req: fpb.RemoveRequest) -> Message:
+    fs.remove(served.sandbox, _path(served, req.path))
+    return fpb.RemoveResponse()
+
+
+_EVENT_TYPES = {
+    "create": fpb.EVENT_TYPE_CREATE,
+    "write": fpb.EVENT_TYPE_WRITE,
+    "remove": fpb.EVENT_TYPE_REMOVE,
+    "chmod": fpb.EVENT_TYPE_CHMOD,
+}
+
+
+def _fs_event(change: fs.Change, include_entry: bool) -> fpb.FilesystemEvent:
+    event = fpb.FilesystemEvent(name=change.name, type=_EVENT_TYPES[change.kind])
+    if include_entry and change.entry is not None:
+        event.entry.CopyFrom(_entry(change.entry))
+    return event
+
+
+def _create_watcher(served: Served, req: fpb.CreateWatcherRequest) -> Message:
+    path = _path(served, req.path)
+    return fpb.CreateWatcherResponse(watcher_id=served.watchers.create(served.sandbox, path, req.recursive))
+
+
+def _get_watcher_events(served: Served, req: fpb.GetWatcherEventsRequest) -> Message:
+    changes = served.watchers.poll(served.sandbox, req.watcher_id)
+    return fpb.GetWatcherEventsResponse(events=[_fs_event(c, False) for c in changes])
+
+
+def _remove_watcher(served: Served, req: fpb.RemoveWatcherRequest) -> Message:
+    served.watchers.remove(req.watcher_id)
+    return fpb.RemoveWatcherResponse()
+
+
+def _watch_dir(
+    served: Served, req: fpb.WatchDirRequest, limits: tuple[float | None, float | None]
+) -> Iterator[Message]:
+    path = _path(served, req.path)
+    wid = served.watchers.create(served.sandbox, path, req.recursive)
+    deadline, keepalive = limits
+
+    def watch() -> Iterator[Message]:
+        try:
+            yield fpb.WatchDirResponse(start=fpb.WatchDirResponse.StartEvent())
+            quiet_since = time.monotonic()
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(WATCH_POLL)
+                changes = served.watchers.poll(served.sandbox, wid)
+                for c in changes:
+                    yield fpb.WatchDirResponse(filesystem=_fs_event(c, req.include_entry))
+                if changes:
+                    quiet_since = time.monotonic()
+                elif keepalive is not None and time.monotonic() - quiet_since >= keepalive:
+                    quiet_since = time.monotonic()
+                    yield fpb.WatchDirResponse(keepalive=fpb.WatchDirResponse.KeepAlive())
+            raise RpcError("deadline_exceeded", "the watch ran for its whole timeout")
+        finally:
+            try:
+                served.watchers.remove(wid)
+            except fs.FsError:
+                pass
+
+    return watch()
+
+
+UnaryCall = Callable[[Served, Any], Message]
+StreamCall = Callable[[Served, Any, tuple[float | None, float | None]], Iterator[Message]]
+
+UNARY: dict[tuple[str, str], tuple[type[Message], UnaryCall]] = {
+    ("process.Process", "List"): (ppb.ListRequest, _list),
+    ("process.Process", "SendInput"): (ppb.SendInputRequest, _send_input),
+    ("process.Process", "Update"): (ppb.UpdateRequest, _update),
+    ("process.Process", "SendSignal"): (ppb.SendSignalRequest, _send_signal),
+    ("process.Process", "CloseStdin"): (ppb.CloseStdinRequest, _close_stdin),
+    ("filesystem.Filesystem", "Stat"): (fpb.StatRequest, _stat),
+    ("filesystem.Filesystem", "MakeDir"): (fpb.MakeDirRequest, _make_dir),
+    ("filesystem.Filesystem", "Move"): (fpb.MoveRequest, _move),
+    ("filesystem.Filesystem", "ListDir"): (fpb.ListDirRequest, _list_dir),
+    ("filesystem.Filesystem", "Remove"): (fpb.RemoveRequest, _remove),
+    ("filesystem.Filesystem", "CreateWatcher"): (fpb.CreateWatcherRequest, _create_watcher),
+    ("filesystem.Filesystem", "GetWatcherEvents"): (fpb.GetWatcherEventsRequest, _get_watcher_events),
+    ("filesystem.Filesystem", "RemoveWatcher"): (fpb.RemoveWatcherRequest, _remove_watcher),
+}
+STREAMS: dict[tuple[str, str], tuple[type[Message], StreamCall]] = {
+    ("process.Process", "Start"): (ppb.StartRequest, _start),
+    ("process.Process", "Connect"): (ppb.ConnectRequest, _connect),
+    ("filesystem.Filesystem", "WatchDir"): (fpb.WatchDirRequest, _watch_dir),
+}

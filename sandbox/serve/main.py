@@ -1,0 +1,68 @@
+"""``jailbox serve`` itself: load or make the API key, hold the sandboxes, serve until stopped.
+
+Runs in the serving host process. On SIGINT or SIGTERM it stops taking requests and closes every
+sandbox it holds, so nothing outlives the server.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from . import keys
+from .e2b.control import ControlPlane
+from .registry import Registry
+from .server import Server
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def run(
+    host: str,
+    port: int,
+    api_key_file: Path | None,
+    max_sandboxes: int,
+    max_per_key: int,
+    default_timeout: int,
+    max_timeout: int,
+    warm: int,
+    verbose: bool = False,
+) -> None:
+    path = api_key_file or keys.default_path()
+    if api_key_file is None and not path.exists():
+        key = keys.create(path)
+        print(f"jailbox serve: made an API key in {path} (shown only now): {key}", file=sys.stderr)
+    loaded = keys.load(path)
+    registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm)
+    try:
+        server = Server((host, port), ControlPlane(keys.Keys(loaded), registry), verbose)
+    except BaseException:
+        registry.close()
+        raise
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{server.server_address[1]}"
+    print(
+        f"jailbox serve: listening on {url}\n"
+        f"  export E2B_API_URL={url} E2B_SANDBOX_URL={url} E2B_HTTP_VERSION=1.1 E2B_API_KEY=<a key from {path}>",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    if host not in LOOPBACK:
+        print(
+            f"jailbox serve: {host} is not loopback: keys and tokens travel in plain HTTP; put TLS in front "
+            "(SECURITY.md: jailbox serve)",
+            file=sys.stderr,
+        )
+
+    def stop(signum: int, frame: object) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+        registry.close()
