@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import posixpath
 import re
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -45,17 +45,16 @@ def parse_size(value: int | str) -> int:
     return size
 
 
-def capability_names(values: Iterable[str], where: str) -> tuple[str, ...]:
+def capability_names(values: Iterable[str]) -> tuple[str, ...]:
     """Capability names as ``cap_add``/``cap_drop`` take them (``CAP_NET_ADMIN``, ``net_admin``, ``ALL``),
-    normalised to ``NET_ADMIN``; ``where`` (a field or a flag) names the culprit of an unknown one."""
+    normalised to ``NET_ADMIN``, each once."""
     out = []
     for value in values:
-        name = str(value).strip().upper()
-        name = name.removeprefix("CAP_")
+        name = str(value).strip().upper().removeprefix("CAP_")
         if name != "ALL" and name not in CAPABILITIES:
             raise ValueError(
-                f"{where}: unknown capability {value!r}; use a name from capabilities(7) with or without CAP_, "
-                f"or ALL, e.g. {where} NET_ADMIN"
+                f"unknown capability {value!r}: name one of capabilities(7), with or without CAP_, or ALL "
+                "(e.g. NET_ADMIN)"
             )
         out.append(name)
     return tuple(dict.fromkeys(out))
@@ -199,10 +198,18 @@ class SandboxConfig(BaseModel):
 
     @field_validator("cap_add", "cap_drop", mode="before")
     @classmethod
-    def _caps(cls, v: Any, info: ValidationInfo) -> tuple[str, ...]:
-        if isinstance(v, str):
-            v = (v,)
-        return capability_names(v, info.field_name or "capabilities")
+    def _caps(cls, v: Any) -> tuple[str, ...]:
+        return capability_names((v,) if isinstance(v, str) else v)
+
+    @field_validator("cap_drop")
+    @classmethod
+    def _caps_disagree_nowhere(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        both = [name for name in v if name in info.data.get("cap_add", ())]
+        if both:
+            raise ValueError(
+                f"{both[0]} is in cap_add too: a capability is added or dropped (e.g. cap_drop ALL, cap_add CHOWN)"
+            )
+        return v
 
     @field_validator("hostname")
     @classmethod
@@ -242,13 +249,6 @@ class SandboxConfig(BaseModel):
         if v != "host" and not v.strip():
             raise ValueError('rootfs must be "host", a stored root filesystem name or a directory path')
         return v
-
-    @model_validator(mode="after")
-    def _caps_disagree_nowhere(self) -> SandboxConfig:
-        both = [name for name in self.cap_add if name in self.cap_drop]
-        if both:
-            raise ValueError(f"capability {both[0]} is in both cap_add and cap_drop; e.g. cap_drop=['ALL'], cap_add=['CHOWN']")
-        return self
 
     def capabilities(self) -> frozenset[str]:
         """What a command executed as uid 0 holds, in the jail's own user namespace: Docker's default

@@ -555,7 +555,8 @@ def test_cli_network_and_publish_flags(web):
 
 @needs_full
 def test_full_with_net_admin_warns_that_routes_can_be_changed():
-    with pytest.warns(SecurityWarning, match="may delete the routes"), Sandbox(network="full", cap_add=["NET_ADMIN"]) as sb:
+    warns = pytest.warns(SecurityWarning, match="may delete the routes")
+    with warns, Sandbox(network="full", cap_add=["NET_ADMIN"]) as sb:
         assert sb.exec("ip route del 10.0.0.0/23").exit_code == 0
     with Sandbox(network="full") as sb:
         r = sb.exec("ip route del 10.0.0.0/23")
