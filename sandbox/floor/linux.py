@@ -220,9 +220,10 @@ def bound_exec_capabilities(keep: int) -> None:
     """Let what this process execs hold at most the capabilities in the mask ``keep``, while it keeps its own.
 
     The bounding set shrinks to ``keep`` and the ambient and inheritable sets empty, so a program
-    executed as uid 0 starts with exactly ``keep`` (of this user namespace) and one executed as any
-    other uid with none (``no_new_privs`` makes file capabilities and set-id bits count for nothing).
-    With ``keep`` empty, SECBIT_NOROOT (locked) as well: uid 0 then execs with no capabilities at all.
+    executed as uid 0 starts with exactly ``keep`` (of this user namespace), one executed as any
+    other uid with none, and nothing any of them does later gets past the bounding set
+    (``no_new_privs`` makes file capabilities and set-id bits count for nothing). With ``keep``
+    empty, SECBIT_NOROOT (locked) as well: uid 0 then execs with no capabilities at all.
     """
     for cap in range(CAP_LAST_CAP + 1):
         if not keep >> cap & 1:
