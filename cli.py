@@ -52,6 +52,8 @@ FLAGS: dict[tuple[str, str], tuple[str, str]] = {
     ("SandboxConfig", "network"): ("--network", "--network allow:pypi,github"),
     ("NetworkPolicy", "publish"): ("--publish", "--network full --publish 8080:80"),
     ("SandboxConfig", "limits"): ("--memory", "--memory 4G"),
+    ("SandboxConfig", "cap_add"): ("--cap-add", "--cap-add NET_ADMIN"),
+    ("SandboxConfig", "cap_drop"): ("--cap-drop", "--cap-drop NET_RAW"),
     ("Limits", "memory"): ("--memory", "--memory 4G"),
     ("LLMConfig", ""): ("--llm-base-url", "--llm-base-url http://localhost:8000/v1"),  # none given, none in $ENV
     ("LLMConfig", "model"): ("--llm-name", "--llm-name qwen3"),
@@ -148,8 +150,17 @@ def llm_advice(error: str, url: str) -> str:
     return f"see the trajectory's error, and the server at {url}"
 
 
+CAP_HELP = "uid 0 {} capability NAME in the jail's user namespace (capabilities(7), CAP_ optional, or ALL)."
+
+
+def _cap_options(func: Any) -> Any:
+    func = click.option("--cap-drop", "cap_drop", multiple=True, metavar="NAME", help=CAP_HELP.format("loses"))(func)
+    return click.option("--cap-add", "cap_add", multiple=True, metavar="NAME", help=CAP_HELP.format("gains"))(func)
+
+
 def _jail_options(func: Any) -> Any:
     options = [
+        _cap_options,
         click.option(
             "--rootfs",
             default="host",
@@ -196,6 +207,8 @@ def _config(
     publishes: tuple[str, ...],
     hostname: str,
     upper: str,
+    cap_add: tuple[str, ...],
+    cap_drop: tuple[str, ...],
 ) -> SandboxConfig:
     with _fed_by("--env"):
         env = _env_pairs(envs)
@@ -209,7 +222,15 @@ def _config(
     with _fed_by():
         extra = {"workdir": workdir} if workdir else {}
         return SandboxConfig(
-            rootfs=rootfs, mounts=mounts, env=env, network=policy, hostname=hostname, upper=upper, **extra
+            rootfs=rootfs,
+            mounts=mounts,
+            env=env,
+            network=policy,
+            hostname=hostname,
+            upper=upper,
+            cap_add=cap_add,
+            cap_drop=cap_drop,
+            **extra,
         )
 
 
@@ -452,6 +473,7 @@ def _trim(text: str, limit: int = 600) -> str:
 )
 @click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
 @click.option("--memory", default=None, help="Memory cap for the jail, e.g. 4G.")
+@_cap_options
 @click.option("--copy-out", "--copy_out", "copy_out", multiple=True, metavar="PATH", help=COPY_OUT_HELP)
 @click.option("--quiet", is_flag=True, help="No per-step output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final result as JSON.")
@@ -477,6 +499,8 @@ def run_cmd(
     save_litellm_response: bool,
     network: str,
     memory: str | None,
+    cap_add: tuple[str, ...],
+    cap_drop: tuple[str, ...],
     copy_out: tuple[str, ...],
     quiet: bool,
     as_json: bool,
@@ -526,7 +550,9 @@ def run_cmd(
             llm_fields["api_key"] = api_key
         llm = LLMConfig(**llm_fields)
         limits = Limits(memory=memory) if memory else Limits()
-        sandbox = SandboxConfig(rootfs=rootfs or "host", network=network, limits=limits)
+        sandbox = SandboxConfig(
+            rootfs=rootfs or "host", network=network, limits=limits, cap_add=cap_add, cap_drop=cap_drop
+        )
         agent = AgentConfig(
             max_steps=max_steps,
             max_token_limit=max_token_limit,
@@ -711,6 +737,7 @@ def _docker_image(ref: str, quiet: bool) -> str:
 @click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
 @click.option("--rootfs", default="host", show_default=True)
 @click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
+@_cap_options
 @click.option(
     "--scorer-module",
     "--scorer_module",
@@ -750,6 +777,8 @@ def bench_cmd(
     max_steps: int,
     rootfs: str,
     network: str,
+    cap_add: tuple[str, ...],
+    cap_drop: tuple[str, ...],
     scorer_modules: tuple[str, ...],
     inputs_root: str | None,
     copy_out: tuple[str, ...],
@@ -827,7 +856,7 @@ def bench_cmd(
             LLMConfig(**fields),
             out,
             config,
-            SandboxConfig(rootfs=rootfs, network=network),
+            SandboxConfig(rootfs=rootfs, network=network, cap_add=cap_add, cap_drop=cap_drop),
             AgentConfig(max_steps=max_steps),
             executor=find_executor(executor),
             scorers=scorers,

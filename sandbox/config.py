@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from .floor.linux import CAPABILITIES
 from .net.policy import NetworkPolicy, fields_of
 from .seccomp.policy import SeccompPolicy
 
@@ -18,6 +20,11 @@ DEFAULT_INODES = 1_000_000
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Docker's default set: what uid 0 of a root-filesystem sandbox holds, in its own user namespace
+DOCKER_CAPS = frozenset(
+    ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP", "NET_BIND_SERVICE",
+     "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP")
+)  # fmt: skip
 _USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$")
 
 
@@ -36,6 +43,21 @@ def parse_size(value: int | str) -> int:
     if size <= 0:
         raise ValueError("size must be positive")
     return size
+
+
+def capability_names(values: Iterable[str]) -> tuple[str, ...]:
+    """Capability names as ``cap_add``/``cap_drop`` take them (``CAP_NET_ADMIN``, ``net_admin``, ``ALL``),
+    normalised to ``NET_ADMIN``, each once."""
+    out = []
+    for value in values:
+        name = str(value).strip().upper().removeprefix("CAP_")
+        if name != "ALL" and name not in CAPABILITIES:
+            raise ValueError(
+                f"unknown capability {value!r}: name one of capabilities(7), with or without CAP_, or ALL "
+                "(e.g. NET_ADMIN)"
+            )
+        out.append(name)
+    return tuple(dict.fromkeys(out))
 
 
 def jail_path(value: str) -> str:
@@ -159,7 +181,10 @@ class SandboxConfig(BaseModel):
     tmpfs_size: int = Field(1 << 30, description="size cap of a tmpfs writable layer")
     userns: bool = Field(True, description="False (root only) runs without a user namespace")
     idmap: Literal["auto", "single", "full"] = Field("auto", description="full: all subordinate ids (apt, pip)")
-    keep_caps: bool = Field(False, description="commands keep the jail's capabilities")
+    cap_add: tuple[str, ...] = Field(
+        (), description="capabilities uid 0 gets on top of the default (names from capabilities(7), or ALL)"
+    )
+    cap_drop: tuple[str, ...] = Field((), description="capabilities uid 0 loses from the default (or ALL)")
     seccomp: SeccompPolicy | None = Field(default_factory=SeccompPolicy, description="None turns it off (warns)")
     limits: Limits = Field(default_factory=Limits)
     output_limit: int = Field(1 << 20, description="bytes kept per stream per exec (head and tail)")
@@ -170,6 +195,21 @@ class SandboxConfig(BaseModel):
     @classmethod
     def _network(cls, v: Any) -> Any:
         return fields_of(v) if isinstance(v, str) else v
+
+    @field_validator("cap_add", "cap_drop", mode="before")
+    @classmethod
+    def _caps(cls, v: Any) -> tuple[str, ...]:
+        return capability_names((v,) if isinstance(v, str) else v)
+
+    @field_validator("cap_drop")
+    @classmethod
+    def _caps_disagree_nowhere(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        both = [name for name in v if name in info.data.get("cap_add", ())]
+        if both:
+            raise ValueError(
+                f"{both[0]} is in cap_add too: a capability is added or dropped (e.g. cap_drop ALL, cap_add CHOWN)"
+            )
+        return v
 
     @field_validator("hostname")
     @classmethod
@@ -209,6 +249,20 @@ class SandboxConfig(BaseModel):
         if v != "host" and not v.strip():
             raise ValueError('rootfs must be "host", a stored root filesystem name or a directory path')
         return v
+
+    def capabilities(self) -> frozenset[str]:
+        """What a command executed as uid 0 holds, in the jail's own user namespace: Docker's default
+        set in a root-filesystem sandbox, none on the host rootfs; then ``cap_add``/``cap_drop``
+        (``ALL`` in cap_add starts from every capability, in cap_drop from none). Without a user
+        namespace (``userns=False``) they would be the host's: none unless added."""
+        caps = set(DOCKER_CAPS) if self.rootfs != "host" and self.userns else set()
+        if "ALL" in self.cap_add:
+            caps = set(CAPABILITIES)
+        elif "ALL" in self.cap_drop:
+            caps = set()
+        caps -= set(self.cap_drop)
+        caps |= set(self.cap_add) - {"ALL"}
+        return frozenset(caps)
 
     @model_validator(mode="after")
     def _distinct_mounts(self) -> SandboxConfig:

@@ -28,6 +28,7 @@ from .child.protocol import Created, CreateRequest, Failed, Step, decode
 from .child.spec import Bind, JailSpec, SeccompSpec
 from .config import Limits, SandboxConfig
 from .errors import ConfigError, ProtocolError, SandboxSetupError, SecurityWarning
+from .floor import linux as L
 from .floor import wire
 from .floor.idmap import IdMap
 from .launcher import LAUNCHER
@@ -132,6 +133,7 @@ class Jail:
         counters = budget.counter_limits() if cfg.userns else {}
         planned, self.enforcement = rlimits.plan(cfg.limits, cfg.upper, kind, self._pids_budget, counters, cfg.userns)
         tmpfs_size, tmpfs_inodes = rlimits.scratch(cfg)
+        caps = cfg.capabilities()
         self.enforcement["tmpfs"] = (
             f"/tmp, /dev/shm{' and the writable layer' if cfg.upper == 'tmpfs' else ''}: one tmpfs of "
             f"{tmpfs_size} bytes" + (f", {tmpfs_inodes} inodes" if tmpfs_inodes else "")
@@ -153,10 +155,10 @@ class Jail:
             tmpfs_inodes=tmpfs_inodes,
             rlimits=planned,
             hostname=cfg.hostname,
-            net=self.mode.child_spec(cfg.userns, cfg.keep_caps),
+            net=self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps),
             workdir=cfg.workdir,
-            keep_caps=cfg.keep_caps,
-            seccomp=_seccomp_spec(cfg.seccomp, any(not m.readonly for m in cfg.mounts)),
+            caps=L.cap_mask(caps),
+            seccomp=_seccomp_spec(cfg.seccomp, any(not m.readonly for m in cfg.mounts), "SYS_CHROOT" in caps),
             userns=cfg.userns,
             idmap=self._idmap,
             pids_budget=rlimits.nproc_budget(self._pids_budget, cfg.userns),
@@ -273,9 +275,9 @@ def _give_binds(cfg: SandboxConfig, id_map: IdMap) -> None:
             )
 
 
-def _seccomp_spec(policy: SeccompPolicy | None, rw_binds: bool) -> SeccompSpec | None:
+def _seccomp_spec(policy: SeccompPolicy | None, rw_binds: bool, chroot: bool) -> SeccompSpec | None:
     """The compiled filter; with a read-write bind, one that keeps set-id files and device nodes
-    off it (``bpf._mode_rules``)."""
+    off it (``bpf._mode_rules``); ``chroot`` where commands hold CAP_SYS_CHROOT (as Docker's profile)."""
     if policy is None:
         warnings.warn(
             "seccomp is OFF for this sandbox: every syscall the kernel allows an unprivileged user is open to it",
@@ -283,14 +285,14 @@ def _seccomp_spec(policy: SeccompPolicy | None, rw_binds: bool) -> SeccompSpec |
             stacklevel=4,
         )
         return None
-    return _compiled(policy, rw_binds)
+    return _compiled(policy, rw_binds, chroot)
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(policy: SeccompPolicy, guard_modes: bool) -> SeccompSpec:
+def _compiled(policy: SeccompPolicy, guard_modes: bool, chroot: bool) -> SeccompSpec:
     return SeccompSpec(
-        notify=base64.b64encode(bpf.compile_policy(policy, notify=True, guard_modes=guard_modes)).decode(),
-        errno=base64.b64encode(bpf.compile_policy(policy, notify=False, guard_modes=guard_modes)).decode(),
+        notify=base64.b64encode(bpf.compile_policy(policy, True, guard_modes, chroot)).decode(),
+        errno=base64.b64encode(bpf.compile_policy(policy, False, guard_modes, chroot)).decode(),
         errno_value=policy.errno,
         in_child=not bpf.init_can_live_under(policy),
         audit_arch=syscalls.AUDIT_ARCH[syscalls.arch()],

@@ -337,7 +337,7 @@ def tree_of(root: Path) -> dict[str, tuple]:
     (type, mode, uid, gid, sha256 of the content or the link target)."""
     from jailbox.sandbox import Mount, Sandbox
 
-    with Sandbox(mounts=[Mount(root, "/mnt/tree")], keep_caps=True) as sb:  # reads 0700 dirs of any owner
+    with Sandbox(mounts=[Mount(root, "/mnt/tree")], cap_add=["ALL"]) as sb:  # reads 0700 dirs of any owner
         r = sb.exec(["python3", "-c", TREE_SCRIPT, "/mnt/tree"], timeout=120)
     assert r.exit_code == 0, r.stderr
     return {k: tuple(v) for k, v in json.loads(r.stdout).items()}

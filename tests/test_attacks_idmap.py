@@ -59,7 +59,7 @@ MAKERS = [
 @pytest.mark.root
 def test_files_a_jail_makes_on_a_rw_bind_never_belong_to_host_root(tmp_path: Path) -> None:
     out, mount = rw_bind(tmp_path)
-    with Sandbox(mounts=[mount], keep_caps=True) as sb:
+    with Sandbox(mounts=[mount], cap_add=["ALL"]) as sb:
         for cmd in MAKERS:
             r = sb.exec(cmd)
             assert r.exit_code == 0, (cmd, r.stderr)
@@ -94,7 +94,7 @@ SET_ID_ATTEMPTS = [
 
 def test_set_id_files_fifos_and_device_nodes_cannot_be_made_on_a_rw_bind(tmp_path: Path) -> None:
     out, mount = rw_bind(tmp_path)
-    with Sandbox(mounts=[mount], keep_caps=True) as sb:
+    with Sandbox(mounts=[mount], cap_add=["ALL"]) as sb:
         results = [(cmd, sb.exec(cmd)) for cmd in SET_ID_ATTEMPTS]
         inside = sb.exec("find /out \\( -perm /6000 -o ! -type f ! -type d \\) -printf '%p %M\\n'").stdout
     for cmd, r in results:

@@ -103,8 +103,8 @@ def test_no_new_privs_and_no_capabilities(sb):
     assert sb.exec("id -u").stdout.strip() == "0"
 
 
-def test_keep_caps_keeps_namespace_capabilities():
-    with Sandbox(keep_caps=True) as sb:
+def test_cap_add_all_keeps_namespace_capabilities():
+    with Sandbox(cap_add=["ALL"]) as sb:
         status = sb.exec("grep CapEff /proc/self/status").stdout
         assert int(status.split()[1], 16) != 0
 

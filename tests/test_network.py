@@ -46,11 +46,11 @@ def web(pki):
     tls.close()
 
 
-def allow_box(pki, keep_caps: bool = False, **policy) -> Sandbox:
+def allow_box(pki, all_caps: bool = False, **policy) -> Sandbox:
     ca = pki[0]
     fields = {"mode": "allow", "hosts": dict.fromkeys(NAMES, "127.0.0.1"), **policy}
     mounts = [Mount(ca.parent, "/etc/jailbox-test-ca")]
-    return Sandbox(network=NetworkPolicy(**fields), mounts=mounts, env=CA_ENV, keep_caps=keep_caps)
+    return Sandbox(network=NetworkPolicy(**fields), mounts=mounts, env=CA_ENV, cap_add=["ALL"] if all_caps else [])
 
 
 @pytest.mark.needs("curl", "git")
@@ -183,14 +183,14 @@ try:
 except OSError:
     print('no-dns')
 """
-    for keep_caps in (False, True):
-        with allow_box(pki, allow=("*:*",), keep_caps=keep_caps) as sb:
+    for all_caps in (False, True):
+        with allow_box(pki, allow=("*:*",), all_caps=all_caps) as sb:
             assert sb.exec("tail -n +3 /proc/net/dev | cut -d: -f1").stdout.split() == ["lo"]
             r = sb.exec(["python3", "-c", probe])
             lines = r.stdout.split("\n")
             tcp_lo, tcp_lan, tcp_net, raw, packet = lines[0].split()
             assert tcp_lo == "ECONNREFUSED" and tcp_lan == tcp_net == "ENETUNREACH", r.stdout
-            if keep_caps:  # the jail's own namespace: raw sockets open but lead nowhere
+            if all_caps:  # the jail's own namespace: raw sockets open but lead nowhere
                 assert raw == "ENETUNREACH" and packet in ("connected", "EPERM")
             else:
                 assert raw == packet == "EPERM"
@@ -554,8 +554,9 @@ def test_cli_network_and_publish_flags(web):
 
 
 @needs_full
-def test_full_with_keep_caps_warns_that_routes_can_be_changed():
-    with pytest.warns(SecurityWarning, match="may delete the routes"), Sandbox(network="full", keep_caps=True) as sb:
+def test_full_with_net_admin_warns_that_routes_can_be_changed():
+    warns = pytest.warns(SecurityWarning, match="may delete the routes")
+    with warns, Sandbox(network="full", cap_add=["NET_ADMIN"]) as sb:
         assert sb.exec("ip route del 10.0.0.0/23").exit_code == 0
     with Sandbox(network="full") as sb:
         r = sb.exec("ip route del 10.0.0.0/23")

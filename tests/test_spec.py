@@ -38,7 +38,7 @@ def _spec(**changes: object) -> JailSpec:
         "hostname": "jail",
         "net": NetSpec(new_netns=True, proxy_port=0, namespaces=("net", "user"), unreachable=("10.0.0.0/8",)),
         "workdir": "/testbed",
-        "keep_caps": False,
+        "caps": 0,
         "seccomp": SeccompSpec(notify="AA==", errno="AA==", errno_value=1, in_child=False, audit_arch=1),
         "userns": True,
         "idmap": IdMap("0 1000 1\n", "0 1000 1\n", helper=False, deny_setgroups=True),

@@ -83,7 +83,8 @@ def test_a_jail_takes_a_bounded_share_of_the_users_inotify_instances(how, tmp_pa
     limit = budget.counter_limits()["max_inotify_instances"]
     (tmp_path / "hog.py").write_text(HOG)
     tmp_path.chmod(0o777)  # the hog's result is written as whichever uid the jail maps to
-    with Sandbox(keep_caps=True, seccomp=None, mounts=[{"src": str(tmp_path), "dst": "/hog", "readonly": False}]) as sb:
+    hog = {"src": str(tmp_path), "dst": "/hog", "readonly": False}
+    with Sandbox(cap_add=["ALL"], seccomp=None, mounts=[hog]) as sb:
         assert sb.enforcement["kernel_counters"].startswith("limits of the user namespace the jail's is nested in")
         mapped = sum(int(n) for n in sb.exec("cat /proc/self/uid_map").stdout.split()[2::3])
         # each uid has counts of its own in the jail's namespace: use eight where the jail maps them

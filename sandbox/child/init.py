@@ -106,8 +106,7 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
         with step(Step.PRIVILEGES):
             L.prctl(L.PR_SET_DUMPABLE, 0)
             L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
-            if not spec.keep_caps:
-                L.shed_exec_privileges()
+            L.bound_exec_capabilities(spec.caps)
         with step(Step.RLIMITS):
             for name, value in spec.rlimits.items():
                 resource.setrlimit(getattr(resource, name), (value, value))

@@ -111,7 +111,7 @@ class JailSpec:
     hostname: str  # the jail's UTS hostname
     net: NetSpec  # the network mode's child side (net/modes.py)
     workdir: str  # the default working directory, created mode 0755 if missing
-    keep_caps: bool  # commands keep the user namespace's capabilities (else shed before exec)
+    caps: int  # bit mask of the user namespace's capabilities a command executed as uid 0 holds
     seccomp: SeccompSpec | None  # None: no filter (the host warned)
     userns: bool  # a new user namespace (False only as root, on request)
     idmap: IdMap  # the user namespace's map, written by the launcher (sandbox/idmap.py plans it)
@@ -145,7 +145,7 @@ class JailSpec:
             hostname=wire.typed(f, "hostname", str),
             net=NetSpec.from_wire(f["net"]),
             workdir=wire.typed(f, "workdir", str),
-            keep_caps=wire.typed(f, "keep_caps", bool),
+            caps=wire.typed(f, "caps", int),
             seccomp=None if f["seccomp"] is None else SeccompSpec.from_wire(f["seccomp"]),
             userns=wire.typed(f, "userns", bool),
             idmap=IdMap.from_wire(f["idmap"]),

@@ -13,7 +13,7 @@ import os
 import platform
 import resource
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -197,16 +197,40 @@ def _walk_in_root(root_fd: int, path: str, flags: int, mode: int) -> int:
             os.close(fd)
 
 
-def shed_exec_privileges() -> None:
-    """Make sure nothing this process execs gains a capability, while it keeps its own.
+CAPABILITIES = (
+    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+    "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW", "IPC_LOCK", "IPC_OWNER",
+    "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE",
+    "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP",
+    "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF",
+    "CHECKPOINT_RESTORE",
+)  # fmt: skip
+"""Capability names without ``CAP_``, by number (linux/capability.h)."""
 
-    An empty bounding set and ambient set, an empty inheritable set and SECBIT_NOROOT (locked):
-    a program executed as uid 0 then starts with no capabilities at all.
+
+def cap_mask(names: Iterable[str]) -> int:
+    """The bit mask of capability names (known ones, without ``CAP_``)."""
+    mask = 0
+    for name in names:
+        mask |= 1 << CAPABILITIES.index(name)
+    return mask
+
+
+def bound_exec_capabilities(keep: int) -> None:
+    """Let what this process execs hold at most the capabilities in the mask ``keep``, while it keeps its own.
+
+    The bounding set shrinks to ``keep`` and the ambient and inheritable sets empty, so a program
+    executed as uid 0 starts with exactly ``keep`` (of this user namespace), one executed as any
+    other uid with none, and nothing any of them does later gets past the bounding set
+    (``no_new_privs`` makes file capabilities and set-id bits count for nothing). With ``keep``
+    empty, SECBIT_NOROOT (locked) as well: uid 0 then execs with no capabilities at all.
     """
     for cap in range(CAP_LAST_CAP + 1):
-        prctl(PR_CAPBSET_DROP, cap)
+        if not keep >> cap & 1:
+            prctl(PR_CAPBSET_DROP, cap)
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED)
+    if not keep:
+        prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED)
     header = struct.pack("Ii", 0x20080522, 0)
     data = ctypes.create_string_buffer(24)
     _check(_libc.syscall(_NR["capget"], header, data), "capget")

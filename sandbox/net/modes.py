@@ -29,7 +29,7 @@ class Mode:
     def __init__(self, policy: NetworkPolicy) -> None:
         self.policy = policy
 
-    def child_spec(self, userns: bool, keep_caps: bool) -> NetSpec:
+    def child_spec(self, userns: bool, net_admin: bool) -> NetSpec:
         """What the init does in the jail's namespace (``child/netns.py``), and which descriptors it
         hands back, in order."""
         return NetSpec(new_netns=True, proxy_port=0, namespaces=(), unreachable=())
@@ -55,7 +55,7 @@ class NoNetwork(Mode):
 class HostNetwork(Mode):
     """``host``: the host's own namespace."""
 
-    def child_spec(self, userns: bool, keep_caps: bool) -> NetSpec:
+    def child_spec(self, userns: bool, net_admin: bool) -> NetSpec:
         return NetSpec(new_netns=False, proxy_port=0, namespaces=(), unreachable=())
 
     def files(self, generated: dict[str, str]) -> dict[str, str]:
@@ -70,7 +70,7 @@ class AllowNetwork(Mode):
     """``allow``: an own namespace whose only way out is the host proxy, through a listener on the
     jail's loopback that the proxy accepts on."""
 
-    def child_spec(self, userns: bool, keep_caps: bool) -> NetSpec:
+    def child_spec(self, userns: bool, net_admin: bool) -> NetSpec:
         return NetSpec(new_netns=True, proxy_port=PROXY_PORT, namespaces=(), unreachable=())
 
     def files(self, generated: dict[str, str]) -> dict[str, str]:
@@ -98,10 +98,10 @@ class FullNetwork(Mode):
     """``full``: an own namespace with a user-mode stack (slirp4netns, which joins the namespace
     through the descriptors the init hands over); the host's LAN is routed unreachable."""
 
-    def child_spec(self, userns: bool, keep_caps: bool) -> NetSpec:
-        if keep_caps:
+    def child_spec(self, userns: bool, net_admin: bool) -> NetSpec:
+        if net_admin:
             warnings.warn(
-                "network 'full' with keep_caps=True: commands may delete the routes that keep the host's LAN out",
+                "network 'full' with CAP_NET_ADMIN: commands may delete the routes that keep the host's LAN out",
                 SecurityWarning,
                 stacklevel=5,
             )

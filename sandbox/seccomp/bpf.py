@@ -124,9 +124,11 @@ class _Program:
         return b"".join(out)
 
 
-def compile_policy(policy: SeccompPolicy, notify: bool, guard_modes: bool = False) -> bytes:
+def compile_policy(policy: SeccompPolicy, notify: bool, guard_modes: bool = False, chroot: bool = False) -> bytes:
     """The BPF program (struct sock_filter array) for ``policy`` on this machine; ``guard_modes``
-    for a jail with a read-write bind (see the module docstring)."""
+    for a jail with a read-write bind (see the module docstring); ``chroot`` takes ``chroot`` off
+    Docker's denylist, as Docker's profile does for a container holding CAP_SYS_CHROOT (a chroot
+    inside the jail's mount namespace leads no further out than the jail's root)."""
     machine = arch()
     table = syscall_table(machine)
     refuse = RET_NOTIFY if notify else RET_ERRNO | policy.errno
@@ -134,7 +136,8 @@ def compile_policy(policy: SeccompPolicy, notify: bool, guard_modes: bool = Fals
     custom_deny = set(syscall_numbers(list(policy.deny), machine, strict=True))
     allow = set(syscall_numbers(list(policy.allow), machine, strict=True)) - custom_deny
     if policy.docker_defaults:
-        deny = custom_deny | set(syscall_numbers(list(DEFAULT_DENY), machine, strict=False))
+        docker = [name for name in DEFAULT_DENY if not (chroot and name == "chroot")]
+        deny = custom_deny | set(syscall_numbers(docker, machine, strict=False))
     else:
         deny = set(custom_deny)
     deny -= allow
