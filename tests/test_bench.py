@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ("one_shot", "create_close", "exec", "throughput", "density", "containers", "agent_loop")
+CASES = ("one_shot", "create_close", "exec", "throughput", "burst", "network", "density", "containers", "agent_loop")
 
 
 def _numeric(value: object) -> bool:
@@ -42,6 +42,6 @@ def test_quick_bench_reports_every_case(tmp_path):
             continue
         assert case["rows"], f"{name}: no rows"
         for row in case["rows"]:
-            assert all(_numeric(row[key]) for key in ("median", "p10", "p90")), row
+            assert all(_numeric(row[key]) for key in ("median", "p10", "p90", "p99")), row
             if row["baseline"] is not None:
-                assert _numeric(row["baseline"]["median"]), row
+                assert _numeric(row["baseline"]["median"]) and _numeric(row["baseline"]["p99"]), row

@@ -63,23 +63,28 @@ Expected = TypeVar("Expected", UsernsReady, Go, InitPid)
 NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
 
 
+MAX_WORKERS = 4
+
+
 def main(argv: list[str]) -> None:
     """argv: the control socket's descriptor and the host process's pid."""
     ctl_fd, host_pid = int(argv[0]), int(argv[1])
     ctl = socket.socket(fileno=ctl_fd)
+    ctl.setblocking(False)  # shared by the workers: one that wakes for a request another took moves on
     host = os.pidfd_open(host_pid)
     if os.getppid() != host_pid:
         os._exit(0)
-    L.prctl(L.PR_SET_CHILD_SUBREAPER, 1)
     init.set_name("jailbox-launch")
     lifeline_r, _lifeline_w = os.pipe()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.collect()
+    gc.freeze()
+    workers = _fork_workers(_worker_count())
+    L.prctl(L.PR_SET_CHILD_SUBREAPER, 1)  # not inherited: each worker is its own jails' reaper
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    zygote = Zygote(lifeline_r)
-    gc.collect()
-    gc.freeze()
+    zygote = Zygote(lifeline_r, host_pid, workers)
     poller = select.poll()
     for fd in (ctl.fileno(), host, wake_r):
         poller.register(fd, select.POLLIN)
@@ -94,24 +99,53 @@ def main(argv: list[str]) -> None:
             if fd == wake_r:
                 zygote.reap(wake_r)
                 continue
-            msg = wire.recv(ctl, max_fds=1)
+            try:
+                msg = wire.recv(ctl, max_fds=1)
+            except BlockingIOError:
+                continue  # another worker took it
             if msg is None:
                 zygote.shutdown()
             req, fds = msg
             zygote.handle(req, fds)
 
 
+def _worker_count() -> int:
+    """One worker per CPU, up to MAX_WORKERS: a burst of requests is served in parallel, while the
+    forks and namespace setup of one jail run in the kernel on behalf of one worker at a time."""
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+
+
+def _fork_workers(count: int) -> list[int]:
+    """Fork ``count - 1`` copies of this launcher, all reading the one control socket; returns
+    their pids in the first one, an empty list in each copy. A copy dies with the first one, and
+    its jails with it (their PR_SET_PDEATHSIG is against the copy that made them)."""
+    first = os.getpid()
+    pids = []
+    for _ in range(count - 1):
+        pid = os.fork()
+        if pid == 0:
+            L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != first:
+                os._exit(0)
+            return []
+        pids.append(pid)
+    return pids
+
+
 class Zygote:
-    def __init__(self, lifeline: int) -> None:
+    def __init__(self, lifeline: int, host: int, workers: list[int]) -> None:
         self.lifeline = lifeline
+        self.workers = workers  # in the first launcher process: the pids of the others
         self.jails: dict[str, JailSpec] = {}  # sandbox dir -> spec, for cleanup after the host dies
         self.pending: dict[int, int] = {}  # pid of an A -> "go" pipe of its init
         self.live: dict[int, str | None] = {}  # unreaped init pid -> sandbox dir (reaped pids get reused)
-        self.host = os.getppid()  # the host process that started us, named in the directories it makes
+        self.host = host  # the host process that started us, named in the directories it makes
         self.bases: set[str] = set()  # state directories' "sandboxes" folders seen in requests
 
     def reap(self, wake_r: int) -> None:
         for pid, _, _ in L.reaped(wake_r):
+            if pid in self.workers:  # it crashed (it exits only after shutdown() otherwise): its jails died with it
+                self.workers.remove(pid)
             self.live.pop(pid, None)
             go = self.pending.pop(pid, None)
             if go is not None:  # that was an A: its init is now re-parented to us
@@ -120,7 +154,8 @@ class Zygote:
                 os.close(go)
 
     def shutdown(self) -> NoReturn:
-        """The host process is gone: kill every jail it left and remove their state, then exit."""
+        """The host process is gone: kill every jail it left and remove their state, then exit. Every
+        worker sees the host go and does this for its own jails."""
         for pid in self.live:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -143,6 +178,11 @@ class Zygote:
                         os.waitpid(self._rmtree_in_userns(RmtreeRequest(path, spec.idmap), theirs), 0)
                 except Exception:
                     pass
+        for pid in self.workers:  # they clean up their own jails: a worker dies when the first one exits
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
         os._exit(0)
 
     def _half_made(self) -> list[str]:
