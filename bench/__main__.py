@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import resource
 import sys
@@ -13,26 +12,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from bench import agent_loop, burst, cases, density, report, stored_rootfs
+from bench import agent_loop, burst, cases, cli_rows, density, report, stored_rootfs
 from bench.machine import machine_info
 from bench.results import CaseResult
 from bench.settings import FULL, QUICK, Settings
 
-
-def cli_process(settings: Settings) -> CaseResult:
-    """``jailbox exec -- true`` and ``jailbox --help`` as whole processes, from ``bench/cli_process.py``
-    (the import-light CLI's own module) when this tree has it."""
-    try:
-        whole = importlib.import_module("bench.cli_process")
-    except ModuleNotFoundError as exc:
-        if exc.name != "bench.cli_process":
-            raise
-        return CaseResult(skipped=["bench/cli_process.py is not in this tree (the import-light CLI brings it)"])
-    return whole.cli_process(settings)
-
-
 CASES: dict[str, Callable[[Settings], CaseResult]] = {
-    "cli_process": cli_process,
+    "cli_process": cli_rows.cli_process,
     "one_shot": cases.one_shot,
     "stored_rootfs": stored_rootfs.stored_rootfs,
     "create_close": cases.create_close,

@@ -17,6 +17,7 @@ class Settings:
     burst_size: int = 100
     burst_rounds: int = 5
     network_reps: int = 30
+    cli_reps: int = 30
     container_reps: int = 20
     warmup: int = 3
     agent_steps: int = 200
@@ -38,6 +39,7 @@ QUICK = Settings(
     burst_size=10,
     burst_rounds=2,
     network_reps=5,
+    cli_reps=3,
     container_reps=3,
     warmup=1,
     agent_steps=10,

@@ -17,8 +17,8 @@ class Summary:
     smear over the figure, and p99 shows the tail a user meets once in a hundred calls."""
 
     median: float
-    p10: float
-    p90: float
+    p10: float | None
+    p90: float | None
     p99: float
     n: int
 
@@ -30,6 +30,11 @@ class Summary:
             return cls(samples[0], samples[0], samples[0], samples[0], 1)
         centiles = statistics.quantiles(samples, n=100, method="inclusive")
         return cls(statistics.median(samples), centiles[9], centiles[89], centiles[98], len(samples))
+
+    @classmethod
+    def of_percentiles(cls, p50: float, p99: float, n: int) -> Summary:
+        """From a measurement that kept only p50 and p99 (no deciles)."""
+        return cls(p50, None, None, p99, n)
 
 
 def timed(name: str, fn: Callable[[], object]) -> Thunk:
