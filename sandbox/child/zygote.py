@@ -1,20 +1,22 @@
-"""The launcher: a small single-threaded process that forks jails on request.
+"""The launcher: small single-threaded processes that fork jails on request.
 
 Why a separate process: forking the caller (often multi-threaded, often big) is unsafe and slow,
 and a fresh interpreter per jail costs milliseconds. The launcher is started once per host
-process with ``python -I -S``, imports the child-side modules, freezes its heap, and then each jail
-costs three forks:
+process with ``python -I -S``, imports the child-side modules, freezes its heap, and forks one
+worker per CPU (up to ``MAX_WORKERS``, itself included): all read the one control socket, so a
+burst of requests is served in parallel, and each worker is the subreaper and janitor of the jails
+it made. Each jail costs its worker three forks:
 
     launcher --fork--> A: unshare(user); launcher writes A's id maps (host ids onto themselves);
                           A caps the per-user counters
                        A --fork--> A2: unshare(user); A writes A2's id maps (the planned ones);
                                    unshare(mnt pid ipc uts cgroup [net])
                        A2 --fork--> B: pid 1 of the new pid namespace, becomes the init
-                       A2 and A exit; B is re-parented to the launcher (a child subreaper)
+                       A2 and A exit; B is re-parented to the worker (a child subreaper)
 
 A's namespace is one nothing in the jail enters; its limits bound the jail (``_in_bounded_userns``).
 
-B then arms PR_SET_PDEATHSIG against the launcher, and the launcher exits as soon as the host
+B then arms PR_SET_PDEATHSIG against its worker, and the workers exit as soon as the host
 process dies (a pidfd of it) or closes the control socket. The host talks to each init directly
 over a socketpair handed back here with SCM_RIGHTS, together with a pidfd of the init.
 Every message here is a typed one of ``child/protocol.py``; a failure names its setup step. The
