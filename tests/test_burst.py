@@ -16,6 +16,7 @@ import psutil
 from conftest import jail_processes, require, run_threads
 
 from jailbox.sandbox import Sandbox
+from jailbox.sandbox.child.zygote import MAX_WORKERS
 from jailbox.sandbox.launcher import LAUNCHER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +115,7 @@ def _hold_a_burst() -> tuple[subprocess.Popen, dict]:
     child = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
     assert child.stdout is not None
     info = json.loads(child.stdout.readline())
-    assert len(info["launchers"]) == min(4, len(os.sched_getaffinity(0)))
+    assert len(info["launchers"]) == min(MAX_WORKERS, len(os.sched_getaffinity(0)))
     return child, info
 
 
