@@ -1,9 +1,9 @@
 """``SandboxPool``: sandboxes built ahead of time, handed out in microseconds.
 
 RL trainers and batch runners need a fresh jail per task, many per second. A background thread
-keeps ``size`` jails ready (building up to ``REFILL_THREADS`` at once) and tears returned ones down,
-so ``acquire()`` and ``reset()`` cost a queue operation instead of a jail build, and ``close()`` of a
-pooled sandbox does not wait for the teardown.
+keeps ``size`` jails ready and tears returned ones down, so ``acquire()`` and ``reset()`` cost a
+queue operation instead of a jail build, and ``close()`` of a pooled sandbox does not wait for the
+teardown.
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ from .config import SandboxConfig
 from .errors import SandboxClosed
 from .jail import Jail
 from .sandbox import JailSource, Sandbox
-
-REFILL_THREADS = 4
-"""Jails a pool builds at once: as many as the launcher has workers at most (one per CPU, up to 4)."""
 
 
 class SandboxPool(JailSource):
@@ -83,32 +80,14 @@ class SandboxPool(JailSource):
         while not self._closed:
             self._wake.clear()
             self._drain_retired()
-            missing = self.size - self._ready.qsize()
-            if missing > 0:
-                failed = self._refill(min(missing, REFILL_THREADS))
-                if failed:  # keep serving; acquire() will raise the error itself
+            if self._ready.qsize() < self.size:
+                try:
+                    self._ready.put(Jail(self.config))
+                except Exception as exc:  # keep serving; acquire() will raise the error itself
+                    self.errors.append(exc)
                     self._wake.wait(1.0)
                 continue
             self._wake.wait()
-
-    def _refill(self, count: int) -> bool:
-        """Build ``count`` jails at once (the launcher makes them in parallel); whether any failed.
-        Returns only when every build has ended, so close() finds each one in the ready queue."""
-        errors: list[BaseException] = []
-
-        def build() -> None:
-            try:
-                self._ready.put(Jail(self.config))
-            except Exception as exc:
-                errors.append(exc)
-
-        builders = [threading.Thread(target=build, name="jailbox-pool-build", daemon=True) for _ in range(count)]
-        for builder in builders:
-            builder.start()
-        for builder in builders:
-            builder.join()
-        self.errors += errors
-        return bool(errors)
 
     def _drain_retired(self) -> None:
         while True:

@@ -1,22 +1,20 @@
-"""The launcher: small single-threaded processes that fork jails on request.
+"""The launcher: a small single-threaded process that forks jails on request.
 
 Why a separate process: forking the caller (often multi-threaded, often big) is unsafe and slow,
 and a fresh interpreter per jail costs milliseconds. The launcher is started once per host
-process with ``python -I -S``, imports the child-side modules, freezes its heap, and forks one
-worker per CPU (up to ``MAX_WORKERS``, itself included): all read the one control socket, so a
-burst of requests is served in parallel, and each worker is the subreaper and janitor of the jails
-it made. Each jail costs its worker three forks:
+process with ``python -I -S``, imports the child-side modules, freezes its heap, and then each jail
+costs three forks:
 
     launcher --fork--> A: unshare(user); launcher writes A's id maps (host ids onto themselves);
                           A caps the per-user counters
                        A --fork--> A2: unshare(user); A writes A2's id maps (the planned ones);
                                    unshare(mnt pid ipc uts cgroup [net])
                        A2 --fork--> B: pid 1 of the new pid namespace, becomes the init
-                       A2 and A exit; B is re-parented to the worker (a child subreaper)
+                       A2 and A exit; B is re-parented to the launcher (a child subreaper)
 
 A's namespace is one nothing in the jail enters; its limits bound the jail (``_in_bounded_userns``).
 
-B then arms PR_SET_PDEATHSIG against its worker, and the workers exit as soon as the host
+B then arms PR_SET_PDEATHSIG against the launcher, and the launcher exits as soon as the host
 process dies (a pidfd of it) or closes the control socket. The host talks to each init directly
 over a socketpair handed back here with SCM_RIGHTS, together with a pidfd of the init.
 Every message here is a typed one of ``child/protocol.py``; a failure names its setup step. The
@@ -65,28 +63,23 @@ Expected = TypeVar("Expected", UsernsReady, Go, InitPid)
 NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
 
 
-MAX_WORKERS = 4
-
-
 def main(argv: list[str]) -> None:
     """argv: the control socket's descriptor and the host process's pid."""
     ctl_fd, host_pid = int(argv[0]), int(argv[1])
     ctl = socket.socket(fileno=ctl_fd)
-    ctl.setblocking(False)  # shared by the workers: one that wakes for a request another took moves on
     host = os.pidfd_open(host_pid)
     if os.getppid() != host_pid:
         os._exit(0)
+    L.prctl(L.PR_SET_CHILD_SUBREAPER, 1)
     init.set_name("jailbox-launch")
     lifeline_r, _lifeline_w = os.pipe()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    gc.collect()
-    gc.freeze()
-    workers = _fork_workers(_worker_count())
-    L.prctl(L.PR_SET_CHILD_SUBREAPER, 1)  # not inherited: each worker is its own jails' reaper
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    zygote = Zygote(lifeline_r, host_pid, workers)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    zygote = Zygote(lifeline_r)
+    gc.collect()
+    gc.freeze()
     poller = select.poll()
     for fd in (ctl.fileno(), host, wake_r):
         poller.register(fd, select.POLLIN)
@@ -101,53 +94,24 @@ def main(argv: list[str]) -> None:
             if fd == wake_r:
                 zygote.reap(wake_r)
                 continue
-            try:
-                msg = wire.recv(ctl, max_fds=1)
-            except BlockingIOError:
-                continue  # another worker took it
+            msg = wire.recv(ctl, max_fds=1)
             if msg is None:
                 zygote.shutdown()
             req, fds = msg
             zygote.handle(req, fds)
 
 
-def _worker_count() -> int:
-    """One worker per CPU, up to MAX_WORKERS: a burst of requests is served in parallel, while the
-    forks and namespace setup of one jail run in the kernel on behalf of one worker at a time."""
-    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
-
-
-def _fork_workers(count: int) -> list[int]:
-    """Fork ``count - 1`` copies of this launcher, all reading the one control socket; returns
-    their pids in the first one, an empty list in each copy. A copy dies with the first one, and
-    its jails with it (their PR_SET_PDEATHSIG is against the copy that made them)."""
-    first = os.getpid()
-    pids = []
-    for _ in range(count - 1):
-        pid = os.fork()
-        if pid == 0:
-            L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != first:
-                os._exit(0)
-            return []
-        pids.append(pid)
-    return pids
-
-
 class Zygote:
-    def __init__(self, lifeline: int, host: int, workers: list[int]) -> None:
+    def __init__(self, lifeline: int) -> None:
         self.lifeline = lifeline
-        self.workers = workers  # in the first launcher process: the pids of the others
         self.jails: dict[str, JailSpec] = {}  # sandbox dir -> spec, for cleanup after the host dies
         self.pending: dict[int, int] = {}  # pid of an A -> "go" pipe of its init
         self.live: dict[int, str | None] = {}  # unreaped init pid -> sandbox dir (reaped pids get reused)
-        self.host = host  # the host process that started us, named in the directories it makes
+        self.host = os.getppid()  # the host process that started us, named in the directories it makes
         self.bases: set[str] = set()  # state directories' "sandboxes" folders seen in requests
 
     def reap(self, wake_r: int) -> None:
         for pid, _, _ in L.reaped(wake_r):
-            if pid in self.workers:  # it crashed (it exits only after shutdown() otherwise): its jails died with it
-                self.workers.remove(pid)
             self.live.pop(pid, None)
             go = self.pending.pop(pid, None)
             if go is not None:  # that was an A: its init is now re-parented to us
@@ -156,8 +120,7 @@ class Zygote:
                 os.close(go)
 
     def shutdown(self) -> NoReturn:
-        """The host process is gone: kill every jail it left and remove their state, then exit. Every
-        worker sees the host go and does this for its own jails."""
+        """The host process is gone: kill every jail it left and remove their state, then exit."""
         for pid in self.live:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -180,11 +143,6 @@ class Zygote:
                         os.waitpid(self._rmtree_in_userns(RmtreeRequest(path, spec.idmap), theirs), 0)
                 except Exception:
                     pass
-        for pid in self.workers:  # they clean up their own jails: a worker dies when the first one exits
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
         os._exit(0)
 
     def _half_made(self) -> list[str]:
