@@ -12,17 +12,20 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from bench import agent_loop, cases, density, report, stored_rootfs
+from bench import agent_loop, burst, cases, cli_rows, density, report, stored_rootfs
 from bench.machine import machine_info
 from bench.results import CaseResult
 from bench.settings import FULL, QUICK, Settings
 
 CASES: dict[str, Callable[[Settings], CaseResult]] = {
+    "cli_process": cli_rows.cli_process,
     "one_shot": cases.one_shot,
     "stored_rootfs": stored_rootfs.stored_rootfs,
     "create_close": cases.create_close,
     "exec": cases.exec_round_trip,
     "throughput": cases.throughput,
+    "burst": burst.burst,
+    "network": cases.network_create,
     "density": density.density,
     "containers": cases.containers,
     "agent_loop": agent_loop.agent_loop,

@@ -164,3 +164,29 @@ def containers(settings: Settings) -> CaseResult:
             Row(row_name, "ms", Summary.of(samples[name]), "jailbox one-shot", Summary.of(samples["jailbox"]))
         )
     return result
+
+
+ALLOW = "allow:pypi"
+ALLOW_OVER_NONE_MS = 2.0
+
+
+def _create_with(network: str) -> Thunk:
+    def run() -> dict[str, float]:
+        start = time.perf_counter_ns()
+        sb = Sandbox(network=network)
+        ready = time.perf_counter_ns()
+        sb.close()
+        return {network: (ready - start) / 1e6}
+
+    return run
+
+
+def network_create(settings: Settings) -> CaseResult:
+    """What the filtering proxy's network mode adds to a cold create, against no network at all."""
+    samples = interleave(settings.network_reps, [_create_with(ALLOW), _create_with("none")], settings.warmup)
+    allow, none = Summary.of(samples[ALLOW]), Summary.of(samples["none"])
+    over = allow.median - none.median
+    target = Target.check(f"<= {ALLOW_OVER_NONE_MS:g} ms over none", over <= ALLOW_OVER_NONE_MS)
+    row = Row(f"create-to-ready: network={ALLOW}", "ms", allow, "network=none", none, target,
+              notes=[f"network={ALLOW} costs {over:.2f} ms over none (p50)"])  # fmt: skip
+    return CaseResult([row])

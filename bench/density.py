@@ -49,11 +49,13 @@ def _pss(procs: list[psutil.Process]) -> tuple[int, int, int]:
 
 
 def jail_memory(launcher_pid: int) -> Memory:
-    """The launcher plus every jail: each init is the launcher's child (it is their subreaper)."""
-    launcher = psutil.Process(launcher_pid)
-    launcher_pss, processes, unreadable = _pss([launcher])
+    """The launcher's processes (the first and its workers) plus every jail: each init is the child
+    of the launcher process that made it (its subreaper)."""
+    first = psutil.Process(launcher_pid)
+    launchers = [first, *(p for p in first.children() if p.name() == first.name())]
+    launcher_pss, processes, unreadable = _pss(launchers)
     per_jail = []
-    for init in launcher.children():
+    for init in (child for launcher in launchers for child in launcher.children() if child not in launchers):
         try:
             tree = [init, *init.children(recursive=True)]
         except psutil.NoSuchProcess:

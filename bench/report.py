@@ -5,7 +5,7 @@ from __future__ import annotations
 from bench.results import CaseResult, Row
 from bench.timing import Summary
 
-HEADER = ("case", "median", "p10", "p90", "unit", "n", "baseline", "base median", "ratio", "target", "status")
+HEADER = ("case", "p50", "p99", "unit", "n", "baseline", "base p50", "base p99", "ratio", "target", "status")
 
 
 def number(value: float | None) -> str:
@@ -25,12 +25,12 @@ def _cells(row: Row) -> tuple[str, ...]:
     return (
         row.name,
         number(value.median),
-        number(value.p10),
-        number(value.p90),
+        number(value.p99),
         row.unit,
         str(value.n),
         row.baseline_name or "-",
         number(base.median) if base else "-",
+        number(base.p99) if base else "-",
         number(row.ratio),
         target.text if target else "-",
         target.status if target else "-",
@@ -40,7 +40,7 @@ def _cells(row: Row) -> tuple[str, ...]:
 def table(results: dict[str, CaseResult]) -> str:
     lines = [HEADER, *(_cells(row) for result in results.values() for row in result.rows)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
-    numeric = {1, 2, 3, 5, 7, 8}
+    numeric = {1, 2, 4, 6, 7, 8}
     out = []
     for line in lines:
         cells = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))]

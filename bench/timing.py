@@ -13,11 +13,13 @@ Thunk = Callable[[], dict[str, float]]
 
 @dataclass(frozen=True)
 class Summary:
-    """Median and deciles: robust to the odd slow run that a mean would smear over the figure."""
+    """Median (p50), deciles and p99: the median is robust to the odd slow run that a mean would
+    smear over the figure, and p99 shows the tail a user meets once in a hundred calls."""
 
     median: float
-    p10: float
-    p90: float
+    p10: float | None
+    p90: float | None
+    p99: float
     n: int
 
     @classmethod
@@ -25,9 +27,14 @@ class Summary:
         if not samples:
             raise ValueError("no samples to summarise")
         if len(samples) == 1:
-            return cls(samples[0], samples[0], samples[0], 1)
-        deciles = statistics.quantiles(samples, n=10, method="inclusive")
-        return cls(statistics.median(samples), deciles[0], deciles[-1], len(samples))
+            return cls(samples[0], samples[0], samples[0], samples[0], 1)
+        centiles = statistics.quantiles(samples, n=100, method="inclusive")
+        return cls(statistics.median(samples), centiles[9], centiles[89], centiles[98], len(samples))
+
+    @classmethod
+    def of_percentiles(cls, p50: float, p99: float, n: int) -> Summary:
+        """From a measurement that kept only p50 and p99 (no deciles)."""
+        return cls(p50, None, None, p99, n)
 
 
 def timed(name: str, fn: Callable[[], object]) -> Thunk:

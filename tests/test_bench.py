@@ -14,7 +14,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ("one_shot", "create_close", "exec", "throughput", "density", "containers", "agent_loop")
+CASES = (
+    "cli_process",
+    "one_shot",
+    "create_close",
+    "exec",
+    "throughput",
+    "burst",
+    "network",
+    "density",
+    "containers",
+    "agent_loop",
+)
 
 
 def _numeric(value: object) -> bool:
@@ -37,11 +48,12 @@ def test_quick_bench_reports_every_case(tmp_path):
     for name in CASES:
         case = cases[name]
         assert case["error"] is None, case["error"]
-        if name == "containers" and not case["rows"]:
-            assert case["skipped"], "containers: neither measured nor skipped with a reason"
+        if name in ("containers", "cli_process") and not case["rows"]:
+            assert case["skipped"], f"{name}: neither measured nor skipped with a reason"
             continue
         assert case["rows"], f"{name}: no rows"
         for row in case["rows"]:
-            assert all(_numeric(row[key]) for key in ("median", "p10", "p90")), row
+            assert all(_numeric(row[key]) for key in ("median", "p99")), row
+            assert all(row[key] is None or _numeric(row[key]) for key in ("p10", "p90")), row  # the CLI's: p50, p99
             if row["baseline"] is not None:
-                assert _numeric(row["baseline"]["median"]), row
+                assert _numeric(row["baseline"]["median"]) and _numeric(row["baseline"]["p99"]), row
