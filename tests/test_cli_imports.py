@@ -109,9 +109,7 @@ NASTY_NAMES = (") R 1 2 3 4 5 6 7 8", "a b)(c) 9 9", "))))))))))))))", "x\n) 1",
 
 def _named(name: str) -> subprocess.Popen[str]:
     """A live process that set its own name (as anything inside a jail may, its init included)."""
-    code = (
-        "import sys; open('/proc/self/comm', 'w').write(sys.argv[1]); print('ok', flush=True); sys.stdin.read()"
-    )
+    code = "import sys; open('/proc/self/comm', 'w').write(sys.argv[1]); print('ok', flush=True); sys.stdin.read()"
     child = subprocess.Popen(
         [sys.executable, "-c", code, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
