@@ -19,6 +19,7 @@ from .errors import ConfigError, SandboxSetupError
 from .floor.idmap import IdMap
 from .floor.wire import WireError
 from .launcher import LAUNCHER, REMOVE_TIMEOUT
+from .limits.cgroups import start_ticks
 
 _READY: set[Path] = set()
 
@@ -64,9 +65,6 @@ def own_start() -> float | None:
     return _cached_start(os.getpid())
 
 
-STAT_MAX = 4096  # /proc/PID/stat is one line: 52 numbers and a name of at most 16 bytes
-
-
 @functools.lru_cache(maxsize=1)
 def _boot_time() -> float:
     with open("/proc/stat", "rb") as file:
@@ -77,24 +75,11 @@ def _boot_time() -> float:
 
 
 def process_start(pid: int) -> float | None:
-    """When ``pid`` started, in seconds since the epoch (the kernel's start tick plus boot time, as psutil's
+    """When ``pid`` started, in seconds since the epoch (its start tick plus boot time, as psutil's
     ``create_time`` computes it), or None when no such process is visible. Read from /proc directly, not
-    through psutil, whose import ``jailbox exec`` would pay on every run. The process may be the jail's:
-    its name (which it sets) can hold spaces and parentheses, so the fields are counted from the last ``)``."""
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, STAT_MAX)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    fields = data[data.rfind(b")") + 2 :].split()
-    if len(fields) < 20 or not fields[19].isdigit():
-        return None
-    return int(fields[19]) / os.sysconf("SC_CLK_TCK") + _boot_time()  # field 22, starttime, in clock ticks
+    through psutil, whose import ``jailbox exec`` would pay on every run."""
+    ticks = start_ticks(pid)
+    return None if ticks is None else ticks / os.sysconf("SC_CLK_TCK") + _boot_time()
 
 
 def write_meta(sandbox_dir: Path, **fields: object) -> None:
