@@ -53,7 +53,7 @@ def _ptrace_names(machine: str) -> dict[int, str]:
         raise ConfigError("python-ptrace (a jailbox dependency) is not installed: pip install python-ptrace")
     path = os.path.join(next(iter(package.submodule_search_locations)), "syscall", "linux", f"{machine}.py")
     spec = importlib.util.spec_from_file_location(f"jailbox_ptrace_syscalls_{machine}", path)
-    if spec is None or spec.loader is None:
+    if spec is None or spec.loader is None or not os.path.isfile(path):
         raise ConfigError(f"python-ptrace has no syscall table at {path}: pip install --force-reinstall python-ptrace")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
