@@ -1,29 +1,29 @@
-"""The ``jailbox`` command, in the user's process: click commands only (parse, call ``sandbox``/``agent``, print)."""
+"""The ``jailbox`` command, in the user's process: click commands only (parse, call ``sandbox``/``agent``, print).
+
+Import-light: a user times every ``jailbox exec`` from a shell, so this module loads click and the stdlib
+it shares, nothing else. Each command imports what it uses inside its body (the jail for ``exec``, the
+agent for ``run``, the store for ``rootfs``), and pydantic loads with the first model a command builds.
+``tests/test_cli_imports.py`` holds ``exec`` and ``--help`` to a budget of modules.
+"""
 
 from __future__ import annotations
 
-import ast
-import json
 import os
 import signal
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Literal, NoReturn
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import click
-from pydantic import ValidationError
 
-from .sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
-from .sandbox.errors import SandboxError
-from .sandbox.execution import ExecRun, run_sync
-from .sandbox.limits.cgroups import reap_stale as reap_stale_cgroups
-from .sandbox.state import cleanup as cleanup_state
-from .sandbox.state import state_dir
-from .sandbox.terminal import attach
+from . import __version__
+from .sandbox.errors import SandboxError  # stdlib only, and every command catches it
+
+if TYPE_CHECKING:
+    from .sandbox import SandboxConfig
+    from .sandbox.execution import ExecRun
 
 TIMEOUT_EXIT = 124
 PIPED_EVERY = 25  # rootfs build, piped: a progress line every this many packages
@@ -114,25 +114,30 @@ def _fed_by(flag: str = "") -> Iterator[None]:
     flags: every command builds its models inside it."""
     try:
         yield
-    except ValidationError as exc:
+    except ValueError as exc:
+        from pydantic import ValidationError  # loaded already when a model raised it
+
+        if not isinstance(exc, ValidationError):
+            _flag_error(flag, str(exc))
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error.get("loc") else ""  # "": the model as a whole
         found = FLAGS.get((exc.title, field)) if field else None
         fallback = FLAGS.get((exc.title, ""), ("--" + field.replace("_", "-") if field else "",))[0]
         _flag_error(found[0] if found else flag or fallback, _pydantic_text(error))
-    except ValueError as exc:
-        _flag_error(flag, str(exc))
 
 
 def _read_text(path: str) -> str:
     try:
-        return Path(path).read_text()
+        with open(path) as file:
+            return file.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def _check_url(url: str | None) -> None:
     """An endpoint must be an http(s) URL: anything else fails only after the first request's retries."""
+    from urllib.parse import urlsplit
+
     if url is not None and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc):
         raise ValueError(f"{url!r} is not an http:// or https:// URL")
 
@@ -210,6 +215,8 @@ def _config(
     cap_add: tuple[str, ...],
     cap_drop: tuple[str, ...],
 ) -> SandboxConfig:
+    from .sandbox import Mount, NetworkPolicy, SandboxConfig
+
     with _fed_by("--env"):
         env = _env_pairs(envs)
     with _fed_by("--bind"):
@@ -234,13 +241,15 @@ def _config(
         )
 
 
-def _settings_path() -> Path:
-    """~/.config/jailbox/config.yaml (or .yml, .toml: the first that exists), under $XDG_CONFIG_HOME if set."""
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "jailbox"
+def _settings_path() -> str:
+    """~/.config/jailbox/config.yaml (or .yml, .toml: the first that exists), under $XDG_CONFIG_HOME if set.
+    Plain ``os.path``: every command reads it, and pathlib is one more import for ``--help`` to pay."""
+    config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    base = os.path.join(config_home, "jailbox")
     for name in ("config.yaml", "config.yml", "config.toml"):
-        if (base / name).exists():
-            return base / name
-    return base / "config.yaml"
+        if os.path.exists(os.path.join(base, name)):
+            return os.path.join(base, name)
+    return os.path.join(base, "config.yaml")
 
 
 def _env_pairs(envs: tuple[str, ...]) -> dict[str, str]:
@@ -258,22 +267,27 @@ def _settings() -> dict[str, Any]:
     """Defaults for any command's options from ``_settings_path()``, a section per command, e.g.
     ``run: {llm_base_url: http://localhost:8000/v1, llm_name: qwen3}``; flags still win."""
     path = _settings_path()
-    if not path.exists():
+    if not os.path.exists(path):
         return {}
-    if path.suffix == ".toml":
+    if path.endswith(".toml"):
         if sys.version_info >= (3, 11):
             import tomllib
 
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(_read_settings(path))
         else:  # tomllib came with 3.11, and jailbox adds no TOML dependency for 3.10
             raise click.UsageError(f"{path}: TOML settings need Python 3.11 or newer; use config.yaml")
     else:
         import yaml
 
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(_read_settings(path)) or {}
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise click.UsageError(f"{path}: expected a section per command, e.g. 'run: {{llm_name: qwen3}}'")
     return {cmd: _underscored(opts) for cmd, opts in data.items()}
+
+
+def _read_settings(path: str) -> str:
+    with open(path) as file:
+        return file.read()
 
 
 def _underscored(section: dict[str, Any]) -> dict[str, Any]:
@@ -307,7 +321,7 @@ def _unknown_settings(data: dict[str, Any], keys: dict[str, Any], where: str = "
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="jailbox", message="jailbox %(version)s")
+@click.version_option(__version__, message="jailbox %(version)s")  # not the installed metadata: slow to read
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """jailbox: rootless sandboxes for running untrusted code and LLM agents, without Docker.
@@ -342,6 +356,9 @@ def exec_cmd(command: tuple[str, ...], timeout: float | None, sandbox_id: str | 
     """
     if sandbox_id is not None:
         _service_exec(sandbox_id, command, timeout, jail)
+    from .sandbox import Sandbox
+    from .sandbox.execution import run_sync
+
     config = _config(**jail)
     stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer  # streamed, never read whole
     out, err = sys.stdout.buffer, sys.stderr.buffer
@@ -389,6 +406,9 @@ def shell(**jail: Any) -> None:
     Example:
       jailbox shell --rootfs default --bind ./project:/testbed/project:rw
     """
+    from .sandbox import Sandbox
+    from .sandbox.terminal import attach
+
     config = _config(**jail)
     try:
         with Sandbox(config) as sb:
@@ -516,7 +536,7 @@ def run_cmd(
     from .agent.llm import LLMConfig, Retry
     from .agent.loop import AgentConfig
     from .agent.run import check_copy_out, run_task
-    from .sandbox.config import Limits
+    from .sandbox import Limits, SandboxConfig
 
     with _fed_by("--query"):
         if query.startswith("@"):
@@ -566,6 +586,9 @@ def run_cmd(
         copy_out = tuple(check_copy_out(rel) for rel in copy_out)
     if docker_image is not None:
         sandbox = sandbox.model_copy(update={"rootfs": _docker_image(docker_image, quiet or as_json)})
+
+    import json
+    from pathlib import Path
 
     started, tokens = time.monotonic(), [0]
 
@@ -666,6 +689,9 @@ def _model_route(name: str) -> tuple[str, str | None]:
 def _extra_body(text: str) -> dict[str, Any]:
     """--extra_body as JSON, or as the Python literal the reference's README writes ({"thinking": True}); the
     strings "true" and "false" become booleans, as the reference makes them."""
+    import ast
+    import json
+
     try:
         value = json.loads(text)
     except ValueError:
@@ -694,7 +720,7 @@ def _run_settings(path: str | None) -> dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = yaml.safe_load(_read_settings(path)) or {}
     except yaml.YAMLError as exc:
         raise click.UsageError(f"--settings {path}: not YAML ({exc}); e.g. 'llm_name: openai/gpt-4o'") from None
     if not isinstance(data, dict):
@@ -796,6 +822,8 @@ def bench_cmd(
     Example:
       jailbox bench tasks.jsonl --llm-name qwen3 --llm-base-url http://localhost:8000/v1 --workers 8
     """
+    from pathlib import Path
+
     from .agent.batch import Batch, BatchConfig, find_executor
     from .agent.executors import ExecutorError
     from .agent.llm import LLMConfig
@@ -805,6 +833,7 @@ def bench_cmd(
     from .agent.run import check_copy_out
     from .agent.scoring import load_scorers
     from .agent.tasks import load_tasks, read_results
+    from .sandbox import SandboxConfig
 
     if resume and overwrite:
         _flag_error("--overwrite", "is for a fresh run, --resume adds to the earlier one: give one of them")
@@ -914,6 +943,9 @@ def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None,
     Example:
       jailbox replay out/trajectory.json --rootfs default --input_dir task/input
     """
+    import json
+    from pathlib import Path
+
     from .agent.replay import VERDICTS, StepDiff
     from .agent.replay import replay as run_replay
 
@@ -959,6 +991,8 @@ def doctor(as_json: bool) -> None:
     Example:
       jailbox doctor --json
     """
+    import json
+
     from .sandbox.checks.doctor import run
 
     probes = run()
@@ -982,7 +1016,10 @@ def cleanup(force: bool) -> None:
     Example:
       jailbox cleanup
     """
+    from .sandbox.limits.cgroups import reap_stale as reap_stale_cgroups
     from .sandbox.service.client import remove_stale_socket
+    from .sandbox.state import cleanup as cleanup_state
+    from .sandbox.state import state_dir
 
     removed, failed = cleanup_state(state_dir(), force=force)
     stale = remove_stale_socket()  # a killed service's; its sandboxes are among the removed
@@ -1021,6 +1058,7 @@ def _service_exec(ref: str, command: tuple[str, ...], timeout: float | None, jai
     """``exec --id``: output streams as it comes, stdin (unless a terminal) streams in, the exit code comes
     back. Ctrl-C drops the connection and the service kills the command's whole tree."""
     from click.core import ParameterSource
+    from pydantic import ValidationError
 
     from .sandbox.service import protocol
     from .sandbox.service.client import connect
@@ -1086,6 +1124,8 @@ def create(name: str | None, **jail: Any) -> None:
     Example:
       jailbox create --rootfs python:3.11-slim --name work
     """
+    from pydantic import ValidationError
+
     from .sandbox.service import protocol
 
     config = _config(**jail)
@@ -1112,6 +1152,8 @@ def ps(as_json: bool) -> None:
     Example:
       jailbox ps --json
     """
+    import json
+
     from .sandbox.service import protocol
 
     try:
@@ -1138,6 +1180,8 @@ def stop(refs: tuple[str, ...], stop_all: bool) -> None:
     Example:
       jailbox stop work
     """
+    from pydantic import ValidationError
+
     from .sandbox.service import protocol
 
     if not refs and not stop_all:
@@ -1175,6 +1219,8 @@ def cp(src: str, dst: str) -> None:
     Example:
       jailbox cp ./data.csv work:/testbed/
     """
+    from pydantic import ValidationError
+
     from .sandbox.service import protocol
 
     (src_ref, src_path), (dst_ref, dst_path) = _cp_side(src), _cp_side(dst)
@@ -1265,6 +1311,8 @@ def service_cmd(idle: float) -> None:
 def settings_reference(group: click.Group, ctx: click.Context, indent: str = "") -> list[str]:
     """The config file's every key, a section per command (a group's nested), with its default and the flag
     it sets: read off the commands themselves, so it cannot drift from them."""
+    import json
+
     lines = []
     for name, keys in _settings_keys(group, ctx).items():
         command = group.get_command(ctx, name)
@@ -1300,7 +1348,9 @@ def config_cmd(ctx: click.Context, reference: bool) -> None:
     """
     path = _settings_path()
     if not reference:
-        click.echo(f"{path} ({'in use' if path.exists() else 'none yet'}); `jailbox config --reference` lists its keys")
+        click.echo(
+            f"{path} ({'in use' if os.path.exists(path) else 'none yet'}); `jailbox config --reference` lists its keys"
+        )
         return
     root = ctx.find_root()
     click.echo(f"# {path}: defaults per command; a flag given on the command line wins")
@@ -1467,6 +1517,8 @@ def rootfs_list(as_json: bool) -> None:
     Example:
       jailbox rootfs list --json
     """
+    import json
+
     from .sandbox.rootfs.store import Store
 
     store = Store()

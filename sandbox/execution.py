@@ -12,7 +12,6 @@ a command that stops reading ends the copy quietly.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import select
@@ -359,6 +358,8 @@ def _sync_watch(poller: select.poll, watched: dict[int, int], run: ExecRun) -> N
 
 
 async def run_async(run: ExecRun, timeout: float | None) -> ExecResult:
+    import asyncio  # here, not at the top: the CLI's sync path would pay for it (ssl, concurrent.futures)
+
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
     readers: set[int] = set()

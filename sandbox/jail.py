@@ -23,7 +23,6 @@ from pydantic import ValidationError
 
 from . import hostroot, idmap, state
 from .channel import Channel
-from .checks.diagnose import explain
 from .child.protocol import Created, CreateRequest, Failed, Step, decode
 from .child.spec import Bind, JailSpec, SeccompSpec
 from .config import Limits, SandboxConfig
@@ -175,6 +174,8 @@ class Jail:
             raise SandboxSetupError(f"bad reply from the jailbox launcher: {exc}") from None
         if isinstance(created, Failed):
             _close_all(fds)
+            from .checks.diagnose import explain  # only on failure: it loads the doctor's probes
+
             raise explain(created)
         if not isinstance(created, Created) or len(fds) != 2:
             _close_all(fds)
@@ -201,6 +202,8 @@ class Jail:
         except ValidationError as exc:
             raise ProtocolError(f"bad message from the jail during setup: {exc}") from None
         if ready.kind == "failed":
+            from .checks.diagnose import explain
+
             raise explain(Failed(ready.step or Step.PROTOCOL, ready.errno, ready.error or "jail setup failed"))
         if len(fds) != self.spec.net.fd_count:
             raise ProtocolError(f"the jail's init handed over {len(fds)} network descriptors")

@@ -8,7 +8,7 @@ import posixpath
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import files
 from .channel import Channel
@@ -17,8 +17,10 @@ from .config import SandboxConfig, check_env, jail_path
 from .errors import ExecError, SandboxClosed
 from .execution import ExecRun, Stdin, TtyCommand, run_sync
 from .jail import Jail
-from .net.proxy import NetworkLogEntry
 from .results import ExecResult, SandboxStats
+
+if TYPE_CHECKING:
+    from .net.proxy import NetworkLogEntry
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}

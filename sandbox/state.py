@@ -14,13 +14,12 @@ import stat
 import time
 from pathlib import Path
 
-import psutil
-
 from .child.protocol import Failed, Removed, RmtreeRequest, decode
 from .errors import ConfigError, SandboxSetupError
 from .floor.idmap import IdMap
 from .floor.wire import WireError
 from .launcher import LAUNCHER, REMOVE_TIMEOUT
+from .limits.cgroups import start_ticks
 
 _READY: set[Path] = set()
 
@@ -66,11 +65,21 @@ def own_start() -> float | None:
     return _cached_start(os.getpid())
 
 
+@functools.lru_cache(maxsize=1)
+def _boot_time() -> float:
+    with open("/proc/stat", "rb") as file:
+        for line in file:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    raise SandboxSetupError("/proc/stat has no btime line")
+
+
 def process_start(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
+    """When ``pid`` started, in seconds since the epoch (its start tick plus boot time, as psutil's
+    ``create_time`` computes it), or None when no such process is visible. Read from /proc directly, not
+    through psutil, whose import ``jailbox exec`` would pay on every run."""
+    ticks = start_ticks(pid)
+    return None if ticks is None else ticks / os.sysconf("SC_CLK_TCK") + _boot_time()
 
 
 def write_meta(sandbox_dir: Path, **fields: object) -> None:

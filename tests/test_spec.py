@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jailbox.sandbox import Sandbox, idmap, jail
+from jailbox.sandbox import Sandbox, idmap
 from jailbox.sandbox.checks import diagnose
 from jailbox.sandbox.child.protocol import Created, CreateRequest, Failed, InitPid, Step, decode
 from jailbox.sandbox.child.spec import Bind, JailSpec, NetSpec, SeccompSpec
@@ -115,10 +115,11 @@ def test_a_refused_id_map_is_explained_as_one(monkeypatch: pytest.MonkeyPatch):
 def test_a_refused_init_step_names_its_step(monkeypatch: pytest.MonkeyPatch):
     """A real refusal inside the init: an rlimit no process may raise to."""
     seen: list[Failed] = []
+    original = diagnose.explain  # the jail imports it from diagnose when a step fails
 
     def explain(failed: Failed) -> Exception:
         seen.append(failed)
-        return diagnose.explain(failed)
+        return original(failed)
 
     planned = rlimits.plan
 
@@ -126,7 +127,7 @@ def test_a_refused_init_step_names_its_step(monkeypatch: pytest.MonkeyPatch):
         limits, enforcement = planned(*args)
         return {**limits, "RLIMIT_NOFILE": 1 << 40}, enforcement
 
-    monkeypatch.setattr(jail, "explain", explain)
+    monkeypatch.setattr(diagnose, "explain", explain)
     monkeypatch.setattr(rlimits, "plan", too_high)
     with pytest.raises(SandboxSetupError, match="raise maximum limit"):
         Sandbox()

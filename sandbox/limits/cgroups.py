@@ -300,14 +300,16 @@ OLD_IDLE = 60.0  # seconds an empty group of the old naming stays untouched (its
 def _owner() -> str:
     """This process as group names record it: pid, start time (clock ticks since boot), pid namespace.
     Not cached: a forked child is another owner."""
-    return f"{os.getpid()}-{_start_ticks(os.getpid())}-{os.stat('/proc/self/ns/pid').st_ino}"
+    return f"{os.getpid()}-{start_ticks(os.getpid())}-{os.stat('/proc/self/ns/pid').st_ino}"
 
 
 def group_name(sandbox_id: str) -> str:
     return f"{sandbox_id}-{_owner()}"
 
 
-def _start_ticks(pid: int) -> int | None:
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (field 22 of /proc/PID/stat, counted from the last
+    ``)``: the name before it is the process's own choice); None when no such process is visible."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
         return int(stat[stat.rindex(b")") + 2 :].split()[19])
@@ -324,7 +326,7 @@ def _stale(name: str) -> bool:
     pid, start, pidns = (int(p) for p in parts[1:])
     if pidns != os.stat("/proc/self/ns/pid").st_ino:
         return False
-    return _start_ticks(pid) != start
+    return start_ticks(pid) != start
 
 
 def _stale_groups(parent: Path) -> list[Path]:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import ipaddress
 import warnings
+from typing import TYPE_CHECKING
 
 from ..child.spec import NetSpec
 from ..errors import SecurityWarning
 from .policy import NetworkPolicy, blocked_routes
-from .proxy import PROXY, NetworkLogEntry, Tenant
 from .slirp import Slirp
+
+if TYPE_CHECKING:  # the proxy is imported by the modes that use it: exec with --network none never loads it
+    from .proxy import NetworkLogEntry, Tenant
 
 PROXY_PORT = 3128
 PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
@@ -91,6 +94,8 @@ class AllowNetwork(Mode):
 
     def attach(self, sandbox_id: str, fds: list[int], timeout: float) -> Network:
         (listener,) = fds
+        from .proxy import PROXY
+
         return Network(tenant=PROXY.attach(sandbox_id, listener, self.policy))
 
 
@@ -150,13 +155,19 @@ class Network:
 
     def log(self) -> list[NetworkLogEntry]:
         """Every request so far (kept after ``close()``)."""
-        return PROXY.log(self.tenant) if self.tenant is not None else []
+        if self.tenant is None:
+            return []
+        from .proxy import PROXY
+
+        return PROXY.log(self.tenant)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         if self.tenant is not None:
+            from .proxy import PROXY
+
             PROXY.detach(self.tenant)
         if self.slirp is not None:
             self.slirp.close()

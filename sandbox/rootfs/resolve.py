@@ -11,12 +11,14 @@ subordinate ids has only root, so its image's User is not used there.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import SandboxConfig, jail_path
 from ..errors import RootfsNotFound
 from ..floor.idmap import IdMap
-from . import unpack
-from .store import Entry, Store, not_found_message
+
+if TYPE_CHECKING:  # the store and the unpacker load only for a stored rootfs: "host" (the CLI's default) skips them
+    from .store import Entry
 
 RESERVED_WORKDIRS = ("/", "/proc", "/dev", "/sys", "/tmp")
 ROOT_USERS = ("root", "0", "root:root", "0:0")
@@ -29,6 +31,8 @@ def _is_path(value: str) -> bool:
 def stored(value: str) -> Entry | None:
     if value == "host" or _is_path(value):
         return None
+    from .store import Store
+
     store = Store()
     entry = store.resolve(value)
     return None if entry is None else store.adopt(entry)
@@ -47,6 +51,8 @@ def lower_dir(value: str, entry: Entry | None) -> Path:
             f"root filesystem {root} does not exist or is not a directory; "
             "use \"host\" (this machine's own system), a stored root filesystem's name, or an unpacked one's path"
         )
+    from .store import Store, not_found_message
+
     store = Store()
     raise RootfsNotFound(not_found_message(value, [e.name for e in store.list()]))
 
@@ -77,6 +83,8 @@ def apply_image(config: SandboxConfig, entry: Entry | None) -> SandboxConfig:
         if workdir and workdir not in RESERVED_WORKDIRS:
             update["workdir"] = workdir
     if "user" not in config.model_fields_set and image.user and image.user not in ROOT_USERS:
+        from . import unpack
+
         if (
             entry.idmap and unpack.max_id(IdMap.from_wire(entry.idmap)) > 0
         ):  # a flattened tree (no subordinate ids): all root

@@ -8,6 +8,8 @@ init reports back to names).
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import platform
 from functools import lru_cache
 
@@ -37,13 +39,26 @@ def arch() -> str:
 @lru_cache(maxsize=4)
 def syscall_table(machine: str) -> dict[str, int]:
     """name -> number for the native ABI (python-ptrace's table plus the newer generic numbers)."""
-    if machine == "x86_64":
-        from ptrace.syscall.linux.x86_64 import SYSCALL_NAMES
-    else:
-        from ptrace.syscall.linux.aarch64 import SYSCALL_NAMES
-    table = {name: nr for nr, name in SYSCALL_NAMES.items() if nr < 512}
+    table = {name: nr for nr, name in _ptrace_names(machine).items() if nr < 512}
     table.update({name: nr for nr, name in NEWER.items()})
     return table
+
+
+def _ptrace_names(machine: str) -> dict[int, str]:
+    """python-ptrace's number -> name table for ``machine``: its one data module, loaded by path. Imported
+    as ``ptrace.syscall.linux.x86_64`` it would first run the packages' ``__init__``, which load ctypes and
+    the whole debugger (some 30 modules that every ``jailbox exec`` would pay for one dict)."""
+    package = importlib.util.find_spec("ptrace")  # finds the package without running its __init__
+    if package is None or not package.submodule_search_locations:
+        raise ConfigError("python-ptrace (a jailbox dependency) is not installed: pip install python-ptrace")
+    path = os.path.join(next(iter(package.submodule_search_locations)), "syscall", "linux", f"{machine}.py")
+    spec = importlib.util.spec_from_file_location(f"jailbox_ptrace_syscalls_{machine}", path)
+    if spec is None or spec.loader is None or not os.path.isfile(path):
+        raise ConfigError(f"python-ptrace has no syscall table at {path}: pip install --force-reinstall python-ptrace")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    names: dict[int, str] = module.SYSCALL_NAMES
+    return names
 
 
 @lru_cache(maxsize=4)

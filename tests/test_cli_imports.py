@@ -1,0 +1,148 @@
+"""The jailbox command stays import-light: ``jailbox exec -- true`` and ``jailbox --help``, run as a user
+runs them (a real process, a real jail), import only what they use. Python's ``-X importtime`` lists
+every module a process imported; the checks are a deny-list and a module count (beyond what a bare
+interpreter in the same environment imports), plus a generous budget of the import time Python itself
+reports. Also here: what replaced an import (process start times from /proc, the syscall table loaded
+by path) gives the answers the import gave."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from jailbox.sandbox import Sandbox, SandboxConfig
+from jailbox.sandbox.seccomp.syscalls import NEWER, syscall_table
+from jailbox.sandbox.state import process_start
+
+MAIN = "import sys; from jailbox.cli import main; sys.exit(main())"  # the console script's body
+
+# Measured on a 2-core VM (editable install, Python 3.11): exec -- true 218 modules beyond a bare
+# interpreter, --help 50, --version 41. The budgets leave room for a dependency's minor release.
+EXEC_MODULES = 300
+HELP_MODULES = 80
+# Python's own count of microseconds spent importing (self times summed); several times what a loaded
+# 2-core machine showed, so only a heavy new import (the agent, httpx: hundreds of ms) crosses it.
+EXEC_IMPORT_US = 3_000_000
+HELP_IMPORT_US = 1_000_000
+
+NEVER = ("jailbox.agent", "httpx", "httpcore", "anyio", "sympy", "ray", "yaml")  # and their submodules
+EXEC_DENIED = (
+    *NEVER,
+    "asyncio",  # only AsyncSandbox and the allow: proxy use it
+    "jailbox.sandbox.net.proxy",  # only for --network allow:
+    "jailbox.sandbox.checks",  # the doctor's probes: only when a jail fails
+    "jailbox.sandbox.rootfs.store",  # only for a stored rootfs, not "host"
+    "jailbox.sandbox.service",  # only exec --id
+    "psutil",
+    "ptrace",  # the syscall table is one data file of it, loaded by path
+)
+HELP_DENIED = (*NEVER, "pydantic", "pydantic_core", "importlib.metadata", "pathlib", "jailbox.sandbox.config")
+
+
+def imported(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
+    """Run ``python -X importtime -c CODE ARGS``: the process, and module -> self microseconds."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "XDG_CONFIG_HOME": "/nonexistent"},  # no user config file (it would load yaml)
+    )
+    modules = {}
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:") and "self [us]" not in line:
+            self_us, _, name = line.removeprefix("import time:").split("|")
+            modules[name.strip()] = int(self_us)
+    return proc, modules
+
+
+def beyond_bare(*argv: str) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
+    """The jailbox process and the modules it imported that ``python -c pass`` (site, an editable
+    install's finder) did not."""
+    _, bare = imported("pass")
+    proc, modules = imported(MAIN, *argv)
+    return proc, {name: us for name, us in modules.items() if name not in bare}
+
+
+def denied(modules: dict[str, int], deny: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == d or m.startswith(d + ".") for d in deny))
+
+
+def test_exec_imports_only_the_jail() -> None:
+    proc, modules = beyond_bare("exec", "--", "true")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert denied(modules, EXEC_DENIED) == []
+    assert len(modules) <= EXEC_MODULES, sorted(modules)
+    assert sum(modules.values()) <= EXEC_IMPORT_US, sorted(modules.items(), key=lambda kv: -kv[1])[:20]
+
+
+@pytest.mark.parametrize("argv", [("--help",), ("--version",), ("exec", "--help"), ("run", "--help")])
+def test_help_and_version_import_click_and_nothing_of_the_jail(argv: tuple[str, ...]) -> None:
+    proc, modules = beyond_bare(*argv)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert denied(modules, HELP_DENIED) == []
+    jailbox = sorted(m for m in modules if m.startswith("jailbox"))
+    assert jailbox == ["jailbox", "jailbox.cli", "jailbox.sandbox", "jailbox.sandbox.errors"]
+    assert len(modules) <= HELP_MODULES, sorted(modules)
+    assert sum(modules.values()) <= HELP_IMPORT_US, sorted(modules.items(), key=lambda kv: -kv[1])[:20]
+
+
+def test_a_flag_error_on_exec_still_names_the_flag_without_importing_pydantic_first() -> None:
+    """``_fed_by`` imports pydantic only to tell its errors from others: a bad --env (no model yet) and a
+    bad --workdir (SandboxConfig's) both get one line naming the flag and exit 2."""
+    for flag, value in (("--env", "NOEQUALS"), ("--workdir", "relative/dir"), ("--bind", "/nonexistent-src")):
+        proc, _ = imported(MAIN, "exec", flag, value, "--", "true")
+        assert proc.returncode == 2, (flag, proc.stderr)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"jailbox: {flag}"), (flag, last)
+
+
+# --- what replaced an import answers as it did ---------------------------------------------------
+
+NASTY_NAMES = (") R 1 2 3 4 5 6 7 8", "a b)(c) 9 9", "))))))))))))))", "x\n) 1", "plain")
+
+
+def _named(name: str) -> subprocess.Popen[str]:
+    """A live process that set its own name (as anything inside a jail may, its init included)."""
+    code = "import sys; open('/proc/self/comm', 'w').write(sys.argv[1]); print('ok', flush=True); sys.stdin.read()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stdout.readline() == "ok\n"
+    return child
+
+
+@pytest.mark.parametrize("name", NASTY_NAMES)
+def test_process_start_reads_past_any_name_a_process_gives_itself(name: str) -> None:
+    child = _named(name)
+    try:
+        expected = psutil.Process(child.pid).create_time()
+        assert process_start(child.pid) == pytest.approx(expected, abs=0.02)
+    finally:
+        child.kill()
+        child.wait()
+    assert process_start(child.pid) is None  # reaped: gone, not a wrong time
+
+
+def test_process_start_of_a_jails_init_and_of_nothing() -> None:
+    with Sandbox(SandboxConfig()) as sb:
+        init_pid = sb.init_pid
+        assert process_start(init_pid) == pytest.approx(psutil.Process(init_pid).create_time(), abs=0.02)
+        assert abs(process_start(init_pid) - time.time()) < 3600  # a sane epoch time, not ticks
+    for pid in (-1, 0, 2**22 + 1):
+        assert process_start(pid) is None
+
+
+def test_the_syscall_table_is_python_ptraces() -> None:
+    from ptrace.syscall.linux.aarch64 import SYSCALL_NAMES as AARCH64
+    from ptrace.syscall.linux.x86_64 import SYSCALL_NAMES as X86_64
+
+    for machine, names in (("x86_64", X86_64), ("aarch64", AARCH64)):
+        expected = {name: nr for nr, name in names.items() if nr < 512}
+        expected.update({name: nr for nr, name in NEWER.items()})
+        assert syscall_table(machine) == expected
