@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..config import check_env, jail_path
 from ..errors import ConfigError, RootfsBuildError
+from ..sandbox import DEFAULT_PATH
 from . import shipped, unpack
 from . import store as store_mod
 from .image import ImageConfig
@@ -138,8 +139,12 @@ def mmdebstrap_argv(recipe: Recipe, mode: str) -> list[str]:
         pip = "python3 -m pip install --no-cache-dir --break-system-packages --root-user-action=ignore"
         hooks.append(f"{pip}{index} {reqs}")
     hooks.extend(recipe.run)
+    # Steps see the environment the tree's sandboxes will (as a Dockerfile's ENV reaches its RUN
+    # lines), and nothing of the host's: its TMPDIR, PATH or HOME would point into the wrong tree.
+    step_env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", **recipe.env}
+    env = " ".join(shlex.quote(f"{k}={v}") for k, v in step_env.items())
     for hook in hooks:
-        argv.append(f'--customize-hook=chroot "$1" /bin/sh -euc {shlex.quote(hook)}')
+        argv.append(f'--customize-hook=chroot "$1" /usr/bin/env -i {env} /bin/sh -euc {shlex.quote(hook)}')
     argv += [recipe.suite, "-", recipe.mirror]
     return argv
 
