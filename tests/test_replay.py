@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from paper_tree import paper_store
 
 from jailbox.agent.replay import normalise, replay
+from jailbox.sandbox import SandboxConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT.parent / "shared" / "data" / "reference-trajectories"
@@ -165,6 +167,33 @@ def test_input_dir_is_copied_to_testbed_input(tmp_path):
 )
 def test_offline_trajectories_reproduce_with_the_host_rootfs(with_python, name, nondeterministic, random):
     steps = replay(REFERENCE / f"trajectory_{name}.json", with_python)
+    for step in steps:
+        print(f"step {step.index}: {step.verdict:16} {step.action[:70]}")
+    expected = {s.index: "same" for s in steps} | dict.fromkeys(nondeterministic, "nondeterministic")
+    expected |= dict.fromkeys(random, "differs")
+    assert {s.index: s.verdict for s in steps} == expected
+
+
+EXAMPLES = REFERENCE.parent / "reference-examples"
+
+
+@pytest.mark.slow
+@pytest.mark.needs("shared-data")
+@pytest.mark.parametrize(
+    ("name", "inputs", "nondeterministic", "random"),
+    [
+        ("math", None, [], []),
+        ("instruct", None, [2, 42], [38]),
+        ("longcontext", "09_long_context", [], []),
+        ("travel", None, [], []),
+    ],
+)
+def test_offline_trajectories_reproduce_on_the_paper_environment(monkeypatch, name, inputs, nondeterministic, random):
+    """The default recipe's tree (built once and kept: ``paper_tree``), with no network, answers every
+    deterministic step of the paper's offline runs as the reference image did."""
+    monkeypatch.setenv("JAILBOX_CACHE_DIR", str(paper_store()))
+    input_dir = EXAMPLES / inputs / "input" if inputs else None
+    steps = replay(REFERENCE / f"trajectory_{name}.json", SandboxConfig(rootfs="default"), input_dir=input_dir)
     for step in steps:
         print(f"step {step.index}: {step.verdict:16} {step.action[:70]}")
     expected = {s.index: "same" for s in steps} | dict.fromkeys(nondeterministic, "nondeterministic")

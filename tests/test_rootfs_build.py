@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,7 @@ def _jailbox(*args: str, cache: Path, timeout: float = 900) -> subprocess.Comple
 
 
 @pytest.fixture(scope="module")
-def paper() -> Path:
+def paper() -> Iterator[Path]:
     """The store holding the paper's environment as ``default``: built once by the CLI with no
     arguments, as the README says, and kept between runs (``paper_tree``)."""
     root = paper_store()

@@ -330,7 +330,11 @@ class BuildProgress:
 
 
 def _failed(code: int, tail: list[str]) -> RootfsBuildError:
-    return RootfsBuildError(f"mmdebstrap failed (exit {code}):\n" + "\n".join(tail[-25:]))
+    # A failed step's error is followed by mmdebstrap repeating the step's whole text (a recipe step
+    # can be longer than the tail shown): show what came before that, and its first line.
+    end = next((i for i, line in enumerate(tail) if line.startswith("E: setup failed")), len(tail))
+    shown = [*tail[max(0, end - 25) : end], *tail[end : end + 1]]
+    return RootfsBuildError(f"mmdebstrap failed (exit {code}):\n" + "\n".join(shown))
 
 
 def _read_log(stream: IO[bytes], tail: list[str], log: Callable[[Update], None] | None) -> None:
