@@ -245,7 +245,12 @@ def test_custom_recipe_with_pip_and_run_steps(tmp_path, cache, package_index):
         # steps see the recipe's environment and nothing of the host's (its TMPDIR, HOME, PATH)
         step_env = dict(line.split("=", 1) for line in sb.exec("cat /etc/jailbox-step-env").stdout.splitlines())
         assert step_env.pop("PWD", "/") == "/" and step_env.pop("SHLVL", "1") == "1"
-        assert step_env == {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "GREETING": "hello"}
+        expected = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "GREETING": "hello"}
+        ca = build._host_ca()  # the host's CA bundle, there for the steps' downloads and gone after them
+        if ca is not None:
+            expected |= dict.fromkeys(("PIP_CERT", "SSL_CERT_FILE"), f"{build.BUILD_CA_DIR}/{ca.name}")
+        assert step_env == expected
+        assert sb.exec(f"ls -d {build.BUILD_CA_DIR}").exit_code != 0
     removed = _jailbox("rootfs", "rm", "mine", cache=cache)
     assert removed.returncode == 0, removed.stderr
     assert not (cache / "rootfs" / "mine").exists()
