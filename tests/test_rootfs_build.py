@@ -12,15 +12,17 @@ import subprocess
 import sys
 import threading
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import need
+from paper_tree import paper_store
 
 from jailbox.sandbox import Sandbox, SandboxConfig
 from jailbox.sandbox.errors import ConfigError, RootfsBuildError
 from jailbox.sandbox.rootfs import build, shipped
 from jailbox.sandbox.rootfs.store import Store
+from jailbox.sandbox.sandbox import DEFAULT_PATH
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER_IMPORTS = "import numpy, scipy, sympy, matplotlib, mpmath, IPython, chardet"
@@ -52,23 +54,33 @@ def _jailbox(*args: str, cache: Path, timeout: float = 900) -> subprocess.Comple
 
 
 @pytest.fixture(scope="module")
-def paper(cache: Path) -> str:
-    """The paper's environment, built once by the CLI with no arguments, as the README says."""
-    need("mmdebstrap")
-    need("subids")
-    r = _jailbox("rootfs", "build", cache=cache)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "default" in r.stdout
-    return "default"
+def paper() -> Iterator[Path]:
+    """The store holding the paper's environment as ``default``: built once by the CLI with no
+    arguments, as the README says, and kept between runs (``paper_tree``)."""
+    root = paper_store()
+    old = os.environ.get("JAILBOX_CACHE_DIR")
+    os.environ["JAILBOX_CACHE_DIR"] = str(root)
+    yield root
+    if old is None:
+        del os.environ["JAILBOX_CACHE_DIR"]
+    else:
+        os.environ["JAILBOX_CACHE_DIR"] = old
 
 
 def test_shipped_recipes_load():
-    assert {"default", "slim"} <= set(shipped.names())
+    assert {"default", "debian", "slim"} <= set(shipped.names())
     paper = build.load_recipe("default")
-    for pkg in ("python3", "python-is-python3", "python3-pip", "git", "curl", "wget", "build-essential"):
+    assert paper.suite == "trixie"
+    for pkg in ("git", "curl", "wget", "build-essential", "ca-certificates"):
         assert pkg in paper.packages
+    assert not any(p.startswith("python3") for p in paper.packages)  # CPython 3.11 is compiled, as the image's
     assert paper.workdir == "/testbed"
+    assert not paper.apt_lists
     assert paper.env["PIP_DISABLE_PIP_VERSION_CHECK"] == "1"
+    assert "PYTHONUNBUFFERED" not in paper.env  # how stdout and stderr interleave depends on it
+    assert paper.env["PATH"].startswith("/root/.local/bin:")
+    debian = build.load_recipe("debian")
+    assert "python-is-python3" in debian.packages and debian.suite == "bookworm"
 
 
 def test_bad_recipes_get_clear_errors(tmp_path):
@@ -88,49 +100,77 @@ def test_bad_recipes_get_clear_errors(tmp_path):
         build.load_recipe(tmp_path / "nothere.yaml")
 
 
+# What the paper's trajectories show of the reference image, and what python:3.11-slim makes.
+PAPER_FACTS = {
+    "python": "Python 3.11.2",
+    "site": "/usr/local/lib/python3.11/site-packages",
+    "numpy": "2.4.1",
+    "PIL": "12.1.0",
+    "scipy": "1.17.0",
+    "matplotlib": "3.10.8",
+    "mpmath": "1.3.0",
+    "chardet": "5.2.0",
+}
+
+
 @pytest.mark.slow
 @pytest.mark.network
-def test_paper_environment(paper, cache):
-    entry = Store(cache).require(paper)
+def test_paper_environment(paper):
+    entry = Store(paper).require("default")
     assert entry.kind == "build"
-    listing = _jailbox("rootfs", "list", cache=cache)
+    listing = _jailbox("rootfs", "list", cache=paper)
     assert listing.returncode == 0 and "default" in listing.stdout and "build" in listing.stdout
-    with Sandbox(SandboxConfig(rootfs=paper)) as sb:
+    with Sandbox(SandboxConfig(rootfs="default")) as sb:
         r = sb.exec(f"python3 -c '{PAPER_IMPORTS}; print(numpy.arange(4).sum())'")
         assert r.exit_code == 0, r.stderr
         assert r.stdout == "6\n"
         r = sb.exec("pwd; id -u; python --version; pip --version; echo $PIP_DISABLE_PIP_VERSION_CHECK")
         lines = r.stdout.splitlines()
         assert lines[0] == "/testbed" and lines[1] == "0"
-        assert lines[2].startswith("Python 3.11")
-        assert lines[3].startswith("pip ") and lines[4] == "1"
+        assert lines[2] == PAPER_FACTS["python"]
+        assert lines[3].startswith("pip 24.0 from /usr/local/lib/python3.11/site-packages/pip") and lines[4] == "1"
+        modules = ("numpy", "PIL", "scipy", "matplotlib", "mpmath", "chardet")
+        versions = "; ".join(f"print({m}.__version__)" for m in modules)
+        imports = f"import {', '.join(modules)}, IPython, site"
+        r = sb.exec(f"python -c '{imports}; {versions}; print(site.getsitepackages()[0]); print(IPython.__version__)'")
+        assert r.exit_code == 0, r.stderr
+        *got, site, ipython = r.stdout.splitlines()
+        assert got == [PAPER_FACTS[m] for m in modules]
+        assert site == PAPER_FACTS["site"] and ipython.startswith("9.")
+        markers = "/usr/lib/python3*/EXTERNALLY-MANAGED /usr/local/lib/python3.11/EXTERNALLY-MANAGED"
+        assert sb.exec(f"ls {markers}").exit_code != 0
         sb.write_file("/testbed/script.py", "import sympy\nprint(sympy.factorint(588))\n")
         r = sb.exec("python script.py")  # recorded trajectories call `python`, not `python3`
         assert r.stdout == "{2: 2, 3: 1, 7: 2}\n", r.stderr
-        r = sb.exec("gcc --version && git --version && curl --version && wget --version", timeout=60)
+        r = sb.exec("gcc --version && git --version && curl --version && wget --version && uv --version", timeout=60)
         assert r.exit_code == 0, r.stderr
+        assert sb.exec("command -v uv").stdout == "/root/.local/bin/uv\n"
+        env = sb.exec("env").stdout
+        assert "PYTHONUNBUFFERED" not in env and "DEBIAN_FRONTEND=noninteractive" in env
+        assert sb.exec("ls /var/lib/apt/lists | grep -c Packages").stdout.strip() == "0"  # deleted, as in the image
 
 
 @pytest.mark.slow
 @pytest.mark.network
-def test_apt_get_install_lands_in_the_overlay(paper, cache):
-    tree = Store(cache).require(paper).tree
+def test_apt_get_install_lands_in_the_overlay(paper):
+    tree = Store(paper).require("default").tree
     assert not (tree / "usr/bin/hello").exists()
-    with Sandbox(SandboxConfig(rootfs=paper, network="host")) as sb:
-        r = sb.exec("apt-get install -y --no-install-recommends hello && hello", timeout=300)
+    with Sandbox(SandboxConfig(rootfs="default", network="host")) as sb:
+        # the image keeps no package lists: `apt-get update` first, as the paper's agents do
+        r = sb.exec("apt-get update -q && apt-get install -y --no-install-recommends hello && hello", timeout=300)
         assert r.exit_code == 0, r.stdout[-2000:] + r.stderr[-2000:]
         assert r.stdout.endswith("Hello, world!\n")
     assert not (tree / "usr/bin/hello").exists()  # the stored tree is untouched
-    with Sandbox(SandboxConfig(rootfs=paper)) as sb:
+    with Sandbox(SandboxConfig(rootfs="default")) as sb:
         assert sb.exec("command -v hello").exit_code != 0
 
 
 @pytest.mark.slow
 @pytest.mark.network
-def test_sandboxes_share_the_tree_without_copying_it(paper, cache, _state_dir):
-    entry = Store(cache).require(paper)
+def test_sandboxes_share_the_tree_without_copying_it(paper, _state_dir):
+    entry = Store(paper).require("default")
     assert entry.size > 500_000_000
-    with Sandbox(SandboxConfig(rootfs=paper)) as sb:
+    with Sandbox(SandboxConfig(rootfs="default")) as sb:
         sb.exec("true")
         used = sum(
             os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(_state_dir / "sandboxes") for f in files
@@ -186,6 +226,7 @@ def test_custom_recipe_with_pip_and_run_steps(tmp_path, cache, package_index):
         "pip: [jbprobe]\n"
         f"pip_index_url: {package_index}\n"
         "run:\n  - echo built-by-recipe > /etc/jailbox-recipe\n  - chown 42:42 /etc/jailbox-recipe\n"
+        "  - env > /etc/jailbox-step-env\n"
         "env: {GREETING: hello}\n"
         "workdir: /work\n"
         "apt_lists: false\n"
@@ -201,6 +242,15 @@ def test_custom_recipe_with_pip_and_run_steps(tmp_path, cache, package_index):
         assert owners[0] == "0:0"
         assert owners[1] == ("42:42" if os.getuid() == 0 or _has_subids() else "0:0")
         assert sb.exec("ls /var/lib/apt/lists | grep -c Packages").stdout.strip() == "0"
+        # steps see the recipe's environment and nothing of the host's (its TMPDIR, HOME, PATH)
+        step_env = dict(line.split("=", 1) for line in sb.exec("cat /etc/jailbox-step-env").stdout.splitlines())
+        assert step_env.pop("PWD", "/") == "/" and step_env.pop("SHLVL", "1") == "1"
+        expected = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "GREETING": "hello"}
+        ca = build._host_ca()  # the host's CA bundle, there for the steps' downloads and gone after them
+        if ca is not None:
+            expected |= dict.fromkeys(("PIP_CERT", "SSL_CERT_FILE"), f"{build.BUILD_CA_DIR}/{ca.name}")
+        assert step_env == expected
+        assert sb.exec(f"ls -d {build.BUILD_CA_DIR}").exit_code != 0
     removed = _jailbox("rootfs", "rm", "mine", cache=cache)
     assert removed.returncode == 0, removed.stderr
     assert not (cache / "rootfs" / "mine").exists()

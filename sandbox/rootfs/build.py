@@ -15,6 +15,7 @@ import re
 import shlex
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -29,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..config import check_env, jail_path
 from ..errors import ConfigError, RootfsBuildError
+from ..sandbox import DEFAULT_PATH
 from . import shipped, unpack
 from . import store as store_mod
 from .image import ImageConfig
@@ -36,6 +38,7 @@ from .image import ImageConfig
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.\-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:\-]+)?$")
 TERM_WAIT = 20.0  # mmdebstrap's own cleanup on SIGTERM (unmounting its chroot, removing its temp dir)
 KILL_WAIT = 10.0
+BUILD_CA_DIR = "/tmp/jailbox-build-ca"  # in the tree, during its steps only
 
 
 class Interrupted(KeyboardInterrupt):
@@ -138,10 +141,29 @@ def mmdebstrap_argv(recipe: Recipe, mode: str) -> list[str]:
         pip = "python3 -m pip install --no-cache-dir --break-system-packages --root-user-action=ignore"
         hooks.append(f"{pip}{index} {reqs}")
     hooks.extend(recipe.run)
+    # Steps see the environment the tree's sandboxes will (as a Dockerfile's ENV reaches its RUN
+    # lines), and nothing of the host's: its TMPDIR, PATH or HOME would point into the wrong tree.
+    step_env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", **recipe.env}
+    ca = _host_ca()
+    if ca is not None:
+        # Steps trust what the host trusts (a TLS-inspecting proxy's CA included) while the tree is
+        # built; the copy goes before the tree is stored.
+        argv.append(f'--customize-hook=chroot "$1" /bin/mkdir -p {BUILD_CA_DIR}')
+        argv.append(f"--customize-hook=copy-in {shlex.quote(str(ca))} {BUILD_CA_DIR}")
+        step_env |= dict.fromkeys(("PIP_CERT", "SSL_CERT_FILE"), f"{BUILD_CA_DIR}/{ca.name}")
+    env = " ".join(shlex.quote(f"{k}={v}") for k, v in step_env.items())
     for hook in hooks:
-        argv.append(f'--customize-hook=chroot "$1" /bin/sh -euc {shlex.quote(hook)}')
+        argv.append(f'--customize-hook=chroot "$1" /usr/bin/env -i {env} /bin/sh -euc {shlex.quote(hook)}')
+    if ca is not None:  # removed from inside: a step may have made /tmp a link out of the tree
+        argv.append(f'--customize-hook=chroot "$1" /bin/rm -rf {BUILD_CA_DIR}')
     argv += [recipe.suite, "-", recipe.mirror]
     return argv
+
+
+def _host_ca() -> Path | None:
+    """The host's CA bundle (OpenSSL's default file), if it has one."""
+    cafile = ssl.get_default_verify_paths().cafile
+    return Path(cafile) if cafile and Path(cafile).is_file() else None
 
 
 def _mode() -> str:
@@ -325,7 +347,11 @@ class BuildProgress:
 
 
 def _failed(code: int, tail: list[str]) -> RootfsBuildError:
-    return RootfsBuildError(f"mmdebstrap failed (exit {code}):\n" + "\n".join(tail[-25:]))
+    # A failed step's error is followed by mmdebstrap repeating the step's whole text (a recipe step
+    # can be longer than the tail shown): show what came before that, and its first line.
+    end = next((i for i, line in enumerate(tail) if line.startswith("E: setup failed")), len(tail))
+    shown = [*tail[max(0, end - 25) : end], *tail[end : end + 1]]
+    return RootfsBuildError(f"mmdebstrap failed (exit {code}):\n" + "\n".join(shown))
 
 
 def _read_log(stream: IO[bytes], tail: list[str], log: Callable[[Update], None] | None) -> None:

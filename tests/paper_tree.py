@@ -1,0 +1,75 @@
+"""The default recipe's tree (the paper's environment), built once and kept between test runs.
+
+Building it compiles CPython, which takes many minutes on a small machine, so the tests that need
+it share one build: a store of its own under ``JAILBOX_TEST_TREES`` (default
+``~/.cache/jailbox-test-trees``, per user: the root and the rootless pass each build once), in a
+folder named by a hash of the recipe file, so editing the recipe builds anew and drops the old tree.
+The build is the CLI's, with no arguments, as the README tells a user to run it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from conftest import need, require
+
+from jailbox.sandbox.rootfs import shipped
+from jailbox.sandbox.rootfs.store import Store
+
+NAME = "default"
+SOURCES = ("http://deb.debian.org/debian/dists/trixie/Release", "https://pypi.org/simple/numpy/")
+BUILD_TIMEOUT = 3 * 3600  # a hang guard: two loaded cores take about half an hour
+
+
+def _reachable(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=20):
+            return True
+    except OSError:
+        return False
+
+
+def paper_store() -> Path:
+    """The store holding the default recipe's current tree as ``default``, built if it is missing."""
+    need("mmdebstrap")
+    need("subids")
+    recipe = (shipped.directory() / f"{NAME}.yaml").read_bytes()
+    base = Path(os.environ.get("JAILBOX_TEST_TREES") or Path.home() / ".cache" / "jailbox-test-trees")
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    base.chmod(0o700)  # the store refuses a folder others can read: trees hold setuid files
+    root = base / hashlib.sha256(recipe).hexdigest()[:16]
+    with open(base / "lock", "w") as lock:  # one build at a time, whoever else is testing
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if Store(root).get(NAME) is not None:
+            return root
+        unreachable = [url for url in SOURCES if not _reachable(url)]
+        require(
+            not unreachable,
+            f"Debian's archive and PyPI to build the default recipe once (unreachable: {', '.join(unreachable)})",
+            "allow this machine to reach deb.debian.org and pypi.org, or set JAILBOX_TEST_TREES to a folder "
+            "holding a build of this recipe",
+        )
+        for old in base.iterdir():
+            if old.is_dir() and old != root:
+                stale = Store(old)
+                for entry in stale.list():
+                    stale.remove(entry.name, force=True)
+                shutil.rmtree(old)
+        root.mkdir(mode=0o700, exist_ok=True)
+        env = {**os.environ, "JAILBOX_CACHE_DIR": str(root)}
+        r = subprocess.run(
+            [sys.executable, "-m", "jailbox.cli", "rootfs", "build", "--quiet"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=BUILD_TIMEOUT,
+        )
+        assert r.returncode == 0, r.stderr[-4000:]
+        return root
