@@ -178,6 +178,7 @@ EXAMPLES = REFERENCE.parent / "reference-examples"
 
 
 @pytest.mark.slow
+@pytest.mark.root  # the tree takes minutes to build: CI builds it in the root pass only (paper_tree)
 @pytest.mark.needs("shared-data")
 @pytest.mark.parametrize(
     ("name", "inputs", "nondeterministic", "differs"),

@@ -115,6 +115,7 @@ PAPER_FACTS = {
 
 @pytest.mark.slow
 @pytest.mark.network
+@pytest.mark.root  # the tree takes minutes to build: CI builds it in the root pass only (paper_tree)
 def test_paper_environment(paper):
     entry = Store(paper).require("default")
     assert entry.kind == "build"
@@ -152,6 +153,7 @@ def test_paper_environment(paper):
 
 @pytest.mark.slow
 @pytest.mark.network
+@pytest.mark.root  # the tree takes minutes to build: CI builds it in the root pass only (paper_tree)
 def test_apt_get_install_lands_in_the_overlay(paper):
     tree = Store(paper).require("default").tree
     assert not (tree / "usr/bin/hello").exists()
@@ -167,6 +169,7 @@ def test_apt_get_install_lands_in_the_overlay(paper):
 
 @pytest.mark.slow
 @pytest.mark.network
+@pytest.mark.root  # the tree takes minutes to build: CI builds it in the root pass only (paper_tree)
 def test_sandboxes_share_the_tree_without_copying_it(paper, _state_dir):
     entry = Store(paper).require("default")
     assert entry.size > 500_000_000

@@ -97,7 +97,7 @@ def test_commands_are_the_oom_killers_first_choice_not_the_init():
         init = sb.exec("cat /proc/1/oom_score_adj").stdout
         assert int(init) < 1000
         # a spawned command is raised right after it starts: wait for it (a hang guard, not a timing)
-        own = "for i in $(seq 500); do read v < /proc/$$/oom_score_adj; [ $v = 1000 ] && break; sleep 0.01; done;"
+        own = "for i in $(seq 3000); do read v < /proc/$$/oom_score_adj; [ $v = 1000 ] && break; sleep 0.01; done;"
         own += " echo $v"
         for cmd in (own, f"sh -c '{own}'", f"sh -c 'sleep 0.1; {own}' & wait"):
             assert sb.exec(cmd).stdout == "1000\n"
