@@ -53,6 +53,7 @@ class Watched:
     counters: dict[str, int] = field(default_factory=dict)
     last_usage: tuple[int, int] = (0, 0)
     next_walk: float = 0.0
+    settling: bool = False  # killed at the last walk: what its writers still flushed is not new growth
 
     def __post_init__(self) -> None:
         if self.memory is not None:
@@ -114,12 +115,17 @@ def check(watched: list[Watched], now: float) -> None:
             w.next_walk = now + max(TICK * 2, (time.monotonic() - started) * WALK_SHARE * walkers)
             over = (w.disk is not None and usage[0] > w.disk) or (w.inodes is not None and usage[1] > w.inodes)
             grew = usage[0] > w.last_usage[0] or usage[1] > w.last_usage[1]
-            if over and grew:  # a command that removes files to get back under the bound is left alone
+            if over and grew and not w.settling:  # a command that removes files to get back under is left alone
                 tree = _children()
                 w.counters["disk_max"] += 1  # first: the killed command's result reads it when it ends
                 _kill_all(_descendants(tree, w.init_pid), w.init_pid)
-                # what the killed wrote last is in the next baseline, not taken for a new writer's growth
+                # What the killed wrote last is in the next baseline, not taken for a new writer's growth;
+                # on a loaded host a killed writer may still be flushing after the kill's wait, so the
+                # walk after a kill only takes the baseline.
                 usage = _usage(w.upper, w.disk, w.inodes)
+                w.settling = True
+            else:
+                w.settling = False
             w.last_usage = usage
 
 
