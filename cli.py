@@ -1166,8 +1166,9 @@ def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeo
     """Serve sandboxes to an MCP client: tools to create, run, read, write, list and kill; they end with the session.
 
     \b
-    Example (a client's mcpServers entry runs this):
-      jailbox mcp
+    Example:
+      jailbox mcp                      # what a client's mcpServers entry runs (stdio)
+      jailbox mcp --http --port 8765   # http://127.0.0.1:8765/mcp
     """
     from .sandbox.serve import mcp
 
