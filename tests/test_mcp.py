@@ -262,6 +262,39 @@ def test_stdio_client_going_away_ends_its_sandboxes(_state_dir):
     assert _wait_until(lambda: _sandbox_dirs(_state_dir) == [])
 
 
+def _rpc(proc: subprocess.Popen[str], message: dict[str, Any]) -> dict[str, Any] | None:
+    """One JSON-RPC line to a stdio server; its answer, for a request."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+    proc.stdin.flush()
+    if "id" not in message:
+        return None
+    while True:
+        answer = json.loads(proc.stdout.readline())
+        if answer.get("id") == message["id"]:
+            return answer
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stdio_server_stopped_by_a_signal_ends_its_sandboxes(_state_dir, sig):
+    """The client still connected, the server is told to stop: it closes every sandbox, then dies of the signal."""
+    proc = subprocess.Popen(SERVER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        assert "result" in (_rpc(proc, {"id": 1, "method": "initialize", "params": hello}) or {})
+        _rpc(proc, {"method": "notifications/initialized"})
+        for n in (2, 3):
+            made = _rpc(proc, {"id": n, "method": "tools/call", "params": {"name": "create_sandbox", "arguments": {}}})
+            assert made is not None and not made["result"].get("isError"), made
+        assert len(_sandbox_dirs(_state_dir)) == 2
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == -sig
+        assert _sandbox_dirs(_state_dir) == []  # closed before it died, not by the launcher afterwards
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 async def _two_sessions(server: HttpServer, state: Path, sig: int) -> str:
     """A keeper session and another: the other cannot see or touch the keeper's sandbox, and ending
     it ends its own sandbox only; then the server is stopped with ``sig``, the keeper still open."""
@@ -276,10 +309,11 @@ async def _two_sessions(server: HttpServer, state: Path, sig: int) -> str:
             assert "no sandbox" in await _error(other, "kill_sandbox", sandbox_id=kept_id)
             gone_ns = await _pid_ns(other, (await _call(other, "create_sandbox"))["sandbox_id"])
         assert _wait_until(lambda: jail_processes(gone_ns) == [])
-        assert len(_sandbox_dirs(state)) == 1
+        assert _wait_until(lambda: len(_sandbox_dirs(state)) == 1)
         alive = await _call(keeper, "run_command", sandbox_id=kept_id, command="echo alive")
         assert alive["stdout"] == "alive\n"
         assert server.stop(sig) == 0  # with the keeper's session still open
+        assert _sandbox_dirs(state) == []  # closed before it exited, not by the launcher afterwards
     return kept_ns
 
 

@@ -20,6 +20,7 @@ import binascii
 import contextlib
 import hmac
 import ipaddress
+import os
 import signal
 import socket
 import sys
@@ -596,9 +597,21 @@ async def _closed(held: Sandboxes) -> None:
         raise asyncio.CancelledError
 
 
+async def _die_of(held: Sandboxes, sig: int) -> None:
+    await _closed(held)
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+
+
 async def _serve_stdio(options: Options) -> None:
     held = Sandboxes(options)
     server = build(options, held, http=False)
+    # The SDK reads stdin in a thread that no cancellation reaches while the client keeps the pipe
+    # open, so a signal is not turned into a cancellation: the sandboxes are closed, then the
+    # process dies of the signal it got.
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(_die_of(held, sig)))
     try:
         await server.run_stdio_async()
     finally:
@@ -628,6 +641,14 @@ async def _serve_http(options: Options, host: str, port: int, token: str | None)
     shown = f"[{host}]" if ":" in host else host
     print(f"jailbox mcp: streamable HTTP at http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
     config = uvicorn.Config(Gate(app, held, token), log_level="warning", lifespan="on")
+    # uvicorn stops gracefully on SIGINT and SIGTERM while it serves, then raises the signal again for
+    # the handler it found: this one, which ends the serving task; before and after, the same handler
+    # stops it. Either way the sandboxes are closed below.
+    serving = asyncio.current_task()
+    assert serving is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, serving.cancel)
     reaper = asyncio.ensure_future(held.reap_idle(options.idle_timeout))
     try:
         await uvicorn.Server(config).serve(sockets=[sock])
@@ -646,26 +667,14 @@ def main(
     token_file: str | None = None,
     options: Options | None = None,
 ) -> None:
-    """Serve until the client goes (stdio) or the process is stopped (SIGINT, SIGTERM); every
-    sandbox is closed before this returns."""
+    """Serve until the client goes (stdio) or the process is stopped (SIGINT, SIGTERM; uvicorn stops
+    the HTTP server gracefully, the stdio server dies of the signal); every sandbox is closed first."""
     options = options or Options()
     if not http:
         if token_file is not None or host != "127.0.0.1" or port != 8000:
             raise BadFlag("--http", "--host, --port and --token-file are for HTTP: add --http, e.g. jailbox mcp --http")
-        coro = _serve_stdio(options)
+        asyncio.run(_serve_stdio(options))
     else:
-        coro = _serve_http(options, host, port, read_token(token_file, host))
-
-    async def run() -> None:
-        # SIGTERM cancels the serving task like Ctrl-C does, so its sandboxes are closed on the way out.
-        task = asyncio.ensure_future(coro)
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        try:
-            await task
-        except asyncio.CancelledError:
-            if not task.cancelled():
-                raise
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
+        token = read_token(token_file, host)
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(_serve_http(options, host, port, token))
