@@ -56,7 +56,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 EXAMPLES = {  # field -> a valid value, for the one-line errors
-    "template": "'host' or a name from `jailbox rootfs list`, e.g. 'default'",
+    "template": "'host' or 'default' (jailbox rootfs list shows the names)",
     "network": "'none', 'full' or 'allow:pypi,github'",
     "memory": "'512M'",
     "cpus": "1.5",
@@ -609,9 +609,14 @@ async def _serve_stdio(options: Options) -> None:
     # The SDK reads stdin in a thread that no cancellation reaches while the client keeps the pipe
     # open, so a signal is not turned into a cancellation: the sandboxes are closed, then the
     # process dies of the signal it got.
+    stopping: set[asyncio.Task[None]] = set()  # held here: the loop keeps only weak references to tasks
+
+    def stop(sig: int) -> None:
+        stopping.add(asyncio.ensure_future(_die_of(held, sig)))
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(_die_of(held, sig)))
+        loop.add_signal_handler(sig, stop, sig)
     try:
         await server.run_stdio_async()
     finally:
