@@ -1294,6 +1294,38 @@ def serve_cmd(
         raise click.ClickException(str(exc)) from None
 
 
+@main.command("mcp")
+@click.option("--http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --http: beyond loopback needs --token-file.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="With --http (0: any).")
+@click.option(
+    "--token-file", default=None, metavar="FILE", help="With --http: clients send Authorization: Bearer TOKEN."
+)
+@click.option("--max-sandboxes", type=click.IntRange(1, 1024), default=8, show_default=True, help="Per session.")
+@click.option("--allow-host-network", is_flag=True, help="Let clients ask for network 'host' (unconfined).")
+@click.option("--idle-timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True, help="With --http.")
+def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeout: float, **limits: Any) -> None:
+    """Serve sandboxes to an MCP client: tools to create, run, read, write, list and kill; they end with the session.
+
+    \b
+    Example:
+      jailbox mcp                      # what a client's mcpServers entry runs (stdio)
+      jailbox mcp --http --port 8765   # http://127.0.0.1:8765/mcp
+    """
+    from .sandbox.serve import mcp
+
+    try:
+        mcp.main(
+            http,
+            host,
+            port,
+            token_file,
+            mcp.Options(idle_timeout=idle_timeout, **limits),
+        )
+    except mcp.BadFlag as exc:
+        _flag_error(exc.flag, str(exc))
+
+
 @main.command("_service", hidden=True)
 @click.option("--idle", type=click.FloatRange(min=0, min_open=True), default=300.0)
 def service_cmd(idle: float) -> None:

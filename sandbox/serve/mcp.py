@@ -1,0 +1,685 @@
+"""``jailbox mcp``: sandboxes as Model Context Protocol tools, over the official ``mcp`` SDK.
+
+Runs in the host process that an MCP client starts (stdio, the default) or connects to (streamable
+HTTP with ``--http``), never in a jail. A client creates sandboxes, runs commands in them, reads and
+writes their files, lists and kills them. What a client sends is bounded here: sandboxes per
+session, seconds per command, bytes kept of each output stream, bytes per file read or written, the
+HTTP request body. A sandbox belongs to the session that made it, is invisible to every other
+session, and dies with it: on stdio when the client closes the pipe or the process is stopped;
+over HTTP when the client ends its session, when the session has had no request in flight for
+``Options.idle_timeout`` seconds (a client that went without saying so), or when the server stops.
+Over HTTP the server binds loopback unless told otherwise, refuses Host and Origin headers that are
+not its own (DNS rebinding), and beyond loopback it requires a bearer token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hmac
+import ipaddress
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.types import ToolAnnotations
+from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from ..aio import AsyncSandbox
+from ..config import Limits, SandboxConfig
+from ..errors import SandboxError
+from ..net.policy import NetworkPolicy
+from ..rootfs.resolve import stored
+from ..rootfs.store import Store
+
+SESSION_HEADER = "mcp-session-id"
+MIN_TOKEN = 16
+STDIO = "stdio"  # the one session a stdio server has
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+EXAMPLES = {  # field -> a valid value, for the one-line errors
+    "template": "'host' or 'default' (jailbox rootfs list shows the names)",
+    "network": "'none', 'full' or 'allow:pypi,github'",
+    "memory": "'512M'",
+    "cpus": "1.5",
+    "pids": "256",
+    "disk": "'2G'",
+    "sandbox_id": "an id from create_sandbox or list_sandboxes",
+    "command": "'ls -la /tmp'",
+    "timeout": "60",
+    "cwd": "'/tmp'",
+    "path": "'/tmp/notes.txt'",
+    "content": "'hello'",
+    "encoding": "'text' or 'base64'",
+}
+
+
+class BadFlag(ValueError):
+    """A command-line value ``jailbox mcp`` cannot serve with; ``flag`` names the option."""
+
+    def __init__(self, flag: str, text: str) -> None:
+        super().__init__(text)
+        self.flag = flag
+
+
+@dataclass(frozen=True)
+class Options:
+    """What one server allows its clients."""
+
+    max_sandboxes: int = 8  # per session
+    max_total: int = 64  # in all sessions together
+    max_timeout: float = 3600.0  # seconds per command
+    output_limit: int = 64 << 10  # bytes kept per stream per command (head and tail)
+    max_file: int = 1 << 20  # bytes per read_file or write_file
+    allow_host_network: bool = False  # network "host" reaches the server's own loopback services
+    idle_timeout: float = 1800.0  # HTTP: a session with no request in flight for this long is ended
+
+
+def _bad(tool: str, name: str, problem: str) -> ToolError:
+    return ToolError(f"{tool}: {name}: {problem}; e.g. {name}={EXAMPLES.get(name, '...')}")
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _validation_error(tool: str, error: ValidationError) -> ToolError:
+    first = error.errors()[0]
+    name = ".".join(str(p) for p in first.get("loc", ())) or "arguments"
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    return _bad(tool, name, _one_line(message))
+
+
+# --- what the tools return ----------------------------------------------------------------------
+
+
+class SandboxInfo(BaseModel):
+    sandbox_id: str
+    template: str
+    network: str
+    workdir: str
+    created: str = Field(description="UTC, ISO 8601")
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[SandboxInfo]
+
+
+class CommandResult(BaseModel):
+    exit_code: int
+    signal: int | None = Field(description="the signal that ended the command, if one did")
+    stdout: str
+    stderr: str
+    timed_out: bool
+    stdout_dropped: int = Field(description="bytes left out of the middle of stdout (only head and tail are kept)")
+    stderr_dropped: int = Field(description="bytes left out of the middle of stderr")
+
+
+class FileContent(BaseModel):
+    path: str
+    encoding: Literal["text", "base64"]
+    content: str
+    size: int
+
+
+class Written(BaseModel):
+    path: str
+    size: int
+
+
+class Killed(BaseModel):
+    sandbox_id: str
+    killed: bool
+
+
+# --- who holds which sandbox --------------------------------------------------------------------
+
+
+@dataclass
+class _Held:
+    box: AsyncSandbox
+    info: SandboxInfo
+
+
+@dataclass
+class _Session:
+    sandboxes: dict[str, _Held] = field(default_factory=dict)
+    making: int = 0
+    ended: bool = False
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+class Sandboxes:
+    """Every sandbox this server holds, by the session that made it."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._sessions: dict[str, _Session] = {}
+        self._making: set[asyncio.Task[_Held]] = set()
+        self._in_flight: dict[str, int] = {}  # HTTP requests (an open event stream too) per session id
+
+    async def create(self, key: str, config: SandboxConfig, template: str, network: str) -> _Held:
+        session = self._sessions.setdefault(key, _Session())
+        if sum(len(s.sandboxes) + s.making for s in self._sessions.values()) >= self.options.max_total:
+            raise ToolError(
+                f"create_sandbox: this server holds {self.options.max_total} sandboxes, its limit; "
+                "free one first, e.g. kill_sandbox(sandbox_id=...)"
+            )
+        if len(session.sandboxes) + session.making >= self.options.max_sandboxes:
+            raise ToolError(
+                f"create_sandbox: this session already holds {self.options.max_sandboxes} sandboxes (the server's "
+                "--max-sandboxes); free one first, e.g. kill_sandbox(sandbox_id=...)"
+            )
+        session.making += 1
+        # Shielded: a client that gives up on the call must not leave a jail nobody holds; the task
+        # registers what it made, or closes it if the session ended meanwhile.
+        task = asyncio.ensure_future(self._make(session, config, template, network))
+        self._making.add(task)
+        task.add_done_callback(self._making.discard)
+        return await asyncio.shield(task)
+
+    async def _make(self, session: _Session, config: SandboxConfig, template: str, network: str) -> _Held:
+        try:
+            box = await AsyncSandbox(config).start()
+        finally:
+            session.making -= 1
+        sb = box.sandbox
+        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        held = _Held(
+            box,
+            SandboxInfo(
+                sandbox_id=sb.id, template=template, network=network, workdir=sb.config.workdir, created=created
+            ),
+        )
+        if session.ended:
+            await box.close()
+            raise ToolError("create_sandbox: the session ended while its sandbox was being made")
+        session.sandboxes[sb.id] = held
+        return held
+
+    def get(self, tool: str, key: str, sandbox_id: str) -> _Held:
+        session = self._sessions.get(key)
+        held = session.sandboxes.get(sandbox_id) if session is not None else None
+        if held is None:
+            shown = repr(sandbox_id[:64]) + ("..." if len(sandbox_id) > 64 else "")
+            raise ToolError(
+                f"{tool}: sandbox_id: no sandbox {shown} in this session (killed, or never made here); "
+                "list_sandboxes shows this session's, create_sandbox makes one"
+            )
+        return held
+
+    def listed(self, key: str) -> list[SandboxInfo]:
+        session = self._sessions.get(key)
+        return [held.info for held in session.sandboxes.values()] if session is not None else []
+
+    async def kill(self, key: str, sandbox_id: str) -> None:
+        held = self.get("kill_sandbox", key, sandbox_id)
+        self._sessions[key].sandboxes.pop(sandbox_id, None)
+        await held.box.close()
+
+    async def end(self, key: str) -> None:
+        """The session is over: close its sandboxes, and any still being made once they are."""
+        session = self._sessions.pop(key, None)
+        if session is None:
+            return
+        session.ended = True
+        held = list(session.sandboxes.values())
+        session.sandboxes.clear()
+        await asyncio.gather(*(h.box.close() for h in held), return_exceptions=True)
+
+    async def close(self) -> None:
+        """The server stops: every session ends, and nothing being made outlives it."""
+        for key in list(self._sessions):
+            await self.end(key)
+        if self._making:
+            await asyncio.gather(*self._making, return_exceptions=True)
+        for key in list(self._sessions):
+            await self.end(key)
+
+    # HTTP sessions: the gate counts each session's requests in flight, as the SDK does to expire
+    # sessions, so one that has had none for the idle time can be ended here too.
+
+    def began(self, key: str) -> None:
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+
+    def finished(self, key: str) -> None:
+        left = self._in_flight.pop(key) - 1
+        if left:
+            self._in_flight[key] = left
+        session = self._sessions.get(key)
+        if session is not None:
+            session.last_seen = time.monotonic()
+
+    async def reap_idle(self, idle: float) -> None:
+        while True:
+            await asyncio.sleep(max(1.0, idle / 4))
+            now = time.monotonic()
+            for key, session in list(self._sessions.items()):
+                if key not in self._in_flight and session.making == 0 and now - session.last_seen > idle:
+                    await self.end(key)
+
+
+# --- the tools ----------------------------------------------------------------------------------
+
+
+class _Server(MCPServer[Any]):
+    """MCPServer whose errors are one line, starting with the tool and the field at fault."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                raise _validation_error(name, exc.__cause__) from None
+            if isinstance(exc.__cause__, ToolError):  # ours, already naming the tool: without the SDK's prefix
+                raise ToolError(str(exc.__cause__)) from None
+            raise
+
+
+def _session_key(ctx: Context[Any, Any], http: bool) -> str:
+    if not http:
+        return STDIO
+    headers = ctx.headers
+    key = headers.get(SESSION_HEADER) if headers is not None else None
+    if not key:
+        raise ToolError(
+            "this server keeps sandboxes per session and this request belongs to none: connect with a client "
+            "that opens a session (the initialize handshake, e.g. the mcp SDK's ClientSession)"
+        )
+    return key
+
+
+def _check_template(tool: str, template: str) -> None:
+    """``host`` or a stored root filesystem: never a directory of the server's, which a name that is
+    not stored would otherwise be taken for (relative to the server's working directory)."""
+    if template == "host":
+        return
+    try:
+        if stored(template) is not None:
+            return
+        names = ", ".join(sorted(e.name for e in Store().list())) or "none yet"
+    except SandboxError as exc:
+        raise _bad(tool, "template", _one_line(exc)) from None
+    raise _bad(tool, "template", f"{template[:80]!r} is not 'host' or a stored root filesystem (stored: {names})")
+
+
+def _network(tool: str, text: str, options: Options) -> NetworkPolicy:
+    try:
+        policy = NetworkPolicy.parse(text)
+    except ValidationError as exc:
+        raise _bad(tool, "network", _one_line(exc.errors()[0].get("msg", "invalid"))) from None
+    except ValueError as exc:
+        raise _bad(tool, "network", _one_line(exc)) from None
+    if policy.mode == "host" and not options.allow_host_network:
+        raise _bad(tool, "network", "'host' is off on this server (it reaches the host's own services)")
+    return policy
+
+
+def _limits(tool: str, given: dict[str, Any]) -> Limits:
+    try:
+        return Limits(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        raise _validation_error(tool, exc) from None
+
+
+def _decode(tool: str, content: str, encoding: str, limit: int) -> bytes:
+    if encoding == "base64":
+        if len(content) > (limit + 2) // 3 * 4:
+            raise _bad(tool, "content", f"more than {limit} bytes; this server's limit per file")
+        try:
+            data = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError):
+            raise _bad(tool, "content", "not valid base64") from None
+    else:
+        data = content.encode("utf-8", "surrogatepass")
+    if len(data) > limit:
+        raise _bad(tool, "content", f"{len(data)} bytes, more than this server's limit of {limit} per file")
+    return data
+
+
+async def _sandbox_call(tool: str, call: Awaitable[Any], path_field: str = "path") -> Any:
+    try:
+        return await call
+    except SandboxError as exc:
+        raise ToolError(f"{tool}: {_one_line(exc)}") from None
+    except ValueError as exc:  # a path the jail cannot hold ('..', a NUL byte)
+        raise _bad(tool, path_field, _one_line(exc)) from None
+
+
+def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
+    """The MCP server and its tools, over ``held``."""
+    from ... import __version__
+
+    server = _Server(
+        "jailbox",
+        version=__version__,
+        instructions=(
+            "Linux sandboxes for running untrusted commands. create_sandbox first, then run_command, "
+            "read_file and write_file with its sandbox_id; kill_sandbox when done. Sandboxes end with the session."
+        ),
+        log_level="WARNING",
+    )
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    async def create_sandbox(
+        ctx: Context[Any, Any],
+        template: Annotated[
+            str, Field(description="'host' (this machine's system, read-only) or a stored root filesystem's name")
+        ] = "host",
+        network: Annotated[
+            str, Field(description="'none' (loopback only), 'full', or 'allow:RULES' through a proxy")
+        ] = "none",
+        memory: Annotated[str | None, Field(description="memory cap, e.g. '512M' (default 2G)")] = None,
+        cpus: Annotated[float | None, Field(description="CPU time per wall second, e.g. 1.5")] = None,
+        pids: Annotated[int | None, Field(description="processes and threads at once (default 512)")] = None,
+        disk: Annotated[str | None, Field(description="bytes the sandbox may write, e.g. '2G' (default 4G)")] = None,
+    ) -> SandboxInfo:
+        """Create a sandbox and return its sandbox_id. It lives until kill_sandbox or the end of the session."""
+        tool = "create_sandbox"
+        key = _session_key(ctx, http)
+        await asyncio.to_thread(_check_template, tool, template)
+        policy = _network(tool, network, options)
+        limits = _limits(tool, {"memory": memory, "cpus": cpus, "pids": pids, "disk": disk})
+        try:
+            config = SandboxConfig(rootfs=template, network=policy, limits=limits, output_limit=options.output_limit)
+        except ValidationError as exc:
+            raise _validation_error(tool, exc) from None
+        made: _Held = await _sandbox_call(tool, held.create(key, config, template, network.strip()))
+        return made.info
+
+    @server.tool(annotations=ToolAnnotations(open_world_hint=False))
+    async def run_command(
+        ctx: Context[Any, Any],
+        sandbox_id: str,
+        command: Annotated[str, Field(description="a shell command line (run by sh -c)")],
+        timeout: Annotated[
+            float, Field(description="seconds before the command's whole process tree is killed")
+        ] = 60.0,
+        cwd: Annotated[str | None, Field(description="working directory (default the sandbox's)")] = None,
+    ) -> CommandResult:
+        """Run a command in a sandbox; returns its exit code, stdout, stderr and whether it timed out."""
+        tool = "run_command"
+        target = held.get(tool, _session_key(ctx, http), sandbox_id)
+        if not 0 < timeout <= options.max_timeout:
+            raise _bad(tool, "timeout", f"{timeout} is outside 0 < timeout <= {options.max_timeout:g}")
+        if not command.strip():
+            raise _bad(tool, "command", "empty")
+        result = await _sandbox_call(tool, target.box.exec(command, timeout=timeout, cwd=cwd), "cwd")
+        return CommandResult(
+            exit_code=result.exit_code,
+            signal=result.signal,
+            stdout=result.stdout,
+            stderr=result.stderr,
+            timed_out=result.timed_out,
+            stdout_dropped=result.stdout_dropped,
+            stderr_dropped=result.stderr_dropped,
+        )
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    async def read_file(
+        ctx: Context[Any, Any],
+        sandbox_id: str,
+        path: Annotated[str, Field(description="absolute, or relative to the sandbox's working directory")],
+        encoding: Annotated[Literal["text", "base64"], Field(description="'text' (UTF-8) or 'base64'")] = "text",
+    ) -> FileContent:
+        """Read a regular file from a sandbox (up to the server's limit, 1 MiB by default)."""
+        tool = "read_file"
+        target = held.get(tool, _session_key(ctx, http), sandbox_id)
+        data: bytes = await _sandbox_call(tool, target.box.read_file(path, options.max_file))
+        if encoding == "base64":
+            return FileContent(path=path, encoding="base64", content=base64.b64encode(data).decode(), size=len(data))
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise _bad(tool, "encoding", "the file is not UTF-8 text; read it as 'base64'") from None
+        return FileContent(path=path, encoding="text", content=text, size=len(data))
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=True, open_world_hint=False))
+    async def write_file(
+        ctx: Context[Any, Any],
+        sandbox_id: str,
+        path: Annotated[str, Field(description="absolute, or relative to the sandbox's working directory")],
+        content: str,
+        encoding: Annotated[Literal["text", "base64"], Field(description="how content is given")] = "text",
+    ) -> Written:
+        """Create or replace a file in a sandbox (parent directories are made; up to the server's limit)."""
+        tool = "write_file"
+        target = held.get(tool, _session_key(ctx, http), sandbox_id)
+        data = _decode(tool, content, encoding, options.max_file)
+        await _sandbox_call(tool, target.box.write_file(path, data))
+        return Written(path=path, size=len(data))
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    async def list_sandboxes(ctx: Context[Any, Any]) -> SandboxList:
+        """The sandboxes this session holds."""
+        return SandboxList(sandboxes=held.listed(_session_key(ctx, http)))
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False, open_world_hint=False))
+    async def kill_sandbox(ctx: Context[Any, Any], sandbox_id: str) -> Killed:
+        """Kill a sandbox: its processes end and its files are removed."""
+        await held.kill(_session_key(ctx, http), sandbox_id)
+        return Killed(sandbox_id=sandbox_id, killed=True)
+
+    return server
+
+
+# --- transports ---------------------------------------------------------------------------------
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(token_file: str | None, host: str) -> str | None:
+    """The bearer token HTTP clients must send: required beyond loopback, optional on it."""
+    if token_file is None:
+        if not _is_loopback(host):
+            raise BadFlag(
+                "--token-file",
+                f"--host {host} is beyond loopback, so clients must send a token: put one in a file "
+                "(e.g. `openssl rand -hex 32 > ~/.config/jailbox/mcp-token; chmod 600 ~/.config/jailbox/mcp-token`) "
+                "and pass --token-file ~/.config/jailbox/mcp-token",
+            )
+        return None
+    try:
+        token = Path(token_file).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadFlag("--token-file", f"cannot read {token_file}: {exc}") from None
+    if len(token) < MIN_TOKEN or any(c.isspace() or not c.isprintable() for c in token):
+        raise BadFlag(
+            "--token-file",
+            f"{token_file} must hold one token of at least {MIN_TOKEN} printable characters, "
+            "e.g. `openssl rand -hex 32`",
+        )
+    return token
+
+
+async def _plain(send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    start = [(b"content-type", b"text/plain; charset=utf-8"), *(headers or [])]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": text.encode() + b"\n"})
+
+
+class Gate:
+    """The HTTP server's outer layer: checks the token, turns the sessionless protocol era away, counts
+    each session's requests (so an idle session can be ended), and ends a session's sandboxes once
+    the client has ended it."""
+
+    def __init__(self, app: App, held: Sandboxes, token: str | None) -> None:
+        self.app = app
+        self.held = held
+        self.expected = f"Bearer {token}".encode() if token is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        if self.expected is not None and not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            await _plain(
+                send, 401, "jailbox mcp: send Authorization: Bearer <token>", [(b"www-authenticate", b"Bearer")]
+            )
+            return
+        version = headers.get(b"mcp-protocol-version", b"").decode("latin-1")
+        if version and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            # The sessionless (2026) era has nothing for a sandbox to live and die with; refused at
+            # the HTTP layer, a client falls back to the handshake, which opens a session.
+            await _plain(send, 400, f"jailbox mcp serves sessions: use one of {', '.join(HANDSHAKE_PROTOCOL_VERSIONS)}")
+            return
+        key = headers.get(SESSION_HEADER.encode(), b"").decode("latin-1") or None
+        status = 0
+
+        async def watched(message: MutableMapping[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        if key is None:
+            await self.app(scope, receive, watched)
+            return
+        self.held.began(key)
+        try:
+            await self.app(scope, receive, watched)
+        finally:
+            self.held.finished(key)
+        if scope.get("method") == "DELETE" and 200 <= status < 300:
+            await self.held.end(key)
+
+
+def _security(host: str) -> TransportSecuritySettings:
+    """Host and Origin headers this server answers to: its own address (and localhost's names on loopback)."""
+    shown = f"[{host}]" if ":" in host else host
+    hosts = {f"{shown}:*"}
+    if _is_loopback(host):
+        hosts |= {"127.0.0.1:*", "localhost:*", "[::1]:*"}
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=sorted(hosts),
+        allowed_origins=sorted(f"http://{h}" for h in hosts),
+    )
+
+
+async def _closed(held: Sandboxes) -> None:
+    """``held.close()`` run to the end even if the server is cancelled meanwhile (a second signal, the
+    client's SIGTERM after closing the pipe): the cancellation is passed on once nothing is left."""
+    task = asyncio.ensure_future(held.close())
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+async def _die_of(held: Sandboxes, sig: int) -> None:
+    await _closed(held)
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+
+
+async def _serve_stdio(options: Options) -> None:
+    held = Sandboxes(options)
+    server = build(options, held, http=False)
+    # The SDK reads stdin in a thread that no cancellation reaches while the client keeps the pipe
+    # open, so a signal is not turned into a cancellation: the sandboxes are closed, then the
+    # process dies of the signal it got.
+    stopping: set[asyncio.Task[None]] = set()  # held here: the loop keeps only weak references to tasks
+
+    def stop(sig: int) -> None:
+        stopping.add(asyncio.ensure_future(_die_of(held, sig)))
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        await server.run_stdio_async()
+    finally:
+        await _closed(held)
+
+
+async def _serve_http(options: Options, host: str, port: int, token: str | None) -> None:
+    import uvicorn
+
+    held = Sandboxes(options)
+    server = build(options, held, http=True)
+    app = server.streamable_http_app(
+        host=host,
+        transport_security=_security(host),
+        session_idle_timeout=options.idle_timeout,
+        max_request_body_size=options.max_file * 4 // 3 + (64 << 10),  # a base64 write_file and its envelope
+    )
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise BadFlag("--port", f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"jailbox mcp: streamable HTTP at http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
+    config = uvicorn.Config(Gate(app, held, token), log_level="warning", lifespan="on")
+    # uvicorn stops gracefully on SIGINT and SIGTERM while it serves, then raises the signal again for
+    # the handler it found: this one, which ends the serving task; before and after, the same handler
+    # stops it. Either way the sandboxes are closed below.
+    serving = asyncio.current_task()
+    assert serving is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, serving.cancel)
+    reaper = asyncio.ensure_future(held.reap_idle(options.idle_timeout))
+    try:
+        await uvicorn.Server(config).serve(sockets=[sock])
+    finally:
+        reaper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reaper
+        sock.close()
+        await _closed(held)
+
+
+def main(
+    http: bool = False,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    token_file: str | None = None,
+    options: Options | None = None,
+) -> None:
+    """Serve until the client goes (stdio) or the process is stopped (SIGINT, SIGTERM; uvicorn stops
+    the HTTP server gracefully, the stdio server dies of the signal); every sandbox is closed first."""
+    options = options or Options()
+    if not http:
+        if token_file is not None or host != "127.0.0.1" or port != 8000:
+            raise BadFlag("--http", "--host, --port and --token-file are for HTTP: add --http, e.g. jailbox mcp --http")
+        asyncio.run(_serve_stdio(options))
+    else:
+        token = read_token(token_file, host)
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(_serve_http(options, host, port, token))

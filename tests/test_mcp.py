@@ -1,0 +1,415 @@
+"""``jailbox mcp``: a real MCP client (the ``mcp`` SDK's stdio and streamable HTTP clients) drives
+real jails through ``jailbox mcp`` started as a subprocess; sandboxes end with their session."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from conftest import jail_processes
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+TOOLS = {"create_sandbox", "run_command", "read_file", "write_file", "list_sandboxes", "kill_sandbox"}
+SERVER = [sys.executable, "-m", "jailbox.cli", "mcp"]
+
+
+def _sandbox_dirs(state: Path) -> list[str]:
+    top = state / "sandboxes"
+    return sorted(p.name for p in top.iterdir()) if top.is_dir() else []
+
+
+def _wait_until(check: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout  # a hang guard, not a bound under test
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return check()
+
+
+async def _call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await session.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return dict(result.structured_content)
+
+
+async def _error(session: ClientSession, tool: str, **arguments: Any) -> str:
+    result = await session.call_tool(tool, arguments)
+    assert result.is_error, result
+    text = result.content[0].text
+    assert "\n" not in text
+    return text
+
+
+@asynccontextmanager
+async def _stdio(*flags: str) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=SERVER[0], args=[*SERVER[1:], *flags], env=dict(os.environ))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+class HttpServer:
+    """``jailbox mcp --http --port 0`` as a subprocess; ``url`` is where it listens."""
+
+    def __init__(self, *flags: str) -> None:
+        self.proc = subprocess.Popen([*SERVER, "--http", "--port", "0", *flags], stderr=subprocess.PIPE, text=True)
+        assert self.proc.stderr is not None
+        line = self.proc.stderr.readline()
+        found = re.search(r"(http://\S+/mcp)", line)
+        assert found, line
+        self.url = found.group(1)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            self.proc.kill()
+            self.proc.wait()
+            assert self.proc.stderr is not None
+            self.proc.stderr.close()
+
+
+@asynccontextmanager
+async def _http(url: str, token: str | None = None) -> AsyncIterator[ClientSession]:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60, read=120)) as client,
+        streamable_http_client(url, http_client=client) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def _pid_ns(session: ClientSession, sandbox_id: str) -> str:
+    out = await _call(session, "run_command", sandbox_id=sandbox_id, command="readlink /proc/self/ns/pid")
+    assert out["exit_code"] == 0, out
+    return out["stdout"].strip()
+
+
+async def _exercise(session: ClientSession) -> None:
+    """Every tool once, the way a client uses them."""
+    tools = await session.list_tools()
+    assert {t.name for t in tools.tools} == TOOLS
+    made = await _call(session, "create_sandbox")
+    sid = made["sandbox_id"]
+    assert made["template"] == "host"
+    ran = await _call(session, "run_command", sandbox_id=sid, command="echo out; echo err >&2; exit 3")
+    assert (ran["exit_code"], ran["stdout"], ran["stderr"], ran["timed_out"]) == (3, "out\n", "err\n", False)
+    slow = await _call(session, "run_command", sandbox_id=sid, command="sleep 60", timeout=1)
+    assert slow["timed_out"] is True
+    assert (await _call(session, "write_file", sandbox_id=sid, path="/tmp/a/note.txt", content="héllo\n"))["size"] == 7
+    got = await _call(session, "read_file", sandbox_id=sid, path="/tmp/a/note.txt")
+    assert (got["content"], got["encoding"]) == ("héllo\n", "text")
+    ran = await _call(session, "run_command", sandbox_id=sid, command="cat note.txt", cwd="/tmp/a")
+    assert ran["stdout"] == "héllo\n"
+    blob = bytes(range(256))
+    await _call(
+        session, "write_file", sandbox_id=sid, path="b.bin", content=base64.b64encode(blob).decode(), encoding="base64"
+    )
+    got = await _call(session, "read_file", sandbox_id=sid, path="b.bin", encoding="base64")
+    assert base64.b64decode(got["content"]) == blob
+    assert "base64" in await _error(session, "read_file", sandbox_id=sid, path="b.bin")
+    listed = await _call(session, "list_sandboxes")
+    assert [s["sandbox_id"] for s in listed["sandboxes"]] == [sid]
+    assert (await _call(session, "kill_sandbox", sandbox_id=sid))["killed"] is True
+    assert "no sandbox" in await _error(session, "run_command", sandbox_id=sid, command="true")
+    assert (await _call(session, "list_sandboxes"))["sandboxes"] == []
+
+
+def test_stdio_session_lists_tools_runs_commands_and_moves_files(_state_dir):
+    asyncio.run(_exercise_stdio())
+    assert _sandbox_dirs(_state_dir) == []
+
+
+async def _exercise_stdio() -> None:
+    async with _stdio() as session:
+        await _exercise(session)
+
+
+def test_streamable_http_session_runs_the_same_tools(_state_dir):
+    server = HttpServer()
+    try:
+        assert server.url.startswith("http://127.0.0.1:")
+
+        async def scenario() -> None:
+            async with _http(server.url) as session:
+                await _exercise(session)
+
+        asyncio.run(scenario())
+    finally:
+        assert server.stop() == 0
+    assert _sandbox_dirs(_state_dir) == []
+
+
+def test_bad_arguments_get_one_line_naming_the_field_and_an_example():
+    async def scenario() -> None:
+        async with _stdio() as session:
+            for tool, arguments, field in [
+                ("create_sandbox", {"network": "bogus"}, "network"),
+                ("create_sandbox", {"network": "host"}, "network"),  # off unless --allow-host-network
+                ("create_sandbox", {"template": "/etc"}, "template"),
+                ("create_sandbox", {"template": "../x"}, "template"),
+                ("create_sandbox", {"template": "tests"}, "template"),  # a directory where the server runs
+                ("create_sandbox", {"template": "~"}, "template"),
+                ("create_sandbox", {"template": "no-such-image"}, "template"),
+                ("create_sandbox", {"memory": "lots"}, "memory"),
+                ("create_sandbox", {"pids": "many"}, "pids"),
+                ("create_sandbox", {"cpus": -1}, "cpus"),
+                ("run_command", {"sandbox_id": "nope", "command": "true"}, "sandbox_id"),
+                ("read_file", {"sandbox_id": "../../etc", "path": "/x"}, "sandbox_id"),
+                ("kill_sandbox", {"sandbox_id": "nope"}, "sandbox_id"),
+                ("run_command", {"sandbox_id": "x"}, "command"),
+            ]:
+                text = await _error(session, tool, **arguments)
+                assert text.startswith(f"{tool}: {field}"), text
+                assert "e.g." in text or "list_sandboxes" in text, text
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            for arguments, field in [
+                ({"command": "true", "timeout": "soon"}, "timeout"),
+                ({"command": "true", "timeout": 0}, "timeout"),
+                ({"command": "true", "timeout": 10**9}, "timeout"),
+                ({"command": "   "}, "command"),
+            ]:
+                text = await _error(session, "run_command", sandbox_id=sid, **arguments)
+                assert text.startswith(f"run_command: {field}"), text
+            text = await _error(session, "read_file", sandbox_id=sid, path="/a/../../etc/passwd")
+            assert text.startswith("read_file: path"), text
+            text = await _error(session, "write_file", sandbox_id=sid, path="x", content="!!", encoding="base64")
+            assert text.startswith("write_file: content"), text
+
+    asyncio.run(scenario())
+
+
+def test_outputs_and_files_are_bounded():
+    async def scenario() -> None:
+        async with _stdio() as session:
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            big = await _call(session, "run_command", sandbox_id=sid, command="head -c 3000000 /dev/zero | tr '\\0' a")
+            assert big["exit_code"] == 0
+            assert len(big["stdout"]) <= (64 << 10) + 200 and big["stdout_dropped"] >= 3000000 - (64 << 10)
+            await _call(session, "run_command", sandbox_id=sid, command="head -c 2000000 /dev/zero > /tmp/big")
+            assert "read_file:" in await _error(session, "read_file", sandbox_id=sid, path="/tmp/big")
+            too_big = "a" * ((1 << 20) + 1)
+            assert (await _error(session, "write_file", sandbox_id=sid, path="/tmp/w", content=too_big)).startswith(
+                "write_file: content"
+            )
+            encoded = base64.b64encode(b"a" * ((1 << 20) + 1)).decode()
+            text = await _error(
+                session, "write_file", sandbox_id=sid, path="/tmp/w", content=encoded, encoding="base64"
+            )
+            assert text.startswith("write_file: content")
+            ran = await _call(session, "run_command", sandbox_id=sid, command="test -e /tmp/w || echo absent")
+            assert ran["stdout"] == "absent\n"
+
+    asyncio.run(scenario())
+
+
+def test_sandboxes_per_session_are_capped():
+    async def scenario() -> None:
+        async with _stdio("--max-sandboxes", "2") as session:
+            await _call(session, "create_sandbox")
+            await _call(session, "create_sandbox")
+            assert "--max-sandboxes" in await _error(session, "create_sandbox")
+
+    asyncio.run(scenario())
+
+
+def test_stdio_client_going_away_ends_its_sandboxes(_state_dir):
+    """Two ways a stdio client goes: it closes the session (pipe closed), or it is killed mid-command."""
+    namespaces: list[str] = []
+
+    async def closes() -> None:
+        async with _stdio() as session:
+            for _ in range(2):
+                sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+                await _call(session, "run_command", sandbox_id=sid, command="sleep 1000 >/dev/null 2>&1 &")
+                namespaces.append(await _pid_ns(session, sid))
+            assert len(_sandbox_dirs(_state_dir)) == 2
+
+    asyncio.run(closes())
+    for ns in namespaces:
+        assert _wait_until(lambda ns=ns: jail_processes(ns) == []), ns
+    assert _wait_until(lambda: _sandbox_dirs(_state_dir) == [])
+
+    async def cancelled_mid_command() -> None:
+        async with _stdio() as session:
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            namespaces.append(await _pid_ns(session, sid))
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(2):
+                    await session.call_tool("run_command", {"sandbox_id": sid, "command": "sleep 1000"})
+
+    asyncio.run(cancelled_mid_command())
+    assert _wait_until(lambda: jail_processes(namespaces[-1]) == [])
+    assert _wait_until(lambda: _sandbox_dirs(_state_dir) == [])
+
+
+def _rpc(proc: subprocess.Popen[str], message: dict[str, Any]) -> dict[str, Any] | None:
+    """One JSON-RPC line to a stdio server; its answer, for a request."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+    proc.stdin.flush()
+    if "id" not in message:
+        return None
+    while True:
+        answer = json.loads(proc.stdout.readline())
+        if answer.get("id") == message["id"]:
+            return answer
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stdio_server_stopped_by_a_signal_ends_its_sandboxes(_state_dir, sig):
+    """The client still connected, the server is told to stop: it closes every sandbox, then dies of the signal."""
+    proc = subprocess.Popen(SERVER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        assert "result" in (_rpc(proc, {"id": 1, "method": "initialize", "params": hello}) or {})
+        _rpc(proc, {"method": "notifications/initialized"})
+        for n in (2, 3):
+            made = _rpc(proc, {"id": n, "method": "tools/call", "params": {"name": "create_sandbox", "arguments": {}}})
+            assert made is not None and not made["result"].get("isError"), made
+        assert len(_sandbox_dirs(_state_dir)) == 2
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == -sig
+        assert _sandbox_dirs(_state_dir) == []  # closed before it died, not by the launcher afterwards
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def _two_sessions(server: HttpServer, state: Path, sig: int) -> str:
+    """A keeper session and another: the other cannot see or touch the keeper's sandbox, and ending
+    it ends its own sandbox only; then the server is stopped with ``sig``, the keeper still open."""
+    async with _http(server.url) as keeper:
+        kept_id = (await _call(keeper, "create_sandbox"))["sandbox_id"]
+        await _call(keeper, "run_command", sandbox_id=kept_id, command="sleep 1000 >/dev/null 2>&1 &")
+        kept_ns = await _pid_ns(keeper, kept_id)
+        async with _http(server.url) as other:
+            assert (await _call(other, "list_sandboxes"))["sandboxes"] == []
+            for tool, extra in [("run_command", {"command": "id"}), ("read_file", {"path": "/etc/hostname"})]:
+                assert "no sandbox" in await _error(other, tool, sandbox_id=kept_id, **extra)
+            assert "no sandbox" in await _error(other, "kill_sandbox", sandbox_id=kept_id)
+            gone_ns = await _pid_ns(other, (await _call(other, "create_sandbox"))["sandbox_id"])
+        assert _wait_until(lambda: jail_processes(gone_ns) == [])
+        assert _wait_until(lambda: len(_sandbox_dirs(state)) == 1)
+        alive = await _call(keeper, "run_command", sandbox_id=kept_id, command="echo alive")
+        assert alive["stdout"] == "alive\n"
+        assert server.stop(sig) == 0  # with the keeper's session still open
+        assert _sandbox_dirs(state) == []  # closed before it exited, not by the launcher afterwards
+    return kept_ns
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_http_sessions_own_their_sandboxes_and_end_them(_state_dir, sig):
+    """Over HTTP: a sandbox is invisible to another session; ending a session (the client's DELETE)
+    ends its sandboxes and no other's; stopping the server ends the rest."""
+    server = HttpServer()
+    try:
+        kept_ns = asyncio.run(_two_sessions(server, _state_dir, sig))
+    finally:
+        if server.proc.returncode is None:
+            server.stop(signal.SIGKILL)
+    assert _wait_until(lambda: jail_processes(kept_ns) == [])
+    assert _sandbox_dirs(_state_dir) == []
+
+
+def test_http_client_that_goes_without_ending_its_session_loses_its_sandboxes_when_idle(_state_dir):
+    """A client that vanishes (no DELETE) loses its sandboxes once its session is idle; one whose
+    command outlasts the idle time keeps its own."""
+    server = HttpServer("--idle-timeout", "2")
+
+    async def vanish() -> str:
+        async with (
+            httpx2.AsyncClient(timeout=60) as client,
+            streamable_http_client(server.url, http_client=client, terminate_on_close=False) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            return await _pid_ns(session, (await _call(session, "create_sandbox"))["sandbox_id"])
+
+    async def busy() -> None:
+        async with _http(server.url) as session:
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            slow = await _call(session, "run_command", sandbox_id=sid, command="sleep 5; echo done", timeout=30)
+            assert slow["stdout"] == "done\n"  # a command in flight is not idleness
+            assert (await _call(session, "run_command", sandbox_id=sid, command="echo still"))["stdout"] == "still\n"
+
+    try:
+        ns = asyncio.run(vanish())
+        assert _wait_until(lambda: jail_processes(ns) == [])
+        assert _wait_until(lambda: _sandbox_dirs(_state_dir) == [])
+        asyncio.run(busy())
+    finally:
+        assert server.stop() == 0
+    assert _sandbox_dirs(_state_dir) == []
+
+
+def test_http_beyond_loopback_needs_a_token_and_checks_it(tmp_path):
+    refused = subprocess.run([*SERVER, "--http", "--host", "0.0.0.0", "--port", "0"], capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("jailbox: --token-file:") and refused.stderr.count("\n") == 1
+    weak = tmp_path / "weak"
+    weak.write_text("short\n")
+    refused = subprocess.run(
+        [*SERVER, "--http", "--host", "0.0.0.0", "--port", "0", "--token-file", str(weak)],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2 and "--token-file" in refused.stderr
+    assert subprocess.run([*SERVER, "--port", "9"], capture_output=True, text=True).returncode == 2
+
+    token = "t0ken-" + "x" * 26
+    good = tmp_path / "token"
+    good.write_text(token + "\n")
+    server = HttpServer("--token-file", str(good))
+    try:
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        for headers in [
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": token},
+            {"Authorization": f"Bearer {token}x"},
+        ]:
+            response = httpx2.post(
+                server.url, json=hello, headers={"Accept": "application/json, text/event-stream", **headers}
+            )
+            assert response.status_code == 401, headers
+
+        async def scenario() -> None:
+            async with _http(server.url, token) as session:
+                sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+                assert (await _call(session, "run_command", sandbox_id=sid, command="echo ok"))["stdout"] == "ok\n"
+
+        asyncio.run(scenario())
+    finally:
+        assert server.stop() == 0
+
+
+def test_dns_rebinding_is_refused_on_loopback():
+    server = HttpServer()
+    try:
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        for headers in [{"Host": "evil.example"}, {"Origin": "http://evil.example"}]:
+            response = httpx2.post(server.url, content=json.dumps(hello), headers={**accept, **headers})
+            assert response.status_code in (403, 421), (headers, response.status_code)
+    finally:
+        assert server.stop() == 0
