@@ -1250,7 +1250,7 @@ def cp(src: str, dst: str) -> None:
 @click.option("--port", type=click.IntRange(0, 65535), default=49982, show_default=True)
 @click.option(
     "--api-key-file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(dir_okay=False),
     help="keys, one a line (default: made on first start)",
 )
 @click.option("--max-sandboxes", type=click.IntRange(min=1), default=64, show_default=True)
@@ -1268,7 +1268,7 @@ def cp(src: str, dst: str) -> None:
 def serve_cmd(
     host: str,
     port: int,
-    api_key_file: Path | None,
+    api_key_file: str | None,
     max_sandboxes: int,
     max_per_key: int,
     timeout: int,
@@ -1282,6 +1282,8 @@ def serve_cmd(
     Example:
       jailbox serve --port 49982
     """
+    from pathlib import Path
+
     from .sandbox.serve.keys import KeyFileError
 
     try:
@@ -1289,7 +1291,8 @@ def serve_cmd(
     except ModuleNotFoundError as exc:  # protobuf comes with the serve extra only
         raise click.ClickException(f"jailbox serve needs {exc.name}: pip install 'jailbox[serve]'") from None
     try:
-        run(host, port, api_key_file, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose)
+        keys = Path(api_key_file) if api_key_file is not None else None
+        run(host, port, keys, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose)
     except (KeyFileError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -31,13 +31,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
-
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
 from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import BaseModel, Field, ValidationError
 
 from ..aio import AsyncSandbox
 from ..config import Limits, SandboxConfig
