@@ -206,9 +206,8 @@ def test_reference_readme_command_lines_run_unchanged(tmp_path, line):
         first = server.requests[0]
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().splitlines()[-1].startswith("submitted:")
-    assert (
-        tmp_path / "output" / "hello.py"
-    ).read_text() == "print(1)\n"  # create adds the newline, as the reference's does
+    [run] = (tmp_path / "output").iterdir()  # the reference's layout: output/YYYYMMDD_HHMMSS/files
+    assert (run / "files" / "hello.py").read_text() == "print(1)\n"  # create adds the newline, as the reference's
     model = argv[argv.index("--llm_name") + 1]
     assert first.json["model"] == model.removeprefix("openai/")
     if "--api_key" in argv:
