@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 from urllib.parse import urlsplit
@@ -524,7 +524,7 @@ def run_cmd(
     from .agent.inputs import InputDirError
     from .agent.llm import LLMConfig, Retry
     from .agent.loop import AgentConfig
-    from .agent.run import FILES, check_copy_out, default_rootfs, fresh_dir, run_task
+    from .agent.run import FILES, check_copy_out, fresh_dir, run_task
     from .sandbox.config import Limits
 
     with _fed_by("--query"):
@@ -577,7 +577,7 @@ def run_cmd(
     with _fed_by("--output-dir"):
         run_dir = fresh_dir(Path(output_dir))
     if not quiet and not as_json:
-        click.echo(f"jailbox: recording into {run_dir} (rootfs {sandbox.rootfs}, network {network})", err=True)
+        click.echo(f"Recording into {run_dir} (rootfs {sandbox.rootfs}, network {network})", err=True)
     started, tokens = time.monotonic(), [0]
 
     def show(step: Any) -> None:
@@ -622,10 +622,12 @@ def run_cmd(
             outputs=FILES,
         )
     except InputDirError as exc:
-        run_dir.rmdir()  # made for this run and still empty: the copy comes before anything is recorded
+        _drop_if_empty(run_dir)
         _flag_error("--input-dir", str(exc))
     except SandboxError as exc:
-        click.echo(f"jailbox: {exc}", err=True)
+        _drop_if_empty(run_dir)
+        hint = " (or --network none: run's default is full)" if str(exc).startswith("network 'full'") else ""
+        click.echo(f"jailbox: {exc}{hint}", err=True)
         sys.exit(125)
     summary = {
         "exit_status": trajectory.exit_status,
@@ -645,6 +647,12 @@ def run_cmd(
     if trajectory.exit_status == "llm_error":
         click.echo(f"jailbox: {trajectory.error}; {llm_advice(trajectory.error or '', llm.base_url)}", err=True)
     sys.exit(0 if trajectory.exit_status == "submitted" else 1)
+
+
+def _drop_if_empty(run_dir: Path) -> None:
+    """A run directory the run never recorded into (no jail, or its input refused) is not left behind."""
+    with suppress(OSError):
+        run_dir.rmdir()
 
 
 # litellm's provider prefixes as the reference passes model names through it: the prefix picks the API (these
@@ -715,6 +723,14 @@ def _run_settings(path: str | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise click.UsageError(f"--settings {path}: expected a YAML mapping, e.g. 'llm_name: openai/gpt-4o'")
     return {key: str(value) for key, value in data.items() if value not in (None, "")}
+
+
+def default_rootfs() -> str:
+    """What ``run``, ``bench`` and ``replay`` start from unless told: the paper's environment (``default``, the
+    name ``jailbox rootfs build`` gives the default recipe's tree) when the store holds it, else the host's."""
+    from .sandbox.rootfs.store import Store
+
+    return "default" if Store().get("default") is not None else "host"
 
 
 def _docker_image(ref: str, quiet: bool) -> str:
@@ -802,7 +818,7 @@ def bench_cmd(
     from .agent.loop import AgentConfig
     from .agent.progress import Progress
     from .agent.report import common_failure, write_summary
-    from .agent.run import check_copy_out, default_rootfs
+    from .agent.run import check_copy_out
     from .agent.scoring import load_scorers
     from .agent.tasks import load_tasks, read_results
 
@@ -913,7 +929,6 @@ def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None,
     from .agent.inputs import InputDirError
     from .agent.replay import VERDICTS, StepDiff
     from .agent.replay import replay as run_replay
-    from .agent.run import default_rootfs
 
     config = _config(**{**jail, "rootfs": jail["rootfs"] or default_rootfs()})
     runs: list[tuple[str, list[StepDiff]]] = []

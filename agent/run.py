@@ -20,7 +20,6 @@ from typing import Any
 
 from ..sandbox import Sandbox, SandboxConfig, hostfs
 from ..sandbox.errors import SandboxError
-from ..sandbox.rootfs.store import Store
 from . import inputs
 from .llm import LLMClient, LLMConfig, Retry
 from .loop import Agent, AgentConfig, ChatModel
@@ -33,15 +32,6 @@ REFERENCE_TRAJECTORY = "trajectory.reference.json"
 ANSWER = "answer.txt"
 FILES = "files"
 """Where ``jailbox run`` puts the answer and the ``copy_out`` paths in a run's directory, as the reference does."""
-PAPER_ROOTFS = "default"
-"""The store name ``jailbox rootfs build`` gives the default recipe's tree: the paper's environment."""
-DEFAULT_NETWORK = "full"
-"""The reference's network, the internet, minus what Docker's bridge would reach: the host and its LAN."""
-
-
-def default_rootfs() -> str:
-    """The paper's environment when the store holds it, else the host's own filesystem."""
-    return PAPER_ROOTFS if Store().get(PAPER_ROOTFS) is not None else "host"
 
 
 def fresh_dir(parent: Path) -> Path:

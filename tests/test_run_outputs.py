@@ -19,9 +19,10 @@ from llm_server import ScriptedServer, Step, reply
 
 from jailbox.agent import inputs
 from jailbox.agent.environment import Environment
-from jailbox.agent.run import FILES, REFERENCE_TRAJECTORY, TRAJECTORY, default_rootfs
+from jailbox.agent.run import FILES, REFERENCE_TRAJECTORY, TRAJECTORY
 from jailbox.agent.tasks import Task
 from jailbox.agent.trajectory import load as load_trajectory
+from jailbox.cli import default_rootfs
 from jailbox.sandbox import Sandbox, SandboxConfig
 
 ROOT = Path(__file__).resolve().parent.parent
