@@ -74,7 +74,7 @@ class Trajectory(BaseModel):
         """Write to a temporary file and rename, through ``hostfs`` (a link left in ``path``'s directory is
         replaced, never written through): a reader never sees a half-written file."""
         with hostfs.Destination(path.parent) as out:
-            out.replace(path.name, self.model_dump_json(indent=1).encode())
+            out.replace(path.name, _json_bytes(self.model_dump(mode="json"), indent=1))
 
     def reference(self) -> dict[str, Any]:
         """The run in the reference package's format: ``problem_statement``, ``steps`` of ``thought``,
@@ -101,9 +101,17 @@ class Trajectory(BaseModel):
 
     def save_reference(self, path: Path) -> None:
         """``reference()`` written as ``save`` writes the record (atomically, through ``hostfs``)."""
-        data = json.dumps(self.reference(), indent=2, ensure_ascii=False).encode()
         with hostfs.Destination(path.parent) as out:
-            out.replace(path.name, data)
+            out.replace(path.name, _json_bytes(self.reference(), indent=2))
+
+
+def _json_bytes(value: Any, indent: int) -> bytes:
+    """UTF-8 JSON; all-ASCII escapes when a string holds a lone surrogate (a server may send ``"\\ud800"``,
+    which no UTF-8 encoder takes), so such a reply is recorded, not fatal, and reads back as it came."""
+    try:
+        return json.dumps(value, indent=indent, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, indent=indent).encode()
 
 
 def load(path: str | Path) -> Trajectory:

@@ -269,3 +269,20 @@ def test_the_environments_submit_schema_follows_the_tasks_prompt_config(tmp_path
             assert answer in submit_text(env) and "/testbed/output/answer.txt" not in submit_text(env)
             env.step("execute_bash", {"command": f"echo 1 > {answer}"})
             assert env.step("submit", {}).reward == 1.0
+
+
+def test_a_reply_holding_lone_surrogates_is_recorded_in_both_formats_not_fatal(tmp_path):
+    """JSON may escape a lone surrogate (``"\\ud800"``), which no UTF-8 encoder takes: in the text and in the
+    reasoning of the reply that submits, the run still ends submitted, and both records read back as sent."""
+    submit = {"id": "s", "type": "function", "function": {"name": "submit", "arguments": "{}"}}
+    message = {"role": "assistant", "content": "bad \ud800 text", "reasoning_content": "odd \udfff"}
+    message["tool_calls"] = [submit]
+    body = json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}).encode()
+    with ScriptedServer([Step(raw=body)]) as scripted:
+        result = jailbox_run(scripted, tmp_path / "out", "x", "--network", "none")
+    directory = run_dir(result)
+    assert json.loads(result.stdout)["exit_status"] == "submitted"
+    saved = load_trajectory(directory / TRAJECTORY)
+    assert (saved.steps[0].thought, saved.steps[0].reasoning) == ("bad \ud800 text", "odd \udfff")
+    ours = json.loads((directory / REFERENCE_TRAJECTORY).read_text())
+    assert (ours["steps"][0]["thought"], ours["steps"][0]["reasoning_content"]) == ("bad \ud800 text", "odd \udfff")
