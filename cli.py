@@ -924,7 +924,7 @@ def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None,
 
     \b
     Example:
-      jailbox replay out/trajectory.json --rootfs default --input_dir task/input
+      jailbox replay out/20260101_120000/trajectory.json --input_dir task/input
     """
     from .agent.inputs import InputDirError
     from .agent.replay import VERDICTS, StepDiff
