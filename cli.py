@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import click
@@ -22,6 +22,8 @@ from . import __version__
 from .sandbox.errors import SandboxError  # stdlib only, and every command catches it
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .sandbox import SandboxConfig
     from .sandbox.execution import ExecRun
 
@@ -29,8 +31,16 @@ TIMEOUT_EXIT = 124
 PIPED_EVERY = 25  # rootfs build, piped: a progress line every this many packages
 SHELL = "command -v bash >/dev/null 2>&1 && exec bash -l || exec sh -l"
 COPY_OUT_HELP = (
-    "Also copy PATH (relative to the jail's output directory) into OUTPUT_DIR beside answer.txt (repeatable); "
+    "Also copy PATH (relative to the jail's output directory) out beside answer.txt (repeatable); "
     "nothing else the jail writes leaves it."
+)
+ROOTFS_DEFAULT_HELP = (
+    '"host", a stored name or a directory [default: the paper\'s environment, "default" from jailbox rootfs build, '
+    'when stored; else "host"].'
+)
+RUN_NETWORK_HELP = (
+    "full (the default: the internet, as the reference's Docker bridge gives, but never the host or its LAN; "
+    "needs slirp4netns), none to lock down, host (unconfined), or allow:RULES through jailbox's proxy."
 )
 SETTINGS_HELP = "YAML with defaults for llm_name, llm_base_url, api_key and prompt_config (the reference's)."
 NETWORK_HELP = (
@@ -163,14 +173,19 @@ def _cap_options(func: Any) -> Any:
     return click.option("--cap-add", "cap_add", multiple=True, metavar="NAME", help=CAP_HELP.format("gains"))(func)
 
 
-def _jail_options(func: Any) -> Any:
+def _agent_jail_options(func: Any) -> Any:
+    """``_jail_options`` with the agent commands' defaults: the paper's environment and network."""
+    return _jail_options(func, rootfs=None, network="full")
+
+
+def _jail_options(func: Any, rootfs: str | None = "host", network: str = "none") -> Any:
     options = [
         _cap_options,
         click.option(
             "--rootfs",
-            default="host",
-            show_default=True,
-            help='"host", a stored name (jailbox rootfs list) or a directory.',
+            default=rootfs,
+            show_default=rootfs is not None,
+            help='"host", a stored name (jailbox rootfs list) or a directory.' if rootfs else ROOTFS_DEFAULT_HELP,
         ),
         click.option(
             "--bind",
@@ -181,7 +196,13 @@ def _jail_options(func: Any) -> Any:
         ),
         click.option("--workdir", default=None, help="Working directory inside [default: the image's, else /testbed]."),
         click.option("--env", "envs", multiple=True, metavar="K=V", help="Set a variable inside (repeatable)."),
-        click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP),
+        click.option(
+            "--network",
+            default=network,
+            show_default=True,
+            metavar="MODE",
+            help=NETWORK_HELP if network == "none" else RUN_NETWORK_HELP,
+        ),
         click.option(
             "--publish",
             "publishes",
@@ -443,8 +464,21 @@ def _trim(text: str, limit: int = 600) -> str:
     help="Endpoint, e.g. http://localhost:8000/v1 (default $OPENAI_BASE_URL or $LLM_BASE_URL).",
 )
 @click.option("--api-key", "--api_key", default=None, help="Default $OPENAI_API_KEY.")
-@click.option("--input-dir", "--input_dir", type=click.Path(exists=True, file_okay=False), default=None)
-@click.option("--output-dir", "--output_dir", type=click.Path(file_okay=False), default="./output", show_default=True)
+@click.option(
+    "--input-dir",
+    "--input_dir",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Copied into the jail's input directory (writable there), at most 1 GiB.",
+)
+@click.option(
+    "--output-dir",
+    "--output_dir",
+    type=click.Path(file_okay=False),
+    default="./output",
+    show_default=True,
+    help="Each run records into a new OUTPUT_DIR/YYYYMMDD_HHMMSS/ (answer and copies in its files/).",
+)
 @click.option("--prompt-config", "--prompt_config", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--temperature", type=float, default=1.0, show_default=True)
 @click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
@@ -475,7 +509,7 @@ def _trim(text: str, limit: int = 600) -> str:
 )
 @click.option("--time-limit", "--time_limit", type=float, default=None, help="Seconds of wall time for the run.")
 @click.option("--text-mode", is_flag=True, help="For models without tool calling: one fenced action per reply.")
-@click.option("--rootfs", default=None, help='"host", a stored name or a directory [default: host].')
+@click.option("--rootfs", default=None, help=ROOTFS_DEFAULT_HELP)
 @click.option(
     "--docker-image",
     "--docker_image",
@@ -491,7 +525,7 @@ def _trim(text: str, limit: int = 600) -> str:
     is_flag=True,
     help="Accepted for the reference's command lines; trajectory.json already holds every reply.",
 )
-@click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
+@click.option("--network", default="full", show_default=True, metavar="MODE", help=RUN_NETWORK_HELP)
 @click.option("--memory", default=None, help="Memory cap for the jail, e.g. 4G.")
 @_cap_options
 @click.option("--copy-out", "--copy_out", "copy_out", multiple=True, metavar="PATH", help=COPY_OUT_HELP)
@@ -533,9 +567,10 @@ def run_cmd(
                   --llm-base-url http://localhost:8000/v1 --output-dir ./out
     """
     from .agent import prompts as prompt_configs
+    from .agent.inputs import InputDirError
     from .agent.llm import LLMConfig, Retry
     from .agent.loop import AgentConfig
-    from .agent.run import check_copy_out, run_task
+    from .agent.run import FILES, check_copy_out, fresh_dir, run_task
     from .sandbox import Limits, SandboxConfig
 
     with _fed_by("--query"):
@@ -571,7 +606,7 @@ def run_cmd(
         llm = LLMConfig(**llm_fields)
         limits = Limits(memory=memory) if memory else Limits()
         sandbox = SandboxConfig(
-            rootfs=rootfs or "host", network=network, limits=limits, cap_add=cap_add, cap_drop=cap_drop
+            rootfs=rootfs or default_rootfs(), network=network, limits=limits, cap_add=cap_add, cap_drop=cap_drop
         )
         agent = AgentConfig(
             max_steps=max_steps,
@@ -590,6 +625,10 @@ def run_cmd(
     import json
     from pathlib import Path
 
+    with _fed_by("--output-dir"):
+        run_dir = fresh_dir(Path(output_dir))
+    if not quiet and not as_json:
+        click.echo(f"Recording into {run_dir} (rootfs {sandbox.rootfs}, network {network})", err=True)
     started, tokens = time.monotonic(), [0]
 
     def show(step: Any) -> None:
@@ -623,7 +662,7 @@ def run_cmd(
         trajectory = run_task(
             query,
             llm,
-            Path(output_dir),
+            run_dir,
             input_dir=Path(input_dir) if input_dir else None,
             prompts=prompts,
             agent=agent,
@@ -631,9 +670,15 @@ def run_cmd(
             on_step=None if quiet or as_json else show,
             copy_out=copy_out,
             on_retry=None if quiet else retrying,
+            outputs=FILES,
         )
+    except InputDirError as exc:
+        _drop_if_empty(run_dir)
+        _flag_error("--input-dir", str(exc))
     except SandboxError as exc:
-        click.echo(f"jailbox: {exc}", err=True)
+        _drop_if_empty(run_dir)
+        hint = " (or --network none: run's default is full)" if str(exc).startswith("network 'full'") else ""
+        click.echo(f"jailbox: {exc}{hint}", err=True)
         sys.exit(125)
     summary = {
         "exit_status": trajectory.exit_status,
@@ -641,7 +686,7 @@ def run_cmd(
         "steps": len(trajectory.steps),
         "tokens": trajectory.prompt_tokens + trajectory.completion_tokens,
         "error": trajectory.error,
-        "output_dir": str(Path(output_dir).resolve()),
+        "output_dir": str(run_dir.resolve()),
     }
     if as_json:
         click.echo(json.dumps(summary))
@@ -653,6 +698,12 @@ def run_cmd(
     if trajectory.exit_status == "llm_error":
         click.echo(f"jailbox: {trajectory.error}; {llm_advice(trajectory.error or '', llm.base_url)}", err=True)
     sys.exit(0 if trajectory.exit_status == "submitted" else 1)
+
+
+def _drop_if_empty(run_dir: Path) -> None:
+    """A run directory the run never recorded into (no jail, or its input refused) is not left behind."""
+    with suppress(OSError):
+        run_dir.rmdir()
 
 
 # litellm's provider prefixes as the reference passes model names through it: the prefix picks the API (these
@@ -728,6 +779,14 @@ def _run_settings(path: str | None) -> dict[str, Any]:
     return {key: str(value) for key, value in data.items() if value not in (None, "")}
 
 
+def default_rootfs() -> str:
+    """What ``run``, ``bench`` and ``replay`` start from unless told: the paper's environment (``default``, the
+    name ``jailbox rootfs build`` gives the default recipe's tree) when the store holds it, else the host's."""
+    from .sandbox.rootfs.store import Store
+
+    return "default" if Store().get("default") is not None else "host"
+
+
 def _docker_image(ref: str, quiet: bool) -> str:
     """The stored rootfs for image REF, pulled first if the store does not hold it (as Docker runs a local image
     without asking the registry); its store name."""
@@ -761,8 +820,8 @@ def _docker_image(ref: str, quiet: bool) -> str:
 )
 @click.option("--overwrite", is_flag=True, help="Move an earlier run in OUTPUT_DIR aside (to OUTPUT_DIR.DATE) first.")
 @click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
-@click.option("--rootfs", default="host", show_default=True)
-@click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
+@click.option("--rootfs", default=None, help=ROOTFS_DEFAULT_HELP)
+@click.option("--network", default="full", show_default=True, metavar="MODE", help=RUN_NETWORK_HELP)
 @_cap_options
 @click.option(
     "--scorer-module",
@@ -801,7 +860,7 @@ def bench_cmd(
     resume: bool,
     overwrite: bool,
     max_steps: int,
-    rootfs: str,
+    rootfs: str | None,
     network: str,
     cap_add: tuple[str, ...],
     cap_drop: tuple[str, ...],
@@ -885,7 +944,7 @@ def bench_cmd(
             LLMConfig(**fields),
             out,
             config,
-            SandboxConfig(rootfs=rootfs, network=network, cap_add=cap_add, cap_drop=cap_drop),
+            SandboxConfig(rootfs=rootfs or default_rootfs(), network=network, cap_add=cap_add, cap_drop=cap_drop),
             AgentConfig(max_steps=max_steps),
             executor=find_executor(executor),
             scorers=scorers,
@@ -924,7 +983,7 @@ def bench_cmd(
 
 @main.command()
 @click.argument("trajectories", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@_jail_options
+@_agent_jail_options
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Per-command timeout.")
 @click.option(
     "--input_dir",
@@ -941,19 +1000,22 @@ def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None,
 
     \b
     Example:
-      jailbox replay out/trajectory.json --rootfs default --input_dir task/input
+      jailbox replay out/20260101_120000/trajectory.json --input_dir task/input
     """
     import json
     from pathlib import Path
 
+    from .agent.inputs import InputDirError
     from .agent.replay import VERDICTS, StepDiff
     from .agent.replay import replay as run_replay
 
-    config = _config(**jail)
+    config = _config(**{**jail, "rootfs": jail["rootfs"] or default_rootfs()})
     runs: list[tuple[str, list[StepDiff]]] = []
     for trajectory in trajectories:
         try:
             runs.append((trajectory, run_replay(trajectory, config, timeout=timeout, input_dir=input_dir)))
+        except InputDirError as exc:
+            _flag_error("--input_dir", str(exc))
         except SandboxError as exc:
             click.echo(f"jailbox: {exc}", err=True)
             sys.exit(125)

@@ -1,7 +1,9 @@
 """A gym-style view of one task in a jail, for RL trainers that drive the model themselves.
 
 ``reset(task)`` gives a fresh jail and the first prompt, ``step(tool, arguments)`` runs one of the
-paper's tools, and the step that submits carries the reward from the task's scorer. The same
+paper's tools, and the step that submits carries the reward from the task's scorer. ``tools_schema`` is
+what ``jailbox run`` offers for the task's prompt config (``PromptConfig.tool_schemas``: ``submit`` names
+that config's answer file), so a trainer sends the model the same schemas. The same
 object may be used from several threads; each environment owns at most one jail at a time.
 
 Runs in the trainer's process. A task is held to the batch's rules: its scorer is one of ``scorers``
@@ -22,7 +24,6 @@ from ..sandbox import Sandbox, SandboxConfig, SandboxPool
 from . import prompts as prompt_configs
 from .loop import read_answer
 from .run import prepare
-from .schemas import TOOL_SCHEMAS
 from .scoring import Scorer, load_scorers, score
 from .tasks import Task, check_task
 from .tools import ToolResult, Tools
@@ -37,8 +38,6 @@ class StepResult(BaseModel):
 
 
 class Environment:
-    tools_schema: list[dict[str, Any]] = TOOL_SCHEMAS
-
     def __init__(
         self,
         sandbox: SandboxConfig | None = None,
@@ -58,6 +57,8 @@ class Environment:
         self._task: Task | None = None
         self._done = True
         self._output_dir = "/testbed/output"
+        self.tools_schema: list[dict[str, Any]] = prompt_configs.PromptConfig().tool_schemas()
+        """The tools for the episode begun last (before any, for the default prompt config)."""
 
     def reset(self, task: Task) -> str:
         """A fresh jail for ``task``; returns the instance prompt the model starts from."""
@@ -74,6 +75,7 @@ class Environment:
             self._sb, self._task, self._done = sb, task, False
             self._tools = Tools(sb, timeout=self.command_timeout)
             self._output_dir = prompts.output_dir
+            self.tools_schema = prompts.tool_schemas()
             return prompts.instance(task.query)
 
     def step(self, tool: str, arguments: str | dict[str, Any] | None = None) -> StepResult:

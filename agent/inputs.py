@@ -7,6 +7,12 @@ anywhere on the way (one planted inside the root pointing out included) reaches 
 ``check`` reads the text alone (the driver calls it before anything runs); ``open_beneath`` walks the
 filesystem where the task runs (a driver thread, or a Ray worker on whichever node runs it). Symlinks inside
 an input directory are copied into the jail as links, never read through (that is ``Sandbox.put``'s rule).
+
+``copy_dir`` is ``jailbox run``'s and ``jailbox replay``'s ``--input_dir``: the whole directory copied into the
+jail's writable layer, as the reference copies it, so the model may change or add files there. It is the
+user's data, not the jail's, but the copy is still bounded: the tree is first walked by descriptor without
+following any link, and one holding a FIFO, socket or device (a copy would block on it or read forever), more
+than ``INPUT_LIMIT`` bytes or more than ``INPUT_ENTRIES`` entries is refused before anything is copied.
 """
 
 from __future__ import annotations
@@ -15,9 +21,15 @@ import os
 import stat
 from pathlib import Path
 
+from ..sandbox import Sandbox
+
 PREFIX = "@"
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ANY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+INPUT_LIMIT = 1 << 30
+"""Bytes of regular files an input directory may hold: each is copied into the jail's writable layer."""
+INPUT_ENTRIES = 100_000
+"""Files, directories and links an input directory may hold."""
 
 
 class InputError(ValueError):
@@ -77,3 +89,62 @@ def _is_link(parent: int, name: str) -> bool:
         return stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
     except OSError:
         return False
+
+
+class InputDirError(ValueError):
+    """An input directory refused; the message is one line naming the directory and what to do."""
+
+
+def copy_dir(sb: Sandbox, src: Path, dst: str, limit: int = INPUT_LIMIT) -> None:
+    """The tree ``src`` copied to ``dst`` in the jail, writable there, links kept as links; InputDirError
+    (before anything is copied) for a tree over ``limit`` bytes or ``INPUT_ENTRIES`` entries, or one holding
+    anything but files, directories and links. ``src`` itself is the user's choice and is opened as given."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputDirError(f"input directory {str(src)!r}: {exc.strerror}") from None
+    try:
+        if _measure(fd, str(src), limit) > limit:
+            raise InputDirError(
+                f"input directory {str(src)!r} holds more than {limit} bytes, which are copied into the jail; "
+                "give a directory with only the task's files, e.g. --input_dir ./task/input"
+            )
+        sb.put(f"/proc/self/fd/{fd}", dst)  # the directory walked, not its path resolved again
+    finally:
+        os.close(fd)
+
+
+def _measure(top: int, shown: str, limit: int) -> int:
+    """Bytes of regular files beneath the directory ``top``, walked by descriptor without following
+    a link; stops counting bytes once past ``limit``."""
+    size, entries = 0, 0
+    pending = [(os.dup(top), shown)]
+    try:
+        while pending:
+            fd, where = pending.pop()
+            try:
+                for entry in os.scandir(fd):
+                    entries += 1
+                    if entries > INPUT_ENTRIES:
+                        raise InputDirError(
+                            f"input directory {shown!r} holds more than {INPUT_ENTRIES} files and directories; "
+                            "give a directory with only the task's files, e.g. --input_dir ./task/input"
+                        )
+                    info = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(info.st_mode):
+                        pending.append((os.open(entry.name, _DIR, dir_fd=fd), f"{where}/{entry.name}"))
+                    elif stat.S_ISREG(info.st_mode):
+                        size += info.st_size
+                        if size > limit:
+                            return size
+                    elif not stat.S_ISLNK(info.st_mode):
+                        raise InputDirError(
+                            f"input directory {shown!r}: {where}/{entry.name} is not a file, directory or link "
+                            "(a FIFO, socket or device cannot be copied); move it out of the directory"
+                        )
+            finally:
+                os.close(fd)
+    finally:
+        for fd, _ in pending:
+            os.close(fd)
+    return size

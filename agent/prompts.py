@@ -31,7 +31,7 @@ before you answer.
 
 Directories:
 - {working_dir}: your working directory
-- {input_dir}: files that come with the task, if any (read-only)
+- {input_dir}: files that come with the task, if any
 - {output_dir}: put everything you produce here
 
 How to work:

@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from ..sandbox import Sandbox, SandboxConfig
+from . import inputs
 from .tools import Tools
 from .trajectory import load
 
@@ -97,7 +98,7 @@ def replay(
     with Sandbox(config or SandboxConfig()) as sb:
         sb.exec(["mkdir", "-p", "/testbed/output"])
         if input_dir is not None:
-            sb.put(input_dir, INPUT_DIR)
+            inputs.copy_dir(sb, Path(input_dir), INPUT_DIR)
         sb.exec(["mkdir", "-p", INPUT_DIR])
         sb.exec("cd /testbed && git init >/dev/null 2>&1 || true")
         tools = Tools(sb, timeout=timeout)

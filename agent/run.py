@@ -2,19 +2,23 @@
 
 Runs in the host process that drives the agent. The host directory a run records into is the host's
 alone: the jail never sees it (its own output directory is in its writable layer), and after the loop the
-host writes there ``trajectory.json``, ``answer.txt`` (read through the jail's file API, at most
-``ANSWER_LIMIT`` bytes) and only the jail's outputs the user asked for (``copy_out``), every name through
-``hostfs.Destination`` so a link left there by anyone is replaced, never followed.
+host writes there ``trajectory.json`` (jailbox's record), ``trajectory.reference.json`` (the same run in the
+reference package's format), ``answer.txt`` (read through the jail's file API, at most ``ANSWER_LIMIT`` bytes)
+and only the jail's outputs the user asked for (``copy_out``), every name through ``hostfs.Destination`` so a
+link left there by anyone is replaced, never followed. ``jailbox run`` gives each run a directory of its own
+(``fresh_dir``: ``OUTPUT_DIR/YYYYMMDD_HHMMSS``, the reference's naming) with the answer and copies in ``files/``,
+so nothing an earlier run left is mistaken for this one's.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..sandbox import Mount, Sandbox, SandboxConfig, hostfs
+from ..sandbox import Sandbox, SandboxConfig, hostfs
 from ..sandbox.errors import SandboxError
 from . import inputs
 from .llm import LLMClient, LLMConfig, Retry
@@ -24,7 +28,36 @@ from .tasks import Task
 from .trajectory import Step, Trajectory
 
 TRAJECTORY = "trajectory.json"
+REFERENCE_TRAJECTORY = "trajectory.reference.json"
 ANSWER = "answer.txt"
+FILES = "files"
+"""Where ``jailbox run`` puts the answer and the ``copy_out`` paths in a run's directory, as the reference does."""
+
+
+def fresh_dir(parent: Path) -> Path:
+    """A new directory for one run beneath ``parent`` (made if missing; the user's choice, opened as given),
+    named by the local time as the reference names it (``20260101_120000``), with ``_2``, ``_3``... after it
+    when that name is taken; made with ``mkdir``, so nothing there before (a link included) is reused.
+    ValueError, naming ``parent``, if none can be made."""
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"{str(parent)!r}: {exc.strerror}; name a directory this user may write") from None
+    try:
+        for n in range(1, 1000):
+            name = stamp if n == 1 else f"{stamp}_{n}"
+            try:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise ValueError(f"{str(parent)!r}: {exc.strerror}; name a directory this user may write") from None
+            return parent / name
+    finally:
+        os.close(fd)
+    raise ValueError(f"{str(parent)!r} holds 999 runs started at {stamp}; name another directory")
 
 
 def prepare(sb: Sandbox, prompts: PromptConfig, task: Task | None = None, inputs_root: Path | None = None) -> None:
@@ -49,7 +82,7 @@ def check_copy_out(rel: str) -> str:
     parts = [p for p in rel.split("/") if p not in ("", ".")]
     if rel.startswith("/") or not parts or any(p == ".." or "\0" in p for p in parts):
         raise ValueError(f"copy-out {rel!r}: name a path relative to the jail's output directory, without '..'")
-    if parts[0] in (TRAJECTORY, ANSWER):
+    if parts[0] in (TRAJECTORY, REFERENCE_TRAJECTORY, ANSWER):
         raise ValueError(f"copy-out {rel!r}: {parts[0]} is the host's own record")
     return "/".join(parts)
 
@@ -66,12 +99,14 @@ def run_in(
     outputs: str | None = None,
     copy_out: Sequence[str] = (),
 ) -> Trajectory:
-    """The loop in a prepared jail, recorded in ``directory/trajectory.json``; then ``answer.txt`` and each
-    ``copy_out`` path of the jail's output directory copied into ``directory`` (into ``directory/outputs``
-    if given). A stale ``answer.txt`` from an earlier run is removed when this run leaves none."""
+    """The loop in a prepared jail, recorded in ``directory/trajectory.json`` and, once it ends, in the
+    reference's format in ``directory/trajectory.reference.json``; then ``answer.txt`` and each ``copy_out``
+    path of the jail's output directory copied into ``directory`` (into ``directory/outputs`` if given). A
+    stale ``answer.txt`` from an earlier run is removed when this run leaves none."""
     trajectory_path = directory / TRAJECTORY
     runner = Agent(client, sb, prompts, agent, trajectory_path, on_step, describe)
     trajectory = runner.run(problem)
+    trajectory.save_reference(directory / REFERENCE_TRAJECTORY)
     prefix = [] if outputs is None else [outputs]
     try:
         with hostfs.Destination(directory) as out:
@@ -106,16 +141,15 @@ def run_task(
     on_step: Callable[[Step], None] | None = None,
     copy_out: Sequence[str] = (),
     on_retry: Callable[[Retry], None] | None = None,
+    outputs: str | None = None,
 ) -> Trajectory:
-    """``problem`` in a fresh jail, recorded in ``output_dir``; ``on_retry`` hears each request sent again and
-    why (the CLI's status line)."""
+    """``problem`` in a fresh jail, recorded in ``output_dir`` (the answer and copies in ``output_dir/outputs``
+    if given); ``input_dir`` is copied to the prompts' input directory, writable (``inputs.copy_dir``, bounded);
+    ``on_retry`` hears each request sent again and why (the CLI's status line)."""
     prompts = prompts or PromptConfig()
     copy_out = [check_copy_out(rel) for rel in copy_out]
     output_dir.mkdir(parents=True, exist_ok=True)
     config = sandbox or SandboxConfig()
-    if input_dir is not None:
-        mounts = [*config.mounts, Mount(input_dir, prompts.input_dir, readonly=True)]
-        config = SandboxConfig.model_validate({**config.model_dump(), "mounts": mounts})
     describe = {
         "llm": llm.model_dump(mode="json", exclude={"api_key"}),
         "sandbox": config.model_dump(mode="json"),
@@ -123,4 +157,6 @@ def run_task(
     }
     with Sandbox(config) as sb, LLMClient(llm, on_retry=on_retry) as client:
         prepare(sb, prompts)
-        return run_in(sb, client, problem, output_dir, prompts, agent, on_step, describe, copy_out=copy_out)
+        if input_dir is not None:
+            inputs.copy_dir(sb, input_dir, prompts.input_dir)
+        return run_in(sb, client, problem, output_dir, prompts, agent, on_step, describe, outputs, copy_out)

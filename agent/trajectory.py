@@ -2,9 +2,10 @@
 
 Written by the host process that drives the agent, into a directory the jail never sees.
 
-A crash between steps loses nothing that happened before it. The loader also reads the reference
-package's trajectories (``problem_statement``, ``steps`` with ``thought``, ``reasoning_content``,
-``action`` as a Python literal, ``observation``), so ``jailbox replay`` works on both.
+A crash between steps loses nothing that happened before it. ``reference()`` is the same run in the
+reference package's format (written beside this record, for tools built to read the reference's). The
+loader also reads the reference package's trajectories (``problem_statement``, ``steps`` with ``thought``,
+``reasoning_content``, ``action`` as a Python literal, ``observation``), so ``jailbox replay`` works on both.
 """
 
 from __future__ import annotations
@@ -73,7 +74,44 @@ class Trajectory(BaseModel):
         """Write to a temporary file and rename, through ``hostfs`` (a link left in ``path``'s directory is
         replaced, never written through): a reader never sees a half-written file."""
         with hostfs.Destination(path.parent) as out:
-            out.replace(path.name, self.model_dump_json(indent=1).encode())
+            out.replace(path.name, _json_bytes(self.model_dump(mode="json"), indent=1))
+
+    def reference(self) -> dict[str, Any]:
+        """The run in the reference package's format: ``problem_statement``, ``steps`` of ``thought``,
+        ``reasoning_content``, ``action`` (``{"function", "parameters"}``), ``observation`` and ``metadata``
+        (``step``, and ``exec_time``: the model's seconds for that step), and ``metadata.total_steps``. The
+        reference answers one tool call per reply; a reply whose several calls jailbox ran becomes one step per
+        call, the reply's text on the first. A reply without a call is a step with an empty action whose
+        observation is what the model was told, as the reference records it."""
+        steps: list[dict[str, Any]] = []
+        for step in self.steps:
+            calls = [(a.function, a.parameters, o) for a, o in zip(step.actions, step.observations, strict=False)]
+            for n, (function, parameters, observation) in enumerate(calls or [("", {}, step.note or "")]):
+                steps.append(
+                    {
+                        "thought": step.thought if n == 0 else "",
+                        "reasoning_content": step.reasoning if n == 0 else "",
+                        "action": {"function": function, "parameters": parameters},
+                        "observation": observation,
+                        "metadata": {"step": step.index, "exec_time": step.llm_seconds if n == 0 else 0.0},
+                    }
+                )
+        metadata = {"total_steps": len(self.steps)}
+        return {"problem_statement": self.problem_statement, "steps": steps, "metadata": metadata}
+
+    def save_reference(self, path: Path) -> None:
+        """``reference()`` written as ``save`` writes the record (atomically, through ``hostfs``)."""
+        with hostfs.Destination(path.parent) as out:
+            out.replace(path.name, _json_bytes(self.reference(), indent=2))
+
+
+def _json_bytes(value: Any, indent: int) -> bytes:
+    """UTF-8 JSON; all-ASCII escapes when a string holds a lone surrogate (a server may send ``"\\ud800"``,
+    which no UTF-8 encoder takes), so such a reply is recorded, not fatal, and reads back as it came."""
+    try:
+        return json.dumps(value, indent=indent, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, indent=indent).encode()
 
 
 def load(path: str | Path) -> Trajectory:

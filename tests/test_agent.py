@@ -58,7 +58,16 @@ def run(server: ScriptedServer, tmp_path: Path, **agent):
     return run_task("What is 6*7?", llm, tmp_path / "out", agent=AgentConfig(**agent))
 
 
-JAILBOX_RUN = [sys.executable, "-c", "from jailbox.cli import main; main()", "run", "--query", "6*7?"]
+JAILBOX_RUN = [
+    sys.executable,
+    "-c",
+    "from jailbox.cli import main; main()",
+    "run",
+    "--query",
+    "6*7?",
+    "--network",
+    "none",
+]
 
 
 def cli_run(server: ScriptedServer, out: Path, *extra: str) -> list[str]:
@@ -166,7 +175,8 @@ def test_trajectory_is_valid_after_a_crash_between_steps(tmp_path):
             time.sleep(0.05)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    saved = load_trajectory(out / "trajectory.json")
+    [run] = out.iterdir()  # OUTPUT_DIR/YYYYMMDD_HHMMSS
+    saved = load_trajectory(run / "trajectory.json")
     assert len(saved.steps) == 2 and saved.exit_status is None
     assert saved.steps[1].actions[0].function == "execute_bash"
 
@@ -182,7 +192,8 @@ def test_cli_run_with_reference_flags(tmp_path):
         )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["answer"] == "42"
-    assert (tmp_path / "o" / "answer.txt").exists() and (tmp_path / "o" / "trajectory.json").exists()
+    [run] = (tmp_path / "o").iterdir()
+    assert (run / "files" / "answer.txt").exists() and (run / "trajectory.json").exists()
 
 
 def test_text_mode_for_models_without_tool_calling(server, tmp_path):
@@ -221,11 +232,9 @@ def test_settings_file_status_line_and_recorded_config(tmp_path):
         assert server.requests[0].json["model"] == "from-settings"
     assert r.returncode == 0, r.stderr
     assert "[step 3/100 | 360 tokens |" in r.stdout and "> execute_bash" in r.stdout
-    saved = load_trajectory(tmp_path / "o" / "trajectory.json")
-    assert (
-        saved.config["llm"]["model"] == "from-settings"
-        and "secret-key" not in (tmp_path / "o" / "trajectory.json").read_text()
-    )
+    [run] = (tmp_path / "o").iterdir()
+    saved = load_trajectory(run / "trajectory.json")
+    assert saved.config["llm"]["model"] == "from-settings" and "secret-key" not in (run / "trajectory.json").read_text()
     assert saved.config["agent"]["max_steps"] == 100 and saved.config["sandbox"]["rootfs"] == "host"
 
 

@@ -203,6 +203,12 @@ def jailbox_run(server: ScriptedServer, out: Path, command: str, *options: str):
     )
 
 
+def run_of(result: subprocess.CompletedProcess) -> Path:
+    """The directory ``jailbox run`` made for this run (``OUTPUT_DIR/YYYYMMDD_HHMMSS``), from its JSON summary."""
+    assert result.returncode == 0, result.stderr
+    return Path(json.loads(result.stdout.splitlines()[-1])["output_dir"])
+
+
 def plant_host_links(out: Path, outside: Path) -> None:
     """What an earlier run that let the jail write into ``out`` could have left there."""
     for name in ("trajectory.json", "answer.txt", "sub", "dirlink"):
@@ -226,16 +232,16 @@ def test_jailbox_run_twice_the_record_is_the_hosts_and_nothing_outside_changes(t
         " && echo 42 > answer.txt"
     )
     for attempt in range(2):
-        r = jailbox_run(server, out, plants)
-        assert r.returncode == 0, r.stderr
+        run = run_of(jailbox_run(server, out, plants))
         assert snapshot(outside) == before
-        saved = load_trajectory(out / "trajectory.json")
+        saved = load_trajectory(run / "trajectory.json")
         assert saved.problem_statement.startswith("RUN: cd /testbed/output") and len(saved.steps) == 2
-        assert not (out / "trajectory.json").is_symlink() and (out / "answer.txt").read_text() == "42\n"
-        assert not (out / "answer.txt").is_symlink()
-        assert not {"planted", "big"} & {p.name for p in out.iterdir()}, sorted(out.iterdir())
+        assert not (run / "trajectory.json").is_symlink() and (run / "files" / "answer.txt").read_text() == "42\n"
+        assert not (run / "files" / "answer.txt").is_symlink()
+        assert {p.name for p in (run / "files").iterdir()} == {"answer.txt"}
         if attempt == 0:
             plant_host_links(out, outside)
+            plant_host_links(run / "files", outside)
 
 
 def test_copied_outputs_are_only_those_asked_for_and_never_follow_links(tmp_path, server, outside):
@@ -246,16 +252,13 @@ def test_copied_outputs_are_only_those_asked_for_and_never_follow_links(tmp_path
         " && echo y > dirlink/y && echo 1 > answer.txt && echo no > other"
     )
     asked = ["--copy-out", "sub", "--copy-out", "dirlink/y"]
-    r = jailbox_run(server, out, plants, *asked)
-    assert r.returncode == 0, r.stderr
-    plant_host_links(out, outside)
-    r = jailbox_run(server, out, plants, *asked)
-    assert r.returncode == 0, r.stderr
+    plant_host_links(run_of(jailbox_run(server, out, plants, *asked)) / "files", outside)
+    files = run_of(jailbox_run(server, out, plants, *asked)) / "files"
     assert snapshot(outside) == before
-    assert (out / "sub" / "x").read_text() == "x\n" and not (out / "sub").is_symlink()
-    assert os.readlink(out / "sub" / "deeper" / "l") == f"{outside}/secret"  # copied as a link, never read
-    assert (out / "dirlink" / "y").read_text() == "y\n" and not (out / "dirlink").is_symlink()
-    assert not (out / "other").exists()
+    assert (files / "sub" / "x").read_text() == "x\n" and not (files / "sub").is_symlink()
+    assert os.readlink(files / "sub" / "deeper" / "l") == f"{outside}/secret"  # copied as a link, never read
+    assert (files / "dirlink" / "y").read_text() == "y\n" and not (files / "dirlink").is_symlink()
+    assert not (files / "other").exists()
     for bad in ("../x", "/etc", "trajectory.json", "answer.txt/x"):
         refused = jailbox_run(server, tmp_path / "never", "true", "--copy-out", bad)
         assert refused.returncode == 2 and "copy-out" in error_line(refused.stderr)
@@ -270,15 +273,13 @@ def test_an_answer_is_bounded_and_the_record_says_when_it_was_cut(tmp_path, serv
             "yes | head -c 3000000 > /testbed/output/answer.txt",
         ]
     ):
-        out = tmp_path / f"out{n}"
-        summary = json.loads(jailbox_run(server, out, command).stdout.splitlines()[-1])
+        summary = json.loads(jailbox_run(server, tmp_path / f"out{n}", command).stdout.splitlines()[-1])
         assert summary["answer"] is None and cut in summary["error"]
-        assert not (out / "answer.txt").exists()
-        assert cut in load_trajectory(out / "trajectory.json").error
-    out = tmp_path / "exact"
-    r = jailbox_run(server, out, "head -c 1048576 /dev/zero | tr '\\0' a > /testbed/output/answer.txt")
-    assert r.returncode == 0, r.stderr
-    assert (out / "answer.txt").read_bytes() == b"a" * (1 << 20)
+        run = Path(summary["output_dir"])
+        assert not (run / "files" / "answer.txt").exists()
+        assert cut in load_trajectory(run / "trajectory.json").error
+    r = jailbox_run(server, tmp_path / "exact", "head -c 1048576 /dev/zero | tr '\\0' a > /testbed/output/answer.txt")
+    assert (run_of(r) / "files" / "answer.txt").read_bytes() == b"a" * (1 << 20)
 
 
 IDS = ["..", ".", "a/b", "a_b", ".hidden", "", "x" * 300, "y" * 300, "a\u0000b", "../../escape"]

@@ -202,7 +202,19 @@ def test_no_message_suggests_python_syntax_on_the_command_line(rootfs: str, stor
 
 def test_run_against_a_dead_port_shows_each_retry_and_ends_with_the_fix(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{dead_port()}/v1"
-    r = jailbox("run", "--query", "q", "--llm-name", "m", "--llm-base-url", url, "--output-dir", str(tmp_path / "o"))
+    r = jailbox(
+        "run",
+        "--network",
+        "none",
+        "--query",
+        "q",
+        "--llm-name",
+        "m",
+        "--llm-base-url",
+        url,
+        "--output-dir",
+        str(tmp_path / "o"),
+    )
     assert r.returncode == 1
     assert r.stdout.startswith("llm_error")
     retries = [line for line in r.stderr.splitlines() if line.startswith("[LLM request failed")]
@@ -219,7 +231,17 @@ def test_run_shows_server_errors_as_they_are_retried_then_goes_on(tmp_path: Path
     with ScriptedServer(failures, responder=script) as server:
         query = "Task t1: what is 2*3?"
         r = jailbox(
-            "run", "--query", query, "--llm-name", "m", "--llm-base-url", server.url, "--output-dir", str(tmp_path)
+            "run",
+            "--network",
+            "none",
+            "--query",
+            query,
+            "--llm-name",
+            "m",
+            "--llm-base-url",
+            server.url,
+            "--output-dir",
+            str(tmp_path),
         )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1].startswith("submitted: answer='6'")

@@ -21,7 +21,16 @@ from llm_server import ScriptedServer, Step, error, reply
 from jailbox.agent.llm import LLMClient, LLMConfig, Retry
 
 ROOT = Path(__file__).resolve().parent.parent
-JAILBOX_RUN = [sys.executable, "-c", "from jailbox.cli import main; main()", "run", "--query", "6*7?"]
+JAILBOX_RUN = [
+    sys.executable,
+    "-c",
+    "from jailbox.cli import main; main()",
+    "run",
+    "--query",
+    "6*7?",
+    "--network",
+    "none",
+]
 WRITE = "echo 42 > /testbed/output/answer.txt"
 USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
 
@@ -113,10 +122,16 @@ def jailbox_run(server: ScriptedServer, out: Path, *extra: str) -> subprocess.Co
     )
 
 
+def the_run(out: Path) -> Path:
+    """The one run directory ``jailbox run`` made beneath ``out`` (``OUTPUT_DIR/YYYYMMDD_HHMMSS``)."""
+    [run] = out.iterdir()
+    return run
+
+
 def submitted(r: subprocess.CompletedProcess[str], out: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().splitlines()[-1].startswith("submitted: answer='42'"), r.stdout
-    assert (out / "answer.txt").read_text() == "42\n"
+    assert (the_run(out) / "files" / "answer.txt").read_text() == "42\n"
 
 
 def status_lines(r: subprocess.CompletedProcess[str]) -> list[str]:
@@ -138,7 +153,7 @@ def test_content_as_a_list_of_parts_is_one_string(tmp_path):
     submitted(r, tmp_path / "o")
     assert server.refusals == []
     assert sent[0]["content"] == "I will write the answer."
-    saved = json.loads((tmp_path / "o" / "trajectory.json").read_text())
+    saved = json.loads((the_run(tmp_path / "o") / "trajectory.json").read_text())
     assert saved["steps"][1]["thought"] == "Done." and saved["steps"][1]["reasoning"] == "6*7=42"
 
 

@@ -92,7 +92,7 @@ def test_reference_sampling_defaults_in_every_request(tmp_path):
     script = [calls(("execute_bash", {"command": WRITE})), calls(("submit", {}))]
     with ScriptedServer(script) as server:
         r = subprocess.run(
-            [*JAILBOX, "run", "--query", "6*7?", "--llm_name", "m", "--llm_base_url", server.url],
+            [*JAILBOX, "run", "--network", "none", "--query", "6*7?", "--llm_name", "m", "--llm_base_url", server.url],
             cwd=tmp_path,
             capture_output=True,
             text=True,
@@ -104,7 +104,7 @@ def test_reference_sampling_defaults_in_every_request(tmp_path):
     with ScriptedServer(script) as server:
         flags = ["--temperature", "0.2", "--max_tokens_per_call", "4096", "--llm_base_url", server.url]
         r = subprocess.run(
-            [*JAILBOX, "run", "--query", "6*7?", "--llm_name", "m", *flags],
+            [*JAILBOX, "run", "--network", "none", "--query", "6*7?", "--llm_name", "m", *flags],
             cwd=tmp_path,
             capture_output=True,
             text=True,
@@ -194,6 +194,7 @@ HELLO = [
 ]
 
 
+@pytest.mark.needs("slirp4netns", "tun")  # unchanged, so run's default network: full
 @pytest.mark.parametrize("line", README_LINES, ids=["api", "vllm", "sglang"])
 def test_reference_readme_command_lines_run_unchanged(tmp_path, line):
     argv = shlex.split(line)
@@ -206,9 +207,8 @@ def test_reference_readme_command_lines_run_unchanged(tmp_path, line):
         first = server.requests[0]
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().splitlines()[-1].startswith("submitted:")
-    assert (
-        tmp_path / "output" / "hello.py"
-    ).read_text() == "print(1)\n"  # create adds the newline, as the reference's does
+    [run] = (tmp_path / "output").iterdir()  # the reference's layout: output/YYYYMMDD_HHMMSS/files
+    assert (run / "files" / "hello.py").read_text() == "print(1)\n"  # create adds the newline, as the reference's
     model = argv[argv.index("--llm_name") + 1]
     assert first.json["model"] == model.removeprefix("openai/")
     if "--api_key" in argv:
@@ -223,7 +223,7 @@ def test_reference_settings_file_fills_what_the_command_line_leaves_out(tmp_path
     with ScriptedServer(HELLO) as server:
         settings = tmp_path / "llm-in-sandbox.yaml"
         settings.write_text(f"llm_name: hosted_vllm/from-settings\nllm_base_url: {server.url}\napi_key: s3cret\n")
-        argv = ["run", "--query", "q", "--settings", str(settings), "--save_litellm_response"]
+        argv = ["run", "--network", "none", "--query", "q", "--settings", str(settings), "--save_litellm_response"]
         r = subprocess.run([*JAILBOX, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
         first = server.requests[0]
     assert r.returncode == 0, r.stdout + r.stderr
@@ -281,14 +281,38 @@ def test_docker_image_is_pulled_once_and_run_in(tmp_path, mini_rootfs):
             calls(("submit", {})),
         ]
         with ScriptedServer(script) as server:
-            argv = ["run", "--query", "q", "--llm_name", "m", "--llm_base_url", server.url, "--docker_image", ref]
+            argv = [
+                "run",
+                "--network",
+                "none",
+                "--query",
+                "q",
+                "--llm_name",
+                "m",
+                "--llm_base_url",
+                server.url,
+                "--docker_image",
+                ref,
+            ]
             r = subprocess.run([*JAILBOX, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "answer='from the image'" in r.stdout.strip().splitlines()[-1]
     finally:
         registry.close()
     with ScriptedServer(script) as server:
-        argv = ["run", "--query", "q", "--llm_name", "m", "--llm_base_url", server.url, "--docker_image", ref]
+        argv = [
+            "run",
+            "--network",
+            "none",
+            "--query",
+            "q",
+            "--llm_name",
+            "m",
+            "--llm_base_url",
+            server.url,
+            "--docker_image",
+            ref,
+        ]
         r = subprocess.run([*JAILBOX, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "answer='from the image'" in r.stdout.strip().splitlines()[-1]
