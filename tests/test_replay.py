@@ -53,6 +53,8 @@ def test_a_changed_observation_is_reported_with_a_diff(tmp_path, with_python):
             "-c",
             "from jailbox.cli import main; main()",
             "replay",
+            "--network",
+            "none",
             str(tampered),
             "--bind",
             f"{tmp_path / 'shim'}:/opt/shim",
@@ -138,7 +140,7 @@ def test_input_dir_is_copied_to_testbed_input(tmp_path):
     )
     assert [s.verdict for s in replay(path, input_dir=inputs)] == ["same", "same"]
     assert [s.verdict for s in replay(path)] == ["differs", "differs"]
-    cli = [sys.executable, "-c", "from jailbox.cli import main; main()", "replay"]
+    cli = [sys.executable, "-c", "from jailbox.cli import main; main()", "replay", "--network", "none"]
     r = subprocess.run(
         [*cli, str(path), str(path), "--input_dir", str(inputs)],
         cwd=ROOT,
