@@ -15,6 +15,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -92,6 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # A handler here is reset to the default in each child, which Python then turns into KeyboardInterrupt.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    config.addinivalue_line("markers", "paper_tree: uses the default recipe's tree (tests/paper_tree.py)")
     config.addinivalue_line("markers", "needs(*things): tools, 'shared-data', 'subids', 'tun' (see conftest.need)")
 
 
@@ -106,6 +108,19 @@ def _cgroup_usable() -> bool:
     if cgroups.v2_mounted():
         return cgroups.v2_parent()[0] is not None
     return cgroups.v1_usable()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The paper's tree takes minutes to build: when a selected test needs it, the build starts now."""
+    if any(item.get_closest_marker("paper_tree") for item in session.items):
+        import paper_tree  # it imports this module: not at the top
+
+        paper_tree.build_early()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if "paper_tree" in sys.modules:
+        sys.modules["paper_tree"].stop_early()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -181,6 +181,8 @@ EXAMPLES = REFERENCE.parent / "reference-examples"
 
 @pytest.mark.slow
 @pytest.mark.root  # the tree takes minutes to build: CI builds it in the root pass only (paper_tree)
+@pytest.mark.paper_tree
+@pytest.mark.timeout(3600)  # the build, if the tests before left it unfinished
 @pytest.mark.needs("shared-data")
 @pytest.mark.parametrize(
     ("name", "inputs", "nondeterministic", "differs"),

@@ -116,6 +116,8 @@ PAPER_FACTS = {
 @pytest.mark.slow
 @pytest.mark.network
 @pytest.mark.root  # the tree takes minutes to build: CI builds it in the root pass only (paper_tree)
+@pytest.mark.paper_tree
+@pytest.mark.timeout(3600)  # the build, if the tests before left it unfinished
 def test_paper_environment(paper):
     entry = Store(paper).require("default")
     assert entry.kind == "build"
@@ -154,6 +156,8 @@ def test_paper_environment(paper):
 @pytest.mark.slow
 @pytest.mark.network
 @pytest.mark.root  # the tree takes minutes to build: CI builds it in the root pass only (paper_tree)
+@pytest.mark.paper_tree
+@pytest.mark.timeout(3600)  # the build, if the tests before left it unfinished
 def test_apt_get_install_lands_in_the_overlay(paper):
     tree = Store(paper).require("default").tree
     assert not (tree / "usr/bin/hello").exists()
@@ -170,6 +174,8 @@ def test_apt_get_install_lands_in_the_overlay(paper):
 @pytest.mark.slow
 @pytest.mark.network
 @pytest.mark.root  # the tree takes minutes to build: CI builds it in the root pass only (paper_tree)
+@pytest.mark.paper_tree
+@pytest.mark.timeout(3600)  # the build, if the tests before left it unfinished
 def test_sandboxes_share_the_tree_without_copying_it(paper, _state_dir):
     entry = Store(paper).require("default")
     assert entry.size > 500_000_000

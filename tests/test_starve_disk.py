@@ -109,6 +109,8 @@ def test_every_tmpfs_has_an_inode_cap(where):
 
 def test_removing_files_over_the_cap_is_not_killed():
     with Sandbox(limits=Limits(disk="64M")) as sb:
-        sb.exec("for i in $(seq 8); do head -c 16M /dev/zero > /testbed/f$i; done", timeout=120)
+        # written over time, so the watcher sees it while it is written: a burst between two samples is
+        # only seen after it ended, and then the next command is the one stopped (README, "Resource bounds")
+        sb.exec("for i in $(seq 8); do head -c 16M /dev/zero > /testbed/f$i; sleep 0.2; done", timeout=120)
         r = sb.exec("rm -f /testbed/f*; sleep 0.5; echo cleaned")
         assert r.stdout == "cleaned\n" and r.disk_limit_hit is False
