@@ -1,4 +1,5 @@
-"""``python -m bench [--quick] [--json PATH]``: run every case, print the table, optionally keep JSON."""
+"""``python -m bench [--quick] [--only CASE] [--json PATH]``: run every case (or those named), print the
+table, optionally keep JSON."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from bench import agent_loop, burst, cases, cli_rows, density, report, stored_rootfs
+from bench import agent_loop, burst, cases, cli_rows, density, report, serve, stored_rootfs
 from bench.machine import machine_info
 from bench.results import CaseResult
 from bench.settings import FULL, QUICK, Settings
@@ -29,6 +30,7 @@ CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "density": density.density,
     "containers": cases.containers,
     "agent_loop": agent_loop.agent_loop,
+    "serve": serve.serve,
 }
 
 
@@ -57,12 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny counts for a CI smoke run")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--image", default=FULL.image, help="image for the docker/podman comparison")
+    parser.add_argument(
+        "--only", action="append", choices=list(CASES), metavar="CASE", help="run only this case (repeatable)"
+    )
     args = parser.parse_args(argv)
     settings = replace(QUICK if args.quick else FULL, image=args.image)
     raise_fd_limit()
     machine = machine_info()
     print(report.machine_lines(machine), flush=True)
-    results = {key: run_case(key, case, settings) for key, case in CASES.items()}
+    chosen = {key: case for key, case in CASES.items() if not args.only or key in args.only}
+    results = {key: run_case(key, case, settings) for key, case in chosen.items()}
     print()
     print(report.table(results))
     for note in report.notes(results):

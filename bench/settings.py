@@ -21,6 +21,8 @@ class Settings:
     container_reps: int = 20
     warmup: int = 3
     agent_steps: int = 200
+    serve_reps: int = 100
+    serve_idle: int = 64
     image: str = "docker.io/library/busybox:latest"
 
     def as_dict(self) -> dict[str, object]:
@@ -43,4 +45,6 @@ QUICK = Settings(
     container_reps=3,
     warmup=1,
     agent_steps=10,
+    serve_reps=5,
+    serve_idle=8,
 )
