@@ -1205,15 +1205,48 @@ def create(name: str | None, **jail: Any) -> None:
         _service_fail(exc)
 
 
+def _server_options(command: Any) -> Any:
+    """--server and --api-key-file: ps and stop against a running jailbox serve instead."""
+    command = click.option(
+        "--api-key-file",
+        default=None,
+        metavar="FILE",
+        help="With --server: the server's key (default $E2B_API_KEY, else, for loopback, jailbox serve's own file).",
+    )(command)
+    return click.option(
+        "--server", default=None, metavar="URL", help="A running jailbox serve's URL, e.g. http://127.0.0.1:49982."
+    )(command)
+
+
+def _server_call(call: Any) -> None:
+    from .sandbox.serve.client import ClientError
+
+    try:
+        call()
+    except ClientError as exc:
+        click.echo(f"jailbox: {exc}", err=True)
+        sys.exit(exc.code)
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def ps(as_json: bool) -> None:
-    """List the sandboxes jailbox create made (ID, name, rootfs, created, state).
+@_server_options
+def ps(as_json: bool, server: str | None, api_key_file: str | None) -> None:
+    """List the sandboxes jailbox create made (ID, name, rootfs, created, state), or with --server those
+    a jailbox serve holds for your key (and when each expires).
 
     \b
     Example:
       jailbox ps --json
+      jailbox ps --server http://127.0.0.1:49982
     """
+    if server is not None:
+        from .sandbox.serve import client
+
+        _server_call(lambda: client.ps(server, api_key_file, as_json))
+        return
+    if api_key_file is not None:
+        _flag_error("--api-key-file", "goes with --server URL (the server the key is for)")
     import json
 
     from .sandbox.service import protocol
@@ -1235,19 +1268,29 @@ def ps(as_json: bool) -> None:
 @main.command()
 @click.argument("refs", metavar="ID...", nargs=-1)
 @click.option("--all", "stop_all", is_flag=True, help="Stop every sandbox.")
-def stop(refs: tuple[str, ...], stop_all: bool) -> None:
-    """Stop sandboxes (IDs, unique ID prefixes or names): kill their processes, remove their state.
+@_server_options
+def stop(refs: tuple[str, ...], stop_all: bool, server: str | None, api_key_file: str | None) -> None:
+    """Stop sandboxes (IDs, unique ID prefixes or names): kill their processes, remove their state. With
+    --server, kill a jailbox serve's sandboxes of your key (IDs or unique prefixes).
 
     \b
     Example:
       jailbox stop work
+      jailbox stop --server http://127.0.0.1:49982 jb4f2e
     """
+    if not refs and not stop_all:
+        raise click.UsageError("name the sandboxes to stop, e.g. jailbox stop 3f2a9c, or give --all")
+    if server is not None:
+        from .sandbox.serve import client
+
+        _server_call(lambda: client.stop(server, api_key_file, refs, stop_all))
+        return
+    if api_key_file is not None:
+        _flag_error("--api-key-file", "goes with --server URL (the server the key is for)")
     from pydantic import ValidationError
 
     from .sandbox.service import protocol
 
-    if not refs and not stop_all:
-        raise click.UsageError("name the sandboxes to stop, e.g. jailbox stop 3f2a9c, or give --all")
     try:
         request = protocol.Stop(op="stop", ids=list(refs), all=stop_all)
     except ValidationError:
