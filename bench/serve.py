@@ -35,8 +35,14 @@ from bench.timing import Summary, Thunk, interleave
 from jailbox.sandbox import Sandbox, SandboxPool
 
 TARGET_MS = 30.0
+SETTLE = 0.1
+"""Seconds of quiet after each sample, outside its timing: what it left running in the background (a
+pool refilling, a jail torn down) finishes before the next contender is timed, instead of being
+billed to it."""
 KEY = "jbx_bench_" + "k" * 32
 START_TIMEOUT = 60.0
+PRIME = 1.0
+"""Seconds for the server's pool to fill after its first sandbox, before anything is timed."""
 TEMPLATE = "host"  # what Sandbox() runs on, so both sides build the same jail
 SDK = "E2B SDK create()+commands.run('true')"
 PLAIN = "Sandbox()+exec(['true'])"
@@ -134,6 +140,7 @@ def _sdk_pair(server: Server, name: str) -> dict[str, float]:
             ran = time.perf_counter_ns()
         finally:
             sb.kill()
+    time.sleep(SETTLE)
     if result.exit_code != 0:
         raise RuntimeError(f"`true` through the SDK exited with {result.exit_code}")
     return {name: (ran - start) / 1e6, f"{name} create": (made - start) / 1e6, f"{name} run": (ran - made) / 1e6}
@@ -147,6 +154,7 @@ def _plain_pair() -> dict[str, float]:
         return {"plain": (time.perf_counter_ns() - start) / 1e6}
     finally:
         sb.close()
+        time.sleep(SETTLE)
 
 
 def _pooled_pair(pool: SandboxPool) -> dict[str, float]:
@@ -158,6 +166,7 @@ def _pooled_pair(pool: SandboxPool) -> dict[str, float]:
         return {"pooled": (time.perf_counter_ns() - start) / 1e6}
     finally:
         sb.close()
+        time.sleep(SETTLE)
 
 
 def _tree_pss(pid: int) -> tuple[int, int]:
@@ -217,6 +226,9 @@ def serve(settings: Settings) -> CaseResult:
             _plain_pair,
             partial(_pooled_pair, pool),
         ]
+        for server in (warm, cold):  # a template gets its pool once it has built one sandbox: let it fill
+            _sdk_pair(server, "first")
+        time.sleep(PRIME)
         samples = interleave(settings.serve_reps, thunks, settings.warmup)
         per_sandbox, server_rss, unreadable = _idle_memory(cold, settings.serve_idle)
     got = {name: Summary.of(values) for name, values in samples.items()}
@@ -231,14 +243,15 @@ def serve(settings: Settings) -> CaseResult:
     def parts(name: str) -> dict[str, object]:
         return {part: asdict(got[f"{name} {part}"]) for part in ("create", "run")}
 
-    memory_notes = [f"{unreadable} processes unreadable, their memory is not counted"] if unreadable else []
+    memory_notes = [f"the server process itself grows {server_rss * 1000:.0f} KB per idle sandbox (RSS)"]
+    memory_notes += [f"{unreadable} processes unreadable, their memory is not counted"] if unreadable else []
     rows = [
         Row(f"serve: {SDK}", "ms", got["warm"], PLAIN, plain,
             Target.check(f"< {TARGET_MS:g} ms p50", got["warm"].median < TARGET_MS),
             notes=split("warm"), extra=parts("warm")),
         Row(f"serve: {SDK}", "ms", got["warm"], POOLED, pooled),
         Row(f"serve --warm 0: {SDK}", "ms", got["cold"], PLAIN, plain, notes=split("cold"), extra=parts("cold")),
-        Row(f"serve: host PSS per idle sandbox, {settings.serve_idle} made through the SDK", "MB",
+        Row(f"serve: host PSS per idle sandbox (server+jail), {settings.serve_idle} made via the SDK", "MB",
             Summary.of([per_sandbox]), notes=memory_notes,
             extra={"server_process_rss_mb_per_sandbox": server_rss, "unreadable_processes": unreadable}),
     ]  # fmt: skip
