@@ -113,6 +113,8 @@ def test_a_wrong_or_missing_key_is_named_and_kills_nothing(server: Served, tmp_p
                     cli(*args, "--server", server.url, key=key), 1, "--api-key-file", "refused the API key (401)"
                 )
         one_line_error(cli("ps", "--server", server.url), 1, "--api-key-file", "no API key")
+        for bad in ("two words", "k\r\nX-Injected: 1", "\u00e9" * 20):
+            one_line_error(cli("ps", "--server", server.url, key=bad), 1, "E2B_API_KEY", "printable ASCII")
         loose = key_file(tmp_path, KEY_A)
         loose.chmod(0o644)
         one_line_error(cli("ps", "--server", server.url, "--api-key-file", str(loose)), 1, "--api-key-file", "chmod")

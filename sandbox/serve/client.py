@@ -100,6 +100,8 @@ def api_key(url: str, key_file: Path | None) -> str:
         return _first_key(key_file)
     env = os.environ.get("E2B_API_KEY")
     if env:
+        if not re.fullmatch(r"[\x21-\x7e]{1,4096}", env):  # it goes into a header line as it is
+            raise ClientError("E2B_API_KEY: a key is printable ASCII without spaces, e.g. the line jailbox serve made")
         return env
     default = keys.default_path()
     if _loopback(url) and default.exists():
