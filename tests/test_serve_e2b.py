@@ -620,6 +620,20 @@ def test_oversized_and_malformed_bodies_are_refused(server: Served) -> None:
         api(server, "DELETE", f"/sandboxes/{made['sandboxID']}", KEY_A)  # type: ignore[index]
 
 
+def test_a_refused_body_still_gets_its_answer(server: Served) -> None:
+    """A client still sending a body the server has refused reads the refusal, not a reset: the server
+    reads and drops what is in flight (bounded) before it closes."""
+    head = b"POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\n" + f"X-API-Key: {KEY_A}\r\n".encode()
+    tail = b"x" * (32 << 20)  # more than loopback's socket buffers hold: the send ends only if the server reads
+    chunk = b"%x\r\n%s\r\n" % (1 << 20, b"x" * (1 << 20))
+    for request in (
+        head + b"Content-Length: 999999999999\r\n\r\n" + tail,  # refused on its declared size
+        head + b"Transfer-Encoding: chunked\r\n\r\n" + chunk * (65 + 32),  # refused as it passes the bound
+    ):
+        assert b" 413 " in _raw(server, request).split(b"\r\n")[0]
+    assert api(server, "GET", "/v2/sandboxes", KEY_A)[0] == 200
+
+
 def test_64_sandboxes_at_once(tmp_path: Path) -> None:
     """The server's whole default capacity, made concurrently through the SDK, each running a command;
     what an idle sandbox costs the server process is printed (``-s`` shows it)."""

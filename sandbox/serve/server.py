@@ -6,7 +6,8 @@ in between and no dependency to audit, and Connect's server streams are plain ch
 HTTP/1.1. What a client sends is bounded here before any handler sees it: header count and size (the
 standard library's), at most ``MAX_CONNECTIONS`` connections at once, a request body of at most
 ``MAX_BODY`` bytes (declared or chunked), ``MAX_TRANSFERS`` large bodies or file transfers at once,
-and ``IDLE`` seconds of silence on a connection.
+and ``IDLE`` seconds of silence on a connection. A request refused before its body is read is closed
+lingering, so the client reads why (at most ``LINGER_BYTES`` and ``LINGER`` seconds of it are dropped).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import traceback
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -29,6 +31,10 @@ IDLE = 120.0
 SMALL_BODY = 1 << 20
 MAX_TRANSFERS = 8
 """Requests with a body over ``SMALL_BODY``, or moving a file, at once: what they hold in memory is bounded."""
+LINGER_BYTES = MAX_BODY
+LINGER = 5.0
+"""After refusing a request whose body is still arriving: at most this many bytes, and seconds, of it
+read and dropped, so the client gets to read the refusal instead of a reset."""
 
 
 @dataclass
@@ -135,16 +141,14 @@ class Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         heavy = self._heavy(url.path)
         if heavy and not self.server.transfers.acquire(timeout=IDLE):
-            self.close_connection = True
-            self._send(_error(503, f"{MAX_TRANSFERS} large transfers are already under way; try again"))
+            self._refuse(_error(503, f"{MAX_TRANSFERS} large transfers are already under way; try again"))
             return
         try:
             try:
                 body = self._body()
                 query = urllib.parse.parse_qs(url.query, max_num_fields=64)
             except BodyTooLarge as exc:
-                self.close_connection = True
-                self._send(_error(413, str(exc)))
+                self._refuse(_error(413, str(exc)))
                 return
             except ValueError as exc:
                 self._send(_error(400, f"bad query string: {exc}"))
@@ -158,6 +162,27 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             if heavy:
                 self.server.transfers.release()
+
+    def _refuse(self, response: Response) -> None:
+        """Answer a request whose body is not read, then close the connection the way HTTP servers do
+        (a lingering close): closing a socket with unread input sends a reset, which on the client's
+        side discards the answer and fails a send still under way, so the client would see a broken
+        connection instead of the reason. What it still sends is read and dropped, bounded in bytes
+        and time."""
+        self.close_connection = True
+        self._send(response)
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + LINGER
+            left = LINGER_BYTES
+            while left > 0 and (wait := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(wait)
+                data = self.connection.recv(min(left, 1 << 16))
+                if not data:
+                    return
+                left -= len(data)
+        except OSError:  # the client went away or stayed silent: nothing left to wait for
+            pass
 
     def _send(self, response: Response) -> None:
         self.send_response(response.status)
