@@ -7,9 +7,14 @@ jail's own init is untrusted once a command has run. Every ``TICK`` the thread r
 for all watched sandboxes: a jail's processes are the descendants of its init (every process of a
 pid namespace descends from its pid 1, so none can leave the set). Over ``memory``, the biggest
 process (proportional resident set of its anonymous and shared memory) is killed with its
-descendants. The bytes queued on the sockets of the jail's own network namespace (TCP and UDP,
-from its ``/proc/PID/net`` tables) count towards ``memory`` too: socket buffers are kernel memory no
-rlimit holds, and a reader that never reads makes a writer fill them. Over ``disk`` or ``inodes`` (a
+descendants. The sockets of the jail's own network namespace count towards ``memory`` too: socket
+buffers are kernel memory no rlimit holds, and a reader that never reads makes a writer fill them.
+TCP and UDP are the bytes queued in its ``/proc/PID/net`` tables; UNIX sockets are the kernel's own
+memory figures, read through a sock_diag socket the jail's init made in that namespace before any
+untrusted code ran (``sockdiag.py``: bounded, never blocking, and spaced so that counting takes at
+most a ``COUNT_SHARE``-th of the thread's time). When they are what is over, the process holding
+the most sockets is killed. A jail on the host's network has neither (its tables are the host's);
+there each socket is bounded only by its own buffer size. Over ``disk`` or ``inodes`` (a
 bounded walk of the writable layer, spaced by how long the last one took), every process of the
 jail but its init is killed each time usage grew.
 
@@ -30,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .sockdiag import UnixSockets
+
 TICK = 0.05
 KILL_WAIT = 1.0
 WALK_SHARE = 5  # walks of writable layers take at most a fifth of the thread's time, all sandboxes together
@@ -38,6 +45,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 ROLLUP_KEYS = (b"Pss_Anon:", b"Pss_Shmem:", b"SwapPss:")
 SOCKET_TABLES = ("tcp", "tcp6", "udp", "udp6")
 SOCKET_TABLE_BYTES = 16 << 20  # read at most this much of one table (about 100k sockets)
+COUNT_SHARE = 5  # counting sockets takes at most a fifth of the thread's time, per sandbox
 
 
 @dataclass(eq=False)
@@ -49,11 +57,13 @@ class Watched:
     upper: Path | None = None  # a disk writable layer, on the host
     disk: int | None = None
     inodes: int | None = None
-    sockets: bool = False  # the jail has its own network namespace: its socket queues count as memory
+    unix: UnixSockets | None = None  # the jail's own network namespace: its sockets' memory counts
     counters: dict[str, int] = field(default_factory=dict)
     last_usage: tuple[int, int] = (0, 0)
     next_walk: float = 0.0
     settling: bool = False  # killed at the last walk: what its writers still flushed is not new growth
+    queued: int = 0  # the last figure for its sockets, kept until the next count
+    next_count: float = 0.0
 
     def __post_init__(self) -> None:
         if self.memory is not None:
@@ -70,6 +80,7 @@ class Watcher:
         self._watched: list[Watched] = []
         self._thread: threading.Thread | None = None
         self._owner = 0  # the pid that started the thread: a forked child starts its own
+        self._checking = threading.Lock()  # held through each sample: what it reads is not closed under it
 
     def add(self, watched: Watched) -> None:
         with self._lock:
@@ -81,9 +92,13 @@ class Watcher:
             self._lock.notify()
 
     def remove(self, watched: Watched) -> None:
+        """Stop watching; the sandbox's netlink socket is closed once no sample is using it."""
         with self._lock:
             if watched in self._watched:
                 self._watched.remove(watched)
+        if watched.unix is not None:
+            with self._checking:
+                watched.unix.close()
 
     def _run(self) -> None:
         while True:
@@ -92,7 +107,8 @@ class Watcher:
                     self._lock.wait()
                 current = list(self._watched)
             try:
-                check(current, time.monotonic())
+                with self._checking:
+                    check(current, time.monotonic())
             except Exception:  # a bad sample must not end the thread that holds the bounds
                 pass
             time.sleep(TICK)
@@ -132,7 +148,7 @@ def check(watched: list[Watched], now: float) -> None:
 def _check_memory(w: Watched, tree: dict[int, list[int]]) -> None:
     assert w.memory is not None
     pids = [w.init_pid, *_descendants(tree, w.init_pid)]
-    queued = _socket_queues(w.init_pid) if w.sockets else 0
+    queued = _queued(w)
     # resident minus file-backed pages first (cheap, counts pages shared after fork twice);
     # only over the bound the exact proportional share is read
     if queued + sum(_anon_resident(pid) for pid in pids) <= w.memory:
@@ -152,6 +168,24 @@ def _check_memory(w: Watched, tree: dict[int, list[int]]) -> None:
     biggest = max(candidates, key=lambda pid: candidates[pid])
     w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
     _kill_all([biggest, *_descendants(tree, biggest)], w.init_pid)
+    w.next_count = 0.0  # what the killed held is freed: the last figure is stale
+
+
+def _queued(w: Watched) -> int:
+    """What the sockets of the jail's own network namespace hold; counted again once the last count
+    has been paid for (``COUNT_SHARE``), else the last figure."""
+    assert w.memory is not None
+    if w.unix is None:
+        return 0
+    now = time.monotonic()
+    if now < w.next_count:
+        return w.queued
+    inet = _socket_queues(w.init_pid)
+    unix = w.unix.measure(w.memory - inet)  # a count stops once past the bound: the total is over either way
+    if unix is not None:  # else the rest of an earlier dump is still being read out: the last figure holds
+        w.queued = inet + unix
+    w.next_count = now + (time.monotonic() - now) * COUNT_SHARE
+    return w.queued
 
 
 def _children() -> dict[int, list[int]]:
