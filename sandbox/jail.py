@@ -33,7 +33,7 @@ from .floor.idmap import IdMap
 from .launcher import LAUNCHER
 from .limits import budget, cgroups, rlimits
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
-from .limits.sockdiag import UnixSockets
+from .limits.sockdiag import Sockets
 from .limits.watch import WATCHER, Watched
 from .messages import Ready
 from .net import modes
@@ -254,7 +254,7 @@ class Jail:
             upper=upper,
             disk=limits.disk,
             inodes=limits.inodes,
-            unix=None if diag < 0 else UnixSockets(diag),
+            sockets=None if diag < 0 else Sockets(diag),
         )
         WATCHER.add(watched)
         undo.callback(WATCHER.remove, watched)

@@ -156,7 +156,7 @@ def test_the_diag_socket_takes_nothing_but_the_kernel():
             if os.getuid() == 0:  # the check above is the connection's, not a lack of privilege
                 other.sendto(forged, (unconnected.getsockname()[0], 0))
                 assert unconnected.recv(64) == forged
-        unix = sockdiag.UnixSockets(diag.detach())
+        unix = sockdiag.Sockets(diag.detach())
         try:
             assert unix.measure(1 << 40) is not None  # and it still answers the kernel's dumps
         finally:
@@ -181,8 +181,16 @@ def test_the_diag_socket_takes_nothing_but_the_kernel():
         + bytes([socket.AF_UNIX, 1, 1, 0])
         + b"\0" * 12
         + sockdiag.ATTR.pack(0, sockdiag.UNIX_DIAG_RQLEN),
+        # a TCP socket whose memory figures claim more than its message holds
+        sockdiag.HEADER.pack(96, sockdiag.SOCK_DIAG_BY_FAMILY, 0, 1, 0)
+        + bytes([socket.AF_INET])
+        + b"\0" * 71
+        + sockdiag.ATTR.pack(4000, sockdiag.INET_DIAG_SKMEMINFO)
+        + b"\xff" * 4,
+        # one whose message is cut short
+        sockdiag.HEADER.pack(40, sockdiag.SOCK_DIAG_BY_FAMILY, 0, 1, 0) + bytes([socket.AF_INET6]) + b"\xff" * 23,
     ],
-    ids=["short", "overlong", "undersized", "attribute-overlong", "attribute-zero"],
+    ids=["short", "overlong", "undersized", "attribute-overlong", "attribute-zero", "inet-attribute", "inet-short"],
 )
 def test_malformed_batches_are_read_within_their_bounds(batch):
     tally = sockdiag.Tally()
@@ -195,6 +203,6 @@ def test_a_jail_without_a_cgroup_hands_its_diag_socket_to_the_watcher_only():
     """The descriptor is the watcher's while it watches memory, and closed with the sandbox."""
     with Sandbox(limits=Limits(memory="96M")) as sb:
         watched = sb._jail.watched
-        assert watched is not None and watched.unix is not None
-        assert os.readlink(f"/proc/self/fd/{watched.unix.sock.fileno()}").startswith("socket:")
-    assert watched.unix.sock.fileno() == -1
+        assert watched is not None and watched.sockets is not None
+        assert os.readlink(f"/proc/self/fd/{watched.sockets.sock.fileno()}").startswith("socket:")
+    assert watched.sockets.sock.fileno() == -1
