@@ -5,7 +5,7 @@ socket on the jail's 127.0.0.1 handed to the host proxy, which accepts the jail'
 itself (no relay process inside, and the proxy knows which sandbox each connection comes from);
 unreachable routes for the host's LAN; descriptors of this namespace (and its user namespace) for
 slirp4netns on the host side; a sock_diag netlink socket bound to this namespace, through which the
-host's watcher reads what the jail's UNIX sockets hold (``limits/sockdiag.py``): the host cannot
+host's watcher reads what the jail's sockets hold (``limits/sockdiag.py``): the host cannot
 enter a rootless jail's namespace, and a netlink socket answers for the namespace it was made in,
 whoever uses it later. Stdlib only.
 """
