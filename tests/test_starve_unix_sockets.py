@@ -195,7 +195,7 @@ def test_the_diag_socket_takes_nothing_but_the_kernel():
 def test_malformed_batches_are_read_within_their_bounds(batch):
     tally = sockdiag.Tally()
     assert sockdiag._parse(batch, 1, tally) is False
-    assert tally.charged <= sockdiag.SOCKET_OBJECT and tally.pending == 0
+    assert tally.charged <= sockdiag.INET_SOCKET_OBJECT and tally.pending == 0
 
 
 @pytest.mark.nocgroup

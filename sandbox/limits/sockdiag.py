@@ -10,7 +10,7 @@ one dump per family each time it counts. (Reading the ``/proc/PID/net`` tables i
 per jail here, the dumps about 1 ms: both walk the host's hash tables; and the tables give
 payload bytes, not the memory behind them.)
 
-Per socket the count is ``SOCKET_OBJECT`` for the socket itself plus the kernel's own figures: for
+Per socket the count is what the socket itself takes (``SOCKET_OBJECT``) plus the kernel's figures: for
 UNIX what it charges the socket's sends (``wmem_alloc``, which covers what waits in its peer's
 receive queue) and receives; for TCP and UDP its receive memory, the larger of its send figures
 and its backlog. Two kinds of UNIX queue have no socket left to report them: the receive queue of
@@ -90,7 +90,9 @@ RECV_BYTES = 1 << 16  # the kernel fills at most about 32 KiB per dump message b
 MAX_SOCKETS = 1 << 16  # sockets looked at per dump; past it the figure is a lower bound
 DUMP_TIME = 0.2  # seconds of parsing per dump; past it the figure is a lower bound
 DRAIN_BYTES = 8 << 20  # read (unparsed) per call of what is left of a cut dump
-SOCKET_OBJECT = 2048  # a socket's own kernel objects (sock, inode, file, dentry): about 2 KiB
+# a socket's own kernel objects (its sock, inode, file and dentry; slab sizes of a 6.x kernel)
+SOCKET_OBJECT = 2048
+INET_SOCKET_OBJECT = 3584
 
 
 def _default_send_buffer() -> int:
@@ -295,4 +297,4 @@ def _add_inet(data: bytes, offset: int, length: int, tally: Tally) -> None:
             break
         offset += (size + 3) & ~3
     tally.sockets += 1
-    tally.charged += SOCKET_OBJECT + memory
+    tally.charged += INET_SOCKET_OBJECT + memory
