@@ -206,7 +206,7 @@ class Jail:
             from .checks.diagnose import explain
 
             raise explain(Failed(ready.step or Step.PROTOCOL, ready.errno, ready.error or "jail setup failed"))
-        if len(fds) != self.spec.net.fd_count:
+        if len(fds) != self.spec.net.handed:
             raise ProtocolError(f"the jail's init handed over {len(fds)} network descriptors")
         return fds
 

@@ -54,8 +54,14 @@ class NetSpec:
 
     @property
     def fd_count(self) -> int:
-        """How many descriptors the init hands over with its ready message."""
-        return (1 if self.new_netns else 0) + (1 if self.proxy_port else 0) + len(self.namespaces)
+        """How many descriptors the network mode's host side takes."""
+        return (1 if self.proxy_port else 0) + len(self.namespaces)
+
+    @property
+    def handed(self) -> int:
+        """How many descriptors the init hands over with its ready message: the mode's, after the
+        sock_diag socket of a namespace of its own."""
+        return (1 if self.new_netns else 0) + self.fd_count
 
     @classmethod
     def from_wire(cls, obj: object) -> NetSpec:
