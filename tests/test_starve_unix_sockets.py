@@ -62,6 +62,28 @@ time.sleep(15)
 print("survived", flush=True)
 """
 
+# Filled pairs sent away in a message and closed: they are held by no descriptor, only by the
+# queue of a carrier socket (a new carrier every 100 messages, so no carrier's queue fills).
+IN_FLIGHT = """
+import socket, time
+carriers = []
+for i in range({n}):
+    if i % 100 == 0:
+        carriers.append(socket.socketpair())
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    try:
+        while True:
+            a.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    socket.send_fds(carriers[-1][0], [b"x"], [a.fileno(), b.fileno()])
+    a.close()
+    b.close()
+time.sleep(15)
+print("survived", flush=True)
+"""
+
 # Connections a listener never accepts, each filled: "closed" closes the client, which leaves its
 # bytes in a connection that has no inode and that no dump shows (only the listener's count of them).
 BACKLOG = """
@@ -106,6 +128,15 @@ def test_one_process_holding_socketpairs_whose_reader_never_reads_is_killed(chun
         assert r.oom_killed is True, (r.stdout, r.stderr)
         assert "survived" not in r.stdout, (r.stdout, r.stderr)
         assert sb._jail.counters()["oom_kill"] >= 1
+        assert sb.exec("echo fine").stdout == "fine\n"
+
+
+@pytest.mark.nocgroup
+def test_filled_sockets_held_only_in_flight_in_a_message_are_killed():
+    with Sandbox(limits=Limits(memory="96M")) as sb:
+        r = run_all(sb, [IN_FLIGHT.format(n=800)])
+        assert r.oom_killed is True, (r.stdout, r.stderr)
+        assert "survived" not in r.stdout, (r.stdout, r.stderr)
         assert sb.exec("echo fine").stdout == "fine\n"
 
 
