@@ -33,6 +33,7 @@ from .floor.idmap import IdMap
 from .launcher import LAUNCHER
 from .limits import budget, cgroups, rlimits
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
+from .limits.sockdiag import Sockets
 from .limits.watch import WATCHER, Watched
 from .messages import Ready
 from .net import modes
@@ -66,7 +67,7 @@ class Jail:
             sock, self.init_pid = self._create(undo)
             self._attach_cgroup(sock, undo)
             net_fds = self._await_ready(sock, undo)
-            self.watched = self._watch(undo)
+            self.watched = self._watch(net_fds, undo)
             self._write_meta()
             self.network = self._attach_network(net_fds, undo)
             self.channel = Channel(sock)
@@ -186,11 +187,11 @@ class Jail:
         return sock, created.init_pid
 
     def _await_ready(self, sock: socket.socket, undo: contextlib.ExitStack) -> list[int]:
-        """The init's ready message; the network side's descriptors, in the mode's order."""
+        """The init's ready message; the network side's descriptors, in ``NetSpec``'s order."""
         if not wire.wait_readable(sock, self.config.setup_timeout):
             raise SandboxSetupError(f"the jail was not ready within {self.config.setup_timeout}s")
         try:
-            msg = wire.recv(sock, max_fds=2)
+            msg = wire.recv(sock, max_fds=3)
         except wire.WireError as exc:
             raise ProtocolError(f"bad message from the jail during setup: {exc}") from exc
         if msg is None:
@@ -205,7 +206,7 @@ class Jail:
             from .checks.diagnose import explain
 
             raise explain(Failed(ready.step or Step.PROTOCOL, ready.errno, ready.error or "jail setup failed"))
-        if len(fds) != self.spec.net.fd_count:
+        if len(fds) != self.spec.net.handed:
             raise ProtocolError(f"the jail's init handed over {len(fds)} network descriptors")
         return fds
 
@@ -233,12 +234,18 @@ class Jail:
                 lower=self.spec.lower,  # `jailbox rootfs rm` will not pull a tree from under a live jail
             )
 
-    def _watch(self, undo: contextlib.ExitStack) -> Watched | None:
-        """Hand the bounds no cgroup holds to the host's watcher (``limits/watch.py``)."""
+    def _watch(self, net_fds: list[int], undo: contextlib.ExitStack) -> Watched | None:
+        """Hand the bounds no cgroup holds to the host's watcher (``limits/watch.py``), with the
+        jail's sock_diag socket (the first of ``net_fds`` when the jail has its own namespace)."""
+        diag = net_fds.pop(0) if self.spec.net.new_netns else -1
         limits = self.config.limits
         memory = limits.memory if self.cgroup is None else None
         disk_bound = limits.disk is not None or limits.inodes is not None
         upper = self.dir / "upper" if self.dir is not None and disk_bound else None
+        if memory is None:  # a cgroup counts socket memory, or nothing bounds memory
+            if diag >= 0:
+                os.close(diag)
+            diag = -1
         if memory is None and upper is None:
             return None
         watched = Watched(
@@ -247,7 +254,7 @@ class Jail:
             upper=upper,
             disk=limits.disk,
             inodes=limits.inodes,
-            sockets=not isinstance(self.mode, modes.HostNetwork),
+            sockets=None if diag < 0 else Sockets(diag),
         )
         WATCHER.add(watched)
         undo.callback(WATCHER.remove, watched)

@@ -78,7 +78,8 @@ class Launcher:
 
 
 def _raise_nofile_limit() -> None:
-    """Each open sandbox holds two descriptors in this process: lift the soft limit to the hard one
+    """Each open sandbox holds two or three descriptors in this process (control socket, pidfd, and
+    the sock_diag socket the watcher counts its sockets through): lift the soft limit to the hard one
     (as Go's runtime does) so hundreds of sandboxes fit under a default soft limit of 1024."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):

@@ -273,7 +273,7 @@ def bounds(cgroup_probe: Probe) -> Probe:
         name="memory and disk bounds",
         status="degraded",
         detail="memory: host watcher over the total (reactive, sampled) and RLIMIT_AS per process; socket buffers: "
-        f"per socket only; {disk}",
+        f"in that total in a jail's own network namespace (TCP/UDP queues, UNIX sockets), else per socket; {disk}",
         fix=cgroup_probe.fix,
     )
 

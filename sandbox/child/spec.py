@@ -43,8 +43,9 @@ class Bind:
 class NetSpec:
     """What the init does to the jail's network namespace; set by the mode object (``net/modes.py``).
 
-    Descriptors handed to the host after setup, in this order: the proxy listener (if
-    ``proxy_port``), then one per entry of ``namespaces``."""
+    Descriptors handed to the host after setup, in this order: a sock_diag netlink socket of the
+    namespace (if ``new_netns``; for the host's watcher), the proxy listener (if ``proxy_port``),
+    then one per entry of ``namespaces``."""
 
     new_netns: bool  # the jail gets its own network namespace (loopback is brought up in it)
     proxy_port: int  # >0: listen on the jail's 127.0.0.1:PORT and hand the socket to the host proxy
@@ -53,8 +54,14 @@ class NetSpec:
 
     @property
     def fd_count(self) -> int:
-        """How many descriptors the init hands over with its ready message."""
+        """How many descriptors the network mode's host side takes."""
         return (1 if self.proxy_port else 0) + len(self.namespaces)
+
+    @property
+    def handed(self) -> int:
+        """How many descriptors the init hands over with its ready message: the mode's, after the
+        sock_diag socket of a namespace of its own."""
+        return (1 if self.new_netns else 0) + self.fd_count
 
     @classmethod
     def from_wire(cls, obj: object) -> NetSpec:

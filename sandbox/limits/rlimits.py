@@ -48,6 +48,11 @@ def plan(
         how["socket_buffers"] = "cgroup v2 memory (counted in memory.current)"
     elif cgroup == "cgroup v1" and limits.memory is not None:
         how["socket_buffers"] = "cgroup v1 memory.kmem.tcp.limit_in_bytes (the memory limit)"
+    elif limits.memory is not None:
+        how["socket_buffers"] = (
+            "host watcher, in the memory total: the kernel's memory figures of the UNIX, TCP and UDP sockets of "
+            "the jail's own network namespace (on the host's network: per socket only)"
+        )
     else:
         how["socket_buffers"] = "per socket only (the kernel's tcp_rmem/tcp_wmem): no cgroup counts a total"
     if limits.pids is not None:

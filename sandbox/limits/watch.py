@@ -7,9 +7,14 @@ jail's own init is untrusted once a command has run. Every ``TICK`` the thread r
 for all watched sandboxes: a jail's processes are the descendants of its init (every process of a
 pid namespace descends from its pid 1, so none can leave the set). Over ``memory``, the biggest
 process (proportional resident set of its anonymous and shared memory) is killed with its
-descendants. The bytes queued on the sockets of the jail's own network namespace (TCP and UDP,
-from its ``/proc/PID/net`` tables) count towards ``memory`` too: socket buffers are kernel memory no
-rlimit holds, and a reader that never reads makes a writer fill them. Over ``disk`` or ``inodes`` (a
+descendants. The sockets of the jail's own network namespace count towards ``memory`` too: socket
+buffers are kernel memory no rlimit holds, and a reader that never reads makes a writer fill them.
+Their figures (UNIX, TCP, UDP) are the kernel's own, read through a sock_diag socket the jail's
+init made in that namespace before any untrusted code ran (``sockdiag.py``: bounded, never
+blocking, and spaced so that counts take at most a ``COUNT_SHARE``-th of the thread's time, all
+sandboxes together). When they are what is over, the process holding the most sockets is killed.
+A jail on the host's network has no such count (its sockets are among all of the host's); there
+each socket is bounded only by its own buffer size. Over ``disk`` or ``inodes`` (a
 bounded walk of the writable layer, spaced by how long the last one took), every process of the
 jail but its init is killed each time usage grew.
 
@@ -30,14 +35,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .sockdiag import Sockets
+
 TICK = 0.05
 KILL_WAIT = 1.0
 WALK_SHARE = 5  # walks of writable layers take at most a fifth of the thread's time, all sandboxes together
 WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still seen
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ROLLUP_KEYS = (b"Pss_Anon:", b"Pss_Shmem:", b"SwapPss:")
-SOCKET_TABLES = ("tcp", "tcp6", "udp", "udp6")
-SOCKET_TABLE_BYTES = 16 << 20  # read at most this much of one table (about 100k sockets)
+COUNT_SHARE = 5  # socket counts take at most a fifth of the thread's time, all sandboxes together
 
 
 @dataclass(eq=False)
@@ -49,11 +55,13 @@ class Watched:
     upper: Path | None = None  # a disk writable layer, on the host
     disk: int | None = None
     inodes: int | None = None
-    sockets: bool = False  # the jail has its own network namespace: its socket queues count as memory
+    sockets: Sockets | None = None  # of the jail's own network namespace: their memory counts
     counters: dict[str, int] = field(default_factory=dict)
     last_usage: tuple[int, int] = (0, 0)
     next_walk: float = 0.0
     settling: bool = False  # killed at the last walk: what its writers still flushed is not new growth
+    queued: int = 0  # the last figure for its sockets, kept until the next count
+    next_count: float = 0.0
 
     def __post_init__(self) -> None:
         if self.memory is not None:
@@ -70,20 +78,30 @@ class Watcher:
         self._watched: list[Watched] = []
         self._thread: threading.Thread | None = None
         self._owner = 0  # the pid that started the thread: a forked child starts its own
+        self._checking = threading.Lock()  # held through each sample: what it reads is not closed under it
 
     def add(self, watched: Watched) -> None:
         with self._lock:
             self._watched.append(watched)
             if self._thread is None or self._owner != os.getpid():
                 self._owner = os.getpid()
+                self._checking = threading.Lock()  # a fork copies it as it was, maybe held by a sample
                 self._thread = threading.Thread(target=self._run, name="jailbox-watch", daemon=True)
                 self._thread.start()
             self._lock.notify()
 
     def remove(self, watched: Watched) -> None:
+        """Stop watching; the sandbox's netlink socket is closed once no sample is using it."""
         with self._lock:
             if watched in self._watched:
                 self._watched.remove(watched)
+        if watched.sockets is None:
+            return
+        if self._owner != os.getpid():  # a forked child: no thread of this process samples it
+            watched.sockets.close()
+            return
+        with self._checking:
+            watched.sockets.close()
 
     def _run(self) -> None:
         while True:
@@ -92,7 +110,8 @@ class Watcher:
                     self._lock.wait()
                 current = list(self._watched)
             try:
-                check(current, time.monotonic())
+                with self._checking:
+                    check(current, time.monotonic())
             except Exception:  # a bad sample must not end the thread that holds the bounds
                 pass
             time.sleep(TICK)
@@ -105,10 +124,11 @@ def check(watched: list[Watched], now: float) -> None:
     """One sample of every watched sandbox; kills what is over its bound."""
     tree: dict[int, list[int]] | None = None
     walkers = sum(w.upper is not None for w in watched)
+    counters = sum(w.sockets is not None and w.memory is not None for w in watched)
     for w in watched:
         if w.memory is not None:
             tree = tree if tree is not None else _children()
-            _check_memory(w, tree)
+            _check_memory(w, tree, counters)
         if w.upper is not None and now >= w.next_walk:
             started = time.monotonic()
             usage = _usage(w.upper, w.disk, w.inodes)
@@ -129,10 +149,10 @@ def check(watched: list[Watched], now: float) -> None:
             w.last_usage = usage
 
 
-def _check_memory(w: Watched, tree: dict[int, list[int]]) -> None:
+def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int) -> None:
     assert w.memory is not None
     pids = [w.init_pid, *_descendants(tree, w.init_pid)]
-    queued = _socket_queues(w.init_pid) if w.sockets else 0
+    queued = _queued(w, counters)
     # resident minus file-backed pages first (cheap, counts pages shared after fork twice);
     # only over the bound the exact proportional share is read
     if queued + sum(_anon_resident(pid) for pid in pids) <= w.memory:
@@ -152,6 +172,23 @@ def _check_memory(w: Watched, tree: dict[int, list[int]]) -> None:
     biggest = max(candidates, key=lambda pid: candidates[pid])
     w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
     _kill_all([biggest, *_descendants(tree, biggest)], w.init_pid)
+    w.next_count = 0.0  # what the killed held is freed: the last figure is stale
+
+
+def _queued(w: Watched, counters: int) -> int:
+    """What the sockets of the jail's own network namespace hold; counted again once the last count
+    has been paid for (``COUNT_SHARE``, shared by the ``counters`` sandboxes), else the last figure."""
+    assert w.memory is not None
+    if w.sockets is None:
+        return 0
+    now = time.monotonic()
+    if now < w.next_count:
+        return w.queued
+    counted = w.sockets.measure(w.memory)  # a count stops once past the bound: the total is over either way
+    if counted is not None:  # else the rest of an earlier dump is still being read out: the last figure holds
+        w.queued = counted
+    w.next_count = now + (time.monotonic() - now) * COUNT_SHARE * counters
+    return w.queued
 
 
 def _children() -> dict[int, list[int]]:
@@ -202,26 +239,6 @@ def _proportional(pid: int) -> int:
                     total += int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return _anon_resident(pid)
-    return total
-
-
-def _socket_queues(init_pid: int) -> int:
-    """Bytes waiting in the send and receive queues of every TCP and UDP socket of the jail's own
-    network namespace (never asked of a jail on the host's: those tables are the host's)."""
-    total = 0
-    for table in SOCKET_TABLES:
-        try:
-            with open(f"/proc/{init_pid}/net/{table}", "rb") as f:
-                lines = f.read(SOCKET_TABLE_BYTES).splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            try:  # "sl local remote st tx_queue:rx_queue ...", the queues in hex
-                tx, rx = fields[4].split(b":")
-                total += int(tx, 16) + int(rx, 16)
-            except (IndexError, ValueError):
-                continue
     return total
 
 
