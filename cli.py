@@ -1054,7 +1054,7 @@ def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None,
             if len(runs) > 1:
                 click.echo(f"== {trajectory}")
             for s in steps:
-                click.echo(f"step {s.index:3} {s.verdict:16} {s.action[:90]}")
+                click.echo(f"step {s.index:3} {s.verdict:16} {s.action[:90]}" + (f"  ({s.cause})" if s.cause else ""))
                 if s.verdict == "differs":
                     click.echo(_trim(s.diff, 1200))
         width = max(len("trajectory"), *(len(Path(t).stem) for t, _ in runs))
