@@ -56,6 +56,7 @@ _TIMES = re.compile(
 )
 _ITEMS = re.compile(r"[^\s,;{}\[\]()]+")
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
+_ADDRESS = re.compile(r"\b0x[0-9a-f]{6,}\b")
 # what a network step brings: the packages an installer was named, the files a download wrote
 _INSTALL = re.compile(r"\b(?:pip3?|-m pip|uv pip|uv|apt-get|apt|conda|npm)\s+(?:install|add|download)\s+([^;&|><\n]*)")
 _DOWNLOAD = re.compile(r"(?:curl|wget)\b[^;&|\n]*?\s-(?:o|O|-output|-output-document)[ =]?\s*(\S+)")
@@ -162,8 +163,7 @@ def exit_code(observation: str) -> int | None:
 
 def nondeterministic(old: list[str], new: list[str]) -> bool:
     """Whether two observations differ only in times, in line order, or in the order of items within lines."""
-    old = [_TIMES.sub("<time>", line) for line in old]
-    new = [_TIMES.sub("<time>", line) for line in new]
+    old, new = _timed(old), _timed(new)
     return old == new or _items(old) == _items(new)
 
 
@@ -176,7 +176,7 @@ class _Scripts:
 
     def __init__(self) -> None:
         self.text: dict[str, str] = {}
-        self.encoded: int | None = None  # the first step that ran an x264 encode
+        self.encoded: int | None = None  # the last step that ran an x264 encode (what the files hold now)
 
     def edit(self, parameters: dict[str, Any]) -> None:
         path, command = str(parameters.get("path", "")), parameters.get("command")
@@ -190,7 +190,7 @@ class _Scripts:
         """The text of the command and of every script it runs (by name, from the directory it runs in)."""
         texts = [command] + [t for p, t in self.text.items() for name in _RUNS.findall(command) if p.endswith(name)]
         text = "\n".join(texts)
-        if self.encoded is None and _ENCODES.search(text):
+        if _ENCODES.search(text):
             self.encoded = index
         return text
 
@@ -257,7 +257,9 @@ def _compare(
         verdict, cause = "network", "the command reaches the network"
     elif function == "execute_bash" and (_FETCHED.search(recorded) or _FETCHED.search(observation)):
         verdict, cause = "network", "the command installs from the network"
-    elif exits_agree and _spaced(old) != _spaced(new) and nondeterministic(old, new):
+    elif exits_agree and _spaced(old) == _spaced(new):
+        verdict, cause = "differs", "spacing only (column widths: what else the listing holds)"
+    elif exits_agree and nondeterministic(old, new):
         verdict, cause = "nondeterministic", _varying(old, new)
     elif named := fetched.named_in(changed):
         verdict, cause = "network", f"uses {named}"
@@ -265,10 +267,8 @@ def _compare(
         verdict = "differs"
         if not exits_agree:
             cause = "the exit code" + (" and the output" if old != new else "")
-        elif _spaced(old) == _spaced(new):
-            cause = "spacing only (column widths: what else the listing holds)"
-        elif _NUMBERS.sub("<n>", "\n".join(old)) == _NUMBERS.sub("<n>", "\n".join(new)):
-            cause = "numbers only (sizes, counts, measurements)"
+        elif _numbers(old) == _numbers(new):
+            cause = "numbers only (sizes, counts, measurements" + (", times)" if _timed(old) != old else ")")
         else:
             cause = "the output"
     diff = ""
@@ -298,6 +298,15 @@ def _unrepeatable(result: StepDiff, ran: str, encoded: int | None) -> StepDiff:
     return result.model_copy(update={"verdict": "nondeterministic", "cause": cause})
 
 
+def _timed(lines: list[str]) -> list[str]:
+    return [_TIMES.sub("<time>", line) for line in lines]
+
+
+def _numbers(lines: list[str]) -> list[str]:
+    """The lines with times, numbers and memory addresses (ASLR's) as placeholders, blanks as one space."""
+    return [_NUMBERS.sub("<n>", _ADDRESS.sub("<address>", line)) for line in _spaced(_timed(lines))]
+
+
 def _spaced(lines: list[str]) -> list[str]:
     """The lines with every run of blanks as one space."""
     return [" ".join(line.split()) for line in lines]
@@ -305,8 +314,7 @@ def _spaced(lines: list[str]) -> list[str]:
 
 def _varying(old: list[str], new: list[str]) -> str:
     """What a nondeterministic step varies in."""
-    timed_old = [_TIMES.sub("<time>", line) for line in old]
-    timed_new = [_TIMES.sub("<time>", line) for line in new]
+    timed_old, timed_new = _timed(old), _timed(new)
     if timed_old == timed_new:
         return "dates and times"
     times = " and times" if timed_old != old or timed_new != new else ""
