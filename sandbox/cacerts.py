@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import ssl
 import stat
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,6 +37,8 @@ def read_pem(path: Path) -> str:
     if not blocks:
         raise ValueError(f"{path} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
     text = "\n".join(blocks) + "\n"
+    import ssl  # only when there are certificates: every SandboxConfig loads this module, `jailbox exec` included
+
     try:
         ssl.create_default_context(cadata=text)
     except ssl.SSLError as exc:
