@@ -64,6 +64,7 @@ FLAGS: dict[tuple[str, str], tuple[str, str]] = {
     ("SandboxConfig", "limits"): ("--memory", "--memory 4G"),
     ("SandboxConfig", "cap_add"): ("--cap-add", "--cap-add NET_ADMIN"),
     ("SandboxConfig", "cap_drop"): ("--cap-drop", "--cap-drop NET_RAW"),
+    ("SandboxConfig", "ca_certs"): ("--ca-cert", "--ca-cert /usr/local/share/ca-certificates/proxy.crt"),
     ("Limits", "memory"): ("--memory", "--memory 4G"),
     ("LLMConfig", ""): ("--llm-base-url", "--llm-base-url http://localhost:8000/v1"),  # none given, none in $ENV
     ("LLMConfig", "model"): ("--llm-name", "--llm-name qwen3"),
@@ -168,7 +169,18 @@ def llm_advice(error: str, url: str) -> str:
 CAP_HELP = "uid 0 {} capability NAME in the jail's user namespace (capabilities(7), CAP_ optional, or ALL)."
 
 
-def _cap_options(func: Any) -> Any:
+CA_CERT_HELP = (
+    "Trust the CA certificates of PEM file FILE inside the jail too (repeatable): appended to the root filesystem's "
+    "bundles (system, pip's certifi) in its writable layer, for a TLS-intercepting proxy."
+)
+
+
+def _shaping_options(func: Any) -> Any:
+    """The flags every command that makes a jail shares, however it declares the rest: capabilities and
+    extra CA certificates."""
+    func = click.option(
+        "--ca-cert", "ca_certs", multiple=True, metavar="FILE", type=click.Path(dir_okay=False), help=CA_CERT_HELP
+    )(func)
     func = click.option("--cap-drop", "cap_drop", multiple=True, metavar="NAME", help=CAP_HELP.format("loses"))(func)
     return click.option("--cap-add", "cap_add", multiple=True, metavar="NAME", help=CAP_HELP.format("gains"))(func)
 
@@ -180,7 +192,7 @@ def _agent_jail_options(func: Any) -> Any:
 
 def _jail_options(func: Any, rootfs: str | None = "host", network: str = "none") -> Any:
     options = [
-        _cap_options,
+        _shaping_options,
         click.option(
             "--rootfs",
             default=rootfs,
@@ -235,6 +247,7 @@ def _config(
     upper: str,
     cap_add: tuple[str, ...],
     cap_drop: tuple[str, ...],
+    ca_certs: tuple[str, ...],
 ) -> SandboxConfig:
     from .sandbox import Mount, NetworkPolicy, SandboxConfig
 
@@ -258,6 +271,7 @@ def _config(
             upper=upper,
             cap_add=cap_add,
             cap_drop=cap_drop,
+            ca_certs=list(ca_certs),
             **extra,
         )
 
@@ -527,7 +541,7 @@ def _trim(text: str, limit: int = 600) -> str:
 )
 @click.option("--network", default="full", show_default=True, metavar="MODE", help=RUN_NETWORK_HELP)
 @click.option("--memory", default=None, help="Memory cap for the jail, e.g. 4G.")
-@_cap_options
+@_shaping_options
 @click.option("--copy-out", "--copy_out", "copy_out", multiple=True, metavar="PATH", help=COPY_OUT_HELP)
 @click.option("--quiet", is_flag=True, help="No per-step output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final result as JSON.")
@@ -555,6 +569,7 @@ def run_cmd(
     memory: str | None,
     cap_add: tuple[str, ...],
     cap_drop: tuple[str, ...],
+    ca_certs: tuple[str, ...],
     copy_out: tuple[str, ...],
     quiet: bool,
     as_json: bool,
@@ -606,7 +621,12 @@ def run_cmd(
         llm = LLMConfig(**llm_fields)
         limits = Limits(memory=memory) if memory else Limits()
         sandbox = SandboxConfig(
-            rootfs=rootfs or default_rootfs(), network=network, limits=limits, cap_add=cap_add, cap_drop=cap_drop
+            rootfs=rootfs or default_rootfs(),
+            network=network,
+            limits=limits,
+            cap_add=cap_add,
+            cap_drop=cap_drop,
+            ca_certs=list(ca_certs),
         )
         agent = AgentConfig(
             max_steps=max_steps,
@@ -822,7 +842,7 @@ def _docker_image(ref: str, quiet: bool) -> str:
 @click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
 @click.option("--rootfs", default=None, help=ROOTFS_DEFAULT_HELP)
 @click.option("--network", default="full", show_default=True, metavar="MODE", help=RUN_NETWORK_HELP)
-@_cap_options
+@_shaping_options
 @click.option(
     "--scorer-module",
     "--scorer_module",
@@ -864,6 +884,7 @@ def bench_cmd(
     network: str,
     cap_add: tuple[str, ...],
     cap_drop: tuple[str, ...],
+    ca_certs: tuple[str, ...],
     scorer_modules: tuple[str, ...],
     inputs_root: str | None,
     copy_out: tuple[str, ...],
@@ -944,7 +965,13 @@ def bench_cmd(
             LLMConfig(**fields),
             out,
             config,
-            SandboxConfig(rootfs=rootfs or default_rootfs(), network=network, cap_add=cap_add, cap_drop=cap_drop),
+            SandboxConfig(
+                rootfs=rootfs or default_rootfs(),
+                network=network,
+                cap_add=cap_add,
+                cap_drop=cap_drop,
+                ca_certs=list(ca_certs),
+            ),
             AgentConfig(max_steps=max_steps),
             executor=find_executor(executor),
             scorers=scorers,
@@ -1027,7 +1054,7 @@ def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None,
             if len(runs) > 1:
                 click.echo(f"== {trajectory}")
             for s in steps:
-                click.echo(f"step {s.index:3} {s.verdict:16} {s.action[:90]}")
+                click.echo(f"step {s.index:3} {s.verdict:16} {s.action[:90]}" + (f"  ({s.cause})" if s.cause else ""))
                 if s.verdict == "differs":
                     click.echo(_trim(s.diff, 1200))
         width = max(len("trajectory"), *(len(Path(t).stem) for t, _ in runs))

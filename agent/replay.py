@@ -8,10 +8,15 @@ after normalisation: older formats differ in their wrappers (``Exit code: 0\\n[S
 ``Execution output of \\[execute_bash]:``, ``(empty)``, ``(no output)``), so wrapper lines are dropped and
 trailing blanks ignored, while the exit codes (in either spelling) are compared on their own. A command
 recorded as its bare output (some of the paper's runs) is compared with all of its output lines, as such
-a recording shows them, not with the first and last ``STREAM_LINES`` an observation keeps. A step that
-differs is put in its own column when its command reaches the network (``network``), or when it differs
-only in what no two runs share (``nondeterministic``: dates and times, the order of lines, as readdir gives
-it, or of the items within a line, as a set's hash order gives it).
+a recording shows them (stdout then stderr, no section between them), not with the first and last
+``STREAM_LINES`` an observation keeps. A step that differs is put in its own column when its command
+reaches the network, or when what differs names something the network brought (``network``: a package
+or file an earlier step fetched, a package the run installed, whose release today is not the recorded
+one), or when it differs only in what no two runs share (``nondeterministic``: dates and times, the
+order of lines, as readdir gives it, or of the items within a line, as a set's hash order gives it;
+and what a run cannot repeat by design: the output of a script that orders strings by a set's hash, and
+the numbers of a video x264 encoded, whose bytes follow the encoder's thread count, so the machine's
+CPUs). Each such step says why, in ``cause``.
 """
 
 from __future__ import annotations
@@ -20,11 +25,11 @@ import difflib
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from ..sandbox import Sandbox, SandboxConfig
+from ..sandbox import ExecResult, Sandbox, SandboxConfig
 from . import inputs
 from .tools import Tools
 from .trajectory import load
@@ -50,6 +55,41 @@ _TIMES = re.compile(
     r"|\b\d{1,2}:\d{2}(:\d{2})?(\.\d+)?\b"
 )
 _ITEMS = re.compile(r"[^\s,;{}\[\]()]+")
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?")
+_ADDRESS = re.compile(r"\b0x[0-9a-f]{6,}\b")
+# what a network step brings: the packages an installer was named, the files a download wrote
+_INSTALL = re.compile(r"\b(?:pip3?|-m pip|uv pip|uv|apt-get|apt|conda|npm)\s+(?:install|add|download)\s+([^;&|><\n]*)")
+_DOWNLOAD = re.compile(r"(?:curl|wget)\b[^;&|\n]*?\s-(?:o|O|-output|-output-document)[ =]?\s*(\S+)")
+_CLONE = re.compile(r"\bgit clone\s+(?:-\S+\s+)*\S*?([\w.-]+?)(?:\.git)?/?(?:\s|$)")
+# pip's and apt's lines that show a command reached the network whatever ran it (a script's pip, say)
+_FETCHED = re.compile(
+    r"^(?:Collecting ([A-Za-z0-9][\w.-]*)(?:\[[^\]\n]*\])?(?:[<>=!~][^\n]*| \([^\n]*)?"
+    r"|\s*Downloading (?:\S*/)?([A-Za-z0-9][\w.]*)-\S+\.(?:whl|tar\.gz|zip)\b[^\n]*"
+    r"|Successfully installed ((?:[\w.]+-[\w.+!]+ ?)+)"
+    r"|Get:\d+ https?://\S+[^\n]*)$",
+    re.MULTILINE,
+)
+_PACKAGE_FILE = re.compile(r"/(?:site|dist)-packages/([A-Za-z0-9_]+)")
+_SPEC = re.compile(r"[\[<>=!~;@: ].*")
+# a distribution's import name where it is not the distribution's own name
+_IMPORTED_AS = {
+    "pillow": "PIL",
+    "rdkit-pypi": "rdkit",
+    "opencv-python": "cv2",
+    "opencv-python-headless": "cv2",
+    "scikit-learn": "sklearn",
+    "scikit-image": "skimage",
+    "beautifulsoup4": "bs4",
+    "pyyaml": "yaml",
+    "python-docx": "docx",
+    "python-pptx": "pptx",
+}
+# a script whose output no two runs share: strings taken in a set's hash order (PYTHONHASHSEED is random
+# per process), or a video x264 encodes (its bytes follow its thread count: the machine's CPUs)
+_HASH_ORDER = re.compile(r"\b(?:list|sorted\(list|tuple)\(set\(|random\.(?:sample|choice|shuffle)\([^)]*set\(")
+_ENCODES = re.compile(r"libx264|write_videofile|ffmpeg\b.*-c(?::v)? ")
+_RUNS = re.compile(r"\bpython3?\s+(?:-\S+\s+)*([\w./-]+\.py)\b")
+SITE_PACKAGES = "ls -1 /usr/local/lib/python3*/site-packages /usr/lib/python3/dist-packages 2>/dev/null"
 
 
 class StepDiff(BaseModel):
@@ -59,6 +99,50 @@ class StepDiff(BaseModel):
     exit_recorded: int | None = None
     exit_now: int | None = None
     diff: str = ""
+    cause: str = ""  # why a step that is not "same" is in its column, in a few words
+
+
+class _Bare(Tools):
+    """The tools a recording of a command's bare output is replayed with: the output alone, stdout then
+    stderr, every line (what such a recording shows)."""
+
+    def _bash_observation(self, result: ExecResult) -> str:
+        return result.stdout + result.stderr
+
+
+class _Fetched:
+    """What the network brought during a replay: names (lower case) -> the step that brought them."""
+
+    def __init__(self, installed: set[str]) -> None:
+        self.installed = installed  # the packages the tree had before the first step
+        self.names: dict[str, int] = {}
+
+    def add(self, index: int, command: str, observations: tuple[str, ...]) -> None:
+        found: list[str] = []
+        for args in _INSTALL.findall(command):
+            found += [_SPEC.sub("", a) for a in args.split() if not a.startswith("-") and "/" not in a]
+        found += [Path(f).name for f in _DOWNLOAD.findall(command)] + _CLONE.findall(command)
+        for observation in observations:
+            for collecting, downloading, installed in _FETCHED.findall(observation):
+                found += [collecting, downloading, *(word.rsplit("-", 1)[0] for word in installed.split())]
+        for name in filter(None, found):
+            aliases = {name.lower(), name.lower().replace("-", "_"), _IMPORTED_AS.get(name.lower(), name).lower()}
+            if aliases & self.installed:  # the tree had it: the installer had nothing to fetch
+                continue
+            for alias in aliases:
+                if len(alias) > 2:
+                    self.names.setdefault(alias, index)
+
+    def named_in(self, changed: list[str]) -> str:
+        """The cause, if the changed lines name something the network brought; else ""."""
+        text = "\n".join(changed)
+        for name, index in self.names.items():
+            if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text, re.IGNORECASE):
+                return f"{name}, which step {index} fetched"
+        for package in _PACKAGE_FILE.findall(text):
+            if package.lower() not in self.installed:
+                return f"{package}, installed during the run (today's release)"
+        return ""
 
 
 def normalise(observation: str) -> list[str]:
@@ -79,13 +163,36 @@ def exit_code(observation: str) -> int | None:
 
 def nondeterministic(old: list[str], new: list[str]) -> bool:
     """Whether two observations differ only in times, in line order, or in the order of items within lines."""
-    old = [_TIMES.sub("<time>", line) for line in old]
-    new = [_TIMES.sub("<time>", line) for line in new]
+    old, new = _timed(old), _timed(new)
     return old == new or _items(old) == _items(new)
 
 
 def _items(lines: list[str]) -> Counter[str]:
     return Counter(item for line in lines for item in _ITEMS.findall(line))
+
+
+class _Scripts:
+    """The text of each file the editor wrote during the replay, to tell what running it can repeat."""
+
+    def __init__(self) -> None:
+        self.text: dict[str, str] = {}
+        self.encoded: int | None = None  # the last step that ran an x264 encode (what the files hold now)
+
+    def edit(self, parameters: dict[str, Any]) -> None:
+        path, command = str(parameters.get("path", "")), parameters.get("command")
+        if command == "create":
+            self.text[path] = str(parameters.get("file_text", ""))
+        elif command == "str_replace" and path in self.text:
+            old, new = str(parameters.get("old_str", "")), str(parameters.get("new_str", ""))
+            self.text[path] = self.text[path].replace(old, new, 1)
+
+    def ran(self, index: int, command: str) -> str:
+        """The text of the command and of every script it runs (by name, from the directory it runs in)."""
+        texts = [command] + [t for p, t in self.text.items() for name in _RUNS.findall(command) if p.endswith(name)]
+        text = "\n".join(texts)
+        if _ENCODES.search(text):
+            self.encoded = index
+        return text
 
 
 def replay(
@@ -101,34 +208,71 @@ def replay(
             inputs.copy_dir(sb, Path(input_dir), INPUT_DIR)
         sb.exec(["mkdir", "-p", INPUT_DIR])
         sb.exec("cd /testbed && git init >/dev/null 2>&1 || true")
+        fetched = _Fetched({name.lower() for name in sb.exec(SITE_PACKAGES).stdout.split()})
         tools = Tools(sb, timeout=timeout)
-        every_line = Tools(sb, timeout=timeout, stream_lines=None)
+        bare_tools = _Bare(sb, timeout=timeout, stream_lines=None)
+        scripts = _Scripts()
         for step in trajectory.steps:
             for action, recorded in zip(step.actions, step.observations, strict=False):
                 bare = action.function == "execute_bash" and exit_code(recorded) is None
-                observation = (every_line if bare else tools).call(action.function, action.parameters).observation
+                now = (bare_tools if bare else tools).call(action.function, action.parameters)
                 command = str(action.parameters.get("command", ""))
                 label = f"{action.function} {command}".strip()
-                results.append(_compare(step.index, label, action.function, command, recorded, observation))
+                exit_now = now.exit_code if bare else exit_code(now.observation)
+                result = _compare(
+                    step.index, label, action.function, command, recorded, now.observation, exit_now, fetched
+                )
+                if action.function == "str_replace_editor":
+                    scripts.edit(action.parameters)
+                elif result.verdict == "differs":
+                    result = _unrepeatable(result, scripts.ran(step.index, command), scripts.encoded)
+                else:
+                    scripts.ran(step.index, command)
+                results.append(result)
+                if action.function == "execute_bash":
+                    fetched.add(step.index, command, () if result.verdict == "same" else (recorded, now.observation))
     return results
 
 
-def _compare(index: int, label: str, function: str, command: str, recorded: str, observation: str) -> StepDiff:
+def _compare(
+    index: int,
+    label: str,
+    function: str,
+    command: str,
+    recorded: str,
+    observation: str,
+    exit_now: int | None,
+    fetched: _Fetched,
+) -> StepDiff:
     old, new = normalise(recorded), normalise(observation)
-    exit_recorded, exit_now = exit_code(recorded), exit_code(observation)
+    exit_recorded = exit_code(recorded)
     exits_agree = exit_recorded is None or exit_recorded == exit_now  # some recordings give the output alone
+    lines = list(difflib.unified_diff(old, new, "recorded", "now", n=1, lineterm=""))
+    changed = [line[1:] for line in lines[2:] if line[:1] in "+-"]
     verdict: Verdict
+    cause = ""
     if old == new and exits_agree:
         verdict = "same"
     elif function == "execute_bash" and _NETWORK.search(command):
-        verdict = "network"
+        verdict, cause = "network", "the command reaches the network"
+    elif function == "execute_bash" and (_FETCHED.search(recorded) or _FETCHED.search(observation)):
+        verdict, cause = "network", "the command installs from the network"
+    elif exits_agree and _spaced(old) == _spaced(new):
+        verdict, cause = "differs", "spacing only (column widths: what else the listing holds)"
     elif exits_agree and nondeterministic(old, new):
-        verdict = "nondeterministic"
+        verdict, cause = "nondeterministic", _varying(old, new)
+    elif named := fetched.named_in(changed):
+        verdict, cause = "network", f"uses {named}"
     else:
         verdict = "differs"
+        if not exits_agree:
+            cause = "the exit code" + (" and the output" if old != new else "")
+        elif _numbers(old) == _numbers(new):
+            cause = "numbers only (sizes, counts, measurements" + (", times)" if _timed(old) != old else ")")
+        else:
+            cause = "the output"
     diff = ""
     if verdict != "same":
-        lines = difflib.unified_diff(old, new, "recorded", "now", n=1, lineterm="")
         codes = [] if exits_agree else [f"-exit code {exit_recorded}", f"+exit code {exit_now}"]
         diff = "\n".join([*codes, *lines])[:MAX_DIFF]
     return StepDiff(
@@ -138,4 +282,42 @@ def _compare(index: int, label: str, function: str, command: str, recorded: str,
         exit_recorded=exit_recorded,
         exit_now=exit_now,
         diff=diff,
+        cause=cause,
     )
+
+
+def _unrepeatable(result: StepDiff, ran: str, encoded: int | None) -> StepDiff:
+    """``result`` as nondeterministic where what it ran cannot give the same output twice: a set's hash
+    order, or the numbers of a video x264 encoded (at ``encoded``, this step or an earlier one)."""
+    if _HASH_ORDER.search(ran) and result.exit_recorded == result.exit_now:
+        cause = "the script takes strings in a set's hash order (PYTHONHASHSEED is random per run)"
+    elif encoded is not None and result.cause.startswith("numbers only"):
+        cause = f"numbers of the video step {encoded} encoded (x264's bytes follow its thread count: the CPUs)"
+    else:
+        return result
+    return result.model_copy(update={"verdict": "nondeterministic", "cause": cause})
+
+
+def _timed(lines: list[str]) -> list[str]:
+    return [_TIMES.sub("<time>", line) for line in lines]
+
+
+def _numbers(lines: list[str]) -> list[str]:
+    """The lines with times, numbers and memory addresses (ASLR's) as placeholders, blanks as one space."""
+    return [_NUMBERS.sub("<n>", _ADDRESS.sub("<address>", line)) for line in _spaced(_timed(lines))]
+
+
+def _spaced(lines: list[str]) -> list[str]:
+    """The lines with every run of blanks as one space."""
+    return [" ".join(line.split()) for line in lines]
+
+
+def _varying(old: list[str], new: list[str]) -> str:
+    """What a nondeterministic step varies in."""
+    timed_old, timed_new = _timed(old), _timed(new)
+    if timed_old == timed_new:
+        return "dates and times"
+    times = " and times" if timed_old != old or timed_new != new else ""
+    if sorted(timed_old) == sorted(timed_new):
+        return "line order (as readdir gives it)" + times
+    return "the order of items in a line (as a set's hash order gives it)" + times

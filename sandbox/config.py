@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from . import cacerts
 from .floor.linux import CAPABILITIES
 from .net.policy import NetworkPolicy, fields_of
 from .seccomp.policy import SeccompPolicy
@@ -185,6 +186,11 @@ class SandboxConfig(BaseModel):
         (), description="capabilities uid 0 gets on top of the default (names from capabilities(7), or ALL)"
     )
     cap_drop: tuple[str, ...] = Field((), description="capabilities uid 0 loses from the default (or ALL)")
+    ca_certs: list[Path] = Field(
+        default_factory=list,
+        description="PEM files of CA certificates the jail's TLS clients trust on top of the root filesystem's "
+        "(appended to its system bundle and pip's, in the writable layer)",
+    )
     seccomp: SeccompPolicy | None = Field(default_factory=SeccompPolicy, description="None turns it off (warns)")
     limits: Limits = Field(default_factory=Limits)
     output_limit: int = Field(1 << 20, description="bytes kept per stream per exec (head and tail)")
@@ -209,6 +215,18 @@ class SandboxConfig(BaseModel):
             raise ValueError(
                 f"{both[0]} is in cap_add too: a capability is added or dropped (e.g. cap_drop ALL, cap_add CHOWN)"
             )
+        return v
+
+    @field_validator("ca_certs")
+    @classmethod
+    def _ca_certs(cls, v: list[Path], info: ValidationInfo) -> list[Path]:
+        if v and info.data.get("rootfs") == "host":
+            raise ValueError(
+                "the host rootfs trusts the host's own CAs (its /etc is the host's, read-only); extra CA "
+                "certificates need a root filesystem, e.g. rootfs='default'"
+            )
+        v = [p.expanduser().absolute() for p in v]
+        cacerts.bundle(v)
         return v
 
     @field_validator("hostname")

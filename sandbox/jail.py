@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from . import hostroot, idmap, state
+from . import cacerts, hostroot, idmap, state
 from .channel import Channel
 from .child.protocol import Created, CreateRequest, Failed, Step, decode
 from .child.spec import Bind, JailSpec, SeccompSpec
@@ -150,6 +150,7 @@ class Jail:
                 for m in sorted(cfg.mounts, key=lambda m: m.dst.count("/"))
             ),
             generated=generated,
+            ca_certs=self._ca_certs(),
             upper=cfg.upper,
             tmpfs_size=tmpfs_size,
             tmpfs_inodes=tmpfs_inodes,
@@ -164,6 +165,17 @@ class Jail:
             pids_budget=rlimits.nproc_budget(self._pids_budget, cfg.userns),
             counters=counters,
         )
+
+    def _ca_certs(self) -> str:
+        """The config's CA files, read again now (they may have changed since it was validated)."""
+        if not self.config.ca_certs:
+            return ""
+        if self._lower is None:
+            raise ConfigError("ca_certs needs a root filesystem: the host rootfs's /etc is the host's, read-only")
+        try:
+            return cacerts.bundle(self.config.ca_certs)
+        except ValueError as exc:
+            raise ConfigError(f"ca_certs: {exc}") from None
 
     def _create(self, undo: contextlib.ExitStack) -> tuple[socket.socket, int]:
         """Ask the launcher for the jail: its control socket and init pid (a pidfd of it is kept)."""

@@ -163,8 +163,9 @@ def test_input_dir_is_copied_to_testbed_input(tmp_path):
     ("name", "nondeterministic", "random"),
     [
         ("math", [], []),
-        # instruct prints two Python sets (hash order) and runs one unseeded random search (step 38)
-        ("instruct", [2, 42], [38]),
+        # instruct prints two Python sets, and its random search (step 38) samples a list made from a set:
+        # hash order, whatever the seed
+        ("instruct", [2, 38, 42], []),
     ],
 )
 def test_offline_trajectories_reproduce_with_the_host_rootfs(with_python, name, nondeterministic, random):
@@ -188,11 +189,11 @@ EXAMPLES = REFERENCE.parent / "reference-examples"
     ("name", "inputs", "nondeterministic", "differs"),
     [
         ("math", None, [], []),
-        # two Python sets printed (hash order); one unseeded random search (step 38)
-        ("instruct", None, [2, 42], [38]),
+        # two Python sets printed, and a seeded random search over a list made from a set (hash order)
+        ("instruct", None, [2, 38, 42], []),
         # readdir order of grep -r; the reference's edits added a blank line to answer.txt, ours keep its bytes
         ("longcontext", "09_long_context", [1, 16, 22], [24, 25]),
-        # `ls -l` times
+        # `ls -l` times (step 16's `file` error now follows its stdout with nothing between, as recorded)
         ("travel", None, [3, 11, 16, 24], []),
     ],
 )
@@ -223,3 +224,83 @@ def test_a_bare_recording_is_compared_with_every_line_and_a_full_one_with_the_cu
         ],
     )
     assert [s.verdict for s in replay(path)] == ["same", "same", "differs"]
+
+
+def test_a_bare_recording_is_stdout_then_stderr_with_nothing_between(tmp_path):
+    path = _trajectory(
+        tmp_path,
+        [
+            ("execute_bash", {"command": "echo Composing...; echo Traceback >&2; exit 1"}, "Composing...\nTraceback\n"),
+            ("execute_bash", {"command": "printf 'no newline'; echo err >&2"}, "no newlineerr\n"),
+        ],
+    )
+    assert [s.verdict for s in replay(path)] == ["same", "same"]
+
+
+def test_what_differs_after_a_network_step_because_of_it_is_network_and_says_which_step(tmp_path):
+    """Offline, the installs and downloads the recording made fail: the steps that use what they would
+    have brought differ because of them, and are counted with the network, naming the step; a difference
+    that names nothing fetched stays a difference."""
+    installed = "Collecting jbfoo-lib\n  Downloading jbfoo_lib-1.0-py3-none-any.whl (4 kB)\n"
+    installed += "Successfully installed jbfoo-lib-1.0\n"
+    path = _trajectory(
+        tmp_path,
+        [
+            (
+                "execute_bash",
+                {"command": "pip install -q jbfoo-lib==1.0 2>/dev/null"},
+                bash_observation("0", installed),
+            ),
+            ("execute_bash", {"command": "python3 -c 'import jbfoo_lib' 2>&1"}, bash_observation("0", "(no output)")),
+            ("execute_bash", {"command": "curl -sS -o /tmp/rates.csv http://127.0.0.1:9/x"}, bash_observation("0", "")),
+            ("execute_bash", {"command": "cat /tmp/rates.csv 2>&1"}, bash_observation("0", "usd,1.0\n")),
+            ("execute_bash", {"command": "apt-get install -y jbfoo-tool >/dev/null 2>&1"}, bash_observation("0", "")),
+            ("execute_bash", {"command": "jbfoo-tool --version 2>&1"}, bash_observation("0", "jbfoo-tool 2.1\n")),
+            ("execute_bash", {"command": "echo 41"}, bash_observation("0", "42\n")),
+            ("execute_bash", {"command": "echo 'jbfoo-lib   1.0'"}, bash_observation("0", "jbfoo-lib 1.0\n")),
+        ],
+    )
+    steps = replay(path)
+    assert [s.verdict for s in steps] == ["network"] * 6 + ["differs", "differs"]
+    assert steps[7].cause.startswith("spacing only")  # the name is there, but no fetch changes column widths
+    assert [s.cause for s in steps[1:6:2]] == [
+        "uses jbfoo_lib, which step 1 fetched",
+        "uses rates.csv, which step 3 fetched",
+        "uses jbfoo-tool, which step 5 fetched",
+    ]
+    assert steps[6].cause == "numbers only (sizes, counts, measurements)"
+
+
+def test_spacing_alone_is_a_difference_with_its_cause_not_an_order(tmp_path):
+    path = _trajectory(
+        tmp_path,
+        [("execute_bash", {"command": "echo 'moviepy    2.2.1'"}, bash_observation("0", "moviepy 2.2.1\n"))],
+    )
+    (step,) = replay(path)
+    assert step.verdict == "differs" and step.cause.startswith("spacing only"), step
+
+
+def test_scripts_no_run_can_repeat_are_nondeterministic_and_say_why(tmp_path):
+    """A set's hash order taken as data, and the numbers of an x264 encode (its bytes follow the thread
+    count), change from run to run by design; the same differences with no such script stay differences."""
+    pick = "import random\nrandom.seed(1)\nprint(random.sample(list(set(['ab', 'cd', 'ef'])), 1))\n"
+    encode = "# the clip goes through write_videofile(codec='libx264')\nprint('size=2292833')\n"
+    path = _trajectory(
+        tmp_path,
+        [
+            ("execute_bash", {"command": "echo size=2292833"}, bash_observation("0", "size=2292834\n")),
+            ("str_replace_editor", {"command": "create", "path": "/testbed/pick.py", "file_text": pick}, ""),
+            ("execute_bash", {"command": "cd /testbed && python3 pick.py"}, bash_observation("0", "['zz']\n")),
+            ("str_replace_editor", {"command": "create", "path": "/testbed/enc.py", "file_text": encode}, ""),
+            ("execute_bash", {"command": "cd /testbed && python3 enc.py"}, bash_observation("0", "size=2345901\n")),
+            ("execute_bash", {"command": "echo total 2.3M"}, bash_observation("0", "total 2.2M\n")),
+            ("execute_bash", {"command": "echo total 2.3M"}, bash_observation("0", "total 2.3G\n")),
+            ("execute_bash", {"command": "echo '[image2 @ 0x556f7b1168c0] Dec  1 07:54 speed=0.126x'"},
+             bash_observation("0", "[image2 @ 0x5584947f79c0] Jan 19 09:35 speed=0.674x\n")),
+        ],
+    )  # fmt: skip
+    steps = replay(path)
+    verdicts = [(s.verdict, s.cause) for s in steps if s.action.startswith("execute_bash")]
+    assert [v for v, _ in verdicts] == ["differs"] + ["nondeterministic"] * 3 + ["differs", "nondeterministic"]
+    assert "hash order" in verdicts[1][1]
+    assert verdicts[2][1] == verdicts[3][1] and "step 5 encoded" in verdicts[2][1] and "thread count" in verdicts[2][1]

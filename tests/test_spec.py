@@ -31,6 +31,7 @@ def _spec(**changes: object) -> JailSpec:
         "system_binds": (Bind("/usr", "/usr", True, True),),
         "user_binds": (),
         "generated": {"etc/hostname": "jail\n"},
+        "ca_certs": "",
         "upper": "tmpfs",
         "tmpfs_size": 1 << 20,
         "tmpfs_inodes": 1000,

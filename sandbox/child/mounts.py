@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..floor import linux as L
+from . import cacerts
 from .protocol import Step, step
 from .spec import Bind, JailSpec
 
@@ -176,6 +177,10 @@ def _assemble(spec: JailSpec, root: str, rw: str) -> None:
         root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         here = os.readlink("/proc/self/cwd") + "/"
     try:
+        if spec.ca_certs:
+            # before anything is mounted inside the root: a bundle's path reaches the tree and nothing else
+            with step(Step.CA_CERTS):
+                cacerts.append(root_fd, spec.ca_certs)
         for op in plan(spec):
             with step(op.step):
                 # a hostile image's symlinks are resolved inside the new root, never on the host

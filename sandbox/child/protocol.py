@@ -31,6 +31,7 @@ class Step(enum.Enum):
     STAGE = "stage"  # the init's private tmpfs over the staging directory, generated files
     LOWER = "lower"  # bind of the lower layer
     OVERLAY = "overlay"  # the overlay root (lower + writable layer)
+    CA_CERTS = "ca_certs"  # the extra CA certificates appended to the tree's bundles
     BIND = "bind"  # a system or user bind mount
     PROC = "proc"  # /proc, its read-only and masked paths
     SYS = "sys"  # /sys

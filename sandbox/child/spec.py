@@ -111,6 +111,7 @@ class JailSpec:
     system_binds: tuple[Bind, ...]  # host directories the host-root layout binds in (/usr, /etc...)
     user_binds: tuple[Bind, ...]  # the config's mounts, shallowest first
     generated: dict[str, str]  # files written into the writable layer: jail-relative path -> content
+    ca_certs: str  # PEM certificates appended to the tree's CA bundles in the writable layer ("" for none)
     upper: Upper  # where the writable layer lives: a tmpfs, or ``dir`` on disk
     tmpfs_size: int  # bytes of the one tmpfs: /tmp, /dev/shm, a tmpfs writable layer (limits/rlimits.scratch)
     tmpfs_inodes: int  # its inode count (0: the kernel's default)
@@ -145,6 +146,7 @@ class JailSpec:
             system_binds=tuple(Bind.from_wire(b) for b in wire.typed(f, "system_binds", list)),
             user_binds=tuple(Bind.from_wire(b) for b in wire.typed(f, "user_binds", list)),
             generated=_string_map(f, "generated", str),
+            ca_certs=wire.typed(f, "ca_certs", str),
             upper="tmpfs" if upper == "tmpfs" else "disk",
             tmpfs_size=wire.typed(f, "tmpfs_size", int),
             tmpfs_inodes=wire.typed(f, "tmpfs_inodes", int),
