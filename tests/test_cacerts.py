@@ -173,7 +173,7 @@ def test_bad_certificate_files_are_refused_naming_the_field(tmp_path, pki):
         SandboxConfig(ca_certs=[pki[0]])
 
 
-@pytest.mark.needs("openssl")
+@pytest.mark.needs("openssl", "curl")
 def test_the_ca_cert_flag_feeds_the_field_and_a_bad_one_is_named(tmp_path, pki, server):
     root = _tree(tmp_path)
     usr = [f"--bind=/usr/{d}:/usr/{d}" for d in USR if Path(f"/usr/{d}").is_dir()]
