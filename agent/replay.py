@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from ..sandbox import ExecResult, Sandbox, SandboxConfig
-from . import inputs
+from . import inputs, text
 from .tools import Tools
 from .trajectory import load
 
@@ -104,10 +104,11 @@ class StepDiff(BaseModel):
 
 class _Bare(Tools):
     """The tools a recording of a command's bare output is replayed with: the output alone, stdout then
-    stderr, every line (what such a recording shows)."""
+    stderr, every line, with colour escapes and carriage returns dropped (what such a recording shows:
+    apt's and pip's progress lines ran together)."""
 
     def _bash_observation(self, result: ExecResult) -> str:
-        return result.stdout + result.stderr
+        return text.stream(result.stdout, None) + text.stream(result.stderr, None)
 
 
 class _Fetched:
@@ -135,11 +136,11 @@ class _Fetched:
 
     def named_in(self, changed: list[str]) -> str:
         """The cause, if the changed lines name something the network brought; else ""."""
-        text = "\n".join(changed)
+        joined = "\n".join(changed)
         for name, index in self.names.items():
-            if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text, re.IGNORECASE):
+            if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", joined, re.IGNORECASE):
                 return f"{name}, which step {index} fetched"
-        for package in _PACKAGE_FILE.findall(text):
+        for package in _PACKAGE_FILE.findall(joined):
             if package.lower() not in self.installed:
                 return f"{package}, installed during the run (today's release)"
         return ""

@@ -237,6 +237,25 @@ def test_a_bare_recording_is_stdout_then_stderr_with_nothing_between(tmp_path):
     assert [s.verdict for s in replay(path)] == ["same", "same"]
 
 
+def test_a_bare_recording_drops_carriage_returns_and_colour_escapes_as_the_reference_did(tmp_path):
+    """dpkg's "(Reading database ... 5%" progress is rewritten in place with "\\r"; the reference's bare
+    recordings show the pieces run together, and colour codes gone, on both streams."""
+    progress = r"printf '(Reading database ... \r(Reading database ... 50%%\r(Reading database ... 9 files.)\n'"
+    colour = r"printf '\033[1;31mred\033[0m\r\n' >&2"
+    path = _trajectory(
+        tmp_path,
+        [
+            (
+                "execute_bash",
+                {"command": f"{progress}; {colour}"},
+                "(Reading database ... (Reading database ... 50%(Reading database ... 9 files.)\nred\n",
+            ),
+            ("execute_bash", {"command": progress}, "(Reading database ... 9 files.)\n"),
+        ],
+    )
+    assert [s.verdict for s in replay(path)] == ["same", "differs"]
+
+
 def test_what_differs_after_a_network_step_because_of_it_is_network_and_says_which_step(tmp_path):
     """Offline, the installs and downloads the recording made fail: the steps that use what they would
     have brought differ because of them, and are counted with the network, naming the step; a difference
