@@ -12,6 +12,7 @@ import subprocess
 import time
 
 import pytest
+from host_memory import MiB, host_keeps_its_memory  # noqa: F401 (an autouse fixture)
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.child.requests import MAX_REQUEST, ExecRequest
@@ -20,32 +21,12 @@ from jailbox.sandbox.errors import ExecError
 from jailbox.sandbox.floor import wire
 from jailbox.sandbox.limits import watch
 
-MiB = 1 << 20
 # each process under RLIMIT_AS, together past the limit; each holds its memory until killed
 # the holders sleep long enough for all six to be running at once even on a loaded machine
 HOLDERS = (
     "for i in 1 2 3 4 5 6; do (python3 -c 'import time; x = bytearray(48 << 20); time.sleep(20)'"
     " && echo alive || echo killed) & done; wait"
 )
-
-
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no MemAvailable in /proc/meminfo")
-
-
-@pytest.fixture(autouse=True)
-def host_keeps_its_memory():
-    """The host still has most of what it had: a floor, not a timing."""
-    before = mem_available()
-    yield
-    after = mem_available()
-    assert after >= min(before // 2, before - 1024 * MiB), (before, after)
-    with Sandbox() as sb:  # and the next sandbox still starts
-        assert sb.exec("echo ok").stdout == "ok\n"
 
 
 def test_every_tmpfs_of_the_default_sandbox_is_bounded():

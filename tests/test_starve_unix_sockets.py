@@ -13,32 +13,12 @@ import os
 import socket
 
 import pytest
+from host_memory import MiB, host_keeps_its_memory  # noqa: F401 (an autouse fixture)
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.child import netns
 from jailbox.sandbox.config import Limits
 from jailbox.sandbox.limits import sockdiag
-
-MiB = 1 << 20
-
-
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no MemAvailable in /proc/meminfo")
-
-
-@pytest.fixture(autouse=True)
-def host_keeps_its_memory():
-    before = mem_available()
-    yield
-    after = mem_available()
-    assert after >= min(before // 2, before - 1024 * MiB), (before, after)
-    with Sandbox() as sb:  # and the next sandbox still starts
-        assert sb.exec("echo ok").stdout == "ok\n"
-
 
 # Each writer fills its socket until the kernel refuses more (the reader never reads); "closed"
 # closes the writer after, which leaves the bytes queued on the reader with no writer to report them.
