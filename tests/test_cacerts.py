@@ -196,10 +196,13 @@ def test_pip_curl_and_git_of_the_paper_tree_trust_the_named_ca(monkeypatch, tmp_
     monkeypatch.setenv("JAILBOX_CACHE_DIR", str(paper_store()))
     tree = paper_store() / "rootfs" / "default" / "tree"
     stored = {rel: (tree / rel).read_bytes() for rel in ("etc/ssl/certs/ca-certificates.crt", PIP_CERTIFI)}
-    index = f"https://127.0.0.1:{server.port}/simple"
+    # by name: pip 25's truststore refuses an https URL with an IP address whatever it trusts
+    origin = f"https://pypi.test:{server.port}"
+    index = f"{origin}/simple"
     commands = (
+        "echo 127.0.0.1 pypi.test >> /etc/hosts; "
         f"curl -sS -o /dev/null {index}/jbdemo/; echo curl=$?; "
-        f"git ls-remote https://127.0.0.1:{server.port}/static/none.git >/dev/null 2>&1; echo git=$?; "
+        f"git ls-remote {origin}/static/none.git >/dev/null 2>&1; echo git=$?; "
         f"pip download -q --no-deps --retries 0 --index-url {index} -d /tmp/d jbdemo >/dev/null 2>&1; echo pip=$?"
     )
     with Sandbox(SandboxConfig(rootfs="default", network="host")) as sb:
@@ -209,7 +212,7 @@ def test_pip_curl_and_git_of_the_paper_tree_trust_the_named_ca(monkeypatch, tmp_
     assert refused.stdout == "curl=60\ngit=128\npip=1\n", refused.stderr
     with Sandbox(SandboxConfig(rootfs="default", network="host", ca_certs=[pki[0]])) as sb:
         trusted = sb.exec(commands)
-        git = sb.exec(f"git ls-remote https://127.0.0.1:{server.port}/static/none.git")
+        git = sb.exec(f"git ls-remote {origin}/static/none.git")
         assert sb.exec("ls /tmp/d").stdout == "jbdemo-1.0-py3-none-any.whl\n"
     assert trusted.stdout == "curl=0\ngit=128\npip=0\n", trusted.stderr
     assert "SSL certificate problem" not in git.stderr and "not found" in git.stderr, git.stderr

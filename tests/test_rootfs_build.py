@@ -71,8 +71,10 @@ def test_shipped_recipes_load():
     assert {"default", "debian", "slim"} <= set(shipped.names())
     paper = build.load_recipe("default")
     assert paper.suite == "trixie"
-    for pkg in ("git", "curl", "wget", "build-essential", "ca-certificates"):
-        assert pkg in paper.packages
+    # the base is python:3.11-slim's (ca-certificates, netbase, tzdata); the Dockerfile's tools come in a
+    # later step, with their recommended packages
+    assert paper.packages == ("ca-certificates", "netbase", "tzdata")
+    assert any("Install-Recommends=true git curl wget build-essential ca-certificates" in step for step in paper.run)
     assert not any(p.startswith("python3") for p in paper.packages)  # CPython 3.11 is compiled, as the image's
     assert paper.workdir == "/testbed"
     assert not paper.apt_lists
@@ -131,7 +133,7 @@ def test_paper_environment(paper):
         lines = r.stdout.splitlines()
         assert lines[0] == "/testbed" and lines[1] == "0"
         assert lines[2] == PAPER_FACTS["python"]
-        assert lines[3].startswith("pip 24.0 from /usr/local/lib/python3.11/site-packages/pip") and lines[4] == "1"
+        assert lines[3].startswith("pip 25.3 from /usr/local/lib/python3.11/site-packages/pip") and lines[4] == "1"
         modules = ("numpy", "PIL", "scipy", "matplotlib", "mpmath", "chardet")
         versions = "; ".join(f"print({m}.__version__)" for m in modules)
         imports = f"import {', '.join(modules)}, IPython, site"
@@ -151,6 +153,15 @@ def test_paper_environment(paper):
         env = sb.exec("env").stdout
         assert "PYTHONUNBUFFERED" not in env and "DEBIAN_FRONTEND=noninteractive" in env
         assert sb.exec("ls /var/lib/apt/lists | grep -c Packages").stdout.strip() == "0"  # deleted, as in the image
+        r = sb.exec("python -c 'import setuptools, wheel; print(setuptools.__version__, wheel.__version__)'")
+        assert r.stdout == "79.0.1 0.45.1\n", r.stderr  # what python:3.11-slim pinned
+        # debian:trixie-slim's apt: updates and security sources, no translations; no docs but copyrights
+        sources = sb.exec("cat /etc/apt/sources.list.d/debian.sources").stdout
+        assert "Suites: trixie trixie-updates" in sources and "Suites: trixie-security" in sources
+        assert 'Acquire::Languages:: "none";' in sb.exec("apt-config dump Acquire::Languages").stdout
+        assert sb.exec("find /usr/share/doc /usr/share/man -type f ! -name copyright | wc -l").stdout == "0\n"
+        # the Dockerfile's apt-get install kept its recommended packages: git's pager and ssh client
+        assert sb.exec("command -v less ssh xauth").stdout == "/usr/bin/less\n/usr/bin/ssh\n/usr/bin/xauth\n"
 
 
 @pytest.mark.slow
