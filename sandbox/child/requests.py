@@ -11,7 +11,7 @@ Stdlib only.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, ClassVar
 
 from ..floor import wire
@@ -25,7 +25,13 @@ class _Request:
     ONE_WAY: ClassVar[bool] = False  # no reply socket rides along (nobody waits for an answer)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"op": self.OP, **asdict(self)}
+        # shallow: fields are plain values (the JSON encoder takes tuples and dicts as they are) or one
+        # nested dataclass; asdict()'s deep copy of every exec's environment cost more than the send
+        wired: dict[str, Any] = {"op": self.OP}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            wired[field.name] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+        return wired
 
 
 @dataclass(frozen=True)
