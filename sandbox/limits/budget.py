@@ -32,6 +32,7 @@ what this process holds.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import math
@@ -108,10 +109,10 @@ def _own_limits() -> dict[str, int]:
     return limits
 
 
-def counter_limits() -> dict[str, int]:
+def counter_limits(own_limits: dict[str, int] | None = None) -> dict[str, int]:
     """name -> the most one jail's user namespace gets: a share of what this process may use."""
     limits: dict[str, int] = {}
-    for name, own in _own_limits().items():
+    for name, own in (_own_limits() if own_limits is None else own_limits).items():
         if name in LEDGERED:
             limits[name] = own // SANDBOX_SHARE
         else:
@@ -138,9 +139,10 @@ _HELD_LOCK = threading.Lock()
 def claim_counters(base: Path, sandbox_id: str) -> dict[str, int]:
     """The counter limits for a new jail; the ledgered ones are recorded in ``base``'s ledger until
     ``release_counters``."""
-    limits = counter_limits()
+    own = _own_limits()
+    limits = counter_limits(own)
     wanted = tuple(limits.get(name, 0) for name in LEDGERED)
-    budget = tuple(_own_limits().get(name, 0) // USER_SHARE for name in LEDGERED)
+    budget = tuple(own.get(name, 0) // USER_SHARE for name in LEDGERED)
 
     def claim(entries: dict[str, _Entry]) -> None:
         used = [sum(e.grants[i] for e in entries.values()) for i in range(len(LEDGERED))]
@@ -153,7 +155,7 @@ def claim_counters(base: Path, sandbox_id: str) -> dict[str, int]:
             if name in limits:
                 limits[name] = grant
 
-    _update(base, claim)
+    _update(base, wanted, claim)
     return limits
 
 
@@ -169,22 +171,27 @@ def release_counters(base: Path, sandbox_id: str) -> None:
             _HELD.pop(sandbox_id, None)
         entries.pop(sandbox_id, None)
 
-    _update(base, release)
+    _update(base, tuple(counter_limits().get(name, 0) for name in LEDGERED), release)
 
 
-def _update(base: Path, change: Callable[[dict[str, _Entry]], None]) -> None:
-    """One locked read-modify-write of the ledger: drop the dead, restate our own, apply ``change``."""
+def _update(base: Path, most: tuple[int, ...], change: Callable[[dict[str, _Entry]], None]) -> None:
+    """One locked read-modify-write of the ledger: drop the dead, restate our own, apply ``change``.
+    ``most``: what one sandbox may be given of each ledgered counter (a larger entry is corrupt)."""
     path = base / LEDGER
     lock = os.open(base / (LEDGER + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        entries = _read(path)
-        pid, alive = os.getpid(), {os.getpid(): True}
+        entries = _read(path, most)
+        pid = os.getpid()
+        alive: dict[tuple[int, float], bool] = {}  # one look in /proc per owner, however many sandboxes it has
         kept: dict[str, _Entry] = {}
         for sandbox_id, entry in entries.items():
-            if entry.pid not in alive:
-                alive[entry.pid] = state.owner_alive({"host_pid": entry.pid, "host_start": entry.start})
-            if entry.pid != pid and alive[entry.pid]:
+            if entry.pid == pid:
+                continue  # restated from _HELD below
+            owner = (entry.pid, entry.start)
+            if owner not in alive:
+                alive[owner] = state.owner_alive({"host_pid": entry.pid, "host_start": entry.start})
+            if alive[owner]:
                 kept[sandbox_id] = entry
         start = state.own_start() or 0.0
         with _HELD_LOCK:
@@ -192,7 +199,9 @@ def _update(base: Path, change: Callable[[dict[str, _Entry]], None]) -> None:
         kept.update((sandbox_id, _Entry(pid, start, grants)) for sandbox_id, grants in own)
         change(kept)
         tmp = base / (LEDGER + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # what a crash left between the write and the rename
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as file:
             file.write("".join(entry.line(sandbox_id) for sandbox_id, entry in kept.items()))
         os.replace(tmp, path)
@@ -200,27 +209,30 @@ def _update(base: Path, change: Callable[[dict[str, _Entry]], None]) -> None:
         os.close(lock)  # and with it the lock
 
 
-def _read(path: Path) -> dict[str, _Entry]:
+def _read(path: Path, most: tuple[int, ...]) -> dict[str, _Entry]:
     """The ledger's entries; none, with a warning, when it is not one this module wrote."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as file:
+            data = file.read(LEDGER_MAX + 1)
     except FileNotFoundError:
         return {}
-    except OSError as exc:  # a symlink or some such in its place: it is replaced
+    except OSError as exc:  # a symlink in its place, say: the rename replaces it, not what it names
         log.warning("kernel counters ledger %s unreadable (%s): started afresh", path, exc.strerror)
         return {}
-    with os.fdopen(fd, "rb") as file:
-        data = file.read(LEDGER_MAX + 1)
     try:
         if len(data) > LEDGER_MAX:
             raise ValueError(f"over {LEDGER_MAX} bytes")
-        return dict(_parse(line) for line in data.decode("ascii").splitlines())
+        return dict(_parse(line, most) for line in data.decode("ascii").splitlines())
     except ValueError as exc:
-        log.warning("kernel counters ledger %s is corrupt (%s): started afresh with this process's sandboxes", path, exc)
+        log.warning(
+            "kernel counters ledger %s is corrupt (%s): started afresh with this process's sandboxes", path, exc
+        )
         return {}
 
 
-def _parse(line: str) -> tuple[str, _Entry]:
+def _parse(line: str, most: tuple[int, ...]) -> tuple[str, _Entry]:
+    """One entry; each grant at most what one sandbox is given (``most``)."""
     fields = line.split(" ")
     if len(fields) != 3 + len(LEDGERED):
         raise ValueError(f"a line of {len(fields)} fields")
@@ -229,8 +241,10 @@ def _parse(line: str) -> tuple[str, _Entry]:
         raise ValueError("a bad sandbox id")
     values = tuple(int(g) for g in grants)
     when = float(start)
-    if int(pid) <= 0 or min(values) < 0 or not math.isfinite(when):
-        raise ValueError("a negative or infinite number")
+    if int(pid) <= 0 or not math.isfinite(when):
+        raise ValueError("a bad owner")
+    if not all(0 <= value <= limit for value, limit in zip(values, most, strict=True)):
+        raise ValueError("a grant beyond one sandbox's share")
     return sandbox_id, _Entry(int(pid), when, values)
 
 
