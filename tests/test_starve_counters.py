@@ -185,8 +185,7 @@ def _holder(where: Path, count: int, hog: bool) -> tuple[subprocess.Popen, dict]
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).parent,
-        env={**os.environ, "PYTHONPATH": ROOT},
+        cwd=Path(__file__).parent,  # HOLD imports this module
     )
     assert child.stdout is not None
     line = child.stdout.readline()

@@ -155,7 +155,12 @@ def claim_counters(base: Path, sandbox_id: str) -> dict[str, int]:
             if name in limits:
                 limits[name] = grant
 
-    _update(base, wanted, claim)
+    try:
+        _update(base, wanted, claim)
+    except BaseException:
+        with _HELD_LOCK:  # not written, so not held: later updates must not restate it
+            _HELD.pop(sandbox_id, None)
+        raise
     return limits
 
 
