@@ -51,13 +51,14 @@ COUNTER_SHARE = 8  # each sandbox may take 1/COUNTER_SHARE of the caller's limit
 NAMESPACES_MAX = 128  # nested namespaces of one kind in one sandbox (the host's limits are in the tens of thousands)
 # Held as long as a jail likes, so shared through the ledger. With the default limits (128 inotify
 # instances and fanotify groups; about 190000 watches and marks) 1/32 is 4 instances and some 6000
-# watches per sandbox, which a file watcher or `tail -f` needs, and 16 sandboxes get them; half the
-# limit stays the host user's (a desktop session holds a few dozen instances).
+# watches per sandbox (a file watcher or `tail -f` takes one instance), and 16 sandboxes get them;
+# the other half stays the host user's own (its processes here held none; each systemd user service
+# or editor that watches files takes one or a few).
 LEDGERED = ("max_inotify_instances", "max_inotify_watches", "max_fanotify_groups", "max_fanotify_marks")
 SANDBOX_SHARE = 32
 USER_SHARE = 2
 LEDGER = "counters"  # in the state directory; LEDGER + ".lock" is what is locked
-LEDGER_MAX = 64 << 10  # bytes: a few hundred entries; entries that hold nothing are not written
+LEDGER_MAX = 64 << 10  # bytes: over a thousand entries; a sandbox given nothing has none
 log = logging.getLogger("jailbox")
 COUNTERS = (
     "max_inotify_instances",
