@@ -63,6 +63,7 @@ class Jail:
         with contextlib.ExitStack() as undo:
             self.dir = self._make_dir(base, undo)
             self.cgroup = self._make_cgroup(undo)
+            self._counters = self._claim_counters(base, undo)
             self.spec = self._spec(base, lower, system_binds, generated)
             sock, self.init_pid = self._create(undo)
             self._attach_cgroup(sock, undo)
@@ -125,13 +126,23 @@ class Jail:
             undo.callback(cgroup.destroy)
         return cgroup
 
+    def _claim_counters(self, base: Path, undo: contextlib.ExitStack) -> dict[str, int]:
+        """This jail's per-user counter limits, out of the budget all this user's sandboxes share
+        (``budget.py``); given back once the jail is gone (the undo runs after the init's)."""
+        if not self.config.userns:
+            return {}
+        counters = budget.claim_counters(base, self.id)
+        undo.callback(budget.release_counters, base, self.id)
+        return counters
+
     def _spec(self, base: Path, lower: str, system_binds: tuple[Bind, ...], generated: dict[str, str]) -> JailSpec:
         cfg = self.config
         if os.getuid() == 0 and cfg.userns:
             _give_binds(cfg, self._idmap)
         kind = None if self.cgroup is None else self.cgroup.kind
-        counters = budget.counter_limits() if cfg.userns else {}
-        planned, self.enforcement = rlimits.plan(cfg.limits, cfg.upper, kind, self._pids_budget, counters, cfg.userns)
+        planned, self.enforcement = rlimits.plan(
+            cfg.limits, cfg.upper, kind, self._pids_budget, self._counters, cfg.userns
+        )
         tmpfs_size, tmpfs_inodes = rlimits.scratch(cfg)
         caps = cfg.capabilities()
         self.enforcement["tmpfs"] = (
@@ -163,7 +174,7 @@ class Jail:
             userns=cfg.userns,
             idmap=self._idmap,
             pids_budget=rlimits.nproc_budget(self._pids_budget, cfg.userns),
-            counters=counters,
+            counters=self._counters,
         )
 
     def _ca_certs(self) -> str:

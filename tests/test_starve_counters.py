@@ -96,6 +96,162 @@ def test_a_jail_takes_a_bounded_share_of_the_users_inotify_instances(how, tmp_pa
         assert _host_inotify() >= 0  # while the jail holds all it can
 
 
+# --- per-user counters: a budget all sandboxes of a user share, across processes ----------------------
+
+# In a process of its own: argv[2] sandboxes, each running the hog in its own directory under argv[1];
+# prints what they were given and hold, then keeps them until its stdin closes.
+HOLD = r"""
+import json, os, sys, time
+from pathlib import Path
+from jailbox.sandbox import Sandbox
+from test_starve_counters import _hog_all, _hog_dir
+hog = _hog_dir(Path(sys.argv[1]))
+sandboxes = [Sandbox(mounts=[hog]) for _ in range(int(sys.argv[2]))]
+given = [sb._jail.spec.counters["max_inotify_instances"] for sb in sandboxes]
+held = _hog_all(sandboxes, Path(sys.argv[1])) if sys.argv[3] == "hog" else []
+print(json.dumps({"given": given, "held": held}), flush=True)
+sys.stdin.read()
+for sb in sandboxes:
+    sb.close()
+"""
+
+
+def _instances() -> tuple[int, int]:
+    """(what one sandbox is given, what all of this user's sandboxes may hold together)."""
+    limit = int(Path("/proc/sys/user/max_inotify_instances").read_text())
+    return budget.counter_limits()["max_inotify_instances"], limit // budget.USER_SHARE
+
+
+def _hog_dir(where: Path) -> dict:
+    """A directory for the hog and its results, and the mount that puts it at /hog."""
+    where.mkdir(exist_ok=True)
+    where.chmod(0o777)  # the results are written as whichever uid the jail maps to
+    (where / "hog.py").write_text(HOG)
+    return {"src": str(where), "dst": "/hog", "readonly": False}
+
+
+def _hog_all(sandboxes: list[Sandbox], where: Path) -> list[int]:
+    """Each sandbox opens all the inotify instances it can, as two uids where it maps them (the
+    bound is on all its uids together); returns what each holds, once all hold it."""
+    for sb in sandboxes:
+        mapped = sum(int(n) for n in sb.exec("cat /proc/self/uid_map").stdout.split()[2::3])
+        uids = ",".join(str(u) for u in range(min(mapped, 2)))
+        sb.exec(f"python3 /hog/hog.py {uids} /hog/{sb._jail.id} > /dev/null 2>&1 &")
+    return [int(_wait_for(where / sb._jail.id)) for sb in sandboxes]
+
+
+def _ledger_lines() -> list[str]:
+    from jailbox.sandbox import state
+
+    path = state.state_dir() / budget.LEDGER
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _after_all_closed() -> None:
+    """The whole budget is free again: a new sandbox gets its full share, and can use it."""
+    share, _ = _instances()
+    with Sandbox() as sb:
+        assert sb._jail.spec.counters["max_inotify_instances"] == share
+        assert len(_ledger_lines()) == 1
+        opened = sb.exec('python3 -c "import ctypes; print(ctypes.CDLL(None).inotify_init1(0))"').stdout
+        assert int(opened) >= 0
+    assert _ledger_lines() == []
+
+
+def test_sandboxes_of_one_process_together_hold_at_most_the_users_counter_budget(tmp_path):
+    share, total = _instances()
+    count = total // share + 4  # more than the budget has room for (20 with the default limits)
+    hog = _hog_dir(tmp_path)
+    sandboxes = [Sandbox(mounts=[hog]) for _ in range(count)]
+    try:
+        given = [sb._jail.spec.counters["max_inotify_instances"] for sb in sandboxes]
+        assert sum(given) == total and max(given) == share and 0 in given
+        held = _hog_all(sandboxes, tmp_path)
+        assert all(h <= g for h, g in zip(held, given, strict=True)) and sum(held) <= total
+        assert _host_inotify() >= 0  # while they hold all they can
+        assert "share" in sandboxes[-1].enforcement["kernel_counters"]
+        with Sandbox() as late:  # one more, with nothing left for it, still runs
+            assert late._jail.spec.counters["max_inotify_instances"] == 0
+            assert late.exec("echo up").stdout == "up\n"
+    finally:
+        for sb in sandboxes:
+            sb.close()
+    _after_all_closed()
+
+
+def _holder(where: Path, count: int, hog: bool) -> tuple[subprocess.Popen, dict]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(where), str(count), "hog" if hog else "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent,  # HOLD imports this module
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line, "the holder process failed"
+    return child, json.loads(line)
+
+
+def test_sandboxes_of_two_processes_together_hold_at_most_the_users_counter_budget(tmp_path):
+    share, total = _instances()
+    count = total // share // 2 + 2  # in each process: together more than the budget has room for
+    child, theirs = _holder(tmp_path / "theirs", count, hog=True)
+    ours = tmp_path / "ours"
+    hog = _hog_dir(ours)
+    sandboxes = [Sandbox(mounts=[hog]) for _ in range(count)]
+    try:
+        given = theirs["given"] + [sb._jail.spec.counters["max_inotify_instances"] for sb in sandboxes]
+        assert sum(given) == total and 0 in given
+        held = theirs["held"] + _hog_all(sandboxes, ours)
+        assert sum(held) <= total
+        assert _host_inotify() >= 0
+    finally:
+        for sb in sandboxes:
+            sb.close()
+        child.communicate("", timeout=120)
+    assert child.returncode == 0
+    _after_all_closed()
+
+
+def test_a_killed_process_does_not_keep_its_share_of_the_counters(tmp_path):
+    share, total = _instances()
+    child, theirs = _holder(tmp_path / "theirs", total // share + 1, hog=False)
+    assert sum(theirs["given"]) == total  # all of it
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    _after_all_closed()  # its entries go at the next update
+
+
+def test_a_corrupt_counters_ledger_is_started_afresh_with_what_this_process_holds(tmp_path, caplog):
+    from jailbox.sandbox import state
+
+    path = state.state_dir() / budget.LEDGER
+    outside = tmp_path / "outside"
+    outside.write_text("keep\n")
+    share, _ = _instances()
+    live = f"{os.getppid()} {state.process_start(os.getppid()):.2f}"  # a live owner, not this process
+    corrupt = {
+        "binary junk": lambda: path.write_bytes(secrets.token_bytes(300)),
+        "half a line, as a crash mid-write leaves it": lambda: path.write_text(f"0123456789ab {os.getpid()} 17"),
+        "a grant beyond one sandbox's share": lambda: path.write_text(f"0123456789ab {live} {share * 99} 0 0 0\n"),
+        "a negative grant": lambda: path.write_text(f"0123456789ab {live} -{share * 99} 0 0 0\n"),
+        "too large": lambda: path.write_text(f"0123456789ab {live} 1 0 0 0\n" * (budget.LEDGER_MAX // 20)),
+        "a symlink": lambda: (path.unlink(missing_ok=True), path.symlink_to(outside)),
+    }
+    with Sandbox() as held:
+        for how, damage in corrupt.items():
+            damage()
+            with caplog.at_level("WARNING", logger="jailbox"), Sandbox() as sb:
+                assert sb._jail.spec.counters["max_inotify_instances"] == share, how
+                assert any("ledger" in r.getMessage() for r in caplog.records), how
+                ids = sorted(line.split()[0] for line in _ledger_lines())
+                assert ids == sorted([held._jail.id, sb._jail.id]), how  # ours restated, the forged gone
+            caplog.clear()
+            assert not path.is_symlink() and outside.read_text() == "keep\n", how
+    assert _ledger_lines() == []
+
+
 # --- pids: a budget all sandboxes share -------------------------------------------------------------
 
 # In a process of its own (so the jailbox cgroup, and the budget on it, are its own): three sandboxes;

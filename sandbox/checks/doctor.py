@@ -295,7 +295,8 @@ def shared_bounds(host: Host) -> Probe:
         )
     detail = (
         f"all sandboxes together: {pids} of pid_max {host.sysctl('kernel/pid_max')} processes; "
-        f"each takes at most 1/{budget.COUNTER_SHARE} of the user's inotify, fanotify and namespace counts"
+        f"each takes at most 1/{budget.SANDBOX_SHARE} of the user's inotify and fanotify counts (all together "
+        f"1/{budget.USER_SHARE}) and 1/{budget.COUNTER_SHARE} of its namespace counts"
     )
     if host.uid == 0 and not cgroups.v1_usable() and not (cgroups.v2_mounted() and cgroups.v2_parent()[0]):
         held = f"{detail}; no pids cgroup: the budget is not held"

@@ -17,20 +17,49 @@ without a bound one jail could take them all and the host's own ``inotify_init()
 Each jail gets a fraction of the caller's limits, set in a user namespace its own is nested in
 (``child/zygote.py``): every process of the jail, whatever its uid, counts against them there, and
 nothing in the jail can reach that namespace to raise them.
+
+Namespaces get 1/``COUNTER_SHARE`` of the caller's limits, at most ``NAMESPACES_MAX``. The counters
+a jail can hold for as long as it likes (inotify and fanotify, ``LEDGERED``) are also a budget all
+sandboxes of the user share, across processes: a ledger in the state directory (``LEDGER``),
+rewritten under ``flock`` on each create and close, records what each live sandbox was given and
+the host process that owns it. A sandbox gets 1/``SANDBOX_SHARE`` of the caller's limit, or what is
+left of 1/``USER_SHARE`` of it, possibly nothing (its ``inotify_init()`` then fails: the jail
+degrades, the host keeps the rest). Entries of a process that died go at the next update. The
+ledger is the host's own (a 0700 directory nothing in a jail reaches) but may be half-written by a
+crash: it is replaced atomically, read bounded, and if it does not parse it is started afresh with
+what this process holds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
+import math
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
+from .. import state
 from ..errors import ConfigError
 
 BUDGET_ENV = "JAILBOX_PIDS_BUDGET"
 BUDGET_DEFAULT = "50%"
 USER_SYSCTLS = Path("/proc/sys/user")
-COUNTER_SHARE = 8  # each sandbox may take 1/COUNTER_SHARE of the caller's limit for each counter
+COUNTER_SHARE = 8  # each sandbox may take 1/COUNTER_SHARE of the caller's limit of each namespace kind
 NAMESPACES_MAX = 128  # nested namespaces of one kind in one sandbox (the host's limits are in the tens of thousands)
+# Held as long as a jail likes, so shared through the ledger. With the default limits (128 inotify
+# instances and fanotify groups; about 190000 watches and marks) 1/32 is 4 instances and some 6000
+# watches per sandbox (a file watcher or `tail -f` takes one instance), and 16 sandboxes get them;
+# the other half stays the host user's own (its processes here held none; each systemd user service
+# or editor that watches files takes one or a few).
+LEDGERED = ("max_inotify_instances", "max_inotify_watches", "max_fanotify_groups", "max_fanotify_marks")
+SANDBOX_SHARE = 32
+USER_SHARE = 2
+LEDGER = "counters"  # in the state directory; LEDGER + ".lock" is what is locked
+LEDGER_MAX = 64 << 10  # bytes: over a thousand entries; a sandbox given nothing has none
+log = logging.getLogger("jailbox")
 COUNTERS = (
     "max_inotify_instances",
     "max_inotify_watches",
@@ -70,17 +99,159 @@ def pids_budget() -> int:
     return value
 
 
-def counter_limits() -> dict[str, int]:
-    """name -> the limit each jail's user namespace gets: a share of what this process may use."""
+def _own_limits() -> dict[str, int]:
+    """name -> this process's limit, for each counter the kernel has."""
     limits: dict[str, int] = {}
     for name in COUNTERS:
         try:
-            own = int((USER_SYSCTLS / name).read_text())
+            limits[name] = int((USER_SYSCTLS / name).read_text())
         except (OSError, ValueError):
             continue  # an older kernel without this counter
-        share = max(1, own // COUNTER_SHARE)
-        limits[name] = min(share, NAMESPACES_MAX) if name.endswith("_namespaces") else share
     return limits
+
+
+def counter_limits(own_limits: dict[str, int] | None = None) -> dict[str, int]:
+    """name -> the most one jail's user namespace gets: a share of what this process may use."""
+    limits: dict[str, int] = {}
+    for name, own in (_own_limits() if own_limits is None else own_limits).items():
+        if name in LEDGERED:
+            limits[name] = own // SANDBOX_SHARE
+        else:
+            limits[name] = min(max(1, own // COUNTER_SHARE), NAMESPACES_MAX)
+    return limits
+
+
+class _Entry:
+    __slots__ = ("grants", "pid", "start")
+
+    def __init__(self, pid: int, start: float, grants: tuple[int, ...]) -> None:
+        self.pid, self.start, self.grants = pid, start, grants
+
+    def line(self, sandbox_id: str) -> str:
+        return f"{sandbox_id} {self.pid} {self.start:.2f} {' '.join(map(str, self.grants))}\n"
+
+
+# what this process holds in each ledger: written again on every update, so a ledger that was
+# started afresh regains them; the pid keeps a forked child from claiming its parent's sandboxes
+_HELD: dict[str, tuple[int, Path, tuple[int, ...]]] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def claim_counters(base: Path, sandbox_id: str) -> dict[str, int]:
+    """The counter limits for a new jail; the ledgered ones are recorded in ``base``'s ledger until
+    ``release_counters``."""
+    own = _own_limits()
+    limits = counter_limits(own)
+    wanted = tuple(limits.get(name, 0) for name in LEDGERED)
+    budget = tuple(own.get(name, 0) // USER_SHARE for name in LEDGERED)
+
+    def claim(entries: dict[str, _Entry]) -> None:
+        used = [sum(e.grants[i] for e in entries.values()) for i in range(len(LEDGERED))]
+        grants = tuple(max(0, min(w, b - u)) for w, b, u in zip(wanted, budget, used, strict=True))
+        if any(grants):
+            with _HELD_LOCK:
+                _HELD[sandbox_id] = (os.getpid(), base / LEDGER, grants)
+            entries[sandbox_id] = _Entry(os.getpid(), state.own_start() or 0.0, grants)
+        for name, grant in zip(LEDGERED, grants, strict=True):
+            if name in limits:
+                limits[name] = grant
+
+    try:
+        _update(base, wanted, claim)
+    except BaseException:
+        with _HELD_LOCK:  # not written, so not held: later updates must not restate it
+            _HELD.pop(sandbox_id, None)
+        raise
+    return limits
+
+
+def release_counters(base: Path, sandbox_id: str) -> None:
+    """Give back what ``claim_counters`` recorded for ``sandbox_id``, once its jail is gone."""
+    with _HELD_LOCK:
+        held = _HELD.get(sandbox_id)
+    if held is None or held[0] != os.getpid():
+        return  # it was given nothing, so the ledger has no line for it
+
+    def release(entries: dict[str, _Entry]) -> None:
+        with _HELD_LOCK:
+            _HELD.pop(sandbox_id, None)
+        entries.pop(sandbox_id, None)
+
+    _update(base, tuple(counter_limits().get(name, 0) for name in LEDGERED), release)
+
+
+def _update(base: Path, most: tuple[int, ...], change: Callable[[dict[str, _Entry]], None]) -> None:
+    """One locked read-modify-write of the ledger: drop the dead, restate our own, apply ``change``.
+    ``most``: what one sandbox may be given of each ledgered counter (a larger entry is corrupt)."""
+    path = base / LEDGER
+    lock = os.open(base / (LEDGER + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = _read(path, most)
+        pid = os.getpid()
+        alive: dict[tuple[int, float], bool] = {}  # one look in /proc per owner, however many sandboxes it has
+        kept: dict[str, _Entry] = {}
+        for sandbox_id, entry in entries.items():
+            if entry.pid == pid:
+                continue  # restated from _HELD below
+            owner = (entry.pid, entry.start)
+            if owner not in alive:
+                alive[owner] = state.owner_alive({"host_pid": entry.pid, "host_start": entry.start})
+            if alive[owner]:
+                kept[sandbox_id] = entry
+        start = state.own_start() or 0.0
+        with _HELD_LOCK:
+            own = [(i, g) for i, (p, where, g) in _HELD.items() if p == pid and where == path]
+        kept.update((sandbox_id, _Entry(pid, start, grants)) for sandbox_id, grants in own)
+        change(kept)
+        tmp = base / (LEDGER + ".tmp")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # what a crash left between the write and the rename
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write("".join(entry.line(sandbox_id) for sandbox_id, entry in kept.items()))
+        os.replace(tmp, path)
+    finally:
+        os.close(lock)  # and with it the lock
+
+
+def _read(path: Path, most: tuple[int, ...]) -> dict[str, _Entry]:
+    """The ledger's entries; none, with a warning, when it is not one this module wrote."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as file:
+            data = file.read(LEDGER_MAX + 1)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:  # a symlink in its place, say: the rename replaces it, not what it names
+        log.warning("kernel counters ledger %s unreadable (%s): started afresh", path, exc.strerror)
+        return {}
+    try:
+        if len(data) > LEDGER_MAX:
+            raise ValueError(f"over {LEDGER_MAX} bytes")
+        return dict(_parse(line, most) for line in data.decode("ascii").splitlines())
+    except ValueError as exc:
+        log.warning(
+            "kernel counters ledger %s is corrupt (%s): started afresh with this process's sandboxes", path, exc
+        )
+        return {}
+
+
+def _parse(line: str, most: tuple[int, ...]) -> tuple[str, _Entry]:
+    """One entry; each grant at most what one sandbox is given (``most``)."""
+    fields = line.split(" ")
+    if len(fields) != 3 + len(LEDGERED):
+        raise ValueError(f"a line of {len(fields)} fields")
+    sandbox_id, pid, start, *grants = fields
+    if not (0 < len(sandbox_id) <= 32 and sandbox_id.isalnum()):
+        raise ValueError("a bad sandbox id")
+    values = tuple(int(g) for g in grants)
+    when = float(start)
+    if int(pid) <= 0 or not math.isfinite(when):
+        raise ValueError("a bad owner")
+    if not all(0 <= value <= limit for value, limit in zip(values, most, strict=True)):
+        raise ValueError("a grant beyond one sandbox's share")
+    return sandbox_id, _Entry(int(pid), when, values)
 
 
 def describe_counters(limits: dict[str, int], userns: bool) -> str:
@@ -88,8 +259,10 @@ def describe_counters(limits: dict[str, int], userns: bool) -> str:
     if not userns:
         return "not bounded: userns=False, the jail's processes count as host root's"
     inotify = f"{limits.get('max_inotify_instances', '-')}/{limits.get('max_inotify_watches', '-')}"
+    fanotify = f"{limits.get('max_fanotify_groups', '-')}/{limits.get('max_fanotify_marks', '-')}"
     return (
         f"limits of the user namespace the jail's is nested in, for all its uids together: inotify {inotify} "
-        f"instances/watches, namespaces <= {NAMESPACES_MAX} each (1/{COUNTER_SHARE} of the caller's); "
-        "nothing in the jail can change them"
+        f"instances/watches, fanotify {fanotify} groups/marks (at most 1/{SANDBOX_SHARE} of the caller's limit "
+        f"each, out of 1/{USER_SHARE} that all sandboxes of this user share, across processes), namespaces "
+        f"<= {NAMESPACES_MAX} each (1/{COUNTER_SHARE} of the caller's); nothing in the jail can change them"
     )
