@@ -4,6 +4,8 @@ It listens on a UNIX socket in the caller's state directory (0700, checked by ``
 also refuses any peer whose uid is not its own. It holds ``Sandbox`` objects through their public
 API only, so each jail dies with this process as any sandbox dies with its holder: after a crash,
 ``jailbox cleanup`` finds what is left (the state directory names this process as the owner).
+It also keeps ``WARM`` sandboxes of the default configuration ready for ``jailbox exec -- CMD``
+(``quick.py``): each runs one command and is closed, never reused; they do not keep the service up.
 It exits, closing every sandbox, once it has held no sandbox and served no client for ``idle``
 seconds, and on SIGTERM or SIGINT. Every request is bounded and typed (``protocol.py``); a bad one
 gets an error on its own connection and the service keeps serving the others.
@@ -11,12 +13,14 @@ gets an error on its own connection and the service keeps serving the others.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
 import signal
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,10 +36,11 @@ from ..execution import ExecRun
 from ..sandbox import Sandbox
 from ..state import process_start, state_dir
 from . import protocol as p
-from .client import ServiceLock
+from .quick import WARM, ServiceLock, context
 
 POLL_MS = 200
 LINGER = 5.0
+BIND_LOCK = "service.bind"
 
 
 @dataclass
@@ -59,8 +64,67 @@ class Refused(Exception):
     """A request the service understood and turns down; the message is for the user."""
 
 
+def default_config() -> SandboxConfig:
+    """What ``jailbox exec`` with no option builds (``tests/test_cli_fast.py`` holds the two equal)."""
+    return SandboxConfig()
+
+
+class WarmPool:
+    """Default sandboxes made ahead of the fast path's runs, refilled by one background thread after
+    each take. A taken sandbox is the taker's to close; ``close()`` waits for a fill in progress, so
+    none is made after it and left behind."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.lock = threading.Lock()
+        self.ready: list[Sandbox] = []
+        self.filler: threading.Thread | None = None
+        self.closed = False
+
+    def fill(self) -> None:
+        with self.lock:
+            if self.closed or self.filler is not None or len(self.ready) >= self.size:
+                return
+            self.filler = threading.Thread(target=self._fill, name="jailbox-warm")
+            self.filler.start()
+
+    def take(self) -> Sandbox:
+        with self.lock:
+            sandbox = self.ready.pop(0) if self.ready else None
+        self.fill()
+        return sandbox if sandbox is not None else Sandbox(default_config())
+
+    def _fill(self) -> None:
+        try:
+            while True:
+                with self.lock:
+                    if self.closed or len(self.ready) >= self.size:
+                        return
+                sandbox = Sandbox(default_config())
+                with self.lock:
+                    if not self.closed:
+                        self.ready.append(sandbox)
+                        continue
+                sandbox.close()
+                return
+        except SandboxError as exc:  # the next take makes its own and reports the same error to its client
+            print(f"jailbox service: cannot keep a sandbox warm: {exc}", file=sys.stderr, flush=True)
+        finally:
+            with self.lock:
+                self.filler = None
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            filler, ready, self.ready = self.filler, self.ready, []
+        if filler is not None:
+            filler.join()
+        for sandbox in ready:
+            sandbox.close()
+
+
 class Service:
-    def __init__(self, base: Path, idle: float) -> None:
+    def __init__(self, base: Path, idle: float, warm: bool = False) -> None:
         self.base = base
         self.idle = idle
         self.path = base / p.SOCKET_NAME
@@ -70,6 +134,9 @@ class Service:
         self.clients = 0
         self.quiet_since = time.monotonic()
         self.stopping = threading.Event()
+        self.pool = WarmPool(WARM)
+        if warm:
+            self.pool.fill()
 
     # --- lifetime -----------------------------------------------------------------------------
 
@@ -91,6 +158,12 @@ class Service:
             self._close_all()
 
     def _listen(self) -> socket.socket:
+        """Bind the socket, unless another service listens: probe, unlink and bind under a lock of
+        their own, so of two services started at once the second finds the first listening."""
+        with ServiceLock(self.base, name=BIND_LOCK):
+            return self._bind()
+
+    def _bind(self) -> socket.socket:
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             probe.connect(str(self.path))
@@ -129,6 +202,7 @@ class Service:
             return True
 
     def _close_all(self) -> None:
+        self.pool.close()
         with self.lock:
             held, self.held = list(self.held.values()), {}
         for h in held:
@@ -158,6 +232,8 @@ class Service:
                         return
                     if isinstance(request, p.Exec):
                         self._exec(conn, request)
+                    elif isinstance(request, p.Run):
+                        self._run(conn, request)
                     else:
                         p.send(conn, self._handle(request))
                 except p.ProtocolViolation as exc:
@@ -245,39 +321,62 @@ class Service:
 
     def _exec(self, conn: socket.socket, request: p.Exec) -> None:
         sb = self._find(request.id).sandbox
-        feed = StdinFeed() if request.stdin else None
-        gone = threading.Event()
+        stream(conn, sb, request.argv, request.cwd, request.env, request.timeout, request.stdin)
 
-        def forward(stream: Literal["stdout", "stderr"]) -> Callable[[bytes], None]:
-            def callback(data: bytes) -> None:
-                if gone.is_set():
-                    return
-                try:
-                    for i in range(0, len(data), p.CHUNK):
-                        p.send(conn, p.Output(stream=stream, data=p.encode(data[i : i + p.CHUNK])))
-                except OSError:
-                    gone.set()
-
-            return callback
-
+    def _run(self, conn: socket.socket, request: p.Run) -> None:
+        if request.context != context():
+            raise Refused("this call's context (settings, limits, cgroup) is not the service's; run it in-process")
+        sb = self.pool.take()
         try:
-            run = sb.begin_exec(
-                request.argv,
-                cwd=request.cwd,
-                env=request.env,
-                stdin=os.fdopen(feed.read_end, "rb", buffering=0, closefd=False) if feed else None,
-                on_stdout=forward("stdout"),
-                on_stderr=forward("stderr"),
-            )
-        except BaseException:
-            if feed:
-                feed.close()
-            raise
-        p.send(conn, p.Ok(ok=True, id=sb.id))  # started: the client may stream stdin now
-        drive(run, conn, feed, request.timeout, gone)
-        result = run.finish()
-        if not gone.is_set():
-            p.send(conn, p.Exited(exit=result.exit_code, signal=result.signal, timed_out=result.timed_out))
+            stream(conn, sb, request.argv, None, {}, None, True)
+        finally:
+            sb.close()
+
+
+def stream(
+    conn: socket.socket,
+    sb: Sandbox,
+    argv: list[str],
+    cwd: str | None,
+    env: dict[str, str],
+    timeout: float | None,
+    stdin: bool,
+) -> None:
+    """Run ``argv`` in ``sb`` for the client on ``conn``: Ok once started, then output as it comes and
+    the exit status (nothing more once the client went away: the command's tree is killed)."""
+    feed = StdinFeed() if stdin else None
+    gone = threading.Event()
+
+    def forward(name: Literal["stdout", "stderr"]) -> Callable[[bytes], None]:
+        def callback(data: bytes) -> None:
+            if gone.is_set():
+                return
+            try:
+                for i in range(0, len(data), p.CHUNK):
+                    p.send(conn, p.Output(stream=name, data=p.encode(data[i : i + p.CHUNK])))
+            except OSError:
+                gone.set()
+
+        return callback
+
+    try:
+        run = sb.begin_exec(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=os.fdopen(feed.read_end, "rb", buffering=0, closefd=False) if feed else None,
+            on_stdout=forward("stdout"),
+            on_stderr=forward("stderr"),
+        )
+    except BaseException:
+        if feed:
+            feed.close()
+        raise
+    p.send(conn, p.Ok(ok=True, id=sb.id))  # started: the client may stream stdin now
+    drive(run, conn, feed, timeout, gone)
+    result = run.finish()
+    if not gone.is_set():
+        p.send(conn, p.Exited(exit=result.exit_code, signal=result.signal, timed_out=result.timed_out))
 
 
 class StdinFeed:
@@ -397,7 +496,12 @@ def peer_uid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-def main(idle: float) -> None:
+def main(idle: float, warm: bool = False) -> None:
+    """``warm``: fill the pool at once (the fast path started this service, for the calls to come)."""
     base = state_dir()
     os.chdir("/")  # hold no directory of the client's busy
-    Service(base, idle).serve()
+    for name in os.listdir("/proc/self/fd"):  # the start lock quick.py hands over: ours, not a child's
+        if int(name) > 2:
+            with contextlib.suppress(OSError):
+                os.set_inheritable(int(name), False)
+    Service(base, idle, warm).serve()
