@@ -279,6 +279,9 @@ def test_interrupting_the_client_kills_the_commands_tree(fast, sig):
     script = f"echo started; (exec {' '.join(sleeper)}) & exec {' '.join(sleeper)}"
     proc = fast.popen("exec", "--", "sh", "-c", script, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.readline() == b"started\n"
+    deadline = time.monotonic() + HANG
+    while len(processes(sleeper)) < 2 and time.monotonic() < deadline:  # the one in the background starts too
+        time.sleep(0.05)
     assert len(processes(sleeper)) == 2
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=HANG)
@@ -304,17 +307,50 @@ def test_ctrl_c_ends_the_in_process_run_the_same_way(fast):
     assert gone(["sleep", "4799"])
 
 
-def test_a_service_that_dies_mid_run_is_one_line_and_125(fast):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_service_that_stops_mid_run_is_one_line_and_125(fast, sig):
     pid = fast.warm()
+    sleeper = ["sleep", f"48{sig:02d}"]
     proc = fast.popen(
-        "exec", "--", "sh", "-c", "echo started; exec sleep 4800", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        "exec",
+        "--",
+        "sh",
+        "-c",
+        f"echo started; exec {' '.join(sleeper)}",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     assert proc.stdout.readline() == b"started\n"
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, sig)
     _, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 125
     lines = err.decode().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("jailbox: lost the jailbox service"), err
+    assert len(lines) == 1 and lines[0].startswith("jailbox: "), err  # lost it, or told the sandbox died
+    if sig == signal.SIGTERM:  # stopped, not killed: it closed the running sandbox and the warm ones
+        psutil.wait_procs([psutil.Process(pid)], timeout=HANG)
+        assert gone(sleeper)
+        assert fast.sandbox_dirs() == []
+
+
+def test_the_default_state_directory_works_too(fast):
+    """No $JAILBOX_STATE_DIR: the service (which is given it) and the client still share one context."""
+    env = {k: v for k, v in fast.env.items() if k != "JAILBOX_STATE_DIR"}
+    env["XDG_STATE_HOME"] = str(fast.base.parent / "xdg")
+    base = fast.base.parent / "xdg" / "jailbox"
+    fast.env = env
+    took = []
+    for _ in range(2):  # the first makes the state directory, the second starts the service
+        r, path = fast.run("exec", "--", "echo", "hi")
+        took.append(path)
+        assert (r.returncode, r.stdout) == (0, b"hi\n"), r.stderr
+    deadline = time.monotonic() + HANG
+    while not (base / "service.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fast.base = base  # the fixture stops this service
+    while fast.pid() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r, path = fast.run("exec", "--", "echo", "hi")
+    assert (r.returncode, r.stdout, [*took, path]) == (0, b"hi\n", ["full", "full", "fast"]), r.stderr
 
 
 class FakeService:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import fcntl
 import os
 import resource
@@ -40,7 +41,7 @@ WARM = 2  # default sandboxes the service keeps ready for the fast path
 OFF_ENV = "JAILBOX_NO_SERVICE"
 IDLE_ENV = "JAILBOX_SERVICE_IDLE"
 DEFAULT_IDLE = 300.0
-LOCAL_ENV = (OFF_ENV, IDLE_ENV)  # how this process finds the service, not what a jail gets
+LOCAL_ENV = (OFF_ENV, IDLE_ENV, "JAILBOX_STATE_DIR")  # how a client finds the service: not what a jail gets
 SETTINGS_NAMES = ("config.yaml", "config.yml", "config.toml")  # cli.py's _settings_path() reads the first
 INTERRUPTED_EXIT = 1  # what click does on Ctrl-C: "Aborted!" and 1
 
@@ -53,15 +54,20 @@ def main() -> None:
     if command is None or base is None:
         full_cli()
     try:
-        with ServiceLock(base):
-            sock = try_connect(base)
-            if sock is None:
-                _start_detached(base)
-    except OSError:
-        sock = None  # the full CLI's own checks name what is wrong
-    if sock is None:
-        full_cli()  # this call in-process; the service started meanwhile takes the next ones
-    run(sock, command, base)
+        try:
+            with ServiceLock(base):
+                sock = try_connect(base)
+                if sock is None:
+                    _start_detached(base)
+        except OSError:
+            sock = None  # the full CLI's own checks name what is wrong
+        if sock is None:
+            full_cli()  # this call in-process; the service started meanwhile takes the next ones
+        run(sock, command, base)
+    except KeyboardInterrupt:  # we hang up by exiting: the service kills the command's whole tree
+        with contextlib.suppress(OSError):
+            _write(2, b"\nAborted!\n")
+        os._exit(INTERRUPTED_EXIT)
 
 
 def full_cli() -> NoReturn:
@@ -172,10 +178,6 @@ def run(sock: socket.socket, command: list[str], base: str) -> NoReturn:
     threading.Thread(target=_pump, args=(sock,), daemon=True).start()
     try:
         code = _drain(sock)
-    except KeyboardInterrupt:
-        sock.close()  # the service kills the command's whole tree when we hang up
-        _write(2, b"\nAborted!\n")
-        os._exit(INTERRUPTED_EXIT)
     except BrokenPipeError:
         sock.close()
         os._exit(141)  # our own stdout or stderr closed (| head): as the in-process run ends
@@ -197,7 +199,7 @@ def _drain(sock: socket.socket) -> int:
         stream = reply.get("stream")
         if stream in ("stdout", "stderr") and isinstance(reply.get("data"), str):
             _write(1 if stream == "stdout" else 2, _decode(reply["data"]))
-        elif isinstance(reply.get("exit"), int) and not isinstance(reply["exit"], bool):
+        elif type(reply.get("exit")) is int and -255 <= reply["exit"] <= 511:
             return int(reply["exit"])
         elif reply.get("ok") is False and isinstance(reply.get("error"), str):
             _write(2, f"jailbox: {reply['error'][:4096]}\n".encode())

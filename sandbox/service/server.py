@@ -4,8 +4,9 @@ It listens on a UNIX socket in the caller's state directory (0700, checked by ``
 also refuses any peer whose uid is not its own. It holds ``Sandbox`` objects through their public
 API only, so each jail dies with this process as any sandbox dies with its holder: after a crash,
 ``jailbox cleanup`` finds what is left (the state directory names this process as the owner).
-It also keeps ``WARM`` sandboxes of the default configuration ready for ``jailbox exec -- CMD``
-(``quick.py``): each runs one command and is closed, never reused; they do not keep the service up.
+It also keeps ``WARM`` sandboxes of the default configuration ready (a ``SandboxPool``) for
+``jailbox exec -- CMD`` (``quick.py``): each runs one command and is closed, never reused; they do
+not keep the service up.
 It exits, closing every sandbox, once it has held no sandbox and served no client for ``idle``
 seconds, and on SIGTERM or SIGINT. Every request is bounded and typed (``protocol.py``); a bad one
 gets an error on its own connection and the service keeps serving the others.
@@ -20,7 +21,6 @@ import select
 import signal
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from ..config import SandboxConfig
 from ..errors import SandboxError
 from ..execution import ExecRun
+from ..pool import SandboxPool
 from ..sandbox import Sandbox
 from ..state import process_start, state_dir
 from . import protocol as p
@@ -69,60 +70,6 @@ def default_config() -> SandboxConfig:
     return SandboxConfig()
 
 
-class WarmPool:
-    """Default sandboxes made ahead of the fast path's runs, refilled by one background thread after
-    each take. A taken sandbox is the taker's to close; ``close()`` waits for a fill in progress, so
-    none is made after it and left behind."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.lock = threading.Lock()
-        self.ready: list[Sandbox] = []
-        self.filler: threading.Thread | None = None
-        self.closed = False
-
-    def fill(self) -> None:
-        with self.lock:
-            if self.closed or self.filler is not None or len(self.ready) >= self.size:
-                return
-            self.filler = threading.Thread(target=self._fill, name="jailbox-warm")
-            self.filler.start()
-
-    def take(self) -> Sandbox:
-        with self.lock:
-            sandbox = self.ready.pop(0) if self.ready else None
-        self.fill()
-        return sandbox if sandbox is not None else Sandbox(default_config())
-
-    def _fill(self) -> None:
-        try:
-            while True:
-                with self.lock:
-                    if self.closed or len(self.ready) >= self.size:
-                        return
-                sandbox = Sandbox(default_config())
-                with self.lock:
-                    if not self.closed:
-                        self.ready.append(sandbox)
-                        continue
-                sandbox.close()
-                return
-        except SandboxError as exc:  # the next take makes its own and reports the same error to its client
-            print(f"jailbox service: cannot keep a sandbox warm: {exc}", file=sys.stderr, flush=True)
-        finally:
-            with self.lock:
-                self.filler = None
-
-    def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            filler, ready, self.ready = self.filler, self.ready, []
-        if filler is not None:
-            filler.join()
-        for sandbox in ready:
-            sandbox.close()
-
-
 class Service:
     def __init__(self, base: Path, idle: float, warm: bool = False) -> None:
         self.base = base
@@ -134,9 +81,10 @@ class Service:
         self.clients = 0
         self.quiet_since = time.monotonic()
         self.stopping = threading.Event()
-        self.pool = WarmPool(WARM)
-        if warm:
-            self.pool.fill()
+        self.pool: SandboxPool | None = None  # made by the first run (or at once, with ``warm``)
+        self.running: set[Sandbox] = set()  # the pool's sandboxes running a command, each its client's
+        self.closing = False
+        self.warm = warm
 
     # --- lifetime -----------------------------------------------------------------------------
 
@@ -146,6 +94,8 @@ class Service:
             signal.signal(signum, lambda *_: self.stopping.set())
         retired = False
         try:
+            if self.warm:
+                self._pool()
             while not self.stopping.is_set() and not retired:
                 if wire_ready(listener, POLL_MS):
                     self._accept(listener)
@@ -202,11 +152,14 @@ class Service:
             return True
 
     def _close_all(self) -> None:
-        self.pool.close()
         with self.lock:
+            self.closing = True
             held, self.held = list(self.held.values()), {}
-        for h in held:
-            h.sandbox.close()
+            running, self.running = list(self.running), set()
+        for sandbox in [h.sandbox for h in held] + running:
+            sandbox.close()
+        if self.pool is not None:
+            self.pool.close()  # waits for a jail being built, then tears down the ready ones
 
     # --- connections --------------------------------------------------------------------------
 
@@ -323,13 +276,31 @@ class Service:
         sb = self._find(request.id).sandbox
         stream(conn, sb, request.argv, request.cwd, request.env, request.timeout, request.stdin)
 
+    def _pool(self) -> SandboxPool:
+        with self.lock:
+            if self.closing:
+                raise Refused("the service is stopping")
+            if self.pool is None:
+                self.pool = SandboxPool(size=WARM, config=default_config())
+            return self.pool
+
     def _run(self, conn: socket.socket, request: p.Run) -> None:
+        """A fresh sandbox from the pool for one command, then closed (its jail torn down in the
+        pool's thread, after the client has its exit status)."""
         if request.context != context():
             raise Refused("this call's context (settings, limits, cgroup) is not the service's; run it in-process")
-        sb = self.pool.take()
+        sb = self._pool().acquire()
+        with self.lock:
+            stopping = self.closing
+            if not stopping:
+                self.running.add(sb)
         try:
+            if stopping:
+                raise Refused("the service is stopping")
             stream(conn, sb, request.argv, None, {}, None, True)
         finally:
+            with self.lock:
+                self.running.discard(sb)
             sb.close()
 
 
