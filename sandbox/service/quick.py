@@ -15,6 +15,7 @@ the service retires under, and the plain connect.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import binascii
 import contextlib
@@ -57,12 +58,13 @@ def main() -> None:
         try:
             with ServiceLock(base):
                 sock = try_connect(base)
-                if sock is None:
-                    _start_detached(base)
         except OSError:
             sock = None  # the full CLI's own checks name what is wrong
         if sock is None:
-            full_cli()  # this call in-process; the service started meanwhile takes the next ones
+            # This call runs in-process; the service starts as it exits, for the calls after it (started
+            # now, its imports and warm jails would compete with this call for the CPU).
+            atexit.register(_start_detached, base)
+            full_cli()
         run(sock, command, base)
     except KeyboardInterrupt:  # we hang up by exiting: the service kills the command's whole tree
         with contextlib.suppress(OSError):
