@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pty
+import resource
 import shutil
 import signal
 import socket
@@ -254,7 +255,7 @@ def test_eight_calls_at_once(fast):
     assert fast.marks.read_text().split() == ["fast"] * 8
 
 
-def test_a_service_in_another_context_is_not_used(fast):
+def test_only_a_context_the_jail_would_inherit_differently_runs_in_process(fast):
     """A context the jail would inherit differently (umask, a setting) runs in-process, with its own answer."""
     fast.warm()
     old = os.umask(0o077)
@@ -263,6 +264,15 @@ def test_a_service_in_another_context_is_not_used(fast):
     finally:
         os.umask(old)
     assert (r.stdout, took) == (b"0077\n", "full")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def lower_soft_nofile() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, hard, 512), hard))
+
+    # ... but not a soft limit on open files: every holder lifts it to the hard one before its first jail
+    r, took = fast.run("exec", "--", "sh", "-c", "ulimit -n", preexec_fn=lower_soft_nofile)
+    r_full, _ = fast.run("exec", "--", "sh", "-c", "ulimit -n", preexec_fn=lower_soft_nofile, in_process=True)
+    assert (r.returncode, r.stdout, took) == (0, r_full.stdout, "fast"), r.stderr
     fast.env["JAILBOX_SOMETHING_NEW"] = "1"  # any setting: the service's were others
     r, took = fast.run("exec", "--", "true")
     assert (r.returncode, took) == (0, "full")

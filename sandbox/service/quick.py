@@ -145,12 +145,19 @@ def context() -> dict[str, object]:
     return {
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("JAILBOX_") and k not in LOCAL_ENV},
         "cgroup": _read("/proc/self/cgroup"),
-        "rlimits": {name: list(resource.getrlimit(getattr(resource, name))) for name in limits},
+        "rlimits": {name: _limit(name) for name in limits},
         "umask": umask,
         "ids": [os.getuid(), os.getgid(), sorted(os.getgroups())],
         "cpus": sorted(os.sched_getaffinity(0)),
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
     }
+
+
+def _limit(name: str) -> list[int]:
+    soft, hard = resource.getrlimit(getattr(resource, name))
+    if name in ("RLIMIT_NOFILE", "RLIMIT_OFILE"):
+        return [hard]  # every holder lifts its soft limit to this before its first jail (launcher.py)
+    return [soft, hard]
 
 
 def _read(path: str) -> str:
