@@ -495,6 +495,18 @@ def _tree(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
 
 
+def _cgroup_dirs(pid: int) -> set[str]:
+    """The directories of every cgroup ``pid`` is in, v1 controllers and v2 alike."""
+    unified = "/sys/fs/cgroup" if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else "/sys/fs/cgroup/unified"
+    dirs = set()
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f.read().splitlines():
+            _, controllers, path = line.split(":", 2)
+            top = f"/sys/fs/cgroup/{controllers.removeprefix('name=')}" if controllers else unified
+            dirs.add(top + path)
+    return dirs
+
+
 @pytest.mark.parametrize("fast", [5], indirect=True)
 def test_the_idle_service_exits_and_leaves_nothing(fast):
     pid = fast.warm()
@@ -503,13 +515,13 @@ def test_the_idle_service_exits_and_leaves_nothing(fast):
         time.sleep(0.05)
     jails = _tree(pid)
     assert jails
-    groups = set()
+    groups: set[str] = set()
     for proc in jails:
-        with open(f"/proc/{proc.pid}/cgroup") as f:
-            groups.add(f.read().strip().split("::", 1)[-1])
-    with open(f"/proc/{pid}/cgroup") as f:
-        service_group = f.read().strip().split("::", 1)[-1]
-    groups.discard(service_group)
+        try:
+            groups |= _cgroup_dirs(proc.pid)
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a helper process of a jail being built, gone already
+    groups -= _cgroup_dirs(pid)
     done, _ = psutil.wait_procs([psutil.Process(pid)], timeout=HANG)
     assert done
     assert not fast.socket.exists()
