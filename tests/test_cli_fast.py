@@ -450,6 +450,34 @@ def test_the_jail_cannot_reach_the_service(fast):
     assert r.returncode != 0 and r.stdout == b""
 
 
+def test_a_jail_shown_the_socket_is_refused_all_the_same(fast):
+    """A jail whose filesystem shows the socket (here a bind of the state directory) runs rootless as the
+    service's own uid: it is told apart by its user namespace, whatever it asks."""
+    from jailbox.sandbox import Mount, Sandbox, SandboxConfig
+
+    fast.warm()
+    probe = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "try:\n    s.connect(sys.argv[1])\n"
+        "except OSError:\n    print('refused'); sys.exit()\n"
+        "s.send(sys.argv[2].encode())\n"
+        "print(s.recv(65536).decode())\n"
+    )
+    requests = (
+        '{"op":"ps"}',
+        '{"op":"create","config":{"mounts":[{"src":"/","dst":"/host","readonly":false}]}}',
+        '{"op":"run","argv":["true"],"context":{}}',
+    )
+    with Sandbox(SandboxConfig(mounts=[Mount(fast.base, "/svc")])) as sb:
+        for request in requests:
+            r = sb.exec(["python3", "-c", probe, "/svc/service.sock", request], timeout=HANG)
+            assert r.exit_code == 0, r.stderr
+            out = r.stdout.strip()
+            assert out == "refused" or '"ok":false' in out.replace(" ", ""), (request, out)
+            assert "own user" in out or out == "refused", out
+
+
 # --- what goes to the full CLI --------------------------------------------------------------------
 
 

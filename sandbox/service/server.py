@@ -178,8 +178,8 @@ class Service:
         try:
             with conn:
                 try:
-                    if peer_uid(conn) != os.getuid():
-                        raise Refused("this service serves only its own user")
+                    if not own_peer(conn):
+                        raise Refused("this service serves only its own user, outside any jail")
                     request = p.receive(conn, p.REQUEST)
                     if request is None:
                         return
@@ -462,9 +462,19 @@ def wire_ready(sock: socket.socket, timeout_ms: int) -> bool:
         return False
 
 
-def peer_uid(conn: socket.socket) -> int:
+def own_peer(conn: socket.socket) -> bool:
+    """The peer is our user in our user namespace. A jail whose filesystem shows the socket (a bind of
+    the state directory, or one under ``/usr``) runs rootless as the same uid, and only the namespace
+    tells it apart; a peer whose namespace cannot be read (gone, or not dumpable) is refused."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    pid, uid, _ = struct.unpack("3i", creds)
+    if uid != os.getuid() or pid <= 0:
+        return False
+    try:
+        theirs, ours = os.stat(f"/proc/{pid}/ns/user"), os.stat("/proc/self/ns/user")
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
 
 
 def main(idle: float, warm: bool = False) -> None:
