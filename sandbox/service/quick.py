@@ -126,6 +126,7 @@ def _usable_state_dir() -> str | None:
     else:
         xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
         base = os.path.join(xdg, "jailbox")
+    base = os.path.abspath(base)  # the service it may start works from /
     try:
         st = os.stat(base)
     except OSError:
