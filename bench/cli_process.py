@@ -40,7 +40,7 @@ def jailbox_argv() -> list[str]:
     script = Path(sys.executable).with_name("jailbox")
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
-    return [sys.executable, "-c", "from jailbox.sandbox.service.quick import main; main()"]
+    return [sys.executable, "-c", "from jailbox.console import main; main()"]
 
 
 def percentiles(samples: Sequence[float]) -> dict[str, float]:

@@ -45,7 +45,7 @@ def _exit(code):
 
 os._exit = _exit
 atexit.register(mark)
-from jailbox.sandbox.service.quick import main
+from jailbox.console import main
 main()
 """
 CLIENT = [sys.executable, "-c", WRAPPER]

@@ -1,13 +1,14 @@
-"""The ``jailbox`` console script's first stop, in the user's process: ``jailbox exec [--] CMD...`` with no
-option at all runs through the per-user service, which keeps default sandboxes warm; anything else goes
-to the full CLI (``cli.py``) untouched.
+"""The fast path of ``jailbox exec [--] CMD...`` with no option at all, in the user's process (the
+``jailbox`` console script, ``console.py``, calls it first): the command runs through the per-user
+service, which keeps default sandboxes warm; anything else is handed back to the full CLI untouched.
 
 Stdlib and ``floor/wire.py`` only: the point is to skip click and pydantic (``tests/test_cli_imports.py``
 pins it). Nothing here decides what a sandbox is: the service runs the command in a fresh sandbox of the
 default configuration and refuses (then the command runs here, in-process, as the full CLI runs it) when
 this process's context differs from its own in anything a jail inherits (``context()``). Before the
 service says the command started, nothing of it has run: any refusal, error or lost service until then
-falls back to the full CLI. Every reply is bounded (``MAX_MESSAGE``) and checked for shape.
+falls back to the full CLI (``fallback``, which never returns). Every reply is bounded
+(``MAX_MESSAGE``) and checked for shape.
 
 Also here, for the service's other clients and the service itself: the lock clients connect under and
 the service retires under, and the plain connect.
@@ -24,6 +25,7 @@ import os
 import resource
 import socket
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from ..floor import wire
@@ -47,13 +49,12 @@ SETTINGS_NAMES = ("config.yaml", "config.yml", "config.toml")  # cli.py's _setti
 INTERRUPTED_EXIT = 1  # what click does on Ctrl-C: "Aborted!" and 1
 
 
-def main() -> None:
-    """The ``jailbox`` console script."""
-    argv = sys.argv[1:]
+def main(argv: list[str], fallback: Callable[[], NoReturn]) -> None:
+    """Run ``jailbox ARGV`` through the service, or call ``fallback`` (the full CLI, in-process)."""
     command = fast_command(argv)
     base = _usable_state_dir() if command is not None and _may_go_fast() else None
     if command is None or base is None:
-        full_cli()
+        fallback()
     try:
         try:
             with ServiceLock(base):
@@ -64,19 +65,12 @@ def main() -> None:
             # This call runs in-process; the service starts as it exits, for the calls after it (started
             # now, its imports and warm jails would compete with this call for the CPU).
             atexit.register(_start_detached, base)
-            full_cli()
-        run(sock, command, base)
+            fallback()
+        run(sock, command, base, fallback)
     except KeyboardInterrupt:  # we hang up by exiting: the service kills the command's whole tree
         with contextlib.suppress(OSError):
             _write(2, b"\nAborted!\n")
         os._exit(INTERRUPTED_EXIT)
-
-
-def full_cli() -> NoReturn:
-    from ...cli import main as cli_main
-
-    cli_main()
-    sys.exit(0)  # click exits by itself; this only satisfies the type
 
 
 def fast_command(argv: list[str]) -> list[str] | None:
@@ -173,7 +167,7 @@ class Lost(Exception):
     """The service went away or answered nonsense after the command started."""
 
 
-def run(sock: socket.socket, command: list[str], base: str) -> NoReturn:
+def run(sock: socket.socket, command: list[str], base: str, fallback: Callable[[], NoReturn]) -> NoReturn:
     """Send the command, stream stdin in and output out, exit as the full CLI would."""
     try:
         wire.send(sock, {"op": "run", "argv": command, "context": context()})
@@ -182,7 +176,7 @@ def run(sock: socket.socket, command: list[str], base: str) -> NoReturn:
         started = None
     if started is None or started.get("ok") is not True:
         sock.close()
-        full_cli()  # refused (another context), an error or no answer: nothing ran, so run it here
+        fallback()  # refused (another context), an error or no answer: nothing ran, so run it here
     import threading  # only now: a refused call never pays for it
 
     threading.Thread(target=_pump, args=(sock,), daemon=True).start()
