@@ -1,8 +1,9 @@
 """The per-user service that holds long-lived sandboxes, in its own detached process (``jailbox _service``).
 
 It listens on a UNIX socket in the caller's state directory (0700, checked by ``state_dir()``) and
-also refuses any peer whose uid is not its own. It holds ``Sandbox`` objects through their public
-API only, so each jail dies with this process as any sandbox dies with its holder: after a crash,
+also refuses any peer whose uid or user namespace is not its own (a rootless jail runs as the same
+uid). It holds ``Sandbox`` objects through their public API only, so each jail dies with this
+process as any sandbox dies with its holder: after a crash,
 ``jailbox cleanup`` finds what is left (the state directory names this process as the owner).
 It also keeps ``WARM`` sandboxes of the default configuration ready (a ``SandboxPool``) for
 ``jailbox exec -- CMD`` (``quick.py``): each runs one command and is closed, never reused; they do
