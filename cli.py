@@ -1463,7 +1463,8 @@ def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeo
 
 @main.command("_service", hidden=True)
 @click.option("--idle", type=click.FloatRange(min=0, min_open=True), default=300.0)
-def service_cmd(idle: float) -> None:
+@click.option("--warm", is_flag=True, help="Make the fast path's default sandboxes at once.")
+def service_cmd(idle: float, warm: bool) -> None:
     """The per-user service that holds jailbox create's sandboxes (started by the first create).
 
     \b
@@ -1472,7 +1473,7 @@ def service_cmd(idle: float) -> None:
     """
     from .sandbox.service.server import main as serve
 
-    serve(idle)
+    serve(idle, warm)
 
 
 def settings_reference(group: click.Group, ctx: click.Context, indent: str = "") -> list[str]:

@@ -1,5 +1,6 @@
-"""The jailbox command stays import-light: ``jailbox exec -- true`` and ``jailbox --help``, run as a user
-runs them (a real process, a real jail), import only what they use. Python's ``-X importtime`` lists
+"""The jailbox command stays import-light: ``jailbox exec -- true`` (in-process, and through the service's
+fast path) and ``jailbox --help``, run as a user runs them (a real process, a real jail), import only what
+they use. Python's ``-X importtime`` lists
 every module a process imported; the checks are a deny-list and a module count (beyond what a bare
 interpreter in the same environment imports), plus a generous budget of the import time Python itself
 reports. Also here: what replaced an import (process start times from /proc, the syscall table loaded
@@ -8,9 +9,16 @@ by path) gives the answers the import gave."""
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -19,7 +27,8 @@ from jailbox.sandbox import Sandbox, SandboxConfig
 from jailbox.sandbox.seccomp.syscalls import NEWER, syscall_table
 from jailbox.sandbox.state import process_start
 
-MAIN = "import sys; from jailbox.cli import main; sys.exit(main())"  # the console script's body
+MAIN = "import sys; from jailbox.cli import main; sys.exit(main())"  # the full CLI
+QUICK = "import sys; from jailbox.console import main; sys.exit(main())"  # the console script's body
 
 # Measured on a 2-core VM (editable install, Python 3.11): exec -- true 218 modules beyond a bare
 # interpreter, --help 50, --version 41. The budgets leave room for a dependency's minor release.
@@ -29,6 +38,20 @@ HELP_MODULES = 80
 # 2-core machine showed, so only a heavy new import (the agent, httpx: hundreds of ms) crosses it.
 EXEC_IMPORT_US = 3_000_000
 HELP_IMPORT_US = 1_000_000
+# The fast path (exec through a running service): 28 modules beyond a bare interpreter with the editable
+# install (whose finder already loads typing and pathlib), 52 with a regular one; about 20 ms of imports on
+# the same VM. Only the stdlib and these of jailbox.
+FAST_MODULES = 70
+FAST_IMPORT_US = 300_000
+FAST_JAILBOX = [
+    "jailbox",
+    "jailbox.console",
+    "jailbox.sandbox",
+    "jailbox.sandbox.floor",
+    "jailbox.sandbox.floor.wire",
+    "jailbox.sandbox.service",
+    "jailbox.sandbox.service.quick",
+]
 
 NEVER = ("jailbox.agent", "httpx", "httpcore", "anyio", "sympy", "ray", "yaml")  # and their submodules
 EXEC_DENIED = (
@@ -51,6 +74,7 @@ def imported(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, in
         capture_output=True,
         text=True,
         timeout=120,
+        stdin=subprocess.DEVNULL,  # not a terminal, whatever runs the tests
         env={**os.environ, "XDG_CONFIG_HOME": "/nonexistent"},  # no user config file (it would load yaml)
     )
     modules = {}
@@ -61,11 +85,11 @@ def imported(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, in
     return proc, modules
 
 
-def beyond_bare(*argv: str) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
+def beyond_bare(*argv: str, code: str = MAIN) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
     """The jailbox process and the modules it imported that ``python -c pass`` (site, an editable
     install's finder) did not."""
     _, bare = imported("pass")
-    proc, modules = imported(MAIN, *argv)
+    proc, modules = imported(code, *argv)
     return proc, {name: us for name, us in modules.items() if name not in bare}
 
 
@@ -79,6 +103,45 @@ def test_exec_imports_only_the_jail() -> None:
     assert denied(modules, EXEC_DENIED) == []
     assert len(modules) <= EXEC_MODULES, sorted(modules)
     assert sum(modules.values()) <= EXEC_IMPORT_US, sorted(modules.items(), key=lambda kv: -kv[1])[:20]
+
+
+@pytest.fixture
+def service(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A running service in a state directory of the test's own (short: a socket path has at most 107 bytes)."""
+    base = Path(tempfile.mkdtemp(prefix="jbi-", dir="/tmp"))
+    monkeypatch.setenv("JAILBOX_STATE_DIR", str(base))
+    monkeypatch.setenv("JAILBOX_SERVICE_IDLE", "600")
+    proc, _ = imported(QUICK, "exec", "--", "true")  # no service yet: this one runs in-process, starts one
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pid = None
+    deadline = time.monotonic() + 120
+    while pid is None and time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+            try:
+                sock.connect(str(base / "service.sock"))
+                pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+            except (FileNotFoundError, ConnectionRefusedError):
+                time.sleep(0.05)
+    try:
+        assert pid is not None, (base / "service.log").read_text()
+        yield base
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            psutil.wait_procs([psutil.Process(pid)], timeout=120)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_fast_path_imports_the_stdlib_and_the_wire_format_only(service: Path) -> None:
+    proc, modules = beyond_bare("exec", "--", "true", code=QUICK)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(m for m in modules if m.startswith("jailbox")) == FAST_JAILBOX
+    assert (
+        sorted(m for m in modules if not m.startswith("jailbox") and m.split(".")[0] not in sys.stdlib_module_names)
+        == []
+    )
+    assert len(modules) <= FAST_MODULES, sorted(modules)
+    assert sum(modules.values()) <= FAST_IMPORT_US, sorted(modules.items(), key=lambda kv: -kv[1])[:20]
 
 
 @pytest.mark.parametrize("argv", [("--help",), ("--version",), ("exec", "--help"), ("run", "--help")])

@@ -12,7 +12,6 @@ Stdlib only (runs inside the launcher and the init).
 from __future__ import annotations
 
 import array
-import dataclasses
 import json
 import os
 import select
@@ -134,6 +133,8 @@ def _decode(data: bytes) -> dict:
 
 def fields_of(cls: type, obj: object) -> dict[str, Any]:
     """``obj`` as the wire form of the dataclass ``cls``: exactly its fields, none missing or unknown."""
+    import dataclasses  # here: its import (inspect, ast) would double what jailbox exec's fast path pays
+
     if not isinstance(obj, dict):
         raise WireError(f"{cls.__name__}: expected an object, got {type(obj).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}

@@ -1,5 +1,6 @@
 """Long-lived sandboxes for the shell: a per-user service that holds them (``server.py``), the
-``jailbox`` side that talks to it (``client.py``) and the wire protocol between them (``protocol.py``).
+``jailbox`` side that talks to it (``client.py``), the wire protocol between them (``protocol.py``),
+and the console script's stdlib-only fast path for ``jailbox exec -- CMD`` through it (``quick.py``).
 
-Only ``cli.py`` imports this, and only in the commands that use it.
+Only ``cli.py`` (in the commands that use it) and the console script import this.
 """

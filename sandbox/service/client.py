@@ -8,11 +8,9 @@ service that is about to exit.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,39 +23,18 @@ from pydantic import TypeAdapter
 from ..errors import SandboxError
 from ..state import state_dir
 from . import protocol as p
+from .quick import DEFAULT_IDLE, IDLE_ENV, ServiceLock, service_argv, try_connect
 
 START_TIMEOUT = 30.0
-DEFAULT_IDLE = 300.0
 
 
 class ServiceError(SandboxError):
     """The service refused a request, could not be reached or started, or answered nonsense."""
 
 
-class ServiceLock:
-    """``flock`` on the state directory's lock file; ``with`` gives whether it was taken."""
-
-    def __init__(self, base: Path, blocking: bool = True) -> None:
-        self.path = base / p.LOCK_NAME
-        self.blocking = blocking
-        self.fd = -1
-
-    def __enter__(self) -> bool:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            return False
-        return True
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)  # releases the lock
-        self.fd = -1
-
-
 def idle_timeout() -> float:
     """Seconds the service lingers with no sandbox and no client ($JAILBOX_SERVICE_IDLE, default 300)."""
-    raw = os.environ.get("JAILBOX_SERVICE_IDLE", "")
+    raw = os.environ.get(IDLE_ENV, "")
     if not raw:
         return DEFAULT_IDLE
     try:
@@ -168,16 +145,10 @@ def remove_stale_socket() -> Path | None:
 
 
 def _try_connect(base: Path) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
-        sock.connect(str(base / p.SOCKET_NAME))
-    except (FileNotFoundError, ConnectionRefusedError):
-        sock.close()
-        return None
+        return try_connect(base)
     except OSError as exc:
-        sock.close()
         raise ServiceError(f"cannot reach the service at {base / p.SOCKET_NAME}: {exc}") from None
-    return sock
 
 
 def _start(base: Path) -> socket.socket:
@@ -186,7 +157,7 @@ def _start(base: Path) -> socket.socket:
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jailbox.cli", "_service", "--idle", str(idle_timeout())],
+            service_argv(idle_timeout(), warm=False),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -201,6 +172,9 @@ def _start(base: Path) -> socket.socket:
         if sock is not None:
             return sock
         if proc.poll() is not None:
+            sock = _try_connect(base)  # it lost the race to one that fast exec started: that one listens
+            if sock is not None:
+                return sock
             break
         time.sleep(0.05)
     tail = log_path.read_text(errors="replace")[-2000:].strip()

@@ -16,17 +16,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..floor import wire
+from .quick import CHUNK, LOG_NAME, MAX_ARG, MAX_ARGS, MAX_MESSAGE, SOCKET_NAME
 
-MAX_MESSAGE = 1 << 20
-CHUNK = 32 * 1024  # raw bytes per data message: base64 of it still fits one inline seqpacket message
-SOCKET_NAME = "service.sock"
-LOCK_NAME = "service.lock"
-LOG_NAME = "service.log"
+__all__ = ["CHUNK", "LOG_NAME", "MAX_MESSAGE", "SOCKET_NAME"]  # the stdlib-only client's, re-exported here
 
 Ref = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 Path4k = Annotated[str, Field(min_length=1, max_length=4096)]
-Arg = Annotated[str, Field(max_length=128 * 1024)]
+Arg = Annotated[str, Field(max_length=MAX_ARG)]
 Data = Annotated[str, Field(max_length=4 * (CHUNK // 3 + 1))]
 
 
@@ -50,11 +47,21 @@ class Create(_Msg):
 class Exec(_Msg):
     op: Literal["exec"]
     id: Ref
-    argv: list[Arg] = Field(min_length=1, max_length=4096)
+    argv: list[Arg] = Field(min_length=1, max_length=MAX_ARGS)
     cwd: Path4k | None = None
     env: dict[Annotated[str, Field(max_length=256)], Arg] = Field(default_factory=dict, max_length=1024)
     timeout: float | None = Field(None, gt=0, le=1e7)
     stdin: bool = False  # Input messages and one Eof follow; the client hanging up kills the command
+
+
+class Run(_Msg):
+    """``jailbox exec -- CMD`` from ``quick.py``: once, in a fresh sandbox of the default configuration,
+    stdin streamed (Input messages and one Eof follow the Ok), replies as for Exec. ``context`` is the
+    client's ``quick.context()``: a different one is refused, and the client runs the command itself."""
+
+    op: Literal["run"]
+    argv: list[Arg] = Field(min_length=1, max_length=MAX_ARGS)
+    context: dict[Annotated[str, Field(max_length=64)], Any] = Field(max_length=64)
 
 
 class Input(_Msg):
@@ -83,9 +90,9 @@ class Stop(_Msg):
     all: bool = False
 
 
-Request = Annotated[Create | Exec | Copy | List | Stop, Field(discriminator="op")]
+Request = Annotated[Create | Exec | Run | Copy | List | Stop, Field(discriminator="op")]
 Stream = Annotated[Input | Eof, Field(discriminator="op")]
-REQUEST: TypeAdapter[Create | Exec | Copy | List | Stop] = TypeAdapter(Request)
+REQUEST: TypeAdapter[Create | Exec | Run | Copy | List | Stop] = TypeAdapter(Request)
 STREAM: TypeAdapter[Input | Eof] = TypeAdapter(Stream)
 
 

@@ -1,9 +1,13 @@
 """The per-user service that holds long-lived sandboxes, in its own detached process (``jailbox _service``).
 
 It listens on a UNIX socket in the caller's state directory (0700, checked by ``state_dir()``) and
-also refuses any peer whose uid is not its own. It holds ``Sandbox`` objects through their public
-API only, so each jail dies with this process as any sandbox dies with its holder: after a crash,
+also refuses any peer whose uid or user namespace is not its own (a rootless jail runs as the same
+uid). It holds ``Sandbox`` objects through their public API only, so each jail dies with this
+process as any sandbox dies with its holder: after a crash,
 ``jailbox cleanup`` finds what is left (the state directory names this process as the owner).
+It also keeps ``WARM`` sandboxes of the default configuration ready (a ``SandboxPool``) for
+``jailbox exec -- CMD`` (``quick.py``): each runs one command and is closed, never reused; they do
+not keep the service up.
 It exits, closing every sandbox, once it has held no sandbox and served no client for ``idle``
 seconds, and on SIGTERM or SIGINT. Every request is bounded and typed (``protocol.py``); a bad one
 gets an error on its own connection and the service keeps serving the others.
@@ -11,6 +15,7 @@ gets an error on its own connection and the service keeps serving the others.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -29,13 +34,15 @@ from pydantic import ValidationError
 from ..config import SandboxConfig
 from ..errors import SandboxError
 from ..execution import ExecRun
+from ..pool import SandboxPool
 from ..sandbox import Sandbox
 from ..state import process_start, state_dir
 from . import protocol as p
-from .client import ServiceLock
+from .quick import WARM, ServiceLock, context
 
 POLL_MS = 200
 LINGER = 5.0
+BIND_LOCK = "service.bind"
 
 
 @dataclass
@@ -59,8 +66,13 @@ class Refused(Exception):
     """A request the service understood and turns down; the message is for the user."""
 
 
+def default_config() -> SandboxConfig:
+    """What ``jailbox exec`` with no option builds (``tests/test_cli_fast.py`` holds the two equal)."""
+    return SandboxConfig()
+
+
 class Service:
-    def __init__(self, base: Path, idle: float) -> None:
+    def __init__(self, base: Path, idle: float, warm: bool = False) -> None:
         self.base = base
         self.idle = idle
         self.path = base / p.SOCKET_NAME
@@ -70,6 +82,10 @@ class Service:
         self.clients = 0
         self.quiet_since = time.monotonic()
         self.stopping = threading.Event()
+        self.pool: SandboxPool | None = None  # made by the first run (or at once, with ``warm``)
+        self.running: set[Sandbox] = set()  # the pool's sandboxes running a command, each its client's
+        self.closing = False
+        self.warm = warm
 
     # --- lifetime -----------------------------------------------------------------------------
 
@@ -79,6 +95,8 @@ class Service:
             signal.signal(signum, lambda *_: self.stopping.set())
         retired = False
         try:
+            if self.warm:
+                self._pool()
             while not self.stopping.is_set() and not retired:
                 if wire_ready(listener, POLL_MS):
                     self._accept(listener)
@@ -91,6 +109,12 @@ class Service:
             self._close_all()
 
     def _listen(self) -> socket.socket:
+        """Bind the socket, unless another service listens: probe, unlink and bind under a lock of
+        their own, so of two services started at once the second finds the first listening."""
+        with ServiceLock(self.base, name=BIND_LOCK):
+            return self._bind()
+
+    def _bind(self) -> socket.socket:
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             probe.connect(str(self.path))
@@ -130,9 +154,13 @@ class Service:
 
     def _close_all(self) -> None:
         with self.lock:
+            self.closing = True
             held, self.held = list(self.held.values()), {}
-        for h in held:
-            h.sandbox.close()
+            running, self.running = list(self.running), set()
+        for sandbox in [h.sandbox for h in held] + running:
+            sandbox.close()
+        if self.pool is not None:
+            self.pool.close()  # waits for a jail being built, then tears down the ready ones
 
     # --- connections --------------------------------------------------------------------------
 
@@ -151,13 +179,15 @@ class Service:
         try:
             with conn:
                 try:
-                    if peer_uid(conn) != os.getuid():
-                        raise Refused("this service serves only its own user")
+                    if not own_peer(conn):
+                        raise Refused("this service serves only its own user, outside any jail")
                     request = p.receive(conn, p.REQUEST)
                     if request is None:
                         return
                     if isinstance(request, p.Exec):
                         self._exec(conn, request)
+                    elif isinstance(request, p.Run):
+                        self._run(conn, request)
                     else:
                         p.send(conn, self._handle(request))
                 except p.ProtocolViolation as exc:
@@ -245,39 +275,80 @@ class Service:
 
     def _exec(self, conn: socket.socket, request: p.Exec) -> None:
         sb = self._find(request.id).sandbox
-        feed = StdinFeed() if request.stdin else None
-        gone = threading.Event()
+        stream(conn, sb, request.argv, request.cwd, request.env, request.timeout, request.stdin)
 
-        def forward(stream: Literal["stdout", "stderr"]) -> Callable[[bytes], None]:
-            def callback(data: bytes) -> None:
-                if gone.is_set():
-                    return
-                try:
-                    for i in range(0, len(data), p.CHUNK):
-                        p.send(conn, p.Output(stream=stream, data=p.encode(data[i : i + p.CHUNK])))
-                except OSError:
-                    gone.set()
+    def _pool(self) -> SandboxPool:
+        with self.lock:
+            if self.closing:
+                raise Refused("the service is stopping")
+            if self.pool is None:
+                self.pool = SandboxPool(size=WARM, config=default_config())
+            return self.pool
 
-            return callback
-
+    def _run(self, conn: socket.socket, request: p.Run) -> None:
+        """A fresh sandbox from the pool for one command, then closed (its jail torn down in the
+        pool's thread, after the client has its exit status)."""
+        if request.context != context():
+            raise Refused("this call's context (settings, limits, cgroup) is not the service's; run it in-process")
+        sb = self._pool().acquire()
+        with self.lock:
+            stopping = self.closing
+            if not stopping:
+                self.running.add(sb)
         try:
-            run = sb.begin_exec(
-                request.argv,
-                cwd=request.cwd,
-                env=request.env,
-                stdin=os.fdopen(feed.read_end, "rb", buffering=0, closefd=False) if feed else None,
-                on_stdout=forward("stdout"),
-                on_stderr=forward("stderr"),
-            )
-        except BaseException:
-            if feed:
-                feed.close()
-            raise
-        p.send(conn, p.Ok(ok=True, id=sb.id))  # started: the client may stream stdin now
-        drive(run, conn, feed, request.timeout, gone)
-        result = run.finish()
-        if not gone.is_set():
-            p.send(conn, p.Exited(exit=result.exit_code, signal=result.signal, timed_out=result.timed_out))
+            if stopping:
+                raise Refused("the service is stopping")
+            stream(conn, sb, request.argv, None, {}, None, True)
+        finally:
+            with self.lock:
+                self.running.discard(sb)
+            sb.close()
+
+
+def stream(
+    conn: socket.socket,
+    sb: Sandbox,
+    argv: list[str],
+    cwd: str | None,
+    env: dict[str, str],
+    timeout: float | None,
+    stdin: bool,
+) -> None:
+    """Run ``argv`` in ``sb`` for the client on ``conn``: Ok once started, then output as it comes and
+    the exit status (nothing more once the client went away: the command's tree is killed)."""
+    feed = StdinFeed() if stdin else None
+    gone = threading.Event()
+
+    def forward(name: Literal["stdout", "stderr"]) -> Callable[[bytes], None]:
+        def callback(data: bytes) -> None:
+            if gone.is_set():
+                return
+            try:
+                for i in range(0, len(data), p.CHUNK):
+                    p.send(conn, p.Output(stream=name, data=p.encode(data[i : i + p.CHUNK])))
+            except OSError:
+                gone.set()
+
+        return callback
+
+    try:
+        run = sb.begin_exec(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=os.fdopen(feed.read_end, "rb", buffering=0, closefd=False) if feed else None,
+            on_stdout=forward("stdout"),
+            on_stderr=forward("stderr"),
+        )
+    except BaseException:
+        if feed:
+            feed.close()
+        raise
+    p.send(conn, p.Ok(ok=True, id=sb.id))  # started: the client may stream stdin now
+    drive(run, conn, feed, timeout, gone)
+    result = run.finish()
+    if not gone.is_set():
+        p.send(conn, p.Exited(exit=result.exit_code, signal=result.signal, timed_out=result.timed_out))
 
 
 class StdinFeed:
@@ -392,12 +463,27 @@ def wire_ready(sock: socket.socket, timeout_ms: int) -> bool:
         return False
 
 
-def peer_uid(conn: socket.socket) -> int:
+def own_peer(conn: socket.socket) -> bool:
+    """The peer is our user in our user namespace. A jail whose filesystem shows the socket (a bind of
+    the state directory, or one under ``/usr``) runs rootless as the same uid, and only the namespace
+    tells it apart; a peer whose namespace cannot be read (gone, or not dumpable) is refused."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    pid, uid, _ = struct.unpack("3i", creds)
+    if uid != os.getuid() or pid <= 0:
+        return False
+    try:
+        theirs, ours = os.stat(f"/proc/{pid}/ns/user"), os.stat("/proc/self/ns/user")
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
 
 
-def main(idle: float) -> None:
+def main(idle: float, warm: bool = False) -> None:
+    """``warm``: fill the pool at once (the fast path started this service, for the calls to come)."""
     base = state_dir()
     os.chdir("/")  # hold no directory of the client's busy
-    Service(base, idle).serve()
+    for name in os.listdir("/proc/self/fd"):  # the start lock quick.py hands over: ours, not a child's
+        if int(name) > 2:
+            with contextlib.suppress(OSError):
+                os.set_inheritable(int(name), False)
+    Service(base, idle, warm).serve()

@@ -1,0 +1,25 @@
+"""The ``jailbox`` console script, in the user's process: ``jailbox exec [--] CMD...`` with no option
+goes through the per-user service's fast path (``sandbox/service/quick.py``, stdlib only); every other
+command line, and any call that path declines, goes to the full CLI (``cli.py``) with argv untouched.
+
+Here rather than in ``sandbox/``, which never imports the CLI. Nothing at this module's top level may
+import click or pydantic: ``tests/test_cli_imports.py`` holds the fast path to the standard library.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+from .sandbox.service import quick
+
+
+def main() -> None:
+    quick.main(sys.argv[1:], full_cli)
+
+
+def full_cli() -> NoReturn:
+    from .cli import main as cli_main
+
+    cli_main()
+    sys.exit(0)  # click exits by itself; this only satisfies the type
