@@ -94,6 +94,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line("markers", "paper_tree: uses the default recipe's tree (tests/paper_tree.py)")
+    # A `jailbox exec -- CMD` the tests run would start the per-user service of the fast path, which then
+    # holds two warm sandboxes (and their counter shares) in the session's state directory for minutes.
+    # The tests of that path (test_cli_fast.py, test_cli_imports.py) turn it back on, each with a
+    # state directory and a service of its own.
+    os.environ["JAILBOX_NO_SERVICE"] = "1"
     config.addinivalue_line("markers", "needs(*things): tools, 'shared-data', 'subids', 'tun' (see conftest.need)")
 
 

@@ -11,6 +11,7 @@ rootless build path is the custom recipe test's, which runs in both passes).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -70,6 +71,20 @@ def stop_early() -> None:
                 proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def build_processes() -> set[int]:
+    """The pids of a build still running in the background, and of everything it started: children of
+    the test process that tests counting its children must not take for leaks."""
+    import psutil
+
+    pids: set[int] = set()
+    for proc in _building:
+        if proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                build = psutil.Process(proc.pid)
+                pids |= {build.pid, *(p.pid for p in build.children(recursive=True))}
+    return pids
 
 
 def paper_store() -> Path:

@@ -111,6 +111,7 @@ def service(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     base = Path(tempfile.mkdtemp(prefix="jbi-", dir="/tmp"))
     monkeypatch.setenv("JAILBOX_STATE_DIR", str(base))
     monkeypatch.setenv("JAILBOX_SERVICE_IDLE", "600")
+    monkeypatch.delenv("JAILBOX_NO_SERVICE", raising=False)  # conftest turns the fast path off for the others
     proc, _ = imported(QUICK, "exec", "--", "true")  # no service yet: this one runs in-process, starts one
     assert proc.returncode == 0, proc.stderr[-2000:]
     pid = None

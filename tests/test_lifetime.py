@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import paper_tree
 import psutil
 from conftest import jail_processes
 
@@ -32,7 +33,7 @@ time.sleep(1000)
 def _snapshot() -> dict:
     me = psutil.Process()
     return {
-        "processes": sorted(p.pid for p in me.children(recursive=True)),
+        "processes": sorted({p.pid for p in me.children(recursive=True)} - paper_tree.build_processes()),
         "fds": len(os.listdir("/proc/self/fd")),
         "mounts": Path("/proc/self/mountinfo").read_text().count("\n"),
     }
