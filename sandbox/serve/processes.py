@@ -14,6 +14,7 @@ import itertools
 import os
 import queue
 import select
+import signal
 import struct
 import termios
 import threading
@@ -85,6 +86,7 @@ class Process:
         self.stdin_w = -1
         self.tty: TtyCommand | None = None
         self.hangup_w = -1
+        self.hung_up = False  # kill() hung its terminal up
         self.ended = threading.Event()
 
     def watch(self) -> Watcher:
@@ -155,6 +157,7 @@ class Process:
         with self.lock:
             run = self.run
             if self.hangup_w >= 0 and not self.ended.is_set():
+                self.hung_up = True
                 os.write(self.hangup_w, b"k")
         if run is not None and not self.ended.is_set():
             run.kill()
@@ -320,6 +323,9 @@ class ProcessTable:
             result = run_sync(proc.run, None)
             if result.signal is not None:
                 end = End(128 + result.signal, f"signal: {result.signal}")
+            elif proc.hung_up and result.exit_code == 0:
+                # a shell may read the closed terminal's EOF and exit 0 before the SIGHUP lands: killed all the same
+                end = End(128 + signal.SIGHUP, f"signal: {int(signal.SIGHUP)}")
             else:
                 end = End(result.exit_code, f"exit status {result.exit_code}")
         except Exception as exc:  # the sandbox died under the command: its watchers hear why
