@@ -283,6 +283,37 @@ def test_pty(server: Served, tmp_path: Path) -> None:
     )
 
 
+def test_a_killed_terminal_ends_as_killed_when_it_exits_0_on_the_hangup(server: Served, tmp_path: Path) -> None:
+    """A command that has not read its terminal yet when the kill hangs it up reads end of file and may
+    exit 0 (a shell that had not set its SIGHUP handler up, here one that ignores SIGHUP): it was killed
+    all the same, and wait() says so."""
+    sdk(
+        server,
+        tmp_path,
+        """
+        import time
+        from e2b import CommandExitException, PtySize, Sandbox
+
+        sb = Sandbox.create(template="host")
+        term = sb.pty.create(PtySize(rows=24, cols=80))
+        sb.pty.send_stdin(term.pid, b"trap '' HUP; echo read$((40+2)); sleep 1; exit 0\\n")
+        seen, deadline = b"", time.monotonic() + 60
+        for _, _, pty in term:
+            seen += pty or b""
+            if b"read42" in seen or time.monotonic() > deadline:
+                break
+        assert b"read42" in seen, seen
+        assert sb.pty.kill(term.pid)  # hung up while it sleeps, SIGHUP ignored: then it exits 0
+        try:
+            term.wait()
+            raise AssertionError("a killed terminal did not raise")
+        except CommandExitException as exc:
+            assert exc.exit_code == 129, exc
+        sb.kill()
+        """,
+    )
+
+
 def test_timeout_and_expiry(server: Served, tmp_path: Path) -> None:
     sdk(
         server,

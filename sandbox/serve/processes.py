@@ -86,7 +86,6 @@ class Process:
         self.stdin_w = -1
         self.tty: TtyCommand | None = None
         self.hangup_w = -1
-        self.hung_up = False  # kill() hung its terminal up
         self.ended = threading.Event()
 
     def watch(self) -> Watcher:
@@ -157,7 +156,6 @@ class Process:
         with self.lock:
             run = self.run
             if self.hangup_w >= 0 and not self.ended.is_set():
-                self.hung_up = True
                 os.write(self.hangup_w, b"k")
         if run is not None and not self.ended.is_set():
             run.kill()
@@ -246,6 +244,10 @@ class ProcessTable:
                     code = tty.exit_code()
                     while reading and self._pump(proc, tty):  # what it wrote before exiting
                         pass
+                    if hung_up and code == 0:
+                        # killed: a shell that had not started reading yet finds the terminal hung up, reads
+                        # end of file and exits 0 (the SIGHUP came before its handler); it ends as hung up
+                        code = 128 + signal.SIGHUP
                     end = End(code, f"exit status {code}")
                     break
                 if hangup_r in ready:  # kill: hang the terminal up, as closing a terminal window does
@@ -323,9 +325,6 @@ class ProcessTable:
             result = run_sync(proc.run, None)
             if result.signal is not None:
                 end = End(128 + result.signal, f"signal: {result.signal}")
-            elif proc.hung_up and result.exit_code == 0:
-                # a shell may read the closed terminal's EOF and exit 0 before the SIGHUP lands: killed all the same
-                end = End(128 + signal.SIGHUP, f"signal: {int(signal.SIGHUP)}")
             else:
                 end = End(result.exit_code, f"exit status {result.exit_code}")
         except Exception as exc:  # the sandbox died under the command: its watchers hear why
