@@ -35,6 +35,9 @@ from typing import Protocol
 from ..config import Limits
 
 CPU_PERIOD_US = 100_000
+# what counters() reports on v1: (name, controller, file, key in the file)
+V1_COUNTERS = (("oom_kill", "memory", "memory.oom_control", b"oom_kill"), ("pids_max", "pids", "pids.events", b"max"))
+FIELDS_MAX = 4096  # bytes read of a counters file (memory.oom_control is under 100)
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 V2_ROOT = Path("/sys/fs/cgroup")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
@@ -110,6 +113,11 @@ class CgroupV1(Cgroup):
             path = parent / group_name(sandbox_id)
             path.mkdir()
             self.dirs[controller] = path
+        self._counted = [  # read around every exec: the paths are made once
+            (name, str(self.dirs[controller] / file), key)
+            for name, controller, file, key in V1_COUNTERS
+            if controller in self.dirs
+        ]
         if limits.memory is not None:
             self._write("memory", "memory.limit_in_bytes", limits.memory)
             swap = limits.memory + (limits.swap or 0)
@@ -133,15 +141,7 @@ class CgroupV1(Cgroup):
 
     def counters(self) -> dict[str, int]:
         """Monotonic counters: OOM kills and refused forks so far (for the hierarchies in use)."""
-        found = {}
-        if "memory" in self.dirs:
-            found["oom_kill"] = self._field("memory", "memory.oom_control", "oom_kill")
-        if "pids" in self.dirs:
-            found["pids_max"] = self._field("pids", "pids.events", "max")
-        return found  # fmt: skip
-
-    def _field(self, controller: str, name: str, key: str) -> int:
-        return _field(self.dirs[controller] / name, key)
+        return {name: _field(path, key) for name, path, key in self._counted}
 
     def destroy(self) -> None:
         _remove_v1(list(self.dirs.values()))
@@ -243,6 +243,8 @@ class CgroupV2(Cgroup):
         (parent / "pids.max").write_text(str(pids_budget))
         self.path = parent / group_name(sandbox_id)
         self.path.mkdir()
+        self._memory_events = str(self.path / "memory.events")  # read around every exec: paths made once
+        self._pids_events = str(self.path / "pids.events")
         if limits.memory is not None:
             self._write("memory.max", limits.memory)
             self._write("memory.swap.max", limits.swap or 0)
@@ -258,8 +260,8 @@ class CgroupV2(Cgroup):
         self._write("cgroup.procs", pid)
 
     def counters(self) -> dict[str, int]:
-        return {"oom_kill": _field(self.path / "memory.events", "oom_kill"),
-                "pids_max": _field(self.path / "pids.events", "max")}  # fmt: skip
+        return {"oom_kill": _field(self._memory_events, b"oom_kill"),
+                "pids_max": _field(self._pids_events, b"max")}  # fmt: skip
 
     def destroy(self) -> None:
         _remove_v2(self.path)
@@ -428,9 +430,16 @@ def reap_stale() -> tuple[list[Path], list[tuple[Path, str]]]:
     return removed, failed
 
 
-def _field(path: Path, key: str) -> int:
+def _field(path: str, key: bytes) -> int:
+    """``key``'s value in a cgroup's flat-keyed file (0 if absent). Read around every exec, so with
+    plain descriptors: a quarter of the time ``Path.read_text()`` took."""
     try:
-        for line in path.read_text().splitlines():
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, FIELDS_MAX)
+        finally:
+            os.close(fd)
+        for line in data.splitlines():
             parts = line.split()
             if len(parts) == 2 and parts[0] == key:
                 return int(parts[1])
