@@ -16,7 +16,6 @@ import resource
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from service_probe import listener_pid
 
 from jailbox.sandbox.floor import wire
 
@@ -88,14 +88,8 @@ class Fast:
         return self.base / "service.sock"
 
     def pid(self) -> int | None:
-        """The service's pid, as the kernel tells a client (SO_PEERCRED); None when none listens."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-            try:
-                sock.connect(str(self.socket))
-            except (FileNotFoundError, ConnectionRefusedError):
-                return None
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            return struct.unpack("3i", creds)[0]
+        """The service's pid; None when none listens."""
+        return listener_pid(self.socket)
 
     def starting(self) -> bool:
         """A service the fast path started is alive (it holds the start lock), listening or not yet."""
