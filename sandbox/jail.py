@@ -145,6 +145,8 @@ class Jail:
         )
         tmpfs_size, tmpfs_inodes = rlimits.scratch(cfg)
         caps = cfg.capabilities()
+        ipc = rlimits.ipc(tmpfs_size)
+        self.enforcement["ipc"] = rlimits.describe_ipc(ipc)
         self.enforcement["tmpfs"] = (
             f"/tmp, /dev/shm{' and the writable layer' if cfg.upper == 'tmpfs' else ''}: one tmpfs of "
             f"{tmpfs_size} bytes" + (f", {tmpfs_inodes} inodes" if tmpfs_inodes else "")
@@ -170,11 +172,17 @@ class Jail:
             net=self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps),
             workdir=cfg.workdir,
             caps=L.cap_mask(caps),
-            seccomp=_seccomp_spec(cfg.seccomp, any(not m.readonly for m in cfg.mounts), "SYS_CHROOT" in caps),
+            seccomp=_seccomp_spec(
+                cfg.seccomp,
+                any(not m.readonly for m in cfg.mounts),
+                "SYS_CHROOT" in caps,
+                no_memfd=cfg.limits.memory is not None and self.cgroup is None,  # the watcher holds memory
+            ),
             userns=cfg.userns,
             idmap=self._idmap,
             pids_budget=rlimits.nproc_budget(self._pids_budget, cfg.userns),
             counters=self._counters,
+            ipc=ipc,
         )
 
     def _ca_certs(self) -> str:
@@ -316,9 +324,10 @@ def _give_binds(cfg: SandboxConfig, id_map: IdMap) -> None:
             )
 
 
-def _seccomp_spec(policy: SeccompPolicy | None, rw_binds: bool, chroot: bool) -> SeccompSpec | None:
+def _seccomp_spec(policy: SeccompPolicy | None, rw_binds: bool, chroot: bool, no_memfd: bool) -> SeccompSpec | None:
     """The compiled filter; with a read-write bind, one that keeps set-id files and device nodes
-    off it (``bpf._mode_rules``); ``chroot`` where commands hold CAP_SYS_CHROOT (as Docker's profile)."""
+    off it (``bpf._mode_rules``); ``chroot`` where commands hold CAP_SYS_CHROOT (as Docker's profile);
+    ``no_memfd`` where no cgroup counts memory (``bpf.compile_policy``)."""
     if policy is None:
         warnings.warn(
             "seccomp is OFF for this sandbox: every syscall the kernel allows an unprivileged user is open to it",
@@ -326,14 +335,14 @@ def _seccomp_spec(policy: SeccompPolicy | None, rw_binds: bool, chroot: bool) ->
             stacklevel=4,
         )
         return None
-    return _compiled(policy, rw_binds, chroot)
+    return _compiled(policy, rw_binds, chroot, no_memfd)
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(policy: SeccompPolicy, guard_modes: bool, chroot: bool) -> SeccompSpec:
+def _compiled(policy: SeccompPolicy, guard_modes: bool, chroot: bool, no_memfd: bool) -> SeccompSpec:
     return SeccompSpec(
-        notify=base64.b64encode(bpf.compile_policy(policy, True, guard_modes, chroot)).decode(),
-        errno=base64.b64encode(bpf.compile_policy(policy, False, guard_modes, chroot)).decode(),
+        notify=base64.b64encode(bpf.compile_policy(policy, True, guard_modes, chroot, no_memfd)).decode(),
+        errno=base64.b64encode(bpf.compile_policy(policy, False, guard_modes, chroot, no_memfd)).decode(),
         errno_value=policy.errno,
         in_child=not bpf.init_can_live_under(policy),
         audit_arch=syscalls.AUDIT_ARCH[syscalls.arch()],

@@ -45,6 +45,7 @@ def _spec(**changes: object) -> JailSpec:
         "idmap": IdMap("0 1000 1\n", "0 1000 1\n", helper=False, deny_setgroups=True),
         "pids_budget": 16384,
         "counters": {"max_inotify_instances": 16},
+        "ipc": rlimits.ipc(1 << 20),
     }
     fields.update(changes)
     return JailSpec(**fields)

@@ -23,7 +23,7 @@ from .. import idmap
 from ..errors import ConfigError
 from ..floor import linux as L
 from ..idmap import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
-from ..limits import budget, cgroups
+from ..limits import budget, cgroups, watch
 
 Status = Literal["ok", "degraded", "failing"]
 
@@ -273,9 +273,17 @@ def bounds(cgroup_probe: Probe) -> Probe:
         name="memory and disk bounds",
         status="degraded",
         detail="memory: host watcher over the total (reactive, sampled) and RLIMIT_AS per process; socket buffers: "
-        f"in that total in a jail's own network namespace (TCP/UDP queues, UNIX sockets), else per socket; {disk}",
+        f"in that total in a jail's own network namespace (TCP/UDP queues, UNIX sockets), else per socket; "
+        f"descriptors: {_descriptor_charge()}; memfd_create: ENOSYS; {disk}",
         fix=cgroup_probe.fix,
     )
+
+
+def _descriptor_charge() -> str:
+    """Whether this kernel gives the watcher a process's descriptor count in one call (Linux 6.2)."""
+    if os.stat("/proc/self/fd").st_size > 0:
+        return f"{watch.DESCRIPTOR_CHARGE >> 10} KiB each in that total (pipe buffers, files)"
+    return "not charged (this kernel gives /proc/PID/fd no size: Linux 6.2 or later does)"
 
 
 def shared_bounds(host: Host) -> Probe:
@@ -296,7 +304,9 @@ def shared_bounds(host: Host) -> Probe:
     detail = (
         f"all sandboxes together: {pids} of pid_max {host.sysctl('kernel/pid_max')} processes; "
         f"each takes at most 1/{budget.SANDBOX_SHARE} of the user's inotify and fanotify counts (all together "
-        f"1/{budget.USER_SHARE}) and 1/{budget.COUNTER_SHARE} of its namespace counts"
+        f"1/{budget.USER_SHARE}) and 1/{budget.COUNTER_SHARE} of its namespace counts; "
+        "SysV IPC: bounded in each jail's own namespace; epoll watches: not bounded (the kernel counts them per "
+        "host uid, and a jail runs as yours rootless, as one subordinate uid as root)"
     )
     if host.uid == 0 and not cgroups.v1_usable() and not (cgroups.v2_mounted() and cgroups.v2_parent()[0]):
         held = f"{detail}; no pids cgroup: the budget is not held"

@@ -69,6 +69,7 @@ SPAWN_ATTEMPTS = 5
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD)
 INIT_OOM_ADJ = (b"-999", b"0")  # lowest first; below -999 the init could never be taken, even by the host
 COMMAND_OOM_ADJ = b"1000"
+IPC_SYSCTLS = frozenset({"shmmax", "shmall", "msgmni", "sem"})  # what the host may set of /proc/sys/kernel
 Handler = Callable[[Any, list[int], Any], None]  # an ``op_*`` method: its request's own type, fds, reply
 
 
@@ -88,6 +89,8 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
         with step(Step.HOSTNAME):
             L.sethostname(spec.hostname)
             set_name("jailbox-init")
+        with step(Step.RLIMITS):
+            _bound_ipc(spec.ipc)
         with step(Step.PROC):
             slack, proc = mounts.seal_proc()
             _lowest_oom_adj(proc)
@@ -119,6 +122,16 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
     for fd in net_fds:
         os.close(fd)
     Init(ctl, spec.seccomp, listener, slack, proc).serve()
+
+
+def _bound_ipc(values: dict[str, str]) -> None:
+    """Set the SysV IPC limits of the jail's own IPC namespace (its root may: it owns it). Nothing
+    in the jail can raise them later: /proc is made read-only next, and remounting needs CAP_SYS_ADMIN."""
+    for name, value in values.items():
+        if name not in IPC_SYSCTLS:
+            raise ValueError(f"not a SysV IPC limit: {name!r}")
+        with open(f"/proc/sys/kernel/{name}", "w") as f:
+            f.write(value)
 
 
 def _lowest_oom_adj(proc: int) -> None:

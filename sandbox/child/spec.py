@@ -125,6 +125,7 @@ class JailSpec:
     idmap: IdMap  # the user namespace's map, written by the launcher (sandbox/idmap.py plans it)
     pids_budget: int | None  # RLIMIT_NPROC of the user namespace's creator: the user's processes, jails included
     counters: dict[str, int]  # /proc/sys/user/NAME -> limit in the jail's user namespace (limits/budget.py)
+    ipc: dict[str, str]  # /proc/sys/kernel/NAME -> value in the jail's own IPC namespace (limits/rlimits.ipc)
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,6 +161,7 @@ class JailSpec:
             idmap=IdMap.from_wire(f["idmap"]),
             pids_budget=None if f["pids_budget"] is None else wire.typed(f, "pids_budget", int),
             counters=_string_map(f, "counters", int),
+            ipc=_string_map(f, "ipc", str),
         )
 
 

@@ -3,8 +3,9 @@
 One JSON object per ``SOCK_SEQPACKET`` message, file descriptors riding along with SCM_RIGHTS.
 Seqpacket keeps message boundaries and makes each send atomic, so several threads can share one
 control socket without a framing lock and without a demultiplexer: every request carries its own
-reply socket. Payloads above ``INLINE_MAX`` travel in a sealed memfd so no size limit comes from the
-socket buffer. The receiver bounds everything: bytes, descriptors, nesting.
+reply socket. Payloads above ``INLINE_MAX`` travel in a memfd (in a jail without memfds, an unnamed
+file in its /tmp) so no size limit comes from the socket buffer. The receiver bounds everything:
+bytes, descriptors, nesting.
 
 Stdlib only (runs inside the launcher and the init).
 """
@@ -12,6 +13,7 @@ Stdlib only (runs inside the launcher and the init).
 from __future__ import annotations
 
 import array
+import errno
 import json
 import os
 import select
@@ -51,7 +53,7 @@ def send(sock: socket.socket, obj: dict, fds: Sequence[int] = ()) -> None:
     fds = list(fds)
     memfd = -1
     if len(data) > INLINE_MAX:
-        memfd = os.memfd_create("jailbox-msg", os.MFD_CLOEXEC)
+        memfd = _scratch()
         view = memoryview(data)
         while view:
             view = view[os.write(memfd, view) :]
@@ -65,6 +67,17 @@ def send(sock: socket.socket, obj: dict, fds: Sequence[int] = ()) -> None:
     finally:
         if memfd >= 0:
             os.close(memfd)
+
+
+def _scratch() -> int:
+    """A memfd for a large payload; in a jail whose seccomp filter makes ``memfd_create`` ENOSYS (its
+    memory is held by the host's watcher, not a cgroup), an unnamed file in its bounded /tmp."""
+    try:
+        return os.memfd_create("jailbox-msg", os.MFD_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            raise
+        return os.open("/tmp", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
 
 
 def recv(sock: socket.socket, max_fds: int = 4, max_bytes: int = 16 * 1024 * 1024) -> tuple[dict, list[int]] | None:

@@ -18,9 +18,12 @@ import warnings
 from ..config import Limits, SandboxConfig
 from ..errors import LimitNotEnforced
 from . import budget
-from .watch import TICK
+from .watch import DESCRIPTOR_CHARGE, TICK
 
 Enforcement = dict[str, str]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+IPC_MESSAGE_QUEUES = 256  # SysV message queues of a jail (at the default 16 KiB each: 4 MiB)
+IPC_SEMAPHORES = "250 32000 32 128"  # kernel.sem: per set, in all, per semop call, sets (the pre-5.x defaults)
 
 
 def plan(
@@ -40,7 +43,8 @@ def plan(
             rlimits["RLIMIT_AS"] = limits.memory
             how["memory"] = (
                 f"host watcher: total proportional memory of the jail's processes, sampled every {TICK * 1000:.0f} ms, "
-                "biggest process killed past it; rlimit RLIMIT_AS per process (no cgroup)"
+                f"each open descriptor charged {DESCRIPTOR_CHARGE >> 10} KiB (pipe buffers, files), "
+                "biggest process killed past it; rlimit RLIMIT_AS per process; memfd_create ENOSYS (no cgroup)"
             )
     else:
         how["memory"] = "unbounded: Limits.memory=None"
@@ -99,6 +103,30 @@ def scratch(config: SandboxConfig) -> tuple[int, int]:
         bounds.append(config.tmpfs_size)
     size = min(bounds) if bounds else config.tmpfs_size
     return size, limits.inodes or 0  # 0: the kernel's default count (half the host's pages)
+
+
+def ipc(tmpfs_size: int) -> dict[str, str]:
+    """``kernel.*`` sysctls of the jail's own IPC namespace, which its init sets before any command
+    runs (``/proc/sys`` is read-only to commands after that). SysV IPC objects outlive the processes
+    that made them, so their memory is one no process's pages show (and no rlimit holds), and the
+    kernel's defaults allow about 16 EiB of shared memory, 32,000 message queues of 16 KiB and a
+    billion semaphores. Shared memory gets what /dev/shm gets, the one tmpfs's size; message queues
+    and semaphores the small counts programs use."""
+    return {
+        "shmmax": str(tmpfs_size),
+        "shmall": str(max(1, tmpfs_size // PAGE)),
+        "msgmni": str(IPC_MESSAGE_QUEUES),
+        "sem": IPC_SEMAPHORES,
+    }
+
+
+def describe_ipc(values: dict[str, str]) -> str:
+    queues, (_, semaphores, _, sets) = values["msgmni"], values["sem"].split()
+    return (
+        f"SysV IPC of the jail's own namespace: shared memory {values['shmmax']} bytes in all (kernel.shmall), "
+        f"{queues} message queues (kernel.msgmni), {semaphores} semaphores in {sets} sets (kernel.sem); "
+        "set by the init before any command runs, /proc/sys read-only"
+    )
 
 
 def nproc_budget(pids_budget: int, userns: bool) -> int | None:

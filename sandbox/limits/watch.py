@@ -6,9 +6,11 @@ writable layer on the host's disk has no quota. Both are held here, in the host 
 jail's own init is untrusted once a command has run. Every ``TICK`` the thread reads ``/proc`` once
 for all watched sandboxes: a jail's processes are the descendants of its init (every process of a
 pid namespace descends from its pid 1, so none can leave the set). Over ``memory``, the biggest
-process (proportional resident set of its anonymous and shared memory) is killed with its
-descendants. The sockets of the jail's own network namespace count towards ``memory`` too: socket
-buffers are kernel memory no rlimit holds, and a reader that never reads makes a writer fill them.
+processes (proportional resident set of their anonymous and shared memory, and a charge per open
+descriptor for the kernel memory behind it: a pipe's buffer, a file) are killed with their
+descendants, as many as bring the total back under. The sockets of the jail's own network
+namespace count towards ``memory`` too: socket buffers are kernel memory no rlimit holds, and a
+reader that never reads makes a writer fill them.
 Their figures (UNIX, TCP, UDP) are the kernel's own, read through a sock_diag socket the jail's
 init made in that namespace before any untrusted code ran (``sockdiag.py``: bounded, never
 blocking, and spaced so that counts take at most a ``COUNT_SHARE``-th of the thread's time, all
@@ -44,6 +46,11 @@ WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ROLLUP_KEYS = (b"Pss_Anon:", b"Pss_Shmem:", b"SwapPss:")
 COUNT_SHARE = 5  # socket counts take at most a fifth of the thread's time, all sandboxes together
+# What each open descriptor is charged against ``memory``: a pipe past the per-user soft limit
+# (``fs.pipe-user-pages-soft``, where the kernel shrinks new pipes to one page) holds one page of
+# buffer and about 2 KiB of file, inode and pipe structures for its two ends (measured: 20,000
+# descriptors of full one-page pipes took 93 MiB of the host, 4.8 KiB each).
+DESCRIPTOR_CHARGE = 5 << 10
 
 
 @dataclass(eq=False)
@@ -154,25 +161,42 @@ def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int) -> None
     pids = [w.init_pid, *_descendants(tree, w.init_pid)]
     queued = _queued(w, counters)
     # resident minus file-backed pages first (cheap, counts pages shared after fork twice);
-    # only over the bound the exact proportional share is read
-    if queued + sum(_anon_resident(pid) for pid in pids) <= w.memory:
+    # only over the bound the exact proportional share is read. Each open descriptor is charged
+    # DESCRIPTOR_CHARGE on top: what it holds (a pipe's buffer, the file, its inode) is kernel memory
+    # no process's pages show.
+    held = {pid: _descriptors(pid) * DESCRIPTOR_CHARGE for pid in pids}
+    if queued + sum(_anon_resident(pid) + held[pid] for pid in pids) <= w.memory:
         return
-    sizes = {pid: _proportional(pid) for pid in pids}
+    sizes = {pid: _proportional(pid) + held[pid] for pid in pids}
     if queued + sum(sizes.values()) <= w.memory:
         return
     candidates = {pid: size for pid, size in sizes.items() if pid != w.init_pid}
     if not candidates:
         return  # the init alone: it reads at most one bounded request, and is never killed here
-    # Queued bytes belong to no process's pages: when they are what is over, the processes holding
-    # sockets are the candidates (a socket's queue is freed when its last holder is gone).
+    # As many of the biggest as bring the total back under: processes growing together (forked
+    # workers) are all stopped at this sample, not one per sample while the others grow on.
+    victims = _biggest_until_under(candidates, queued + sum(sizes.values()) - w.memory)
+    # Queued bytes belong to no process's pages: when they are what is over, the process holding the
+    # most sockets is the one (a socket's queue is freed when its last holder is gone).
     if queued > sum(sizes.values()):
         holders = {pid: _sockets(pid) for pid in candidates}
         if any(holders.values()):
-            candidates = holders
-    biggest = max(candidates, key=lambda pid: candidates[pid])
+            victims = [max(holders, key=lambda pid: holders[pid])]
     w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
-    _kill_all([biggest, *_descendants(tree, biggest)], w.init_pid)
+    doomed = dict.fromkeys(found for pid in victims for found in (pid, *_descendants(tree, pid)))
+    _kill_all(list(doomed), w.init_pid)
     w.next_count = 0.0  # what the killed held is freed: the last figure is stale
+
+
+def _biggest_until_under(sizes: dict[int, int], over: int) -> list[int]:
+    """The biggest processes whose sizes together cover ``over`` bytes (at least one)."""
+    victims: list[int] = []
+    for pid in sorted(sizes, key=lambda pid: sizes[pid], reverse=True):
+        victims.append(pid)
+        over -= sizes[pid]
+        if over <= 0:
+            break
+    return victims
 
 
 def _queued(w: Watched, counters: int) -> int:
@@ -240,6 +264,15 @@ def _proportional(pid: int) -> int:
     except (OSError, ValueError, IndexError):
         return _anon_resident(pid)
     return total
+
+
+def _descriptors(pid: int) -> int:
+    """How many descriptors ``pid`` has open: the size Linux (6.2 and later) gives ``/proc/PID/fd``,
+    one call however many there are (0 on older kernels, where descriptors go uncharged)."""
+    try:
+        return os.stat(f"/proc/{pid}/fd").st_size
+    except OSError:
+        return 0
 
 
 def _sockets(pid: int) -> int:

@@ -15,6 +15,12 @@ anything but a regular file (device nodes, FIFOs, sockets); ``openat2`` (its mod
 cannot read) is ENOSYS, so libc falls back to ``openat``; ``io_uring_setup`` (its opens bypass
 seccomp) is refused even where the policy allows it.
 
+A jail whose memory the host's watcher holds (no cgroup) gets ``memfd_create`` as ENOSYS, as on a
+kernel before 3.17, and programs fall back to a file in /dev/shm or /tmp (the jail's bounded tmpfs).
+A memfd's pages belong to no tmpfs with a size, and to no process's pages until mapped and touched:
+written with ``write()``, or held only by a mapping or a message in flight, they are memory the
+watcher cannot see (1 GiB was written past a 256M limit that way).
+
 Refused calls go to the jail's init as ``SECCOMP_RET_USER_NOTIF`` when the kernel supports a
 listener: the init answers with the policy's errno and counts them per command, which is how an
 ``ExecResult`` can name them. Without a listener the same program answers the errno directly.
@@ -124,11 +130,14 @@ class _Program:
         return b"".join(out)
 
 
-def compile_policy(policy: SeccompPolicy, notify: bool, guard_modes: bool = False, chroot: bool = False) -> bytes:
+def compile_policy(
+    policy: SeccompPolicy, notify: bool, guard_modes: bool = False, chroot: bool = False, no_memfd: bool = False
+) -> bytes:
     """The BPF program (struct sock_filter array) for ``policy`` on this machine; ``guard_modes``
     for a jail with a read-write bind (see the module docstring); ``chroot`` takes ``chroot`` off
     Docker's denylist, as Docker's profile does for a container holding CAP_SYS_CHROOT (a chroot
-    inside the jail's mount namespace leads no further out than the jail's root)."""
+    inside the jail's mount namespace leads no further out than the jail's root); ``no_memfd`` makes
+    ``memfd_create`` ENOSYS, for a jail whose memory no cgroup counts (see the module docstring)."""
     machine = arch()
     table = syscall_table(machine)
     refuse = RET_NOTIFY if notify else RET_ERRNO | policy.errno
@@ -149,6 +158,8 @@ def compile_policy(policy: SeccompPolicy, notify: bool, guard_modes: bool = Fals
         p.op(_JSET, X32_BIT, "refuse", 0)
     p.op(_JGT, max(table.values()), "enosys", 0)
     p.op(_JEQ, table["clone3"], "enosys", 0)  # its flags live in memory BPF cannot read
+    if no_memfd:
+        p.op(_JEQ, table["memfd_create"], "enosys", 0)
     # any other prctl goes on to the policy's lists, so this rule comes first and reloads the number
     p.op(_JEQ, table["prctl"], 0, "lists")
     p.op(_LD_W_ABS, _ARG0)
