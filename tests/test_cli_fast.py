@@ -29,6 +29,7 @@ import pytest
 from service_probe import listener_pid
 
 from jailbox.sandbox.floor import wire
+from jailbox.sandbox.service import quick
 
 HANG = 120  # seconds: a hang guard only, never a measure
 WRAPPER = """
@@ -253,6 +254,15 @@ def test_each_call_gets_a_fresh_sandbox(fast):
         r, took = fast.run("exec", "--", "sh", "-c", "ls -A /tmp /testbed; echo planted > /tmp/x; touch /testbed/y")
         assert (r.returncode, took) == (0, "fast"), r.stderr
         assert r.stdout == b"/testbed:\n\n/tmp:\n", r.stdout
+
+
+def test_a_long_service_log_is_set_aside_when_the_next_service_starts(fast):
+    """Services started by the fast path append to one log: it never grows past one service's share."""
+    log = fast.base / quick.LOG_NAME
+    log.write_bytes(b"x" * (quick.LOG_MAX + 1))
+    fast.warm()
+    assert log.stat().st_size < quick.LOG_MAX
+    assert (fast.base / f"{quick.LOG_NAME}.1").stat().st_size == quick.LOG_MAX + 1
 
 
 def test_eight_calls_at_once(fast):

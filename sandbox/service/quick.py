@@ -37,6 +37,7 @@ SOCKET_NAME = "service.sock"
 LOCK_NAME = "service.lock"
 START_LOCK_NAME = "service.start"  # held by a service this module started, for its whole life
 LOG_NAME = "service.log"
+LOG_MAX = 1 << 20  # bytes of log past which a new service starts a fresh one
 MAX_ARG = 128 * 1024
 MAX_ARGS = 4096
 WARM = 2  # default sandboxes the service keeps ready for the fast path
@@ -306,9 +307,13 @@ def _start_detached(base: str) -> None:
             return
         import subprocess  # only on the call that starts the service
 
-        log = os.open(
-            os.path.join(base, LOG_NAME), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-        )
+        path = os.path.join(base, LOG_NAME)
+        try:
+            if os.lstat(path).st_size > LOG_MAX:
+                os.replace(path, path + ".1")  # the last service's log is kept, one before it is dropped
+        except FileNotFoundError:
+            pass
+        log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             subprocess.Popen(
                 service_argv(idle, warm=True),
