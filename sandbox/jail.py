@@ -83,8 +83,9 @@ class Jail:
         """Monotonic counts of limit events: the cgroup's (``oom_kill``, ``pids_max``), else the
         watcher's (``oom_kill``, ``disk_max``)."""
         found = {} if self.watched is None else dict(self.watched.counters)
-        if self.cgroup is not None:
-            found.update(self.cgroup.counters())
+        if self.cgroup is not None:  # the watcher may kill too (socket queues no cgroup counts): both count
+            for name, count in self.cgroup.counters().items():
+                found[name] = found.get(name, 0) + count
         return found
 
     def close(self) -> None:
@@ -147,6 +148,8 @@ class Jail:
         caps = cfg.capabilities()
         ipc = rlimits.ipc(tmpfs_size)
         self.enforcement["ipc"] = rlimits.describe_ipc(ipc)
+        net = self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps)
+        self.enforcement["socket_queues"] = rlimits.describe_queues(cfg.limits.memory, net.new_netns)
         self.enforcement["tmpfs"] = (
             f"/tmp, /dev/shm{' and the writable layer' if cfg.upper == 'tmpfs' else ''}: one tmpfs of "
             f"{tmpfs_size} bytes" + (f", {tmpfs_inodes} inodes" if tmpfs_inodes else "")
@@ -169,7 +172,7 @@ class Jail:
             tmpfs_inodes=tmpfs_inodes,
             rlimits=planned,
             hostname=cfg.hostname,
-            net=self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps),
+            net=net,
             workdir=cfg.workdir,
             caps=L.cap_mask(caps),
             seccomp=_seccomp_spec(
@@ -271,13 +274,15 @@ class Jail:
         diag = net_fds.pop(0) if self.spec.net.new_netns else -1
         limits = self.config.limits
         memory = limits.memory if self.cgroup is None else None
+        # netlink, packet and raw sockets' queues: no cgroup counts them, so they are watched either way
+        queues = limits.memory if self.spec.net.new_netns else None
         disk_bound = limits.disk is not None or limits.inodes is not None
         upper = self.dir / "upper" if self.dir is not None and disk_bound else None
-        if memory is None:  # a cgroup counts socket memory, or nothing bounds memory
+        if memory is None:  # a cgroup counts UNIX, TCP and UDP socket memory, or nothing bounds memory
             if diag >= 0:
                 os.close(diag)
             diag = -1
-        if memory is None and upper is None:
+        if memory is None and upper is None and queues is None:
             return None
         watched = Watched(
             self.init_pid,
@@ -286,6 +291,7 @@ class Jail:
             disk=limits.disk,
             inodes=limits.inodes,
             sockets=None if diag < 0 else Sockets(diag),
+            queues=queues,
         )
         WATCHER.add(watched)
         undo.callback(WATCHER.remove, watched)

@@ -129,6 +129,19 @@ def describe_ipc(values: dict[str, str]) -> str:
     )
 
 
+def describe_queues(memory: int | None, own_netns: bool) -> str:
+    """How the queues of netlink, packet and raw sockets are held (``watch.py``): no cgroup counts them."""
+    if memory is None:
+        return "unbounded: Limits.memory=None"
+    if not own_netns:
+        return "per socket only (its receive buffer): the jail is on the host's network"
+    return (
+        f"host watcher: the queues of the netlink, packet and raw sockets of the jail's own network namespace "
+        f"(/proc/INIT/net), held to the memory limit ({memory} bytes; in the total without a cgroup, on their own "
+        "with one, which does not count them); past it the process holding the most sockets is killed"
+    )
+
+
 def nproc_budget(pids_budget: int, userns: bool) -> int | None:
     """The RLIMIT_NPROC the launcher sets before it creates the jail's user namespace, if it binds:
     the kernel ignores it for uid 0 of the host, whose processes the pids cgroup bounds instead."""

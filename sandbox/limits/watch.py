@@ -51,6 +51,12 @@ COUNT_SHARE = 5  # socket counts take at most a fifth of the thread's time, all 
 # buffer and about 2 KiB of file, inode and pipe structures for its two ends (measured: 20,000
 # descriptors of full one-page pipes took 93 MiB of the host, 4.8 KiB each).
 DESCRIPTOR_CHARGE = 5 << 10
+# /proc/PID/net tables of the sockets sock_diag's dumps leave out: (name, queue columns, base). Their
+# queues are the kernel's sk_rmem_alloc (and sk_wmem_alloc): buffer memory, not payload. Netlink
+# queues take no cgroup's memory either: 3,000 pairs of NETLINK_USERSOCK sockets held 1.1 GiB past a
+# 256M limit, as root with a cgroup too.
+PROC_QUEUE_TABLES = (("netlink", (4, 5), 10), ("packet", (6,), 10), ("raw", (4,), 16), ("raw6", (4,), 16))
+PROC_TABLE_MAX = 16 << 20  # bytes of one table read (about 100,000 sockets)
 
 
 @dataclass(eq=False)
@@ -63,15 +69,17 @@ class Watched:
     disk: int | None = None
     inodes: int | None = None
     sockets: Sockets | None = None  # of the jail's own network namespace: their memory counts
+    queues: int | None = None  # bound on the netlink, packet and raw sockets' queues of its own namespace
     counters: dict[str, int] = field(default_factory=dict)
     last_usage: tuple[int, int] = (0, 0)
     next_walk: float = 0.0
     settling: bool = False  # killed at the last walk: what its writers still flushed is not new growth
     queued: int = 0  # the last figure for its sockets, kept until the next count
+    diagnosed: int = 0  # of which what sock_diag reported (UNIX, TCP, UDP), kept while a dump is read out
     next_count: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.memory is not None:
+        if self.memory is not None or self.queues is not None:
             self.counters["oom_kill"] = 0
         if self.upper is not None:
             self.counters["disk_max"] = 0
@@ -131,11 +139,13 @@ def check(watched: list[Watched], now: float) -> None:
     """One sample of every watched sandbox; kills what is over its bound."""
     tree: dict[int, list[int]] | None = None
     walkers = sum(w.upper is not None for w in watched)
-    counters = sum(w.sockets is not None and w.memory is not None for w in watched)
+    counters = sum(w.sockets is not None or w.queues is not None for w in watched)
     for w in watched:
         if w.memory is not None:
             tree = tree if tree is not None else _children()
             _check_memory(w, tree, counters)
+        elif w.queues is not None:
+            _check_queues(w, counters)
         if w.upper is not None and now >= w.next_walk:
             started = time.monotonic()
             usage = _usage(w.upper, w.disk, w.inodes)
@@ -199,20 +209,79 @@ def _biggest_until_under(sizes: dict[int, int], over: int) -> list[int]:
     return victims
 
 
+def _check_queues(w: Watched, counters: int) -> None:
+    """With a cgroup, which counts none of them: the netlink, packet and raw sockets' queues of the
+    jail's own namespace held to the memory limit on their own; past it, the process holding the
+    most sockets is killed with its descendants."""
+    assert w.queues is not None
+    if _queued(w, counters) <= w.queues:
+        return
+    tree = _children()
+    holders = {pid: _sockets(pid) for pid in _descendants(tree, w.init_pid)}
+    if not any(holders.values()):
+        return
+    victim = max(holders, key=lambda pid: holders[pid])
+    w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
+    _kill_all([victim, *_descendants(tree, victim)], w.init_pid)
+    w.next_count = 0.0
+
+
 def _queued(w: Watched, counters: int) -> int:
     """What the sockets of the jail's own network namespace hold; counted again once the last count
     has been paid for (``COUNT_SHARE``, shared by the ``counters`` sandboxes), else the last figure."""
-    assert w.memory is not None
-    if w.sockets is None:
+    if w.sockets is None and w.queues is None:
         return 0
     now = time.monotonic()
     if now < w.next_count:
         return w.queued
-    counted = w.sockets.measure(w.memory)  # a count stops once past the bound: the total is over either way
-    if counted is not None:  # else the rest of an earlier dump is still being read out: the last figure holds
-        w.queued = counted
+    bound = w.memory if w.memory is not None else w.queues
+    assert bound is not None
+    if w.sockets is not None:
+        counted = w.sockets.measure(bound)  # a count stops once past the bound: the total is over either way
+        if counted is not None:  # else the rest of an earlier dump is still being read out: the last figure holds
+            w.diagnosed = counted
+    w.queued = w.diagnosed + (_proc_queues(w.init_pid, bound) if w.queues is not None else 0)
     w.next_count = now + (time.monotonic() - now) * COUNT_SHARE * counters
     return w.queued
+
+
+def _proc_queues(pid: int, bound: int) -> int:
+    """Bytes the netlink, packet and raw sockets of ``pid``'s network namespace hold (the kernel's
+    ``sk_rmem_alloc`` and, for netlink, ``sk_wmem_alloc``, from its ``/proc/PID/net`` tables, which
+    sock_diag's UNIX/TCP/UDP dumps leave out). The jail decides how many lines there are: each
+    table is read at most ``PROC_TABLE_MAX`` bytes, and reading stops once the total is past ``bound``."""
+    total = 0
+    for table, columns, base in PROC_QUEUE_TABLES:
+        try:
+            fd = os.open(f"/proc/{pid}/net/{table}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            read, rest = 0, b""
+            while total <= bound and read < PROC_TABLE_MAX:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                read += len(chunk)
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                total += sum(_queue_of(line, columns, base) for line in lines)
+            if read >= PROC_TABLE_MAX:
+                return bound + 1  # more sockets than a table we read whole: over, whatever they hold
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return total
+
+
+def _queue_of(line: bytes, columns: tuple[int, ...], base: int) -> int:
+    """The sum of a table line's queue columns (a ``tx:rx`` pair in hex counts both); 0 for a header."""
+    fields = line.split()
+    try:
+        return sum(int(part, base) for column in columns for part in fields[column].split(b":"))
+    except (IndexError, ValueError):
+        return 0
 
 
 def _children() -> dict[int, list[int]]:

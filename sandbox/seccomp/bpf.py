@@ -3,9 +3,12 @@
 The program checks the architecture first (a foreign ABI such as i386 or x32 is refused), sends
 numbers above the highest syscall this table knows to ENOSYS (a newer kernel's syscalls never slip
 through a denylist by being unknown; libc treats ENOSYS as "not supported here" and falls back),
-applies the argument rules every jail gets (``clone`` with namespace flags, ``socket`` for AF_ALG
-and AF_VSOCK, ``ioctl(TIOCSTI)``, ``prctl(PR_SET_TIMERSLACK)``: the timer slack is the tag the init
-finds a command's processes by on timeout), then the policy's allow and deny lists.
+applies the argument rules every jail gets (``clone`` with namespace flags, ``socket`` for AF_ALG,
+AF_VSOCK and NETLINK_USERSOCK, ``ioctl(TIOCSTI)``, ``prctl(PR_SET_TIMERSLACK)``: the timer slack is
+the tag the init finds a command's processes by on timeout), then the policy's allow and deny lists.
+NETLINK_USERSOCK is the one netlink protocol whose sockets send to each other without privilege, a
+memcpy into a queue no cgroup counts: 3,000 pairs filled 1.1 GiB in 0.2 s, faster than any sampling
+holds (the watcher holds what the kernel's own netlink replies fill, ``limits/watch.py``).
 
 A jail with a read-write bind also gets the mode rules (``guard_modes``): what it makes there is a
 file on the host, owned by a subordinate id every host user can run. seccomp sees no paths, so
@@ -52,7 +55,8 @@ _NR, _ARCH, _ARG0, _ARG1, _ARG2, _ARG3 = 0, 4, 16, 24, 32, 40
 
 X32_BIT = 0x40000000
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
-AF_ALG, AF_VSOCK = 38, 40
+AF_NETLINK, AF_ALG, AF_VSOCK = 16, 38, 40
+NETLINK_USERSOCK = 2
 TIOCSTI = 0x5412
 PR_SET_TIMERSLACK = 29
 SET_ID_BITS = 0o6000  # S_ISUID | S_ISGID
@@ -182,7 +186,11 @@ def compile_policy(
     p.label("socket")
     p.op(_LD_W_ABS, _ARG0)
     p.op(_JEQ, AF_ALG, "refuse", 0)
+    p.op(_JEQ, AF_NETLINK, "netlink", 0)
     p.op(_JEQ, AF_VSOCK, "refuse", "allow")
+    p.label("netlink")
+    p.op(_LD_W_ABS, _ARG2)
+    p.op(_JEQ, NETLINK_USERSOCK, "refuse", "allow")
     p.label("ioctl")
     p.op(_LD_W_ABS, _ARG1)
     p.op(_JEQ, TIOCSTI, "refuse", "allow")

@@ -18,7 +18,7 @@ class SeccompPolicy(BaseModel):
 
     ``default``: what happens to a syscall in neither list. ``deny`` wins over ``allow``. Refused
     calls fail with ``errno`` and are reported by name in each ``ExecResult``. Every policy keeps
-    the jail's argument rules (``clone`` with namespace flags, AF_ALG/AF_VSOCK sockets, TIOCSTI,
+    the jail's argument rules (``clone`` with namespace flags, AF_ALG/AF_VSOCK/NETLINK_USERSOCK sockets, TIOCSTI,
     ``prctl(PR_SET_TIMERSLACK)``).
     """
 
