@@ -34,7 +34,7 @@ from .launcher import LAUNCHER
 from .limits import budget, cgroups, rlimits
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
 from .limits.sockdiag import Sockets
-from .limits.watch import WATCHER, Watched
+from .limits.watch import NETLINK_ONLY, PROC_QUEUE_TABLES, WATCHER, Watched
 from .messages import Ready
 from .net import modes
 from .seccomp import bpf, syscalls
@@ -292,6 +292,7 @@ class Jail:
             inodes=limits.inodes,
             sockets=None if diag < 0 else Sockets(diag),
             queues=queues,
+            queue_tables=PROC_QUEUE_TABLES if "NET_RAW" in self.config.capabilities() else NETLINK_ONLY,
         )
         WATCHER.add(watched)
         undo.callback(WATCHER.remove, watched)

@@ -55,7 +55,9 @@ DESCRIPTOR_CHARGE = 5 << 10
 # queues are the kernel's sk_rmem_alloc (and sk_wmem_alloc): buffer memory, not payload. Netlink
 # queues take no cgroup's memory either: 3,000 pairs of NETLINK_USERSOCK sockets held 1.1 GiB past a
 # 256M limit, as root with a cgroup too.
+# Packet and raw sockets need CAP_NET_RAW: their tables are read only for a jail whose commands hold it.
 PROC_QUEUE_TABLES = (("netlink", (4, 5), 10), ("packet", (6,), 10), ("raw", (4,), 16), ("raw6", (4,), 16))
+NETLINK_ONLY = PROC_QUEUE_TABLES[:1]
 PROC_TABLE_MAX = 16 << 20  # bytes of one table read (about 100,000 sockets)
 
 
@@ -70,6 +72,7 @@ class Watched:
     inodes: int | None = None
     sockets: Sockets | None = None  # of the jail's own network namespace: their memory counts
     queues: int | None = None  # bound on the netlink, packet and raw sockets' queues of its own namespace
+    queue_tables: tuple[tuple[str, tuple[int, ...], int], ...] = NETLINK_ONLY  # the /proc/INIT/net tables read
     counters: dict[str, int] = field(default_factory=dict)
     last_usage: tuple[int, int] = (0, 0)
     next_walk: float = 0.0
@@ -240,18 +243,18 @@ def _queued(w: Watched, counters: int) -> int:
         counted = w.sockets.measure(bound)  # a count stops once past the bound: the total is over either way
         if counted is not None:  # else the rest of an earlier dump is still being read out: the last figure holds
             w.diagnosed = counted
-    w.queued = w.diagnosed + (_proc_queues(w.init_pid, bound) if w.queues is not None else 0)
+    w.queued = w.diagnosed + (_proc_queues(w.init_pid, w.queue_tables, bound) if w.queues is not None else 0)
     w.next_count = now + (time.monotonic() - now) * COUNT_SHARE * counters
     return w.queued
 
 
-def _proc_queues(pid: int, bound: int) -> int:
+def _proc_queues(pid: int, tables: tuple[tuple[str, tuple[int, ...], int], ...], bound: int) -> int:
     """Bytes the netlink, packet and raw sockets of ``pid``'s network namespace hold (the kernel's
     ``sk_rmem_alloc`` and, for netlink, ``sk_wmem_alloc``, from its ``/proc/PID/net`` tables, which
     sock_diag's UNIX/TCP/UDP dumps leave out). The jail decides how many lines there are: each
     table is read at most ``PROC_TABLE_MAX`` bytes, and reading stops once the total is past ``bound``."""
     total = 0
-    for table, columns, base in PROC_QUEUE_TABLES:
+    for table, columns, base in tables:
         try:
             fd = os.open(f"/proc/{pid}/net/{table}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
