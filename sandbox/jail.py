@@ -185,6 +185,7 @@ class Jail:
             idmap=self._idmap,
             pids_budget=rlimits.nproc_budget(self._pids_budget, cfg.userns),
             counters=self._counters,
+            counter_budget=budget.rlimit_budget(),
             ipc=ipc,
         )
 

@@ -44,7 +44,8 @@ def _spec(**changes: object) -> JailSpec:
         "userns": True,
         "idmap": IdMap("0 1000 1\n", "0 1000 1\n", helper=False, deny_setgroups=True),
         "pids_budget": 16384,
-        "counters": {"max_inotify_instances": 16},
+        "counters": {"max_inotify_instances": 16, "RLIMIT_SIGPENDING": 376},
+        "counter_budget": {"RLIMIT_SIGPENDING": 48182},
         "ipc": rlimits.ipc(1 << 20),
     }
     fields.update(changes)

@@ -304,7 +304,8 @@ def shared_bounds(host: Host) -> Probe:
     detail = (
         f"all sandboxes together: {pids} of pid_max {host.sysctl('kernel/pid_max')} processes; "
         f"each takes at most 1/{budget.SANDBOX_SHARE} of the user's inotify and fanotify counts (all together "
-        f"1/{budget.USER_SHARE}) and 1/{budget.COUNTER_SHARE} of its namespace counts; "
+        f"1/{budget.USER_SHARE}) and 1/{budget.COUNTER_SHARE} of its namespace counts; pending signals, message-queue "
+        "bytes and locked shm: a share of the user's rlimits (user namespace caps, Linux 5.14 or later); "
         "SysV IPC: bounded in each jail's own namespace; epoll watches: not bounded (the kernel counts them per "
         "host uid, and a jail runs as yours rootless, as one subordinate uid as root)"
     )

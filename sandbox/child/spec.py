@@ -124,7 +124,8 @@ class JailSpec:
     userns: bool  # a new user namespace (False only as root, on request)
     idmap: IdMap  # the user namespace's map, written by the launcher (sandbox/idmap.py plans it)
     pids_budget: int | None  # RLIMIT_NPROC of the user namespace's creator: the user's processes, jails included
-    counters: dict[str, int]  # /proc/sys/user/NAME -> limit in the jail's user namespace (limits/budget.py)
+    counters: dict[str, int]  # /proc/sys/user/NAME or RLIMIT_NAME -> the jail's share (limits/budget.py)
+    counter_budget: dict[str, int]  # RLIMIT_NAME -> soft limit of the user namespace's creator: all jails' share
     ipc: dict[str, str]  # /proc/sys/kernel/NAME -> value in the jail's own IPC namespace (limits/rlimits.ipc)
 
     def to_wire(self) -> dict[str, Any]:
@@ -161,6 +162,7 @@ class JailSpec:
             idmap=IdMap.from_wire(f["idmap"]),
             pids_budget=None if f["pids_budget"] is None else wire.typed(f, "pids_budget", int),
             counters=_string_map(f, "counters", int),
+            counter_budget=_string_map(f, "counter_budget", int),
             ipc=_string_map(f, "ipc", str),
         )
 

@@ -6,7 +6,7 @@ process with ``python -I -S``, imports the child-side modules, freezes its heap,
 costs three forks:
 
     launcher --fork--> A: unshare(user); launcher writes A's id maps (host ids onto themselves);
-                          A caps the per-user counters
+                          A caps the per-user counters (sysctls, and soft rlimits for A2's)
                        A --fork--> A2: unshare(user); A writes A2's id maps (the planned ones);
                                    unshare(mnt pid ipc uts cgroup [net])
                        A2 --fork--> B: pid 1 of the new pid namespace, becomes the init
@@ -190,16 +190,19 @@ class Zygote:
         finally:
             reply.close()
 
-    def _spawn_in_userns(self, idmap: IdMap | None, body: Body, nproc: int | None = None) -> tuple[socket.socket, int]:
+    def _spawn_in_userns(
+        self, idmap: IdMap | None, body: Body, soft: dict[str, int] | None = None
+    ) -> tuple[socket.socket, int]:
         """Fork A, let it unshare its user namespace (unless ``idmap`` is None), write its id maps.
-        ``nproc``: A's RLIMIT_NPROC as it creates the namespace, which the kernel keeps as the
-        namespace's cap on the calling user's processes (the pids budget). Returns (channel, pid)."""
+        ``soft``: RLIMIT_* name -> A's soft limit as it creates the namespace, which the kernel keeps
+        as the namespace's cap on the calling user's counts (processes: the pids budget; pending
+        signals, message-queue bytes, locked shm: ``budget.rlimit_budget``). Returns (channel, pid)."""
         mine, theirs = wire.seqpacket_pair()
         with step(Step.FORK):
             pid = os.fork()
         if pid == 0:
             mine.close()
-            _child_a(theirs, body, idmap is not None, nproc)
+            _child_a(theirs, body, idmap is not None, soft or {})
         theirs.close()
         try:
             _expect(mine, UsernsReady)
@@ -238,7 +241,10 @@ class Zygote:
 
         try:
             outer = _host_ids(spec.idmap) if spec.userns else None
-            chan, a_pid = self._spawn_in_userns(outer, body, spec.pids_budget)
+            soft = dict(spec.counter_budget)
+            if spec.pids_budget is not None:
+                soft["RLIMIT_NPROC"] = spec.pids_budget
+            chan, a_pid = self._spawn_in_userns(outer, body, soft)
             os.close(go_r)
             go_r = -1
             with chan:
@@ -281,11 +287,11 @@ class Zygote:
         return pid
 
 
-def _child_a(chan: socket.socket, body: Body, userns: bool, nproc: int | None) -> NoReturn:
+def _child_a(chan: socket.socket, body: Body, userns: bool, soft: dict[str, int]) -> NoReturn:
     try:
-        if nproc is not None:
-            with step(Step.RLIMITS):
-                _soft_nproc(nproc)
+        with step(Step.RLIMITS):
+            for name, limit in soft.items():
+                _soft_limit(name, limit)
         if userns:
             try:
                 L.unshare(L.CLONE_NEWUSER)
@@ -323,8 +329,9 @@ def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
     has the ids it was planned with; its own limits are set to the same values, for programs inside
     that read them.
 
-    The nested namespace also keeps A2's RLIMIT_NPROC, when the plan has one, as its cap on the
-    processes of all the jail's uids together (``rlimits.plan``)."""
+    The nested namespace also keeps A2's soft rlimits as its caps on the counts of all the jail's
+    uids together: RLIMIT_NPROC, when the plan has one (``rlimits.plan``), and the jail's share of
+    pending signals, message-queue bytes and locked shm, which ``_write_counters`` set in A."""
     with step(Step.RLIMITS):
         _write_counters(spec.counters)
     unshared_r, unshared_w = os.pipe()
@@ -338,14 +345,14 @@ def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
             nproc = spec.rlimits.get("RLIMIT_NPROC")
             if nproc is not None:
                 with step(Step.RLIMITS):
-                    _soft_nproc(nproc)
+                    _soft_limit("RLIMIT_NPROC", nproc)
             with step(Step.USERNS):
                 L.unshare(L.CLONE_NEWUSER)
             os.write(unshared_w, b"1")
             if os.read(mapped_r, 1) != b"1":
                 os._exit(0)  # A failed and reported it
             with step(Step.RLIMITS):
-                _write_counters(spec.counters)
+                _write_counters(spec.counters, own=True)
             then(chan)
         except BaseException as exc:
             _report(chan, exc)
@@ -369,20 +376,40 @@ def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
         os.waitpid(pid, 0)  # A exits after A2, so the init is re-parented to the launcher when A is reaped
 
 
-def _soft_nproc(limit: int) -> None:
-    """Set the soft RLIMIT_NPROC, which a new user namespace keeps as its cap (the hard one stays, so
-    the init can still set the sandbox's own cap above it)."""
-    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-    resource.setrlimit(resource.RLIMIT_NPROC, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+SOFT_LIMITS = ("RLIMIT_NPROC", "RLIMIT_SIGPENDING", "RLIMIT_MSGQUEUE", "RLIMIT_MEMLOCK")  # user-namespace caps
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _write_counters(counters: dict[str, int]) -> None:
-    """Set the per-user counter limits of the calling process's user namespace."""
+def _soft_limit(name: str, limit: int) -> None:
+    """Set a soft rlimit, which a user namespace created next keeps as its cap on the counts of all
+    processes under it (the hard one stays, so the init can still set the sandbox's own limit above
+    it). The kernel keeps RLIMIT_MEMLOCK's cap as given, in bytes, but charges locked shm against it
+    in pages (``create_user_ns`` and ``user_shm_lock``), so that one is given in pages."""
+    if name not in SOFT_LIMITS:
+        raise ValueError(f"not a user-namespace rlimit: {name!r}")
+    which = getattr(resource, name)
+    hard = resource.getrlimit(which)[1]
+    cap = limit // PAGE if name == "RLIMIT_MEMLOCK" else limit
+    resource.setrlimit(which, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+
+
+def _write_counters(counters: dict[str, int], own: bool = False) -> None:
+    """Set the per-user counter limits of the calling process's user namespace (``/proc/sys/user``),
+    and of its rlimits: as the caps of a user namespace created next, or (``own``, in the jail's
+    namespace) as the jail's soft and hard limits, which nothing in it can raise."""
     for name, value in counters.items():
-        if not (name.startswith("max_") and name[4:].replace("_", "").isalpha()):
+        if name in SOFT_LIMITS and not own:
+            _soft_limit(name, value)
+        elif name in SOFT_LIMITS:
+            which = getattr(resource, name)
+            hard = resource.getrlimit(which)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (value, value))
+        elif name.startswith("max_") and name[4:].replace("_", "").isalpha():
+            with open(f"/proc/sys/user/{name}", "w") as f:
+                f.write(str(value))
+        else:
             raise ValueError(f"not a per-user counter: {name!r}")
-        with open(f"/proc/sys/user/{name}", "w") as f:
-            f.write(str(value))
 
 
 def _host_ids(idmap: IdMap) -> IdMap:

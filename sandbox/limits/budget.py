@@ -18,13 +18,22 @@ Each jail gets a fraction of the caller's limits, set in a user namespace its ow
 (``child/zygote.py``): every process of the jail, whatever its uid, counts against them there, and
 nothing in the jail can reach that namespace to raise them.
 
+Pending signals, POSIX message-queue bytes and SysV shm locked in memory are counted per user too,
+against an rlimit, and charged up the same chain: one jail could queue all of its caller's
+signals, and the host user's (root's too) ``sigqueue()`` and ``timer_create()`` then fail, as its
+``mq_open()`` does once a jail holds the user's queue bytes. A new user namespace keeps its
+creator's soft rlimit of each as its cap on the counts under it, whatever its own processes set
+later, so the jail's namespace is created with the jail's share (``RLIMIT_COUNTERS``) and A's with
+1/``USER_SHARE`` of the caller's, which all jails of this user share (``rlimit_budget``).
+
 Namespaces get 1/``COUNTER_SHARE`` of the caller's limits, at most ``NAMESPACES_MAX``. The counters
-a jail can hold for as long as it likes (inotify and fanotify, ``LEDGERED``) are also a budget all
-sandboxes of the user share, across processes: a ledger in the state directory (``LEDGER``),
-rewritten under ``flock`` on each create and close, records what each live sandbox was given and
-the host process that owns it. A sandbox gets 1/``SANDBOX_SHARE`` of the caller's limit, or what is
-left of 1/``USER_SHARE`` of it, possibly nothing (its ``inotify_init()`` then fails: the jail
-degrades, the host keeps the rest). Entries of a process that died go at the next update. The
+a jail can hold for as long as it likes (inotify, fanotify and the rlimit ones, ``LEDGERED``) are
+also a budget all sandboxes of the user share, across processes: a ledger in the state directory
+(``LEDGER``), rewritten under ``flock`` on each create and close, records what each live sandbox
+was given and the host process that owns it. A sandbox gets 1/``SANDBOX_SHARE`` of the caller's
+limit (of an rlimit, the share ``RLIMIT_COUNTERS`` names), or what is left of 1/``USER_SHARE`` of
+it, possibly nothing (its ``inotify_init()`` then fails: the jail degrades, the host keeps the
+rest), so no sandbox's counts starve another's. Entries of a process that died go at the next update. The
 ledger is the host's own (a 0700 directory nothing in a jail reaches) but may be half-written by a
 crash: it is replaced atomically, read bounded, and if it does not parse it is started afresh with
 what this process holds.
@@ -37,6 +46,7 @@ import fcntl
 import logging
 import math
 import os
+import resource
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -54,7 +64,24 @@ NAMESPACES_MAX = 128  # nested namespaces of one kind in one sandbox (the host's
 # watches per sandbox (a file watcher or `tail -f` takes one instance), and 16 sandboxes get them;
 # the other half stays the host user's own (its processes here held none; each systemd user service
 # or editor that watches files takes one or a few).
-LEDGERED = ("max_inotify_instances", "max_inotify_watches", "max_fanotify_groups", "max_fanotify_marks")
+# Pending signals (the caller's limit is in the tens of thousands: some hundreds each, so 128
+# sandboxes get a share, and a jail with none still gets kill()'s standard signals), POSIX message-
+# queue bytes (819200 by default: 1/8 holds one queue of the kernel's default size, 10 messages of
+# 8 KiB) and SysV shm locked in memory (8 MiB by default: 256 KiB each, also each process's mlock()
+# cap) are rlimits; name -> (the rlimit, the share of the caller's soft limit one sandbox gets, what
+# an unlimited caller counts as).
+RLIMIT_COUNTERS = {
+    "RLIMIT_SIGPENDING": (resource.RLIMIT_SIGPENDING, 256, 1 << 16),
+    "RLIMIT_MSGQUEUE": (resource.RLIMIT_MSGQUEUE, 8, 819200),
+    "RLIMIT_MEMLOCK": (resource.RLIMIT_MEMLOCK, 32, 8 << 20),
+}
+LEDGERED = (
+    "max_inotify_instances",
+    "max_inotify_watches",
+    "max_fanotify_groups",
+    "max_fanotify_marks",
+    *RLIMIT_COUNTERS,
+)
 SANDBOX_SHARE = 32
 USER_SHARE = 2
 LEDGER = "counters"  # in the state directory; LEDGER + ".lock" is what is locked
@@ -107,6 +134,9 @@ def _own_limits() -> dict[str, int]:
             limits[name] = int((USER_SYSCTLS / name).read_text())
         except (OSError, ValueError):
             continue  # an older kernel without this counter
+    for name, (which, _, unlimited) in RLIMIT_COUNTERS.items():
+        soft = resource.getrlimit(which)[0]
+        limits[name] = unlimited if soft == resource.RLIM_INFINITY else soft
     return limits
 
 
@@ -114,11 +144,20 @@ def counter_limits(own_limits: dict[str, int] | None = None) -> dict[str, int]:
     """name -> the most one jail's user namespace gets: a share of what this process may use."""
     limits: dict[str, int] = {}
     for name, own in (_own_limits() if own_limits is None else own_limits).items():
-        if name in LEDGERED:
+        if name in RLIMIT_COUNTERS:
+            limits[name] = own // RLIMIT_COUNTERS[name][1]
+        elif name in LEDGERED:
             limits[name] = own // SANDBOX_SHARE
         else:
             limits[name] = min(max(1, own // COUNTER_SHARE), NAMESPACES_MAX)
     return limits
+
+
+def rlimit_budget() -> dict[str, int]:
+    """RLIMIT_* name -> the soft limit A's user namespace is created with: what all of this user's
+    jails together may hold of each rlimit counter (the host user keeps the rest)."""
+    own = _own_limits()
+    return {name: own[name] // USER_SHARE for name in RLIMIT_COUNTERS}
 
 
 class _Entry:
@@ -260,9 +299,15 @@ def describe_counters(limits: dict[str, int], userns: bool) -> str:
         return "not bounded: userns=False, the jail's processes count as host root's"
     inotify = f"{limits.get('max_inotify_instances', '-')}/{limits.get('max_inotify_watches', '-')}"
     fanotify = f"{limits.get('max_fanotify_groups', '-')}/{limits.get('max_fanotify_marks', '-')}"
+    queued = (
+        f"{limits.get('RLIMIT_SIGPENDING', '-')} pending signals, {limits.get('RLIMIT_MSGQUEUE', '-')} bytes of "
+        f"POSIX message queues, {limits.get('RLIMIT_MEMLOCK', '-')} bytes of SysV shm locked"
+    )
     return (
         f"limits of the user namespace the jail's is nested in, for all its uids together: inotify {inotify} "
         f"instances/watches, fanotify {fanotify} groups/marks (at most 1/{SANDBOX_SHARE} of the caller's limit "
         f"each, out of 1/{USER_SHARE} that all sandboxes of this user share, across processes), namespaces "
-        f"<= {NAMESPACES_MAX} each (1/{COUNTER_SHARE} of the caller's); nothing in the jail can change them"
+        f"<= {NAMESPACES_MAX} each (1/{COUNTER_SHARE} of the caller's); the soft rlimits the jail's namespace was "
+        f"created with: {queued} (a share of the caller's, out of 1/{USER_SHARE} that all sandboxes of this user "
+        "share, across processes); nothing in the jail can change them"
     )

@@ -1,0 +1,136 @@
+"""No sandbox starves the host or its neighbours of the per-user counts the kernel holds against an
+rlimit: pending signals, POSIX message-queue bytes, SysV shm locked in memory.
+
+A jail's counts are charged to the host user that created its user namespace (root too). Before
+the bound, one default jail queued all 96365 pending signals of its user, and the host's own
+``sigqueue()`` failed with EAGAIN; nine message queues took the user's 819200 bytes and the host's
+``mq_open()`` failed with EMFILE; the same as root. Each test has a jail take all it can of one
+count, in three ways (as given; after raising its own soft limit to the hard one; from a user
+namespace of its own), then asserts the jail holds at most its share and that the host, and a
+neighbouring sandbox, can still use the count meanwhile.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.limits import budget
+
+# argv: what to take (signals, mqueue, shm_lock), whether to raise the soft limit first (1/0), the
+# file to write the count to. Takes all the kernel allows, writes the count, then holds it.
+HOG = r"""
+import ctypes, os, resource, signal, sys, time
+kind, raise_it, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+which = {"signals": resource.RLIMIT_SIGPENDING, "mqueue": resource.RLIMIT_MSGQUEUE,
+         "shm_lock": resource.RLIMIT_MEMLOCK}[kind]
+if raise_it:
+    resource.setrlimit(which, (resource.getrlimit(which)[1],) * 2)
+libc = ctypes.CDLL(None, use_errno=True)
+n = 0
+if kind == "signals":
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+    while n < 1 << 20 and libc.sigqueue(os.getpid(), int(signal.SIGRTMIN), ctypes.c_void_p(0)) == 0:
+        n += 1
+elif kind == "mqueue":
+    rt = ctypes.CDLL("librt.so.1", use_errno=True)
+    class Attr(ctypes.Structure):
+        _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long),
+                    ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+    attr = Attr(0, 1, 1024, 0)  # 1 KiB of message each, and some bookkeeping the kernel adds
+    while n < 256 and rt.mq_open(b"/hog%d" % n, os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(attr)) >= 0:
+        n += 1
+else:
+    while n < 1024:
+        shm = libc.shmget(0, 64 << 10, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600: 64 KiB
+        if shm < 0 or libc.shmctl(shm, 11, None) != 0:  # SHM_LOCK
+            break
+        n += 1
+with open(out + ".tmp", "w") as f:
+    f.write(str(n))
+os.rename(out + ".tmp", out)
+time.sleep(600)
+"""
+
+HOW = {
+    "as given": ({}, "", "0"),
+    # the jail's own soft limit is its to raise, up to the hard one: the cap it was created with stays
+    "raised soft limit": ({}, "", "1"),
+    # a nested user namespace is created with the raised limit, and is charged up the chain
+    "nested user namespace": ({"cap_add": ["ALL"], "seccomp": None}, "unshare -U ", "1"),
+}
+
+UNIT = {"signals": 1, "mqueue": 1024, "shm_lock": 64 << 10}  # what one step of the hog takes, at least
+NAME = {"signals": "RLIMIT_SIGPENDING", "mqueue": "RLIMIT_MSGQUEUE", "shm_lock": "RLIMIT_MEMLOCK"}
+
+
+def _wait_for(path: Path, deadline: float = 60.0) -> int:
+    end = time.monotonic() + deadline
+    while not path.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+# argv: what to take a little of; exits 0 if the kernel gave it. A process of its own: a signal
+# queued to the test's process could go to any of its threads.
+HOST = r"""
+import ctypes, os, signal, sys
+kind = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+if kind == "signals":
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+    sys.exit(libc.sigqueue(os.getpid(), int(signal.SIGRTMIN), ctypes.c_void_p(0)) != 0)
+if kind == "mqueue":
+    rt = ctypes.CDLL("librt.so.1", use_errno=True)
+    name = b"/jailbox-test-%d" % os.getpid()
+    fd = rt.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, None)  # the kernel's default size
+    rt.mq_unlink(name)
+    sys.exit(fd < 0)
+shm = libc.shmget(0, 64 << 10, 0o1600)
+locked = shm >= 0 and libc.shmctl(shm, 11, None) == 0  # SHM_LOCK
+libc.shmctl(shm, 0, None)  # IPC_RMID
+sys.exit(not locked)
+"""
+
+
+def _host_can(kind: str) -> bool:
+    """Whether a host process of this user can still take a little of the count."""
+    return subprocess.run([sys.executable, "-c", HOST, kind], check=False).returncode == 0
+
+
+def _hog(sb: Sandbox, kind: str, how: str, where: Path, name: str) -> int:
+    _, prefix, raise_it = HOW[how]
+    sb.exec(f"{prefix}python3 /hog/hog.py {kind} {raise_it} /hog/{name} > /hog/{name}.log 2>&1 &")
+    return _wait_for(where / name)
+
+
+def _hog_dir(where: Path) -> dict:
+    where.chmod(0o777)  # the results are written as whichever uid the jail maps to
+    (where / "hog.py").write_text(HOG)
+    return {"src": str(where), "dst": "/hog", "readonly": False}
+
+
+@pytest.mark.parametrize("how", sorted(HOW))
+@pytest.mark.parametrize("kind", sorted(UNIT))
+def test_a_jail_takes_a_bounded_share_of_the_users_rlimit_counts(kind, how, tmp_path):
+    share = budget.counter_limits()[NAME[kind]]
+    options, _, _ = HOW[how]
+    with Sandbox(mounts=[_hog_dir(tmp_path)], **options) as sb:
+        assert sb._jail.spec.counters[NAME[kind]] == share  # nothing else holds any of the budget
+        assert f"{share} " in sb.enforcement["kernel_counters"]
+        held = _hog(sb, kind, how, tmp_path, "first") * UNIT[kind]
+        assert 0 < held <= share
+        if kind != "signals":  # a signal is one; the others take bookkeeping besides the bytes counted
+            assert held > share // 2
+        assert _host_can(kind)  # while the jail holds all it can
+        with Sandbox(mounts=[_hog_dir(tmp_path)], **options) as neighbour:
+            assert 0 < _hog(neighbour, kind, how, tmp_path, "second") * UNIT[kind] <= share
+        assert _host_can(kind)
+    with Sandbox(mounts=[_hog_dir(tmp_path)]) as after:  # all of it is back once the jails are gone
+        assert after._jail.spec.counters[NAME[kind]] == share
+        assert _hog(after, kind, "as given", tmp_path, "after") * UNIT[kind] > share // 2
