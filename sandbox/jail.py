@@ -148,6 +148,7 @@ class Jail:
         caps = cfg.capabilities()
         ipc = rlimits.ipc(tmpfs_size)
         self.enforcement["ipc"] = rlimits.describe_ipc(ipc)
+        self.enforcement["aio"] = rlimits.describe_aio(cfg.seccomp)
         net = self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps)
         self.enforcement["socket_queues"] = rlimits.describe_queues(cfg.limits.memory, net.new_netns)
         self.enforcement["tmpfs"] = (

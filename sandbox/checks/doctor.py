@@ -306,8 +306,8 @@ def shared_bounds(host: Host) -> Probe:
         f"each takes at most 1/{budget.SANDBOX_SHARE} of the user's inotify and fanotify counts (all together "
         f"1/{budget.USER_SHARE}) and 1/{budget.COUNTER_SHARE} of its namespace counts; pending signals, message-queue "
         "bytes and locked shm: a share of the user's rlimits (user namespace caps, Linux 5.14 or later); "
-        "SysV IPC: bounded in each jail's own namespace; epoll watches: not bounded (the kernel counts them per "
-        "host uid, and a jail runs as yours rootless, as one subordinate uid as root)"
+        "SysV IPC: bounded in each jail's own namespace; epoll watches and descriptors in flight: not bounded (the "
+        "kernel counts them per host uid, and a jail runs as yours rootless, as one subordinate uid as root)"
     )
     if host.uid == 0 and not cgroups.v1_usable() and not (cgroups.v2_mounted() and cgroups.v2_parent()[0]):
         held = f"{detail}; no pids cgroup: the budget is not held"

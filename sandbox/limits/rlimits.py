@@ -17,11 +17,11 @@ import warnings
 
 from ..config import Limits, SandboxConfig
 from ..errors import LimitNotEnforced
+from ..seccomp.policy import SeccompPolicy
 from . import budget
-from .watch import DESCRIPTOR_CHARGE, TICK
+from .watch import DESCRIPTOR_CHARGE, PAGE, TICK
 
 Enforcement = dict[str, str]
-PAGE = os.sysconf("SC_PAGE_SIZE")
 IPC_MESSAGE_QUEUES = 256  # SysV message queues of a jail (at the default 16 KiB each: 4 MiB)
 IPC_SEMAPHORES = "250 32000 32 128"  # kernel.sem: per set, in all, per semop call, sets (the pre-5.x defaults)
 
@@ -140,6 +140,17 @@ def describe_queues(memory: int | None, own_netns: bool) -> str:
         f"(/proc/INIT/net), held to the memory limit ({memory} bytes; in the total without a cgroup, on their own "
         "with one, which does not count them); past it the process holding the most sockets is killed"
     )
+
+
+def describe_aio(policy: SeccompPolicy | None) -> str:
+    """How ``Sandbox.enforcement`` states the bound on the host's AIO events (``seccomp/bpf.py``)."""
+    if policy is not None and "io_setup" not in policy.allow:
+        return (
+            "io_setup is ENOSYS (seccomp): the host's AIO events (fs.aio-max-nr) are one count for every process "
+            "of the host, which no namespace, cgroup or rlimit divides; SeccompPolicy(allow=('io_setup',)) gives it"
+        )
+    why = "seccomp=None" if policy is None else "the seccomp policy allows io_setup"
+    return f"not bounded: {why}, and the host's AIO events (fs.aio-max-nr) are one count for all its processes"
 
 
 def nproc_budget(pids_budget: int, userns: bool) -> int | None:

@@ -34,6 +34,7 @@ import signal
 import stat
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,10 +192,18 @@ def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int) -> None
     victims = _biggest_until_under(candidates, queued + sum(sizes.values()) - w.memory)
     # Queued bytes belong to no process's pages: when they are what is over, the process holding the
     # most sockets is the one (a socket's queue is freed when its last holder is gone).
-    if queued > sum(sizes.values()):
-        holders = {pid: _sockets(pid) for pid in candidates}
-        if any(holders.values()):
-            victims = [max(holders, key=lambda pid: holders[pid])]
+    holder = _top_socket_holder(candidates) if queued > sum(sizes.values()) else None
+    _kill_trees(w, tree, victims if holder is None else [holder])
+
+
+def _top_socket_holder(pids: Iterable[int]) -> int | None:
+    """The process holding the most sockets, if any holds one."""
+    holders = {pid: _sockets(pid) for pid in pids}
+    return max(holders, key=lambda pid: holders[pid]) if any(holders.values()) else None
+
+
+def _kill_trees(w: Watched, tree: dict[int, list[int]], victims: list[int]) -> None:
+    """Kill ``victims`` with their descendants, counted as one OOM kill of the jail."""
     w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
     doomed = dict.fromkeys(found for pid in victims for found in (pid, *_descendants(tree, pid)))
     _kill_all(list(doomed), w.init_pid)
@@ -220,13 +229,9 @@ def _check_queues(w: Watched, counters: int) -> None:
     if _queued(w, counters) <= w.queues:
         return
     tree = _children()
-    holders = {pid: _sockets(pid) for pid in _descendants(tree, w.init_pid)}
-    if not any(holders.values()):
-        return
-    victim = max(holders, key=lambda pid: holders[pid])
-    w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
-    _kill_all([victim, *_descendants(tree, victim)], w.init_pid)
-    w.next_count = 0.0
+    holder = _top_socket_holder(_descendants(tree, w.init_pid))
+    if holder is not None:
+        _kill_trees(w, tree, [holder])
 
 
 def _queued(w: Watched, counters: int) -> int:

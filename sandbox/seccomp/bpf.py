@@ -24,6 +24,12 @@ A memfd's pages belong to no tmpfs with a size, and to no process's pages until 
 written with ``write()``, or held only by a mapping or a message in flight, they are memory the
 watcher cannot see (1 GiB was written past a 256M limit that way).
 
+``io_setup`` is ENOSYS in every jail unless the policy allows it by name, as on a kernel built
+without AIO: programs that use native AIO (databases, QEMU) fall back to threads. Its events are
+one count for the whole host (``fs.aio-max-nr``, 65536 by default), which no namespace, cgroup or
+rlimit divides: one default jail reserved all of them, and every host process's ``io_setup()``,
+root's too, failed with EAGAIN until the jail ended.
+
 Refused calls go to the jail's init as ``SECCOMP_RET_USER_NOTIF`` when the kernel supports a
 listener: the init answers with the policy's errno and counts them per command, which is how an
 ``ExecResult`` can name them. Without a listener the same program answers the errno directly.
@@ -164,6 +170,8 @@ def compile_policy(
     p.op(_JEQ, table["clone3"], "enosys", 0)  # its flags live in memory BPF cannot read
     if no_memfd:
         p.op(_JEQ, table["memfd_create"], "enosys", 0)
+    if "io_setup" not in policy.allow:
+        p.op(_JEQ, table["io_setup"], "enosys", 0)  # the host's one AIO count (see the module docstring)
     # any other prctl goes on to the policy's lists, so this rule comes first and reloads the number
     p.op(_JEQ, table["prctl"], 0, "lists")
     p.op(_LD_W_ABS, _ARG0)

@@ -1,17 +1,22 @@
-"""No sandbox starves the host or its neighbours of the per-user counts the kernel holds against an
-rlimit: pending signals, POSIX message-queue bytes, SysV shm locked in memory.
+"""No sandbox starves the host or its neighbours of the counts the kernel keeps per user, or for the
+whole host, outside any namespace or cgroup.
 
-A jail's counts are charged to the host user that created its user namespace (root too). Before
-the bound, one default jail queued all 96365 pending signals of its user, and the host's own
-``sigqueue()`` failed with EAGAIN; nine message queues took the user's 819200 bytes and the host's
-``mq_open()`` failed with EMFILE; the same as root. Each test has a jail take all it can of one
-count, in three ways (as given; after raising its own soft limit to the hard one; from a user
+Per user, against an rlimit: pending signals, POSIX message-queue bytes, SysV shm locked in
+memory. A jail's counts are charged to the host user that created its user namespace (root too).
+Before the bound, one default jail queued all 96365 pending signals of its user, and the host's
+own ``sigqueue()`` failed with EAGAIN; nine message queues took the user's 819200 bytes and the
+host's ``mq_open()`` failed with EMFILE; the same as root. Each test has a jail take all it can of
+one count, in three ways (as given; after raising its own soft limit to the hard one; from a user
 namespace of its own), then asserts the jail holds at most its share and that the host, and a
 neighbouring sandbox, can still use the count meanwhile.
+
+For the whole host: AIO events (``fs.aio-max-nr``). One default jail reserved all 65536 and every
+host process's ``io_setup()`` failed with EAGAIN.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -19,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from jailbox.sandbox import Sandbox
+from jailbox.sandbox import Sandbox, SeccompPolicy
 from jailbox.sandbox.limits import budget
 
 # argv: what to take (signals, mqueue, shm_lock), whether to raise the soft limit first (1/0), the
@@ -134,3 +139,48 @@ def test_a_jail_takes_a_bounded_share_of_the_users_rlimit_counts(kind, how, tmp_
     with Sandbox(mounts=[_hog_dir(tmp_path)]) as after:  # all of it is back once the jails are gone
         assert after._jail.spec.counters[NAME[kind]] == share
         assert _hog(after, kind, "as given", tmp_path, "after") * UNIT[kind] > share // 2
+
+
+# Reserves all the AIO events it can, in contexts of shrinking size; prints what it got and why it
+# stopped, then holds them for argv[1] seconds.
+AIO_HOG = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+total, contexts = 0, []
+for size in (4096, 512, 64, 8, 1):
+    while len(contexts) < 100000:
+        ctx = ctypes.c_ulong(0)
+        if libc.syscall(206, size, ctypes.byref(ctx)) != 0:  # io_setup (x86_64)
+            break
+        contexts.append(ctx)
+        total += size
+print(total, os.strerror(ctypes.get_errno()), flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+# argv: events; exits 0 if io_setup gave them.
+AIO_HOST = r"""
+import ctypes, sys
+ctx = ctypes.c_ulong(0)
+sys.exit(ctypes.CDLL(None).syscall(206, int(sys.argv[1]), ctypes.byref(ctx)) != 0)
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the hog calls io_setup by its x86_64 number")
+def test_a_jail_cannot_take_the_hosts_aio_events(tmp_path):
+    (tmp_path / "aio.py").write_text(AIO_HOG)
+    tmp_path.chmod(0o755)
+    hog = {"src": str(tmp_path), "dst": "/hog", "readonly": True}
+    with Sandbox(mounts=[hog]) as sb:
+        assert sb.enforcement["aio"].startswith("io_setup is ENOSYS (seccomp)")
+        sb.exec("python3 /hog/aio.py 30 > /tmp/aio.out 2>&1 &")
+        deadline = time.monotonic() + 30
+        while not (out := sb.exec("cat /tmp/aio.out").stdout) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert out == "0 Function not implemented\n"  # as on a kernel without AIO: programs fall back
+        assert subprocess.run([sys.executable, "-c", AIO_HOST, "128"], check=False).returncode == 0
+        assert int(Path("/proc/sys/fs/aio-nr").read_text()) < int(Path("/proc/sys/fs/aio-max-nr").read_text()) // 2
+    allowed = SeccompPolicy(allow=("io_setup",))  # asked for by name, it is the jail's again
+    with Sandbox(seccomp=allowed) as sb:
+        assert sb.enforcement["aio"].startswith("not bounded: the seccomp policy allows io_setup")
+        assert sb.exec(f"python3 -c '{AIO_HOST}' 128").exit_code == 0
