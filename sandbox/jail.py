@@ -82,7 +82,7 @@ class Jail:
     def counters(self) -> dict[str, int]:
         """Monotonic counts of limit events: the cgroup's (``oom_kill``, ``pids_max``), else the
         watcher's (``oom_kill``, ``disk_max``)."""
-        found = {} if self.watched is None else dict(self.watched.counters)
+        found = dict(self.watched.counters)
         if self.cgroup is not None:  # the watcher may kill too (socket queues no cgroup counts): both count
             for name, count in self.cgroup.counters().items():
                 found[name] = found.get(name, 0) + count
@@ -149,6 +149,7 @@ class Jail:
         ipc = rlimits.ipc(tmpfs_size)
         self.enforcement["ipc"] = rlimits.describe_ipc(ipc)
         self.enforcement["aio"] = rlimits.describe_aio(cfg.seccomp)
+        self.enforcement["host_files"] = rlimits.describe_host_files()
         net = self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps)
         self.enforcement["socket_queues"] = rlimits.describe_queues(cfg.limits.memory, net.new_netns)
         self.enforcement["tmpfs"] = (
@@ -270,9 +271,10 @@ class Jail:
                 lower=self.spec.lower,  # `jailbox rootfs rm` will not pull a tree from under a live jail
             )
 
-    def _watch(self, net_fds: list[int], undo: contextlib.ExitStack) -> Watched | None:
+    def _watch(self, net_fds: list[int], undo: contextlib.ExitStack) -> Watched:
         """Hand the bounds no cgroup holds to the host's watcher (``limits/watch.py``), with the
-        jail's sock_diag socket (the first of ``net_fds`` when the jail has its own namespace)."""
+        jail's sock_diag socket (the first of ``net_fds`` when the jail has its own namespace).
+        Every jail is watched: the host's open-file table is held for all of them."""
         diag = net_fds.pop(0) if self.spec.net.new_netns else -1
         limits = self.config.limits
         memory = limits.memory if self.cgroup is None else None
@@ -284,8 +286,6 @@ class Jail:
             if diag >= 0:
                 os.close(diag)
             diag = -1
-        if memory is None and upper is None and queues is None:
-            return None
         watched = Watched(
             self.init_pid,
             memory=memory,

@@ -10,8 +10,9 @@ one count, in three ways (as given; after raising its own soft limit to the hard
 namespace of its own), then asserts the jail holds at most its share and that the host, and a
 neighbouring sandbox, can still use the count meanwhile.
 
-For the whole host: AIO events (``fs.aio-max-nr``). One default jail reserved all 65536 and every
-host process's ``io_setup()`` failed with EAGAIN.
+For the whole host: AIO events (``fs.aio-max-nr``): one default jail reserved all 65536 and every
+host process's ``io_setup()`` failed with EAGAIN. The open-file table (``fs.file-max``): every
+process but root's gets ENFILE once it is full, and a file costs a cgroup some 256 bytes.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from jailbox.sandbox import Sandbox, SeccompPolicy
-from jailbox.sandbox.limits import budget
+from jailbox.sandbox.limits import budget, watch
 
 # argv: what to take (signals, mqueue, shm_lock), whether to raise the soft limit first (1/0), the
 # file to write the count to. Takes all the kernel allows, writes the count, then holds it.
@@ -184,3 +186,84 @@ def test_a_jail_cannot_take_the_hosts_aio_events(tmp_path):
     with Sandbox(seccomp=allowed) as sb:
         assert sb.enforcement["aio"].startswith("not bounded: the seccomp policy allows io_setup")
         assert sb.exec(f"python3 -c '{AIO_HOST}' 128").exit_code == 0
+
+
+# argv: how to hold files (mapped: open, map, close; descriptors: open and keep), the share of the
+# host's open-file table to stop at. Forks holders until the table is that full; prints "reached"
+# if it got there, then holds everything for a while.
+FILES_HOG = r"""
+import ctypes, os, resource, sys, time
+how, target = sys.argv[1], float(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+def host_full():
+    used, _, table = open("/proc/sys/fs/file-nr").read().split()
+    return int(used) >= target * int(table)
+with open("/tmp/f", "wb") as f:
+    f.write(b"x" * 4096)
+per = 60000 if how == "mapped" else resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 32
+holders = []
+for _ in range(256):
+    if host_full():
+        print("reached", flush=True)
+        break
+    pid = os.fork()
+    if pid == 0:
+        held = []
+        for n in range(per):
+            if n % 2000 == 0 and host_full():
+                break
+            try:
+                fd = os.open("/tmp/f", os.O_RDONLY)
+            except OSError:
+                break
+            if how == "mapped":  # PROT_READ, MAP_SHARED: the mapping holds the file, no descriptor does
+                if libc.mmap(None, 4096, 1, 1, fd, 0) in (None, ctypes.c_void_p(-1).value):
+                    break
+                os.close(fd)
+        time.sleep(20)
+        os._exit(0)
+    holders.append(pid)
+    time.sleep(0.02)
+time.sleep(3)
+"""
+
+
+@pytest.mark.parametrize("how", ["mapped", "descriptors"])
+def test_a_jail_cannot_fill_the_hosts_open_file_table(how, tmp_path):
+    used, table = watch.host_files()
+    assert used * 8 < table  # the host itself is far from its limit
+    (tmp_path / "files.py").write_text(FILES_HOG)
+    tmp_path.chmod(0o755)
+    hog = {"src": str(tmp_path), "dst": "/hog", "readonly": True}
+    peak = used
+    with Sandbox(mounts=[hog]) as sb, ThreadPoolExecutor(1) as pool:
+        assert sb.enforcement["host_files"].startswith(f"host watcher: past 1/{watch.FILES_ALARM} of the host's")
+        running = pool.submit(sb.exec, f"python3 /hog/files.py {how} 0.9", timeout=300)
+        while not running.done():  # the host's use, as often as this loop goes
+            peak = max(peak, watch.host_files()[0])
+            time.sleep(0.002)
+        result = running.result()
+        assert "reached" not in result.stdout
+        assert result.oom_killed  # what filled the table was killed, and said so
+        assert sb.exec("echo up").stdout == "up\n"  # the sandbox itself lives on
+    # the watcher acts past 1/FILES_ALARM (measured: 0.23-0.33 of the table at the worst)
+    assert peak < table * (1 / watch.FILES_ALARM + 0.2)
+    assert watch.host_files()[0] * 4 < table
+    assert _opens_as_a_user()
+
+
+def _opens_as_a_user() -> bool:
+    """Whether a process of a user other than root (which the table's limit spares) opens a file."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if os.getuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            os.close(os.open("/etc/hostname", os.O_RDONLY))
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    return os.waitpid(pid, 0)[1] == 0

@@ -18,7 +18,7 @@ import warnings
 from ..config import Limits, SandboxConfig
 from ..errors import LimitNotEnforced
 from ..seccomp.policy import SeccompPolicy
-from . import budget
+from . import budget, watch
 from .watch import DESCRIPTOR_CHARGE, PAGE, TICK
 
 Enforcement = dict[str, str]
@@ -139,6 +139,16 @@ def describe_queues(memory: int | None, own_netns: bool) -> str:
         f"host watcher: the queues of the netlink, packet and raw sockets of the jail's own network namespace "
         f"(/proc/INIT/net), held to the memory limit ({memory} bytes; in the total without a cgroup, on their own "
         "with one, which does not count them); past it the process holding the most sockets is killed"
+    )
+
+
+def describe_host_files() -> str:
+    """How ``Sandbox.enforcement`` states the bound on the host's open-file table (``watch.py``)."""
+    table = watch.host_files()[1]
+    return (
+        f"host watcher: past 1/{watch.FILES_ALARM} of the host's open-file table (fs.file-max={table}, one count "
+        f"for all its processes but root's), a jail holding {table // watch.FILES_CULPRIT} files (descriptors, and "
+        "files held only by a mapping) loses every process but its init, reported as oom_killed"
     )
 
 

@@ -20,6 +20,14 @@ each socket is bounded only by its own buffer size. Over ``disk`` or ``inodes`` 
 bounded walk of the writable layer, spaced by how long the last one took), every process of the
 jail but its init is killed each time usage grew.
 
+The host's open-file table (``fs.file-max``, about 10% of memory in 1 KiB files) is one count for
+every process of the host, root's aside, that no namespace, cgroup or rlimit divides: a file costs
+a cgroup some 256 bytes, so one jail under a 2 GiB limit could take them all, and every other
+user's ``open()`` would fail with ENFILE. Each sample reads the table's use (one small read); past
+1/``FILES_ALARM`` of it, a jail holding at least 1/``FILES_CULPRIT`` of the table (its descriptors;
+if no jail holds that many, its descriptors and the files only a mapping holds) loses every
+process but its init, reported as ``oom_killed``.
+
 Both are reactive: what a fast allocator or writer gets past the bound before the next sample is
 measured in README ("Resource bounds"). Kills go through a pidfd opened and re-checked against the
 jail's tree, so a recycled pid is never hit. What the jail made is only measured: the walk never
@@ -60,6 +68,10 @@ DESCRIPTOR_CHARGE = 5 << 10
 PROC_QUEUE_TABLES = (("netlink", (4, 5), 10), ("packet", (6,), 10), ("raw", (4,), 16), ("raw6", (4,), 16))
 NETLINK_ONLY = PROC_QUEUE_TABLES[:1]
 PROC_TABLE_MAX = 16 << 20  # bytes of one table read (about 100,000 sockets)
+HOST_FILES = "/proc/sys/fs/file-nr"  # the host's open files, 0, fs.file-max
+FILES_ALARM = 4  # past this share of the host's open-file table, the jails' files are counted
+FILES_CULPRIT = 64  # a jail holding less of the table than this share is not what fills it
+MAPS_MAX = 16 << 20  # bytes of one process's /proc/PID/maps read (vm.max_map_count's 65,530 mappings)
 
 
 @dataclass(eq=False)
@@ -83,8 +95,7 @@ class Watched:
     next_count: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.memory is not None or self.queues is not None:
-            self.counters["oom_kill"] = 0
+        self.counters["oom_kill"] = 0  # memory, socket queues, and for every jail the host's open-file table
         if self.upper is not None:
             self.counters["disk_max"] = 0
 
@@ -144,6 +155,10 @@ def check(watched: list[Watched], now: float) -> None:
     tree: dict[int, list[int]] | None = None
     walkers = sum(w.upper is not None for w in watched)
     counters = sum(w.sockets is not None or w.queues is not None for w in watched)
+    used, table = host_files()
+    if used * FILES_ALARM > table:
+        tree = _children()
+        _check_files(watched, tree, table)
     for w in watched:
         if w.memory is not None:
             tree = tree if tree is not None else _children()
@@ -200,6 +215,57 @@ def _top_socket_holder(pids: Iterable[int]) -> int | None:
     """The process holding the most sockets, if any holds one."""
     holders = {pid: _sockets(pid) for pid in pids}
     return max(holders, key=lambda pid: holders[pid]) if any(holders.values()) else None
+
+
+def host_files() -> tuple[int, int]:
+    """(files open on the whole host, fs.file-max); (0, 1) where the kernel does not say."""
+    try:
+        fd = os.open(HOST_FILES, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fields = os.read(fd, 128).split()
+        finally:
+            os.close(fd)
+        return int(fields[0]), max(1, int(fields[2]))
+    except (OSError, ValueError, IndexError):
+        return 0, 1
+
+
+def _check_files(watched: list[Watched], tree: dict[int, list[int]], table: int) -> None:
+    """The host's open-file table is filling: a jail holding at least 1/FILES_CULPRIT of it loses
+    every process but its init (one jail a sample)."""
+    # descriptors first, one call a process; mappings, which take reading every one, only if need be,
+    # and only until the bound is reached (its maps are as long as what a jail holds)
+    for count in (_descriptors, _files):
+        for w in watched:
+            held = 0
+            for pid in _descendants(tree, w.init_pid):
+                held += count(pid)
+                if held >= table // FILES_CULPRIT:
+                    # all its processes but the init: holders are cheap to fork again from one that holds none
+                    _kill_trees(w, tree, tree.get(w.init_pid, []))
+                    return
+
+
+def _files(pid: int) -> int:
+    """The files ``pid`` holds: its descriptors, and its mappings of files (a file mapped and then
+    closed stays open in the kernel's table). At most MAPS_MAX bytes of its maps are read."""
+    mapped = 0
+    try:
+        fd = os.open(f"/proc/{pid}/maps", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        left = MAPS_MAX
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            left -= len(chunk)
+            # a file's mapping ends in its path, an anonymous one in nothing or [name]; a path of the
+            # jail's own holding " /" counts twice, against itself
+            mapped += chunk.count(b" /") + chunk.count(b" anon_inode:")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return _descriptors(pid) + mapped
 
 
 def _kill_trees(w: Watched, tree: dict[int, list[int]], victims: list[int]) -> None:
