@@ -362,6 +362,23 @@ def test_the_pids_budget_is_checked():
     assert budget.pids_budget() == budget.pid_max() // 2
 
 
+@pytest.mark.root
+def test_the_pids_budget_is_a_share_of_threads_max_where_pid_max_is_higher():
+    """systemd raises kernel.pid_max to 4194304; a fork past kernel.threads-max (memory over 128 KiB)
+    fails all the same, root's too, so the budget is a share of the lower of the two."""
+    pid_max = Path("/proc/sys/kernel/pid_max")
+    before = pid_max.read_text()
+    threads = int(Path("/proc/sys/kernel/threads-max").read_text())
+    pid_max.write_text("4194304")
+    try:
+        assert budget.pids_budget() == min(4194304, threads) // 2
+        with Sandbox() as sb:
+            assert f"pids.max={min(4194304, threads) // 2}" in sb.enforcement["pids_budget"]
+    finally:
+        pid_max.write_text(before)
+    assert budget.pids_budget() == min(int(before), threads) // 2
+
+
 # --- leftovers: cgroups of a killed host process ------------------------------------------------------
 
 HOLDER = r"""

@@ -302,7 +302,8 @@ def shared_bounds(host: Host) -> Probe:
             fix="Linux 4.11 or later",
         )
     detail = (
-        f"all sandboxes together: {pids} of pid_max {host.sysctl('kernel/pid_max')} processes; "
+        f"all sandboxes together: {pids} processes of the host's {budget.pid_max()} (the lower of kernel.pid_max "
+        f"{host.sysctl('kernel/pid_max')} and kernel.threads-max {host.sysctl('kernel/threads-max')}); "
         f"each takes at most 1/{budget.SANDBOX_SHARE} of the user's inotify and fanotify counts (all together "
         f"1/{budget.USER_SHARE}) and 1/{budget.COUNTER_SHARE} of its namespace counts; pending signals, message-queue "
         "bytes and locked shm: a share of the user's rlimits (user namespace caps, Linux 5.14 or later); "

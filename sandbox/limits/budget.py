@@ -3,13 +3,14 @@
 Runs in the host process, before each jail is built; the launcher applies what it decides
 (``child/zygote.py``), the kernel holds it.
 
-Pids: every sandbox has its own cap (``Limits.pids``), but a host has one ``kernel.pid_max`` for
-everyone, so all sandboxes together get at most a share of it: ``$JAILBOX_PIDS_BUDGET``, a count
-(``8000``) or a share of pid_max (``25%``), by default half. With cgroups it is ``pids.max`` of the
-``jailbox`` group every sandbox's group is created in. Rootless, it is the ``RLIMIT_NPROC`` the
-launcher sets before it creates the jail's user namespace: the kernel then refuses a fork inside
-the jail while the calling user has that many processes, jails and host together (ucounts charge
-every process of a user namespace to its creator, up the chain).
+Pids: every sandbox has its own cap (``Limits.pids``), but a host has one ``kernel.pid_max`` and
+one ``kernel.threads-max`` for everyone, so all sandboxes together get at most a share of the lower
+(``pid_max()``): ``$JAILBOX_PIDS_BUDGET``, a count (``8000``) or a share (``25%``), by default
+half. With cgroups it is ``pids.max`` of the ``jailbox`` group every sandbox's group is created
+in. Rootless, it is the ``RLIMIT_NPROC`` the launcher sets before it creates the jail's user
+namespace: the kernel then refuses a fork inside the jail while the calling user has that many
+processes, jails and host together (ucounts charge every process of a user namespace to its
+creator, up the chain).
 
 Kernel counters: inotify, fanotify and namespaces are counted per user (``/proc/sys/user/*``).
 A jail's processes are charged to the host user that created its user namespace (root too), so
@@ -104,10 +105,16 @@ COUNTERS = (
 
 
 def pid_max() -> int:
-    try:
-        return int(Path("/proc/sys/kernel/pid_max").read_text())
-    except (OSError, ValueError):
-        return 32768  # the kernel's default
+    """The host's limit on processes and threads: the lower of ``kernel.pid_max`` and
+    ``kernel.threads-max``. A fork past either fails, root's too; systemd raises pid_max to 4194304,
+    while threads-max is memory over 128 KiB (65536 with 8 GiB), so the budget is a share of the lower."""
+    found = []
+    for name in ("pid_max", "threads-max"):
+        try:
+            found.append(int(Path(f"/proc/sys/kernel/{name}").read_text()))
+        except (OSError, ValueError):
+            continue
+    return min(found, default=32768)  # the kernel's default pid_max, where /proc does not say
 
 
 def pids_budget() -> int:
@@ -120,8 +127,8 @@ def pids_budget() -> int:
         value = 0
     if not 1 <= value <= total:
         raise ConfigError(
-            f"{BUDGET_ENV}={text!r}: a count of processes up to kernel.pid_max ({total}) or a share of it; "
-            f"e.g. {BUDGET_ENV}=8000 or {BUDGET_ENV}=25%"
+            f"{BUDGET_ENV}={text!r}: a count of processes up to {total} (the lower of kernel.pid_max and "
+            f"kernel.threads-max) or a share of it; e.g. {BUDGET_ENV}=8000 or {BUDGET_ENV}=25%"
         )
     return value
 
