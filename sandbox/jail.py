@@ -280,9 +280,12 @@ class Jail:
         memory = limits.memory if self.cgroup is None else None
         # netlink, packet and raw sockets' queues: no cgroup counts them, so they are watched either way
         queues = limits.memory if self.spec.net.new_netns else None
+        # TCP and UDP buffers: a share of the host's one count, held by cgroup v1's kmem.tcp where there is one
+        v1 = self.cgroup is not None and self.cgroup.kind == "cgroup v1" and limits.memory is not None
+        inet = rlimits.inet_bound(limits.memory) if self.spec.net.new_netns and not v1 else None
         disk_bound = limits.disk is not None or limits.inodes is not None
         upper = self.dir / "upper" if self.dir is not None and disk_bound else None
-        if memory is None:  # a cgroup counts UNIX, TCP and UDP socket memory, or nothing bounds memory
+        if memory is None and inet is None:  # cgroup v1 counts UNIX, TCP and UDP socket memory
             if diag >= 0:
                 os.close(diag)
             diag = -1
@@ -294,6 +297,7 @@ class Jail:
             inodes=limits.inodes,
             sockets=None if diag < 0 else Sockets(diag),
             queues=queues,
+            inet=inet,
             queue_tables=PROC_QUEUE_TABLES if "NET_RAW" in self.config.capabilities() else NETLINK_ONLY,
         )
         WATCHER.add(watched)
@@ -365,7 +369,8 @@ def _make_cgroup(sandbox_id: str, wanted: Limits, pids_budget: int) -> Cgroup | 
             parent = _v2_parent()
             return None if parent is None else CgroupV2(parent, sandbox_id, wanted, pids_budget)
         needed = wanted.memory is not None or wanted.pids is not None or wanted.cpus is not None
-        return CgroupV1(sandbox_id, wanted, pids_budget) if needed and cgroups.v1_usable() else None
+        inet = (rlimits.inet_bound(wanted.memory), rlimits.inet_budget())
+        return CgroupV1(sandbox_id, wanted, pids_budget, inet) if needed and cgroups.v1_usable() else None
     except OSError:
         return None
 

@@ -36,6 +36,7 @@ from ..config import Limits
 
 CPU_PERIOD_US = 100_000
 # what counters() reports on v1: (name, controller, file, key in the file)
+TCP_LIMIT = "memory.kmem.tcp.limit_in_bytes"
 V1_COUNTERS = (("oom_kill", "memory", "memory.oom_control", b"oom_kill"), ("pids_max", "pids", "pids.events", b"max"))
 FIELDS_MAX = 4096  # bytes read of a counters file (memory.oom_control is under 100)
 V1_CONTROLLERS = ("memory", "pids", "cpu")
@@ -99,7 +100,9 @@ class CgroupV1(Cgroup):
 
     kind = "cgroup v1"
 
-    def __init__(self, sandbox_id: str, limits: Limits, pids_budget: int) -> None:
+    def __init__(self, sandbox_id: str, limits: Limits, pids_budget: int, inet: tuple[int, int]) -> None:
+        """``inet``: (bytes of TCP and UDP buffers this sandbox may hold, all sandboxes of the
+        ``jailbox`` group together), shares of the host's one count (``rlimits.inet_bound``)."""
         mounts, own = _v1_mounts(), _own_paths()
         self.dirs: dict[str, Path] = {}
         # Only the hierarchies a limit needs: attaching a process to a v1 group costs about 0.2 ms each.
@@ -110,6 +113,8 @@ class CgroupV1(Cgroup):
             _reap_once(parent)
             if controller == "pids":
                 (parent / "pids.max").write_text(str(pids_budget))
+            if controller == "memory" and (parent / TCP_LIMIT).exists():
+                (parent / TCP_LIMIT).write_text(str(inet[1]))
             path = parent / group_name(sandbox_id)
             path.mkdir()
             self.dirs[controller] = path
@@ -123,9 +128,10 @@ class CgroupV1(Cgroup):
             swap = limits.memory + (limits.swap or 0)
             if (self.dirs["memory"] / "memory.memsw.limit_in_bytes").exists():
                 self._write("memory", "memory.memsw.limit_in_bytes", swap)
-            # v1 leaves socket buffers out of memory.limit_in_bytes; this counts them on their own
-            if (self.dirs["memory"] / "memory.kmem.tcp.limit_in_bytes").exists():
-                self._write("memory", "memory.kmem.tcp.limit_in_bytes", limits.memory)
+            # v1 leaves socket buffers out of memory.limit_in_bytes; this counts them (TCP and UDP) on
+            # their own, against the sandbox's share of the host's tcp_mem/udp_mem
+            if (self.dirs["memory"] / TCP_LIMIT).exists():
+                self._write("memory", TCP_LIMIT, inet[0])
         if limits.pids is not None:
             self._write("pids", "pids.max", limits.pids)
         if limits.cpus is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import resource
 import warnings
+from pathlib import Path
 
 from ..config import Limits, SandboxConfig
 from ..errors import LimitNotEnforced
@@ -22,6 +23,13 @@ from . import budget, watch
 from .watch import DESCRIPTOR_CHARGE, PAGE, TICK
 
 Enforcement = dict[str, str]
+# TCP and UDP buffers are one count for the whole host (net.ipv4.tcp_mem, udp_mem: low, pressure,
+# high, in pages, about 4.5/6/9% of memory): past the low mark the kernel shrinks every socket's
+# buffers, past the high one every TCP send waits and every UDP datagram is dropped, root's too
+# (DNS). A cgroup counts them against its memory limit, which can be above the high mark (750 MB
+# with 8 GiB). One sandbox gets 1/INET_SHARE of the low mark, all of a cgroup v1 group 1/INET_ALL.
+INET_SHARE = 8
+INET_ALL = 2
 IPC_MESSAGE_QUEUES = 256  # SysV message queues of a jail (at the default 16 KiB each: 4 MiB)
 IPC_SEMAPHORES = "250 32000 32 128"  # kernel.sem: per set, in all, per semop call, sets (the pre-5.x defaults)
 
@@ -48,17 +56,23 @@ def plan(
             )
     else:
         how["memory"] = "unbounded: Limits.memory=None"
-    if cgroup == "cgroup v2":
-        how["socket_buffers"] = "cgroup v2 memory (counted in memory.current)"
-    elif cgroup == "cgroup v1" and limits.memory is not None:
-        how["socket_buffers"] = "cgroup v1 memory.kmem.tcp.limit_in_bytes (the memory limit)"
-    elif limits.memory is not None:
+    inet = inet_bound(limits.memory)
+    if cgroup == "cgroup v1" and limits.memory is not None:
         how["socket_buffers"] = (
-            "host watcher, in the memory total: the kernel's memory figures of the UNIX, TCP and UDP sockets of "
-            "the jail's own network namespace (on the host's network: per socket only)"
+            f"cgroup v1 memory.kmem.tcp.limit_in_bytes={inet} (TCP and UDP: 1/{INET_SHARE} of the host's low mark "
+            f"of tcp_mem/udp_mem, at most the memory limit; all sandboxes of the group {inet_budget()}); UNIX in "
+            "memory.limit_in_bytes"
         )
     else:
-        how["socket_buffers"] = "per socket only (the kernel's tcp_rmem/tcp_wmem): no cgroup counts a total"
+        counted = {
+            "cgroup v2": "UNIX, TCP and UDP counted in memory.current; ",
+            None: "UNIX, TCP and UDP in the watcher's memory total; " if limits.memory is not None else "",
+        }.get(cgroup, "")
+        how["socket_buffers"] = (
+            f"{counted}host watcher: the TCP and UDP buffers of the jail's own network namespace held to {inet} "
+            f"bytes (1/{INET_SHARE} of the host's low mark of tcp_mem/udp_mem, at most the memory limit), the "
+            "process holding the most sockets killed past it (on the host's network: per socket only)"
+        )
     if limits.pids is not None:
         if cgroup:
             how["pids"] = f"{cgroup} pids"
@@ -140,6 +154,30 @@ def describe_queues(memory: int | None, own_netns: bool) -> str:
         f"(/proc/INIT/net), held to the memory limit ({memory} bytes; in the total without a cgroup, on their own "
         "with one, which does not count them); past it the process holding the most sockets is killed"
     )
+
+
+def inet_low_mark() -> int:
+    """Bytes of TCP and UDP buffers the host holds before the kernel presses them: the lower of
+    tcp_mem's and udp_mem's low mark."""
+    marks = []
+    for name in ("tcp_mem", "udp_mem"):
+        try:
+            marks.append(int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[0]) * PAGE)
+        except (OSError, ValueError, IndexError):
+            continue
+    return min(marks, default=1 << 30)
+
+
+def inet_bound(memory: int | None) -> int:
+    """Bytes of TCP and UDP buffers one sandbox may hold: its share of the host's low mark, and no
+    more than its memory limit."""
+    share = inet_low_mark() // INET_SHARE
+    return share if memory is None else min(memory, share)
+
+
+def inet_budget() -> int:
+    """Bytes of TCP and UDP buffers all sandboxes of a cgroup v1 ``jailbox`` group may hold."""
+    return inet_low_mark() // INET_ALL
 
 
 def describe_host_files() -> str:

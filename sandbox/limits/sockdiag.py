@@ -111,6 +111,7 @@ class Tally:
     """One dump's sums; ``total()`` is the figure that counts towards memory."""
 
     charged: int = 0  # send and receive memory, each socket's own objects, queues left by closed writers
+    inet: int = 0  # of which TCP and UDP sockets' buffers: the host's one tcp_mem/udp_mem count
     sockets: int = 0
     pending: int = 0  # connections listeners have not accepted
     connecting: int = 0  # live sockets whose peer is such a connection (their writes are in ``charged``)
@@ -131,9 +132,9 @@ class Sockets:
     def close(self) -> None:
         self.sock.close()
 
-    def measure(self, bound: int) -> int | None:
-        """Bytes of kernel memory the namespace's sockets hold; at least ``bound`` + 1 when past it
-        (counting stops there). None when no figure could be had this time (the rest of an earlier
+    def measure(self, bound: int) -> Tally | None:
+        """The kernel memory the namespace's sockets hold (``total()``: at least ``bound`` + 1 when past
+        it, counting stops there). None when no figure could be had this time (the rest of an earlier
         dump is still being drained, or the socket failed)."""
         tally = Tally()
         deadline = time.monotonic() + DUMP_TIME
@@ -150,7 +151,7 @@ class Sockets:
         except OSError:  # e.g. ENOBUFS, part of a dump dropped: what is left is drained first
             self._draining = True
             return None
-        return tally.total()
+        return tally
 
     def _count(self, tally: Tally, bound: int, deadline: float) -> bool:
         """Add one dump to ``tally``; False when counting stopped before its end."""
@@ -298,3 +299,4 @@ def _add_inet(data: bytes, offset: int, length: int, tally: Tally) -> None:
         offset += (size + 3) & ~3
     tally.sockets += 1
     tally.charged += INET_SOCKET_OBJECT + memory
+    tally.inet += memory

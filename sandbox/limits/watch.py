@@ -15,10 +15,12 @@ Their figures (UNIX, TCP, UDP) are the kernel's own, read through a sock_diag so
 init made in that namespace before any untrusted code ran (``sockdiag.py``: bounded, never
 blocking, and spaced so that counts take at most a ``COUNT_SHARE``-th of the thread's time, all
 sandboxes together). When they are what is over, the process holding the most sockets is killed.
-A jail on the host's network has no such count (its sockets are among all of the host's); there
-each socket is bounded only by its own buffer size. Over ``disk`` or ``inodes`` (a
-bounded walk of the writable layer, spaced by how long the last one took), every process of the
-jail but its init is killed each time usage grew.
+Their TCP and UDP part is also held on its own, with or without a cgroup (v1's ``kmem.tcp`` holds
+it in the kernel instead), to the jail's share of the host's ``tcp_mem``/``udp_mem``, one count for
+every network namespace (``rlimits.inet_bound``). A jail on the host's network has no such count
+(its sockets are among all of the host's); there each socket is bounded only by its own buffer
+size. Over ``disk`` or ``inodes`` (a bounded walk of the writable layer, spaced by how long the
+last one took), every process of the jail but its init is killed each time usage grew.
 
 The host's open-file table (``fs.file-max``, about 10% of memory in 1 KiB files) is one count for
 every process of the host, root's aside, that no namespace, cgroup or rlimit divides: a file costs
@@ -85,6 +87,7 @@ class Watched:
     inodes: int | None = None
     sockets: Sockets | None = None  # of the jail's own network namespace: their memory counts
     queues: int | None = None  # bound on the netlink, packet and raw sockets' queues of its own namespace
+    inet: int | None = None  # bound on its TCP and UDP buffers (a share of the host's tcp_mem/udp_mem)
     queue_tables: tuple[tuple[str, tuple[int, ...], int], ...] = NETLINK_ONLY  # the /proc/INIT/net tables read
     counters: dict[str, int] = field(default_factory=dict)
     last_usage: tuple[int, int] = (0, 0)
@@ -92,6 +95,7 @@ class Watched:
     settling: bool = False  # killed at the last walk: what its writers still flushed is not new growth
     queued: int = 0  # the last figure for its sockets, kept until the next count
     diagnosed: int = 0  # of which what sock_diag reported (UNIX, TCP, UDP), kept while a dump is read out
+    inet_held: int = 0  # of which TCP and UDP buffers
     next_count: float = 0.0
 
     def __post_init__(self) -> None:
@@ -163,7 +167,7 @@ def check(watched: list[Watched], now: float) -> None:
         if w.memory is not None:
             tree = tree if tree is not None else _children()
             _check_memory(w, tree, counters)
-        elif w.queues is not None:
+        if w.queues is not None or w.inet is not None:
             _check_queues(w, counters)
         if w.upper is not None and now >= w.next_walk:
             started = time.monotonic()
@@ -288,11 +292,13 @@ def _biggest_until_under(sizes: dict[int, int], over: int) -> list[int]:
 
 
 def _check_queues(w: Watched, counters: int) -> None:
-    """With a cgroup, which counts none of them: the netlink, packet and raw sockets' queues of the
-    jail's own namespace held to the memory limit on their own; past it, the process holding the
-    most sockets is killed with its descendants."""
-    assert w.queues is not None
-    if _queued(w, counters) <= w.queues:
+    """Socket queues held on their own: with a cgroup, which counts none of them, the netlink, packet
+    and raw sockets' queues of the jail's own namespace, to the memory limit; and the TCP and UDP
+    buffers, to the jail's share of the host's. Past either, the process holding the most sockets is
+    killed with its descendants."""
+    netlink = _queued(w, counters) - w.diagnosed  # without a cgroup, all of it is in the memory total
+    over_queues = w.queues is not None and w.memory is None and netlink > w.queues
+    if not (over_queues or (w.inet is not None and w.inet_held > w.inet)):
         return
     tree = _children()
     holder = _top_socket_holder(_descendants(tree, w.init_pid))
@@ -303,17 +309,16 @@ def _check_queues(w: Watched, counters: int) -> None:
 def _queued(w: Watched, counters: int) -> int:
     """What the sockets of the jail's own network namespace hold; counted again once the last count
     has been paid for (``COUNT_SHARE``, shared by the ``counters`` sandboxes), else the last figure."""
-    if w.sockets is None and w.queues is None:
+    bound = max((b for b in (w.memory, w.queues, w.inet) if b is not None), default=None)
+    if bound is None or (w.sockets is None and w.queues is None):
         return 0
     now = time.monotonic()
     if now < w.next_count:
         return w.queued
-    bound = w.memory if w.memory is not None else w.queues
-    assert bound is not None
     if w.sockets is not None:
         counted = w.sockets.measure(bound)  # a count stops once past the bound: the total is over either way
         if counted is not None:  # else the rest of an earlier dump is still being read out: the last figure holds
-            w.diagnosed = counted
+            w.diagnosed, w.inet_held = counted.total(), counted.inet
     w.queued = w.diagnosed + (_proc_queues(w.init_pid, w.queue_tables, bound) if w.queues is not None else 0)
     w.next_count = now + (time.monotonic() - now) * COUNT_SHARE * counters
     return w.queued
