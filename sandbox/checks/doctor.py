@@ -23,7 +23,7 @@ from .. import idmap
 from ..errors import ConfigError
 from ..floor import linux as L
 from ..idmap import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
-from ..limits import budget, cgroups, watch
+from ..limits import budget, cgroups, rlimits, watch
 
 Status = Literal["ok", "degraded", "failing"]
 
@@ -307,7 +307,10 @@ def shared_bounds(host: Host) -> Probe:
         f"each takes at most 1/{budget.SANDBOX_SHARE} of the user's inotify and fanotify counts (all together "
         f"1/{budget.USER_SHARE}) and 1/{budget.COUNTER_SHARE} of its namespace counts; pending signals, message-queue "
         "bytes and locked shm: a share of the user's rlimits (user namespace caps, Linux 5.14 or later); "
-        "SysV IPC: bounded in each jail's own namespace; epoll watches and descriptors in flight: not bounded (the "
+        "SysV IPC: bounded in each jail's own namespace; "
+        f"TCP and UDP buffers: {rlimits.inet_bound(None)} bytes each (1/{rlimits.INET_SHARE} of the host's low mark); "
+        f"open files: the watcher acts past 1/{watch.FILES_ALARM} of fs.file-max; AIO: io_setup ENOSYS; "
+        "epoll watches and descriptors in flight: not bounded (the "
         "kernel counts them per host uid, and a jail runs as yours rootless, as one subordinate uid as root)"
     )
     if host.uid == 0 and not cgroups.v1_usable() and not (cgroups.v2_mounted() and cgroups.v2_parent()[0]):
