@@ -12,7 +12,9 @@ neighbouring sandbox, can still use the count meanwhile.
 
 For the whole host: AIO events (``fs.aio-max-nr``): one default jail reserved all 65536 and every
 host process's ``io_setup()`` failed with EAGAIN. The open-file table (``fs.file-max``): every
-process but root's gets ENFILE once it is full, and a file costs a cgroup some 256 bytes.
+process but root's gets ENFILE once it is full, and a file costs a cgroup some 256 bytes. TCP and
+UDP buffers (``tcp_mem``, ``udp_mem``), which a cgroup counts against a memory limit above the
+high mark of a small host. For every container: the ptys of devpts instances other than the host's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from jailbox.sandbox import Sandbox, SeccompPolicy
+from jailbox.sandbox.child import mounts
 from jailbox.sandbox.limits import budget, rlimits, watch
 
 # argv: what to take (signals, mqueue, shm_lock), whether to raise the soft limit first (1/0), the
@@ -340,3 +343,31 @@ def test_a_jail_holds_only_its_share_of_the_hosts_tcp_and_udp_memory(kind, tmp_p
     # and the host stayed under the mark where the kernel starts pressing every socket's buffers
     pressure = int(Path(f"/proc/sys/net/ipv4/{kind}_mem").read_text().split()[1]) * watch.PAGE
     assert peak < pressure
+
+
+# Opens ptys until refused; prints how many, then holds them for argv[1] seconds.
+PTY_HOG = r"""
+import os, sys, time
+held = []
+while len(held) < 4096:
+    try:
+        held.append(os.openpty())
+    except OSError:
+        break
+print(len(held), flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_a_jail_holds_at_most_its_share_of_the_ptys_all_containers_share():
+    """Every devpts instance but the host's first draws on one count (kernel.pty.max less its
+    reserve, 3072 by default): one jail could take them all from other sandboxes and containers."""
+    with Sandbox() as sb, Sandbox() as neighbour:
+        sb.write_file("/tmp/pty.py", PTY_HOG)
+        sb.exec("python3 /tmp/pty.py 60 > /tmp/pty.out 2>&1 &")
+        deadline = time.monotonic() + 30
+        while not (out := sb.exec("cat /tmp/pty.out").stdout) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert int(out) == mounts.PTYS
+        opened = neighbour.exec("python3 -c 'import os; os.openpty(); print(1)'")
+        assert opened.stdout == "1\n", opened.stderr  # while the first holds all it can

@@ -53,6 +53,7 @@ MASKED_PATHS = (
     "/sys/kernel/slab",
     "/sys/kernel/vmcoreinfo",
 )
+PTYS = 128  # ptys of one jail (its devpts max=): 24 sandboxes hold the shared 3072 before any is refused
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = {
     "fd": "/proc/self/fd",
@@ -321,7 +322,10 @@ def _mount_dev(dev: str) -> None:
         # (reads and writes of a device are not writes to its filesystem and keep working).
         L.make_readonly(node)
     os.mkdir(dev + "/pts", 0o755)
-    L.mount("devpts", dev + "/pts", "devpts", L.MS_NOSUID | L.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    # Every devpts instance but the host's first draws on one count (kernel.pty.max less its reserve:
+    # 3072 by default), which other sandboxes and containers share: a jail gets at most PTYS of them.
+    options = f"newinstance,ptmxmode=0666,mode=0620,max={PTYS}"
+    L.mount("devpts", dev + "/pts", "devpts", L.MS_NOSUID | L.MS_NOEXEC, options)
     os.mkdir(dev + "/shm", 0o1777)
     _mount_scratch("shm", dev + "/shm")  # relative: our working directory is the staging tmpfs
     for name, target in DEV_LINKS.items():
