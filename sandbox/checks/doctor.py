@@ -274,7 +274,8 @@ def bounds(cgroup_probe: Probe) -> Probe:
         status="degraded",
         detail="memory: host watcher over the total (reactive, sampled) and RLIMIT_AS per process; socket buffers: "
         f"in that total in a jail's own network namespace (TCP/UDP queues, UNIX sockets), else per socket; "
-        f"descriptors: {_descriptor_charge()}; memfd_create: ENOSYS; {disk}",
+        f"descriptors: {_descriptor_charge()}; memfd_create: ENOSYS; the kernel's records of mappings "
+        f"(about 14 MiB a process at most): not counted, so lower Limits.pids for untrusted code; {disk}",
         fix=cgroup_probe.fix,
     )
 
