@@ -1,8 +1,9 @@
-"""No sandbox can hold host memory that no process's pages show: pipe buffers, SysV IPC objects, memfds.
+"""No sandbox can hold host memory that no process's pages show: pipe buffers, SysV IPC objects, memfds,
+the kernel's records of mappings.
 
 With a cgroup the kernel counts all of these in the sandbox's memory. Without one, the host's watcher
-sums the jail's processes' pages, which do not show them: each open descriptor is charged, SysV IPC
-is bounded in the jail's own IPC namespace, and ``memfd_create`` is ENOSYS. Each test bounds a small
+sums the jail's processes' pages, which do not show them: each open descriptor and each mapping is
+charged, SysV IPC is bounded in the jail's own IPC namespace, and ``memfd_create`` is ENOSYS. Each test bounds a small
 sandbox, tries to hold far more than its limit one of these ways while a thread samples the host's
 available memory, and checks that the host lost no more than the bound and some slack.
 """
@@ -253,3 +254,35 @@ def test_large_answers_from_the_init_travel_without_memfds(tmp_path):
         sb.exec("mkdir -p /tmp/many && cd /tmp/many && for i in $(seq 3000); do : > file-with-a-long-name-$i; done")
         sb.get("/tmp/many", tmp_path / "many")
         assert len(list((tmp_path / "many").iterdir())) == 3000
+
+
+# Processes that each make as many one-page anonymous mappings as they may (vm.max_map_count, or
+# their RLIMIT_AS in pages), of alternating protection so that neighbours are not merged, then hold
+# them: each is some 228 bytes of kernel records no process's pages show, about 1 GiB unbounded.
+MAPPINGS = r"""
+import ctypes, mmap, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+workers = 200
+for _ in range(workers):
+    if os.fork() == 0:
+        for i in range(65000):
+            if libc.mmap(None, mmap.PAGESIZE, 1 if i % 2 else 3, 0x22, -1, 0) in (None, ctypes.c_void_p(-1).value):
+                break
+        time.sleep(8)
+        os._exit(0)
+killed = 0
+for _ in range(workers):
+    killed += os.WIFSIGNALED(os.wait()[1])
+print("workers", workers, "killed", killed)
+"""
+
+
+def test_mappings_count_against_the_memory_limit():
+    with Sandbox(limits=Limits(memory=LIMIT)) as sb:
+        r = _held_to_the_bound(sb, MAPPINGS)
+        assert r.oom_killed, (r.stdout, r.stderr)  # by the watcher, or the cgroup's OOM killer
+        if "cgroup" not in sb.enforcement["memory"]:
+            assert int(r.stdout.split()[-1]) > 0 and "each mapping" in sb.enforcement["memory"], r.stdout
+        assert sb.exec("echo usable").stdout == "usable\n"

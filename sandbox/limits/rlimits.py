@@ -20,7 +20,7 @@ from ..config import Limits, SandboxConfig
 from ..errors import LimitNotEnforced
 from ..seccomp.policy import SeccompPolicy
 from . import budget, watch
-from .watch import DESCRIPTOR_CHARGE, PAGE, TICK
+from .watch import DESCRIPTOR_CHARGE, MAPPING_CHARGE, MAPPINGS_HOG, PAGE, TICK
 
 Enforcement = dict[str, str]
 # TCP and UDP buffers are one count for the whole host (net.ipv4.tcp_mem, udp_mem: low, pressure,
@@ -51,8 +51,9 @@ def plan(
             rlimits["RLIMIT_AS"] = limits.memory
             how["memory"] = (
                 f"host watcher: total proportional memory of the jail's processes, sampled every {TICK * 1000:.0f} ms, "
-                f"each open descriptor charged {DESCRIPTOR_CHARGE >> 10} KiB (pipe buffers, files), "
-                "biggest process killed past it; rlimit RLIMIT_AS per process; memfd_create ENOSYS (no cgroup)"
+                f"each open descriptor charged {DESCRIPTOR_CHARGE >> 10} KiB (pipe buffers, files) and each mapping "
+                f"{MAPPING_CHARGE} bytes (a process with {MAPPINGS_HOG} or more: as many as its address space could "
+                "hold), biggest process killed past it; rlimit RLIMIT_AS per process; memfd_create ENOSYS (no cgroup)"
             )
     else:
         how["memory"] = "unbounded: Limits.memory=None"

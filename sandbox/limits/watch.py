@@ -6,9 +6,16 @@ writable layer on the host's disk has no quota. Both are held here, in the host 
 jail's own init is untrusted once a command has run. Every ``TICK`` the thread reads ``/proc`` once
 for all watched sandboxes: a jail's processes are the descendants of its init (every process of a
 pid namespace descends from its pid 1, so none can leave the set). Over ``memory``, the biggest
-processes (proportional resident set of their anonymous and shared memory, and a charge per open
-descriptor for the kernel memory behind it: a pipe's buffer, a file) are killed with their
-descendants, as many as bring the total back under. The sockets of the jail's own network
+processes (proportional resident set of their anonymous and shared memory, a charge per open
+descriptor for the kernel memory behind it, a pipe's buffer, a file, and a charge per mapping for the
+kernel's records of it) are killed with their descendants, as many as bring the total back under.
+A process may hold 65,530 mappings (``vm.max_map_count``), 14 MiB of kernel memory, and only reading
+its ``/proc/PID/maps`` counts them (28 ms for 65,000). So they are counted only where the most each
+process's address space could hold (a page each) would take the jail past its bound, for at most
+``MAPS_TIME`` a sample, all sandboxes together; a count stays ``MAPS_FRESH`` seconds, and a process's
+is read again first when its address space grew. Reading stops at ``MAPPINGS_HOG``: a process with
+that many is charged the most its address space could hold, so a jail of hundreds of such processes
+is held without reading all of their maps at every sample. The sockets of the jail's own network
 namespace count towards ``memory`` too: socket buffers are kernel memory no rlimit holds, and a
 reader that never reads makes a writer fill them.
 Their figures (UNIX, TCP, UDP) are the kernel's own, read through a sock_diag socket the jail's
@@ -74,6 +81,17 @@ HOST_FILES = "/proc/sys/fs/file-nr"  # the host's open files, 0, fs.file-max
 FILES_ALARM = 4  # past this share of the host's open-file table, the jails' files are counted
 FILES_CULPRIT = 64  # a jail holding less of the table than this share is not what fills it
 MAPS_MAX = 16 << 20  # bytes of one process's /proc/PID/maps read (vm.max_map_count's 65,530 mappings)
+# What each mapping is charged against ``memory``: its vm_area_struct and anonymous-mapping records
+# (measured: 65,000 one-page anonymous mappings of alternating protection took 14,463 KiB of
+# unreclaimable slab, 228 bytes each). Each takes at least a page of address space.
+MAPPING_CHARGE = 256
+MAP_COUNT = "/proc/sys/vm/max_map_count"
+# A process with this many mappings is charged the most its address space could hold (at most
+# vm.max_map_count): programs hold hundreds to a few thousand; reading stops here (about 400 KiB, 3 ms).
+MAPPINGS_HOG = 4096
+MAPS_TIME = 0.03  # seconds a sample spends reading maps and shares, all sandboxes together
+MAPS_FRESH = 0.5  # seconds a process's count of mappings, or its proportional share, is taken as it is
+SHARE_MOVE = 1 << 20  # bytes of resident anonymous memory a process gains or frees before its share is read again
 
 
 @dataclass(eq=False)
@@ -97,6 +115,9 @@ class Watched:
     diagnosed: int = 0  # of which what sock_diag reported (UNIX, TCP, UDP), kept while a dump is read out
     inet_held: int = 0  # of which TCP and UDP buffers
     next_count: float = 0.0
+    maps: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> mappings, pages then, when read
+    shares: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> proportional, resident, when
+    dying: dict[int, float] = field(default_factory=dict)  # pid -> until when: killed, not gone yet
 
     def __post_init__(self) -> None:
         self.counters["oom_kill"] = 0  # memory, socket queues, and for every jail the host's open-file table
@@ -159,6 +180,7 @@ def check(watched: list[Watched], now: float) -> None:
     tree: dict[int, list[int]] | None = None
     walkers = sum(w.upper is not None for w in watched)
     counters = sum(w.sockets is not None or w.queues is not None for w in watched)
+    maps = _Maps(now)
     used, table = host_files()
     if used * FILES_ALARM > table:
         tree = _children()
@@ -166,7 +188,7 @@ def check(watched: list[Watched], now: float) -> None:
     for w in watched:
         if w.memory is not None:
             tree = tree if tree is not None else _children()
-            _check_memory(w, tree, counters)
+            _check_memory(w, tree, counters, maps)
         if w.queues is not None or w.inet is not None:
             _check_queues(w, counters)
         if w.upper is not None and now >= w.next_walk:
@@ -189,18 +211,32 @@ def check(watched: list[Watched], now: float) -> None:
             w.last_usage = usage
 
 
-def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int) -> None:
+def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int, maps: _Maps) -> None:
     assert w.memory is not None
-    pids = [w.init_pid, *_descendants(tree, w.init_pid)]
+    # A killed process frees what it holds once it runs again, which on a busy host may take a second;
+    # until then it is left out, so the ones still running are not killed for what it holds.
+    w.dying = {pid: until for pid, until in w.dying.items() if until > maps.now}
+    pids = [pid for pid in (w.init_pid, *_descendants(tree, w.init_pid)) if pid not in w.dying]
+    w.maps = {pid: w.maps[pid] for pid in pids if pid in w.maps}  # the gone, and what a recycled pid had
+    w.shares = {pid: w.shares[pid] for pid in pids if pid in w.shares}
     queued = _queued(w, counters)
-    # resident minus file-backed pages first (cheap, counts pages shared after fork twice);
-    # only over the bound the exact proportional share is read. Each open descriptor is charged
-    # DESCRIPTOR_CHARGE on top: what it holds (a pipe's buffer, the file, its inode) is kernel memory
-    # no process's pages show.
+    # Resident minus file-backed pages first (cheap, counts pages shared after fork twice), and for
+    # mappings the most each process's address space could hold, or its fresh count. Only over the
+    # bound are mappings counted; only over it with them, the proportional share is read. Each open
+    # descriptor is charged DESCRIPTOR_CHARGE on top: what it holds (a pipe's buffer, the file, its
+    # inode) is kernel memory no process's pages show.
     held = {pid: _descriptors(pid) * DESCRIPTOR_CHARGE for pid in pids}
-    if queued + sum(_anon_resident(pid) + held[pid] for pid in pids) <= w.memory:
+    statm = {pid: _statm(pid) for pid in pids}
+    most = _map_count_max()
+    could = {pid: min(most, statm[pid][0]) for pid in pids}
+    fresh = {pid: maps.fresh(w, pid, could[pid]) for pid in pids}
+    if queued + sum(statm[pid][1] + held[pid] + fresh[pid] * MAPPING_CHARGE for pid in pids) <= w.memory:
         return
-    sizes = {pid: _proportional(pid) + held[pid] for pid in pids}
+    mapped = maps.count(w, {pid: statm[pid][0] for pid in pids}, could)
+    held = {pid: held[pid] + mapped.get(pid, 0) * MAPPING_CHARGE for pid in pids}
+    if queued + sum(statm[pid][1] + held[pid] for pid in pids) <= w.memory:
+        return
+    sizes = {pid: maps.proportional(w, pid, statm[pid][1]) + held[pid] for pid in pids}
     if queued + sum(sizes.values()) <= w.memory:
         return
     candidates = {pid: size for pid, size in sizes.items() if pid != w.init_pid}
@@ -212,7 +248,93 @@ def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int) -> None
     # Queued bytes belong to no process's pages: when they are what is over, the process holding the
     # most sockets is the one (a socket's queue is freed when its last holder is gone).
     holder = _top_socket_holder(candidates) if queued > sum(sizes.values()) else None
-    _kill_trees(w, tree, victims if holder is None else [holder])
+    _kill_trees(w, tree, victims if holder is None else [holder], TICK)
+
+
+class _Maps:
+    """What one sample reads of jails' processes that walking their mappings tells, for at most
+    ``MAPS_TIME`` of it, all sandboxes together: how many mappings each holds (``/proc/PID/maps``,
+    only counted, up to ``MAPPINGS_HOG``) and its proportional share (``smaps_rollup``, 10 ms for
+    65,000 mappings). Both are kept in the process's ``Watched`` and taken as they are for
+    ``MAPS_FRESH`` seconds."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.until = 0.0  # set at the first read: what came before in the sample is not counted
+
+    def _in_time(self) -> bool:
+        if not self.until:
+            self.until = time.monotonic() + MAPS_TIME
+        return time.monotonic() < self.until
+
+    def fresh(self, w: Watched, pid: int, otherwise: int) -> int:
+        """What ``pid``'s mappings are charged as (``MAPPINGS_HOG`` or more: ``otherwise``, the most
+        its address space could hold), if counted within ``MAPS_FRESH``; else ``otherwise``."""
+        known = w.maps.get(pid)
+        if known is None or self.now - known[2] >= MAPS_FRESH or known[0] >= MAPPINGS_HOG:
+            return otherwise
+        return known[0]
+
+    def count(self, w: Watched, pages: dict[int, int], could: dict[int, int]) -> dict[int, int]:
+        """pid -> what its mappings are charged as, for those of ``pages`` (pid -> pages of address
+        space) ever counted: its count, or if that reached ``MAPPINGS_HOG``, what it ``could`` hold.
+        While there is time, the processes never counted are counted first, then those whose address
+        space grew since, most first, then those not fresh, oldest first."""
+        pids = list(pages)
+        unread = [pid for pid in pids if pid not in w.maps]
+        grown = sorted(
+            (pid for pid in pids if pid in w.maps and pages[pid] > w.maps[pid][1]),
+            key=lambda pid: pages[pid] - w.maps[pid][1],
+            reverse=True,
+        )
+        stale = sorted((pid for pid in pids if pid in w.maps), key=lambda pid: w.maps[pid][2])
+        for pid in (*unread, *grown, *stale):
+            known = w.maps.get(pid)
+            if known is not None and self.now - known[2] < MAPS_FRESH and pages[pid] <= known[1]:
+                continue  # fresh, and its address space did not grow
+            if not self._in_time():
+                break
+            w.maps[pid] = (_count_maps(pid), pages[pid], self.now)
+        counted = {pid: w.maps[pid][0] for pid in pids if pid in w.maps}
+        return {pid: could[pid] if n >= MAPPINGS_HOG else min(n, could[pid]) for pid, n in counted.items()}
+
+    def proportional(self, w: Watched, pid: int, resident: int) -> int:
+        """``pid``'s proportional share (``_proportional``): read again once its resident anonymous
+        memory moved by ``SHARE_MOVE``, or, while there is time, once it is no longer fresh."""
+        known = w.shares.get(pid)
+        if (
+            known is None
+            or abs(resident - known[1]) >= SHARE_MOVE
+            or (self.now - known[2] >= MAPS_FRESH and self._in_time())
+        ):
+            known = w.shares[pid] = (_proportional(pid), resident, self.now)
+        return known[0]
+
+
+def _count_maps(pid: int) -> int:
+    """How many mappings ``pid`` holds, counted up to ``MAPPINGS_HOG``: the lines of its maps."""
+    count = 0
+    try:
+        fd = os.open(f"/proc/{pid}/maps", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        while count < MAPPINGS_HOG and (chunk := os.read(fd, 1 << 16)):
+            count += chunk.count(b"\n")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return count
+
+
+def _map_count_max() -> int:
+    """vm.max_map_count: the most mappings one process may hold."""
+    try:
+        with open(MAP_COUNT, "rb") as f:
+            return int(f.read(64))
+    except (OSError, ValueError):
+        return 65530
 
 
 def _top_socket_holder(pids: Iterable[int]) -> int | None:
@@ -272,11 +394,13 @@ def _files(pid: int) -> int:
     return _descriptors(pid) + mapped
 
 
-def _kill_trees(w: Watched, tree: dict[int, list[int]], victims: list[int]) -> None:
-    """Kill ``victims`` with their descendants, counted as one OOM kill of the jail."""
+def _kill_trees(w: Watched, tree: dict[int, list[int]], victims: list[int], wait: float = KILL_WAIT) -> None:
+    """Kill ``victims`` with their descendants, counted as one OOM kill of the jail. Those not gone
+    after ``wait`` are the jail's ``dying`` for ``KILL_WAIT``."""
     w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
     doomed = dict.fromkeys(found for pid in victims for found in (pid, *_descendants(tree, pid)))
-    _kill_all(list(doomed), w.init_pid)
+    until = time.monotonic() + KILL_WAIT
+    w.dying.update(dict.fromkeys(_kill_all(list(doomed), w.init_pid, wait), until))
     w.next_count = 0.0  # what the killed held is freed: the last figure is stale
 
 
@@ -392,13 +516,14 @@ def _parent(pid: int) -> int:
         return 0
 
 
-def _anon_resident(pid: int) -> int:
+def _statm(pid: int) -> tuple[int, int]:
+    """(pages of address space, bytes resident but not file-backed) of ``pid``."""
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
             fields = f.read(256).split()
-        return max(0, int(fields[1]) - int(fields[2])) * PAGE
+        return int(fields[0]), max(0, int(fields[1]) - int(fields[2])) * PAGE
     except (OSError, ValueError, IndexError):
-        return 0
+        return 0, 0
 
 
 def _proportional(pid: int) -> int:
@@ -410,7 +535,7 @@ def _proportional(pid: int) -> int:
                 if line.startswith(ROLLUP_KEYS):
                     total += int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
-        return _anon_resident(pid)
+        return _statm(pid)[1]
     return total
 
 
@@ -450,25 +575,27 @@ def _in_tree(pid: int, init_pid: int) -> bool:
     return False
 
 
-def _kill_all(pids: list[int], init_pid: int) -> None:
+def _kill_all(pids: list[int], init_pid: int, wait: float = KILL_WAIT) -> list[int]:
     """SIGKILL each through a pidfd, once the pid it holds is seen to still be of this jail; then
-    wait (at most ``KILL_WAIT``) until they are gone, so what they held or wrote is settled."""
-    killed = []
+    wait (at most ``wait``) until they are gone, so what they held or wrote is settled. Returns the
+    pids not gone yet."""
+    killed = {}
     for pid in pids:
         pidfd = _kill(pid, init_pid)
         if pidfd >= 0:
-            killed.append(pidfd)
+            killed[pidfd] = pid
     poller = select.poll()
     for pidfd in killed:
         poller.register(pidfd, select.POLLIN)
     pending = set(killed)
-    deadline = time.monotonic() + KILL_WAIT
+    deadline = time.monotonic() + wait
     while pending and (left := deadline - time.monotonic()) > 0:
         for fd, _ in poller.poll(max(1, int(left * 1000))):
             poller.unregister(fd)
             pending.discard(fd)
     for pidfd in killed:
         os.close(pidfd)
+    return [killed[pidfd] for pidfd in pending]
 
 
 def _kill(pid: int, init_pid: int) -> int:
