@@ -274,8 +274,7 @@ def bounds(cgroup_probe: Probe) -> Probe:
         status="degraded",
         detail="memory: host watcher over the total (reactive, sampled) and RLIMIT_AS per process; socket buffers: "
         f"in that total in a jail's own network namespace (TCP/UDP queues, UNIX sockets), else per socket; "
-        f"descriptors: {_descriptor_charge()}; mappings: {watch.MAPPING_CHARGE} bytes each in that total "
-        f"(read late for hundreds of processes, not held for mappings of one file: lower Limits.pids); "
+        f"descriptors: {_descriptor_charge()}; mappings: {watch.MAPPING_CHARGE} bytes each in that total; "
         f"memfd_create: ENOSYS; {disk}",
         fix=cgroup_probe.fix,
     )

@@ -45,13 +45,14 @@ follows a link and reads at most twice ``inodes`` entries.
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,8 @@ MAP_COUNT = "/proc/sys/vm/max_map_count"
 MAPPINGS_HOG = 4096
 MAPS_TIME = 0.03  # seconds a sample spends reading maps and shares, all sandboxes together
 MAPS_FRESH = 0.5  # seconds a process's count of mappings, or its proportional share, is taken as it is
+READ_WAIT = 0.02  # seconds the watcher waits for one process's maps or smaps_rollup
+READER_IDLE = 10.0  # seconds a sandbox's reader thread waits for a read before it ends
 SHARE_MOVE = 1 << 20  # bytes of resident anonymous memory a process gains or frees before its share is read again
 
 
@@ -115,9 +118,11 @@ class Watched:
     diagnosed: int = 0  # of which what sock_diag reported (UNIX, TCP, UDP), kept while a dump is read out
     inet_held: int = 0  # of which TCP and UDP buffers
     next_count: float = 0.0
-    maps: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> mappings, pages then, when read
+    maps: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> mappings (-1: not read), pages, when
     shares: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> proportional, resident, when
     dying: dict[int, float] = field(default_factory=dict)  # pid -> until when: killed, not gone yet
+    last_kill: float = 0.0  # when the memory bound last killed
+    reader: _Reader = field(default_factory=lambda: _Reader())  # reads its processes' maps and shares
 
     def __post_init__(self) -> None:
         self.counters["oom_kill"] = 0  # memory, socket queues, and for every jail the host's open-file table
@@ -243,8 +248,12 @@ def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int, maps: _
     if not candidates:
         return  # the init alone: it reads at most one bounded request, and is never killed here
     # As many of the biggest as bring the total back under: processes growing together (forked
-    # workers) are all stopped at this sample, not one per sample while the others grow on.
-    victims = _biggest_until_under(candidates, queued + sum(sizes.values()) - w.memory)
+    # workers) are all stopped at this sample, not one per sample while the others grow on. A jail
+    # over again within KILL_WAIT of a kill is brought to half its bound: its processes outgrow
+    # what each sample kills, and those killed free what they hold only once they get a CPU.
+    again = maps.now - w.last_kill < KILL_WAIT
+    victims = _biggest_until_under(candidates, queued + sum(sizes.values()) - (w.memory // 2 if again else w.memory))
+    w.last_kill = maps.now
     # Queued bytes belong to no process's pages: when they are what is over, the process holding the
     # most sockets is the one (a socket's queue is freed when its last holder is gone).
     holder = _top_socket_holder(candidates) if queued > sum(sizes.values()) else None
@@ -256,11 +265,13 @@ class _Maps:
     ``MAPS_TIME`` of it, all sandboxes together: how many mappings each holds (``/proc/PID/maps``,
     only counted, up to ``MAPPINGS_HOG``) and its proportional share (``smaps_rollup``, 10 ms for
     65,000 mappings). Both are kept in the process's ``Watched`` and taken as they are for
-    ``MAPS_FRESH`` seconds."""
+    ``MAPS_FRESH`` seconds. Each is read through the sandbox's ``_Reader``: a process whose count
+    the jail keeps waiting is charged the most it could hold."""
 
     def __init__(self, now: float) -> None:
         self.now = now
         self.until = 0.0  # set at the first read: what came before in the sample is not counted
+        self.stalled: set[int] = set()  # processes whose read outlasted READ_WAIT in this sample
 
     def _in_time(self) -> bool:
         if not self.until:
@@ -271,31 +282,42 @@ class _Maps:
         """What ``pid``'s mappings are charged as (``MAPPINGS_HOG`` or more: ``otherwise``, the most
         its address space could hold), if counted within ``MAPS_FRESH``; else ``otherwise``."""
         known = w.maps.get(pid)
-        if known is None or self.now - known[2] >= MAPS_FRESH or known[0] >= MAPPINGS_HOG:
+        if known is None or known[0] < 0 or self.now - known[2] >= MAPS_FRESH or known[0] >= MAPPINGS_HOG:
             return otherwise
         return known[0]
 
     def count(self, w: Watched, pages: dict[int, int], could: dict[int, int]) -> dict[int, int]:
-        """pid -> what its mappings are charged as, for those of ``pages`` (pid -> pages of address
-        space) ever counted: its count, or if that reached ``MAPPINGS_HOG``, what it ``could`` hold.
-        While there is time, the processes never counted are counted first, then those whose address
-        space grew since, most first, then those not fresh, oldest first."""
+        """pid -> what the mappings of each of ``pages`` (pid -> pages of address space) are charged
+        as: its last count, and a mapping for each page its address space grew since (since it was
+        first seen, if never counted: while a read is kept waiting, what grows is still charged);
+        or, from ``MAPPINGS_HOG`` on, what it ``could`` hold. While there is time, the processes
+        never counted are counted first, then those whose address space grew, most first, then
+        those not fresh, oldest first."""
         pids = list(pages)
-        unread = [pid for pid in pids if pid not in w.maps]
+        for pid in pids:
+            w.maps.setdefault(pid, (-1, pages[pid], -MAPS_FRESH))  # seen, not counted yet
+        unread = [pid for pid in pids if w.maps[pid][0] < 0]
         grown = sorted(
-            (pid for pid in pids if pid in w.maps and pages[pid] > w.maps[pid][1]),
+            (pid for pid in pids if w.maps[pid][0] >= 0 and pages[pid] > w.maps[pid][1]),
             key=lambda pid: pages[pid] - w.maps[pid][1],
             reverse=True,
         )
-        stale = sorted((pid for pid in pids if pid in w.maps), key=lambda pid: w.maps[pid][2])
+        stale = sorted((pid for pid in pids if w.maps[pid][0] >= 0), key=lambda pid: w.maps[pid][2])
         for pid in (*unread, *grown, *stale):
-            known = w.maps.get(pid)
-            if known is not None and self.now - known[2] < MAPS_FRESH and pages[pid] <= known[1]:
+            known = w.maps[pid]
+            if known[0] >= 0 and self.now - known[2] < MAPS_FRESH and pages[pid] <= known[1]:
                 continue  # fresh, and its address space did not grow
-            if not self._in_time():
+            if not self._in_time() or w.reader.busy():
                 break
-            w.maps[pid] = (_count_maps(pid), pages[pid], self.now)
-        counted = {pid: w.maps[pid][0] for pid in pids if pid in w.maps}
+            count = w.reader.read(_count_maps, pid)
+            if count is None:  # its mappings' lock is kept taken: charged the most it could hold
+                self.stalled.add(pid)
+                break
+            w.maps[pid] = (count, pages[pid], self.now)
+        counted = {pid: max(0, w.maps[pid][0]) + max(0, pages[pid] - w.maps[pid][1]) for pid in pids}
+        counted.update(dict.fromkeys(self.stalled & set(pids), MAPPINGS_HOG))
+        if self.now - w.last_kill < KILL_WAIT:  # killed for memory within a second: a count not fresh is not taken
+            counted.update({pid: MAPPINGS_HOG for pid in pids if self.now - w.maps[pid][2] >= MAPS_FRESH})
         return {pid: could[pid] if n >= MAPPINGS_HOG else min(n, could[pid]) for pid, n in counted.items()}
 
     def proportional(self, w: Watched, pid: int, resident: int) -> int:
@@ -307,8 +329,63 @@ class _Maps:
             or abs(resident - known[1]) >= SHARE_MOVE
             or (self.now - known[2] >= MAPS_FRESH and self._in_time())
         ):
-            known = w.shares[pid] = (_proportional(pid), resident, self.now)
+            share = None if w.reader.busy() else w.reader.read(_proportional, pid)
+            if share is None:  # a read is kept waiting: the last share, or its resident anonymous memory
+                return resident if known is None else known[0]
+            known = w.shares[pid] = (share, resident, self.now)
         return known[0]
+
+
+class _Reader:
+    """A thread for the reads a jail can make wait, one per watched sandbox: a process's maps and
+    smaps_rollup take its mappings' lock, which a jail's processes can keep taken for seconds
+    (mapping one file's pages from hundreds of processes at once queues them all on that file's
+    lock). The watcher waits at most ``READ_WAIT`` for one, and asks for no other while it is not
+    done; so a jail delays no sample by more than that, and no other jail's reads. The thread ends
+    once idle for ``READER_IDLE`` seconds."""
+
+    def __init__(self) -> None:
+        self._owner = 0  # the pid whose thread this is (0: none): a forked child starts its own
+        self._cv = threading.Condition()
+        self._call: Callable[[], int] | None = None
+        self._result = 0
+
+    def busy(self) -> bool:
+        """Whether a read that outlasted its wait is still not done."""
+        return self._owner == os.getpid() and self._call is not None
+
+    def read(self, read: Callable[[int], int], pid: int) -> int | None:
+        """``read(pid)``, or None if it took longer than ``READ_WAIT`` (or the last one still does)."""
+        if self._owner != os.getpid():
+            self._owner = os.getpid()
+            self._cv = threading.Condition()  # a fork copies it as it was, maybe held by the old thread
+            self._call = None
+            threading.Thread(target=self._run, args=(self._cv,), name="jailbox-watch-read", daemon=True).start()
+        with self._cv:
+            if self._call is not None:
+                return None
+            self._call = functools.partial(read, pid)
+            self._cv.notify_all()
+            deadline = time.monotonic() + READ_WAIT
+            while self._call is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cv.wait(left)
+            return self._result
+
+    def _run(self, cv: threading.Condition) -> None:
+        while True:
+            with cv:
+                if self._call is None and not cv.wait_for(lambda: self._call is not None, READER_IDLE):
+                    self._owner = 0  # the next read starts a thread again
+                    return
+                call = self._call
+            assert call is not None
+            result = call()
+            with cv:
+                self._result, self._call = result, None
+                cv.notify_all()
 
 
 def _count_maps(pid: int) -> int:
