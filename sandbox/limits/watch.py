@@ -389,14 +389,16 @@ class _Reader:
 
 
 def _count_maps(pid: int) -> int:
-    """How many mappings ``pid`` holds, counted up to ``MAPPINGS_HOG``: the lines of its maps."""
-    count = 0
+    """How many mappings ``pid`` holds, counted up to ``MAPPINGS_HOG``: the lines of its maps (at
+    most ``MAPS_MAX`` bytes of them: a file's path may be 4 KiB)."""
+    count = read = 0
     try:
         fd = os.open(f"/proc/{pid}/maps", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return 0
     try:
-        while count < MAPPINGS_HOG and (chunk := os.read(fd, 1 << 16)):
+        while count < MAPPINGS_HOG and read < MAPS_MAX and (chunk := os.read(fd, 1 << 16)):
+            read += len(chunk)
             count += chunk.count(b"\n")
     except OSError:
         pass
@@ -437,12 +439,13 @@ def _check_files(watched: list[Watched], tree: dict[int, list[int]], table: int)
     """The host's open-file table is filling: a jail holding at least 1/FILES_CULPRIT of it loses
     every process but its init (one jail a sample)."""
     # descriptors first, one call a process; mappings, which take reading every one, only if need be,
-    # and only until the bound is reached (its maps are as long as what a jail holds)
-    for count in (_descriptors, _files):
+    # and only until the bound is reached (its maps are as long as what a jail holds), through the
+    # sandbox's reader (a read the jail keeps waiting counts its descriptors only)
+    for with_maps in (False, True):
         for w in watched:
             held = 0
             for pid in _descendants(tree, w.init_pid):
-                held += count(pid)
+                held += (w.reader.read(_files, pid) if with_maps else None) or _descriptors(pid)
                 if held >= table // FILES_CULPRIT:
                     # all its processes but the init: holders are cheap to fork again from one that holds none
                     _kill_trees(w, tree, tree.get(w.init_pid, []))
