@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import paper_tree
 import psutil
 from conftest import jail_processes, run_threads
 
@@ -46,8 +47,10 @@ threading.Event().wait()
 
 
 def _snapshot() -> dict:
+    # a build of the paper's tree may run beside the tests (a fresh machine's CI does): not a leak
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
     return {
-        "processes": sorted(p.pid for p in psutil.Process().children(recursive=True)),
+        "processes": sorted(children - paper_tree.build_processes()),
         "fds": len(os.listdir("/proc/self/fd")),
         "mounts": Path("/proc/self/mountinfo").read_text().count("\n"),
     }

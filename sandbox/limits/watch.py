@@ -382,7 +382,10 @@ class _Reader:
                     return
                 call = self._call
             assert call is not None
-            result = call()
+            try:
+                result = call()
+            except Exception:  # a read that fails counts nothing, and the thread reads on
+                result = 0
             with cv:
                 self._result, self._call = result, None
                 cv.notify_all()
