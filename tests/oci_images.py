@@ -191,7 +191,9 @@ class LocalRegistry:
             ],
             check=True,
             capture_output=True,
-            env={**os.environ, "HOME": str(self.base)},
+            # its own credentials file: by default skopeo reads /run/containers/UID/auth.json, and fails
+            # where root's podman has made /run/containers 0700 (a rootless pass after a root one)
+            env={**os.environ, "HOME": str(self.base), "REGISTRY_AUTH_FILE": str(self.base / "auth.json")},
         )
 
     def blob_file(self, digest: str) -> Path:
