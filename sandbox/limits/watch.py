@@ -442,13 +442,12 @@ def _check_files(watched: list[Watched], tree: dict[int, list[int]], table: int)
     """The host's open-file table is filling: a jail holding at least 1/FILES_CULPRIT of it loses
     every process but its init (one jail a sample)."""
     # descriptors first, one call a process; mappings, which take reading every one, only if need be,
-    # and only until the bound is reached (its maps are as long as what a jail holds), through the
-    # sandbox's reader (a read the jail keeps waiting counts its descriptors only)
-    for with_maps in (False, True):
+    # and only until the bound is reached (its maps are as long as what a jail holds)
+    for count in (_descriptors, _files):
         for w in watched:
             held = 0
             for pid in _descendants(tree, w.init_pid):
-                held += (w.reader.read(_files, pid) if with_maps else None) or _descriptors(pid)
+                held += count(pid)
                 if held >= table // FILES_CULPRIT:
                     # all its processes but the init: holders are cheap to fork again from one that holds none
                     _kill_trees(w, tree, tree.get(w.init_pid, []))
