@@ -17,14 +17,13 @@ The init outlives what its commands do: it reads at most ``MAX_REQUEST`` bytes o
 drops a malformed or oversized one (its reply socket closes unanswered; the control socket stays
 usable, and the host refuses such a request before sending it). It sits at the lowest
 ``oom_score_adj`` this namespace lets it take and puts every command at the highest, so an OOM kill
-(a cgroup's, or the host's) takes a command, not the jail: a forked command sets its own before
-exec, a spawned one is set by the init right after (until then it is at the init's value). Stdlib only.
+(a cgroup's, or the host's) takes a command, not the jail: the init raises its own while it forks
+or spawns one, so the command inherits the highest before any of its code runs. Stdlib only.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import errno
 import fcntl
 import os
@@ -92,8 +91,8 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
         with step(Step.RLIMITS):
             _bound_ipc(spec.ipc)
         with step(Step.PROC):
-            slack, proc = mounts.seal_proc()
-            _lowest_oom_adj(proc)
+            slack, own_adj = mounts.seal_proc()
+            _lowest_oom_adj(own_adj)
         if spec.net.new_netns:
             with step(Step.LOOPBACK):
                 _loopback_up()
@@ -121,7 +120,7 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
     wire.send(ctl, InitReady(seccomp_notify=listener >= 0).to_wire(), net_fds)  # the network side's descriptors
     for fd in net_fds:
         os.close(fd)
-    Init(ctl, spec.seccomp, listener, slack, proc).serve()
+    Init(ctl, spec.seccomp, listener, slack, own_adj).serve()
 
 
 def _bound_ipc(values: dict[str, str]) -> None:
@@ -134,24 +133,15 @@ def _bound_ipc(values: dict[str, str]) -> None:
             f.write(value)
 
 
-def _lowest_oom_adj(proc: int) -> None:
+def _lowest_oom_adj(own: int) -> None:
     """Take the lowest ``oom_score_adj`` allowed here: a negative one needs CAP_SYS_RESOURCE of the
     host's user namespace, else the lowest any earlier privileged writer left."""
     for value in INIT_OOM_ADJ:
         try:
-            _write_oom_adj(proc, "self", value)
+            os.write(own, value)
             return
         except OSError:
             continue
-
-
-def _write_oom_adj(proc: int, pid: str, value: bytes) -> None:
-    """Through the detached copy of the jail's /proc (the mounted one is read-only)."""
-    fd = os.open(f"{pid}/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC, dir_fd=proc)
-    try:
-        os.write(fd, value)
-    finally:
-        os.close(fd)
 
 
 def _install_seccomp(filters: SeccompSpec | None) -> int:
@@ -181,11 +171,14 @@ def _loopback_up() -> None:
 
 
 class Init:
-    def __init__(self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int, slack: int, proc: int) -> None:
+    def __init__(
+        self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int, slack: int, own_adj: int
+    ) -> None:
         self.ctl = ctl
         self.listener = listener
         self.slack = slack  # our own timerslack_ns, written to tag what we start next
-        self.proc = proc  # the detached copy of the jail's /proc: each command's oom_score_adj is set there
+        self.own_adj = own_adj  # our own oom_score_adj, raised for the moment of each spawn
+        self.lowest_adj = os.pread(own_adj, 16, 0).strip()  # what _lowest_oom_adj took, returned to after
         self.root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.proc_dev = os.stat("/proc").st_dev
         self.refuse_errno = seccomp.errno_value if seccomp else 1
@@ -281,8 +274,6 @@ class Init:
         pid = self._start(argv, req, fds, reply)
         if pid is None:
             return
-        with contextlib.suppress(OSError):  # a command that switched user set its own, and may be gone already
-            _write_oom_adj(self.proc, str(pid), COMMAND_OOM_ADJ)  # not reaped yet: the pid is still this command
         self.execs[pid] = (reply, req.id)
         self.tags[req.id] = tag
         self.by_tag[tag] = req.id
@@ -291,12 +282,7 @@ class Init:
         """The command's pid, or None once a failure to start it has been answered."""
         for attempt in range(SPAWN_ATTEMPTS):
             try:
-                if req.tty:
-                    pid = self._start_tty(argv, req, reply)
-                elif self.child_filter is not None or req.user is not None:
-                    pid = self._fork_exec(argv, req, fds[:3], tty=False)
-                else:
-                    pid = self._spawn(argv, req, fds)
+                pid = self._start_raised(argv, req, fds, reply)
                 break
             except _StartError as exc:
                 if exc.errno == errno.EAGAIN and attempt + 1 < SPAWN_ATTEMPTS:
@@ -308,6 +294,24 @@ class Init:
                 reply.close()
                 return None
         return pid
+
+    def _start_raised(self, argv: list[str], req: ExecRequest, fds: list[int], reply: socket.socket) -> int:
+        """Start the command at the commands' ``oom_score_adj`` by raising ours while it is made, so
+        it inherits the value before any of its code runs. Setting it afterwards left a window in
+        which a spawned command could fork children that kept the init's value for good (7 of 300
+        commands); a forked child cannot set its own, since we are undumpable and so is it until
+        exec (its /proc files are host root's). Going back down needs no privilege: the kernel
+        allows down to the lowest a privileged writer set, which is where we were. For that
+        moment an OOM kill could choose the init only over commands with less memory than it."""
+        os.write(self.own_adj, COMMAND_OOM_ADJ)
+        try:
+            if req.tty:
+                return self._start_tty(argv, req, reply)
+            if self.child_filter is not None or req.user is not None:
+                return self._fork_exec(argv, req, fds[:3], tty=False)
+            return self._spawn(argv, req, fds)
+        finally:
+            os.write(self.own_adj, self.lowest_adj)
 
     @staticmethod
     def _spawn(argv: list[str], req: ExecRequest, fds: list[int]) -> int:
@@ -346,8 +350,6 @@ class Init:
             return pid
         what = "start"
         try:
-            with contextlib.suppress(OSError):  # raising one's own is always allowed; a failure costs only this
-                _write_oom_adj(self.proc, "self", COMMAND_OOM_ADJ)  # before anything of the command runs
             os.setsid()
             signal.set_wakeup_fd(-1)
             for sig in DEFAULT_SIGNALS:
