@@ -17,15 +17,19 @@ The init outlives what its commands do: it reads at most ``MAX_REQUEST`` bytes o
 drops a malformed or oversized one (its reply socket closes unanswered; the control socket stays
 usable, and the host refuses such a request before sending it). It sits at the lowest
 ``oom_score_adj`` this namespace lets it take and puts every command at the highest, so an OOM kill
-(a cgroup's, or the host's) takes a command, not the jail: the init raises its own while it forks
-or spawns one, so the command inherits the highest before any of its code runs. Stdlib only.
+(a cgroup's, or the host's) takes a command, not the jail: the init sets it once the command has
+exec'd, and on every process of the command's tag that was forked before (looked for then, and a
+few times in the next 200 ms: a fork under way when the init looks shows its child only later). Stdlib only.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import fcntl
+import heapq
+import math
 import os
 import resource
 import select
@@ -68,6 +72,9 @@ SPAWN_ATTEMPTS = 5
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD)
 INIT_OOM_ADJ = (b"-999", b"0")  # lowest first; below -999 the init could never be taken, even by the host
 COMMAND_OOM_ADJ = b"1000"
+FORK_CHECKS = (0.002, 0.02, 0.2)  # seconds after a command's start at which the init sets it (and its forks) again
+SWEEPS = 3  # passes over a command's tag for processes it forked before its oom_score_adj was set
+EXEC_WAIT = 1.0  # seconds the init waits for a forked command to exec before going on
 IPC_SYSCTLS = frozenset({"shmmax", "shmall", "msgmni", "sem"})  # what the host may set of /proc/sys/kernel
 Handler = Callable[[Any, list[int], Any], None]  # an ``op_*`` method: its request's own type, fds, reply
 
@@ -91,8 +98,8 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
         with step(Step.RLIMITS):
             _bound_ipc(spec.ipc)
         with step(Step.PROC):
-            slack, own_adj = mounts.seal_proc()
-            _lowest_oom_adj(own_adj)
+            slack, proc = mounts.seal_proc()
+            _lowest_oom_adj(proc)
         if spec.net.new_netns:
             with step(Step.LOOPBACK):
                 _loopback_up()
@@ -120,7 +127,7 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> 
     wire.send(ctl, InitReady(seccomp_notify=listener >= 0).to_wire(), net_fds)  # the network side's descriptors
     for fd in net_fds:
         os.close(fd)
-    Init(ctl, spec.seccomp, listener, slack, own_adj).serve()
+    Init(ctl, spec.seccomp, listener, slack, proc).serve()
 
 
 def _bound_ipc(values: dict[str, str]) -> None:
@@ -133,15 +140,24 @@ def _bound_ipc(values: dict[str, str]) -> None:
             f.write(value)
 
 
-def _lowest_oom_adj(own: int) -> None:
+def _lowest_oom_adj(proc: int) -> None:
     """Take the lowest ``oom_score_adj`` allowed here: a negative one needs CAP_SYS_RESOURCE of the
     host's user namespace, else the lowest any earlier privileged writer left."""
     for value in INIT_OOM_ADJ:
         try:
-            os.write(own, value)
+            _write_oom_adj(proc, "self", value)
             return
         except OSError:
             continue
+
+
+def _write_oom_adj(proc: int, pid: str, value: bytes) -> None:
+    """Through the detached copy of the jail's /proc (the mounted one is read-only)."""
+    fd = os.open(f"{pid}/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC, dir_fd=proc)
+    try:
+        os.write(fd, value)
+    finally:
+        os.close(fd)
 
 
 def _install_seccomp(filters: SeccompSpec | None) -> int:
@@ -171,14 +187,11 @@ def _loopback_up() -> None:
 
 
 class Init:
-    def __init__(
-        self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int, slack: int, own_adj: int
-    ) -> None:
+    def __init__(self, ctl: socket.socket, seccomp: SeccompSpec | None, listener: int, slack: int, proc: int) -> None:
         self.ctl = ctl
         self.listener = listener
         self.slack = slack  # our own timerslack_ns, written to tag what we start next
-        self.own_adj = own_adj  # our own oom_score_adj, raised for the moment of each spawn
-        self.lowest_adj = os.pread(own_adj, 16, 0).strip()  # what _lowest_oom_adj took, returned to after
+        self.proc = proc  # the detached copy of the jail's /proc: each command's oom_score_adj is set there
         self.root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.proc_dev = os.stat("/proc").st_dev
         self.refuse_errno = seccomp.errno_value if seccomp else 1
@@ -191,6 +204,7 @@ class Init:
         self.tags: dict[int, int] = {}  # exec id -> tag
         self.drains: set[int] = set()
         self.poll = select.poll()
+        self.checks: list[tuple[float, int, int]] = []  # heap of (when, pid, tag): looks for forks (FORK_CHECKS)
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -223,8 +237,10 @@ class Init:
                     self._request(handlers)
 
     def _poll(self) -> list[tuple[int, int]]:
+        self._due_checks()
+        wait = None if not self.checks else max(0, math.ceil((self.checks[0][0] - time.monotonic()) * 1000))
         try:
-            return self.poll.poll()
+            return self.poll.poll(wait)
         except InterruptedError:
             return []
 
@@ -277,12 +293,65 @@ class Init:
         self.execs[pid] = (reply, req.id)
         self.tags[req.id] = tag
         self.by_tag[tag] = req.id
+        self._raise_oom_adj(pid, tag)
+
+    def _raise_oom_adj(self, pid: int, tag: int) -> None:
+        """Put a command at the highest ``oom_score_adj``, now and at ``FORK_CHECKS`` after its start.
+        Until then it has the init's value, and so has what it forks meanwhile (the init may be
+        descheduled after the start). The kernel also wakes a spawner before the new program is
+        made dumpable, and until then its /proc files are host root's. The init never raises its
+        own to pass the value on: an OOM kill in such a moment would take it (the most memory at
+        the top when a command's processes hold theirs in the kernel, as CI saw)."""
+        self._settle(pid, tag)
+        for delay in FORK_CHECKS:
+            heapq.heappush(self.checks, (time.monotonic() + delay, pid, tag))
+
+    def _settle(self, pid: int, tag: int) -> None:
+        """Set the command ``pid`` if it is not set, and every process of its ``tag`` if it may have
+        forked one before: it has children, or it ended and left the init children it did not start."""
+        if pid in self.execs:  # still running (or not reaped yet)
+            if _oom_adj(pid) != 1000:
+                with contextlib.suppress(OSError):  # not dumpable yet, or gone
+                    _write_oom_adj(self.proc, str(pid), COMMAND_OOM_ADJ)
+            if not _has_children(pid):
+                return
+        elif not self._orphans():
+            return
+        for _ in range(SWEEPS):
+            found = 0
+            for name in os.listdir("/proc"):
+                if name.isdigit() and name != "1" and _slack_of(int(name)) == tag and _oom_adj(int(name)) != 1000:
+                    found += 1
+                    with contextlib.suppress(OSError):  # gone, or not ours to change (a set-id program's)
+                        _write_oom_adj(self.proc, name, COMMAND_OOM_ADJ)
+            if not found:
+                return
+
+    def _orphans(self) -> bool:
+        """Whether the init has children that are no command it started (left by one that ended)."""
+        try:
+            with open("/proc/1/task/1/children", "rb") as f:
+                pids = f.read(1 << 20).split()
+        except OSError:
+            return True
+        return any(int(pid) not in self.execs for pid in pids)
+
+    def _due_checks(self) -> None:
+        now = time.monotonic()
+        while self.checks and self.checks[0][0] <= now:
+            _, pid, tag = heapq.heappop(self.checks)
+            self._settle(pid, tag)
 
     def _start(self, argv: list[str], req: ExecRequest, fds: list[int], reply: socket.socket) -> int | None:
         """The command's pid, or None once a failure to start it has been answered."""
         for attempt in range(SPAWN_ATTEMPTS):
             try:
-                pid = self._start_raised(argv, req, fds, reply)
+                if req.tty:
+                    pid = self._start_tty(argv, req, reply)
+                elif self.child_filter is not None or req.user is not None:
+                    pid = self._fork_exec(argv, req, fds[:3], tty=False)
+                else:
+                    pid = self._spawn(argv, req, fds)
                 break
             except _StartError as exc:
                 if exc.errno == errno.EAGAIN and attempt + 1 < SPAWN_ATTEMPTS:
@@ -294,24 +363,6 @@ class Init:
                 reply.close()
                 return None
         return pid
-
-    def _start_raised(self, argv: list[str], req: ExecRequest, fds: list[int], reply: socket.socket) -> int:
-        """Start the command at the commands' ``oom_score_adj`` by raising ours while it is made, so
-        it inherits the value before any of its code runs. Setting it afterwards left a window in
-        which a spawned command could fork children that kept the init's value for good (7 of 300
-        commands); a forked child cannot set its own, since we are undumpable and so is it until
-        exec (its /proc files are host root's). Going back down needs no privilege: the kernel
-        allows down to the lowest a privileged writer set, which is where we were. For that
-        moment an OOM kill could choose the init only over commands with less memory than it."""
-        os.write(self.own_adj, COMMAND_OOM_ADJ)
-        try:
-            if req.tty:
-                return self._start_tty(argv, req, reply)
-            if self.child_filter is not None or req.user is not None:
-                return self._fork_exec(argv, req, fds[:3], tty=False)
-            return self._spawn(argv, req, fds)
-        finally:
-            os.write(self.own_adj, self.lowest_adj)
 
     @staticmethod
     def _spawn(argv: list[str], req: ExecRequest, fds: list[int]) -> int:
@@ -344,9 +395,17 @@ class Init:
 
     def _fork_exec(self, argv: list[str], req: ExecRequest, stdio: list[int], tty: bool) -> int:
         """fork+exec, for a pty and for policies the init itself could not live under: the
-        child installs the seccomp filter as its last step before execve."""
+        child installs the seccomp filter as its last step before execve. Returns once the child
+        has exec'd or ended (or after ``EXEC_WAIT``): until it has, its /proc files are host
+        root's (it is a copy of the undumpable init), and its ``oom_score_adj`` cannot be set."""
+        execd, exec_w = os.pipe2(os.O_CLOEXEC)  # the child's end closes at its exec, or its end
         pid = os.fork()
         if pid:
+            os.close(exec_w)
+            try:
+                wire.wait_readable(execd, EXEC_WAIT)
+            finally:
+                os.close(execd)
             return pid
         what = "start"
         try:
@@ -358,7 +417,8 @@ class Init:
                 os.dup2(fd, target)
             if tty:
                 fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-            os.closerange(3, 1 << 20)
+            os.closerange(3, exec_w)
+            os.closerange(exec_w + 1, 1 << 20)
             if req.user is not None:
                 uid, gid = req.user.uid, req.user.gid
                 what = f"switch to uid {uid} gid {gid}"
@@ -564,6 +624,26 @@ class Init:
         finally:
             os.close(top)
         self._answer(reply, {"ok": True, "entries": entries})
+
+
+def _has_children(pid: int) -> bool:
+    """Whether ``pid`` has forked a process still alive (one that ended leaves none; the kernel
+    lists children per thread, and a command that just exec'd has one thread). True if unknown."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return bool(f.read(16).strip())
+    except FileNotFoundError:
+        return not os.path.exists(f"/proc/{pid}")  # no such file on this kernel; or the command is gone
+    except OSError:
+        return True
+
+
+def _oom_adj(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "rb") as f:
+            return int(f.read(16))
+    except (OSError, ValueError):
+        return 1000  # gone: nothing to set
 
 
 def _slack_of(pid: int) -> int:

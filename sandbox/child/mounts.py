@@ -270,29 +270,23 @@ def _mount_proc(proc: str) -> None:
 
 
 def seal_proc() -> tuple[int, int]:
-    """Make the jail's /proc read-only, all of it, and return the init's own ``timerslack_ns`` and
-    ``oom_score_adj``, open for writing.
+    """Make the jail's /proc read-only, all of it, and return the init's own timer-slack file and
+    the detached copy (where the init sets its own and its commands' ``oom_score_adj``).
 
     Every per-process knob is then out of commands' reach, not only the ones a list would name:
     the init's ``oom_score_adj`` (which a jail's root could raise), every ``timerslack_ns`` (the
     tag a timeout finds a command's processes by), ``comm``, ``mem``, ``sys``, ``sysrq-trigger``.
-    The init's two files are opened through a detached copy of the mount, closed before this
-    returns (a file open for writing on /proc itself would keep it from turning read-only), and
-    while the init is still dumpable (later its /proc files are host root's).
+    The init writes its own through a detached copy of the mount, which nothing else can reach
+    (a file open for writing on /proc itself would keep it from turning read-only).
     """
     tree = L.clone_mount("/proc")
-    opened: list[int] = []
     try:
-        for name in ("timerslack_ns", "oom_score_adj"):
-            opened.append(os.open(f"self/{name}", os.O_RDWR | os.O_CLOEXEC, dir_fd=tree))
+        slack = os.open("self/timerslack_ns", os.O_WRONLY | os.O_CLOEXEC, dir_fd=tree)
     except BaseException:
-        for fd in opened:
-            os.close(fd)
-        raise
-    finally:
         os.close(tree)
+        raise
     L.make_readonly("/proc")
-    return opened[0], opened[1]
+    return slack, tree
 
 
 def _mount_sys(target: str) -> None:
