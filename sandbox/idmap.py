@@ -9,22 +9,30 @@ subordinate range named ``jailbox`` in ``/etc/subuid`` and ``/etc/subgid`` (as D
 ``dockremap`` and rootful Podman's ``containers``), so a file a jail makes on a read-write bind
 belongs to R.. on the host, never to uid 0. The first use as root allocates the range if it is
 missing (``root_range``); ``JAILBOX_ROOT_RANGE=START:COUNT`` names one managed elsewhere.
+
+As root, each jail also gets host ids of its own where it can (``claim_own_ids``): a slot of the
+``jailbox-jails`` pool (4,096 ranges of 65,536), held by a lock for the jail's life, so what the
+kernel counts per host uid (epoll watches, descriptors in flight, pipe buffers) is counted per
+jail. Its stored tree and binds keep R.. on disk and are mounted idmapped: R+k shown as J+k.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import getpass
 import logging
 import os
 import pwd
+import re
 import shutil
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import ConfigError
+from .floor import linux as L
 from .floor.idmap import IdMap
 
 ROOT_RANGE = 65536
@@ -35,6 +43,12 @@ SUBUID = Path("/etc/subuid")  # module-level so tests can point them at copies
 SUBGID = Path("/etc/subgid")
 RANGE_ENV = "JAILBOX_ROOT_RANGE"
 MAX_SUBID_FILE = 1 << 20
+POOL_ENTRY = "jailbox-jails"  # root's per-jail ranges in /etc/subuid and /etc/subgid
+POOL_SLOTS = 4096  # jails of their own ids at once; past them, jails share root's range
+SLOTS = Path("/run/jailbox/ids")  # one lock file a slot: held (flock) while a jail has its ids
+# filesystems whose mounts the kernel lets be idmapped (FS_ALLOW_IDMAP), by statfs magic
+IDMAP_FILESYSTEMS = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs", 0xF2F52010: "f2fs"}
+IDMAP_KERNEL = (6, 3)  # tmpfs since 6.3; overlayfs over idmapped layers since 5.19
 
 log = logging.getLogger("jailbox")
 
@@ -129,7 +143,12 @@ def _parse_override(value: str) -> tuple[int, int]:
 @functools.lru_cache(maxsize=4)
 def _file_range(subuid: str, subgid: str) -> tuple[int, int]:
     """The ``jailbox`` entries, allocated (under a lock) where missing; cached once found."""
-    found = _find(subuid, subgid)
+    return _allocated(subuid, subgid, ROOT_ENTRY, ROOT_RANGE)
+
+
+def _allocated(subuid: str, subgid: str, entry: str, count: int) -> tuple[int, int]:
+    """(first uid, first gid) of ``entry``'s ranges of ``count`` ids, allocated where missing."""
+    found = _find(subuid, subgid, entry, count)
     if found is not None:
         return found
     try:  # the lock is the file itself: no lock file of ours is left in /etc
@@ -138,47 +157,41 @@ def _file_range(subuid: str, subgid: str) -> tuple[int, int]:
         raise _refusal(subuid, subgid, exc) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        found = _find(subuid, subgid)  # another process may have allocated it meanwhile
+        found = _find(subuid, subgid, entry, count)  # another process may have allocated it meanwhile
         if found is not None:
             return found
-        start = free_range(ROOT_RANGE, (subuid, subgid), align=ROOT_RANGE)
-        line = f"{ROOT_ENTRY}:{start}:{ROOT_RANGE}\n".encode()
+        start = free_range(count, (subuid, subgid), align=ROOT_RANGE)
+        line = f"{entry}:{start}:{count}\n".encode()
         for path in (subuid, subgid):
-            if _range_in(path) is None:
+            if _range_in(path, entry, count) is None:
                 try:
                     _append(path, line)
                 except OSError as exc:
                     raise _refusal(subuid, subgid, exc) from None
-        log.warning(
-            "jailbox: allocated ids %d-%d for root's jails (%r in %s and %s)",
-            start,
-            start + ROOT_RANGE - 1,
-            ROOT_ENTRY,
-            subuid,
-            subgid,
-        )
+        log.warning("jailbox: allocated ids %d-%d for root's jails (%r in %s and %s)",
+                    start, start + count - 1, entry, subuid, subgid)  # fmt: skip
     finally:
         os.close(fd)
-    found = _find(subuid, subgid)
+    found = _find(subuid, subgid, entry, count)
     if found is None:
-        raise ConfigError(f"{subuid} and {subgid} do not hold the {ROOT_ENTRY!r} entry just written")
+        raise ConfigError(f"{subuid} and {subgid} do not hold the {entry!r} entry just written")
     return found
 
 
-def _range_in(path: str) -> int | None:
-    for name, start, count in _entries(path):
-        if name == ROOT_ENTRY:
-            if count < ROOT_RANGE or start < 1:
+def _range_in(path: str, entry: str, count: int) -> int | None:
+    for name, start, have in _entries(path):
+        if name == entry:
+            if have < count or start < 1:
                 raise ConfigError(
-                    f"{path}: the {ROOT_ENTRY!r} entry has {count} ids from {start}; root's jails need "
-                    f"{ROOT_RANGE} from above 0: fix that line, or set {RANGE_ENV}=START:COUNT"
+                    f"{path}: the {entry!r} entry has {have} ids from {start}; root's jails need "
+                    f"{count} from above 0: fix that line, or set {RANGE_ENV}=START:COUNT"
                 )
             return start
     return None
 
 
-def _find(subuid: str, subgid: str) -> tuple[int, int] | None:
-    uid, gid = _range_in(subuid), _range_in(subgid)
+def _find(subuid: str, subgid: str, entry: str, count: int) -> tuple[int, int] | None:
+    uid, gid = _range_in(subuid, entry, count), _range_in(subgid, entry, count)
     return None if uid is None or gid is None else (uid, gid)
 
 
@@ -316,3 +329,112 @@ def writable_by(path: Path, uid: int, gid: int) -> bool:
     if st.st_gid == gid:
         return bool(st.st_mode & stat.S_IWGRP)
     return bool(st.st_mode & stat.S_IWOTH)
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnIds:
+    """Host ids one jail holds alone, as long as ``lock`` (a slot's lock file) is open."""
+
+    idmap: IdMap  # the jail's map: its ids onto the slot's range
+    shown_as: IdMap  # root's range (the ids on disk) onto the slot's: the idmapped mounts' map
+    lock: int  # the slot's lock file, held (flock) until closed
+
+
+def claim_own_ids(mode: str, paths: Sequence[str]) -> OwnIds | None:
+    """As host root, a range of host ids for one jail alone (close ``lock`` once the jail is gone);
+    None where jails share root's range: not root of the host's own user namespace, a range named
+    by ``JAILBOX_ROOT_RANGE``, a kernel before 6.3, one of ``paths`` (the lower and the binds'
+    sources) on a filesystem whose mounts cannot be idmapped, or every slot taken."""
+    if own_ids_refused(paths) is not None:
+        return None
+    try:
+        pool = _pool_range(str(SUBUID), str(SUBGID))
+    except ConfigError:
+        return None
+    found = _lock_slot()
+    if found is None:
+        return None
+    slot, lock = found
+    shared = root_range()
+    count = ROOT_RANGE if mode != "single" else 1
+    uid, gid = pool[0] + slot * ROOT_RANGE, pool[1] + slot * ROOT_RANGE
+    return OwnIds(
+        idmap=IdMap(uid_map=f"0 {uid} {count}\n", gid_map=f"0 {gid} {count}\n", helper=False, deny_setgroups=False),
+        shown_as=IdMap(
+            uid_map=f"{shared[0]} {uid} {count}\n",
+            gid_map=f"{shared[1]} {gid} {count}\n",
+            helper=False,
+            deny_setgroups=False,
+        ),
+        lock=lock,
+    )
+
+
+def own_ids_refused(paths: Sequence[str]) -> str | None:
+    """Why root's jails over ``paths`` cannot have host ids of their own here (None: they can)."""
+    if os.getuid() != 0 or not _in_host_userns():
+        return "not root of the host's own user namespace"
+    if RANGE_ENV in os.environ:
+        return f"{RANGE_ENV} names the one range jails use"
+    if not _idmap_kernel():
+        return f"Linux {os.uname().release} is older than {'.'.join(map(str, IDMAP_KERNEL))} (idmapped mounts)"
+    for path in paths:
+        if not _idmappable(path):
+            have = ", ".join(IDMAP_FILESYSTEMS.values())
+            return f"{path} is on a filesystem without idmapped mounts (these have them: {have})"
+    return None
+
+
+def _in_host_userns() -> bool:
+    """Whether this process's user namespace is the host's (every id onto itself)."""
+    return _entries_of_map("/proc/self/uid_map") == [(0, MAX_ID)]
+
+
+def _idmap_kernel() -> bool:
+    release = os.uname().release.split(".")
+    try:
+        return (int(release[0]), int(release[1].split("-")[0])) >= IDMAP_KERNEL
+    except (IndexError, ValueError):
+        return False
+
+
+def _idmappable(path: str) -> bool:
+    """Whether ``path``'s filesystem, and that of every mount under it (a bind takes them along),
+    lets its mounts be idmapped."""
+    try:
+        if L.fs_type(path) not in IDMAP_FILESYSTEMS:
+            return False
+        top = os.path.realpath(path).rstrip("/") + "/"
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read(MAX_SUBID_FILE * 16).decode(errors="replace").splitlines()
+    except OSError:
+        return False
+    names = set(IDMAP_FILESYSTEMS.values())
+    for line in lines:
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # mountinfo's escapes
+        if point.startswith(top) and line.split(" - ", 1)[1].split()[0] not in names:
+            return False
+    return True
+
+
+def _lock_slot() -> tuple[int, int] | None:
+    """(slot, its lock file) for the lowest slot no live jail holds; None if all are held."""
+    SLOTS.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for slot in range(POOL_SLOTS):
+        fd = os.open(SLOTS / str(slot), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return slot, fd
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _pool_range(subuid: str, subgid: str) -> tuple[int, int]:
+    """(first uid, first gid) of the ``jailbox-jails`` entries, allocated (under a lock) where missing."""
+    return _allocated(subuid, subgid, POOL_ENTRY, POOL_SLOTS * ROOT_RANGE)

@@ -55,12 +55,15 @@ class Jail:
         self.id = uuid.uuid4().hex[:12]
         self.mode = modes.for_policy(self.config.network)
         self.env = self.mode.env()
-        self._idmap = idmap.plan(self.config.idmap)
+        self._idmap = self._disk_ids = idmap.plan(self.config.idmap)
+        self._shown_as: IdMap | None = None
+        self._ids_lock: int | None = None  # the lock of this jail's own host ids, while it holds them
         base = state.state_dir(self.config.state_dir)
         self._pids_budget = budget.pids_budget()
         lower, system_binds, generated = self._layout(base)
         # each step that leaves something behind registers its undo; closing runs them in reverse
         with contextlib.ExitStack() as undo:
+            self._claim_own_ids(lower, undo)
             self.dir = self._make_dir(base, undo)
             self.cgroup = self._make_cgroup(undo)
             self._counters = self._claim_counters(base, undo)
@@ -107,6 +110,17 @@ class Jail:
             raise ConfigError("userns=False needs root; unprivileged jails always use a user namespace")
         return lower, tuple(Bind(**b) for b in binds), generated
 
+    def _claim_own_ids(self, lower: str, undo: contextlib.ExitStack) -> None:
+        """As host root: host ids of this jail's own where it can have them (``idmap.claim_own_ids``),
+        held until everything else is undone; its lower and binds are then mounted idmapped."""
+        if not self.config.userns:
+            return
+        own = idmap.claim_own_ids(self.config.idmap, [lower, *(str(m.src) for m in self.config.mounts)])
+        if own is None:
+            return
+        undo.callback(os.close, own.lock)
+        self._idmap, self._shown_as, self._ids_lock = own.idmap, own.shown_as, own.lock
+
     def _make_dir(self, base: Path, undo: contextlib.ExitStack) -> Path | None:
         """The sandbox's state directory, for a disk writable layer (a tmpfs one leaves nothing on disk)."""
         if self.config.upper != "disk":
@@ -139,7 +153,7 @@ class Jail:
     def _spec(self, base: Path, lower: str, system_binds: tuple[Bind, ...], generated: dict[str, str]) -> JailSpec:
         cfg = self.config
         if os.getuid() == 0 and cfg.userns:
-            _give_binds(cfg, self._idmap)
+            _give_binds(cfg, self._disk_ids)  # on disk, binds keep root's range (shown idmapped if ids are own)
         kind = None if self.cgroup is None else self.cgroup.kind
         planned, self.enforcement = rlimits.plan(
             cfg.limits, cfg.upper, kind, self._pids_budget, self._counters, cfg.userns
@@ -150,6 +164,7 @@ class Jail:
         self.enforcement["ipc"] = rlimits.describe_ipc(ipc)
         self.enforcement["aio"] = rlimits.describe_aio(cfg.seccomp)
         self.enforcement["host_files"] = rlimits.describe_host_files()
+        self.enforcement["host_ids"] = self._describe_host_ids()
         net = self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps)
         self.enforcement["socket_queues"] = rlimits.describe_queues(cfg.limits.memory, net.new_netns)
         self.enforcement["tmpfs"] = (
@@ -185,11 +200,29 @@ class Jail:
             ),
             userns=cfg.userns,
             idmap=self._idmap,
+            shown_as=self._shown_as,
             pids_budget=rlimits.nproc_budget(self._pids_budget, cfg.userns),
             counters=self._counters,
             counter_budget=budget.rlimit_budget(),
             ipc=ipc,
         )
+
+    def _describe_host_ids(self) -> str:
+        """Whose host uid the jail's root is: what the kernel counts per host uid (epoll watches,
+        descriptors in flight, pipe buffers past the user's soft limit) is shared with whoever else it is."""
+        uid = self._idmap.host_root()[0]
+        counted = "epoll watches, descriptors in flight and pipe buffers are counted per host uid"
+        if not self.config.userns:
+            return f"no user namespace: the jail's root is host root; {counted}, root's unbounded"
+        if self._shown_as is not None:
+            return f"its own: host uid {uid} and the ids after it, no other jail's; {counted}, so per jail"
+        if os.getuid() == 0:
+            return (
+                f"shared: host uid {uid} and the ids after it, every root jail's that has no range of its own "
+                f"(a filesystem without idmapped mounts, a kernel before 6.3, {idmap.RANGE_ENV} set, or all "
+                f"{idmap.POOL_SLOTS} ranges in use); {counted}, so with those jails"
+            )
+        return f"yours: the jail's root is host uid {uid}; {counted}, so with your own processes"
 
     def _ca_certs(self) -> str:
         """The config's CA files, read again now (they may have changed since it was validated)."""

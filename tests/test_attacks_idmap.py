@@ -143,14 +143,17 @@ def test_the_hosts_dev_null_keeps_its_mode_and_owner(tmp_path: Path) -> None:
 
 @pytest.mark.root
 def test_jail_root_is_a_subordinate_id_on_the_host() -> None:
-    uid, gid = jail_root()
-    assert uid >= idmap.FIRST_ID and gid >= idmap.FIRST_ID
+    """Of the jail's own range (a slot of the ``jailbox-jails`` pool), clear of every host user's."""
+    pool = idmap._pool_range(str(idmap.SUBUID), str(idmap.SUBGID))
     for mode in ("auto", "single"):
         with Sandbox(idmap=mode) as sb:
             inside = sb.exec("cat /proc/self/uid_map /proc/self/gid_map").stdout.split()
             status = Path(f"/proc/{sb.init_pid}/status").read_text()
+        uid, gid = int(inside[1]), int(inside[4])
         count = "1" if mode == "single" else str(RANGE)
         assert inside == ["0", str(uid), count, "0", str(gid), count]
+        for first, own in zip(pool, (uid, gid), strict=True):
+            assert first <= own < first + idmap.POOL_SLOTS * RANGE and (own - first) % RANGE == 0
         ids = {line.split(":")[0]: line.split()[1:] for line in status.splitlines() if line[:4] in ("Uid:", "Gid:")}
         assert ids == {"Uid": [str(uid)] * 4, "Gid": [str(gid)] * 4}, status
 

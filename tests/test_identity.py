@@ -49,10 +49,11 @@ def test_rootless_userns_false_is_refused():
 
 @pytest.mark.root
 def test_root_uses_a_user_namespace_with_its_own_range():
-    start = idmap.plan("auto").host_root()[0]
-    assert start >= idmap.FIRST_ID
+    pool = idmap._pool_range(str(idmap.SUBUID), str(idmap.SUBGID))[0]
+    assert pool >= idmap.FIRST_ID
     with Sandbox() as sb:
-        assert _uid_map(sb) == [[0, start, 65536]]
+        [[inside, start, count]] = _uid_map(sb)
+        assert (inside, count) == (0, 65536) and pool <= start < pool + idmap.POOL_SLOTS * 65536
         ns_inside = sb.exec("readlink /proc/self/ns/user").stdout.strip()
         assert ns_inside != os.readlink("/proc/self/ns/user")
 

@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from .. import idmap
+from .. import state as state_dirs
 from ..errors import ConfigError
 from ..floor import linux as L
 from ..idmap import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
@@ -192,7 +193,8 @@ def root_range(host: Host) -> Probe:
         return Probe(
             name=name,
             status="ok",
-            detail=f"uids {uids[0]}+{uids[1]}, gids {gids[0]}+{gids[1]} ({ROOT_ENTRY!r} in {host.subuid})",
+            detail=f"uids {uids[0]}+{uids[1]}, gids {gids[0]}+{gids[1]} ({ROOT_ENTRY!r} in {host.subuid}); "
+            + _own_ids(host),
         )
     if all(os.access(p if p.exists() else p.parent, os.W_OK) for p in (host.subuid, host.subgid)):
         return Probe(
@@ -207,6 +209,23 @@ def root_range(host: Host) -> Probe:
         fix=f"add '{ROOT_ENTRY}:1000000:{ROOT_RANGE}' (any free range) to both, or set "
         f"{RANGE_ENV}=1000000:{ROOT_RANGE}",
     )
+
+
+def _own_ids(host: Host) -> str:
+    """Whether each root jail gets host ids of its own over the store and state directories."""
+    from ..rootfs.store import cache_dir
+
+    refused = idmap.own_ids_refused([str(_existing(cache_dir())), str(_existing(state_dirs.state_dir()))])
+    if refused is None:
+        return f"each jail: host ids of its own, one of {idmap.POOL_SLOTS} ranges of {idmap.POOL_ENTRY!r}"
+    return f"jails share that range ({refused}), and with it the counts the kernel keeps per host uid"
+
+
+def _existing(path: Path) -> Path:
+    """``path``, or its nearest existing parent (what it will be made on)."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
 
 
 def seccomp_notify() -> Probe:
@@ -311,8 +330,13 @@ def shared_bounds(host: Host) -> Probe:
         "SysV IPC: bounded in each jail's own namespace; "
         f"TCP and UDP buffers: {rlimits.inet_bound(None)} bytes each (1/{rlimits.INET_SHARE} of the host's low mark); "
         f"open files: the watcher acts past 1/{watch.FILES_ALARM} of fs.file-max; AIO: io_setup ENOSYS; "
-        "epoll watches and descriptors in flight: not bounded (the "
-        "kernel counts them per host uid, and a jail runs as yours rootless, as one subordinate uid as root)"
+        + (
+            "epoll watches and descriptors in flight: per jail where root's jails have host ids of their own "
+            "(see id ranges), else shared by those that share one"
+            if host.uid == 0
+            else "epoll watches and descriptors in flight: not bounded (the kernel counts them per host uid, "
+            "and a rootless jail's root is you)"
+        )
     )
     if host.uid == 0 and not cgroups.v1_usable() and not (cgroups.v2_mounted() and cgroups.v2_parent()[0]):
         held = f"{detail}; no pids cgroup: the budget is not held"

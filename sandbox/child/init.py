@@ -88,10 +88,11 @@ class _StartError(Exception):
         self.errno = exc.errno
 
 
-def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int) -> None:
-    """Build the jail, tie its life to the launcher, report ready, then serve forever."""
+def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int, trees: dict[str, int]) -> None:
+    """Build the jail, tie its life to the launcher, report ready, then serve forever. ``trees``:
+    host path -> a detached idmapped mount of it (``mounts.build``)."""
     try:
-        mounts.build(spec)
+        mounts.build(spec, trees)
         with step(Step.HOSTNAME):
             L.sethostname(spec.hostname)
             set_name("jailbox-init")

@@ -75,9 +75,10 @@ class Op:
     run: Callable[[str], None]  # given the resolved host-side path of ``dst``
 
 
-def plan(spec: JailSpec) -> list[Op]:
-    """The mounts of the new root, in order (later ones may land inside earlier ones)."""
-    ops = [Op(Step.BIND, b.dst, b.is_dir, True, functools.partial(_bind, b)) for b in spec.system_binds]
+def plan(spec: JailSpec, trees: set[str]) -> list[Op]:
+    """The mounts of the new root, in order (later ones may land inside earlier ones). ``trees``:
+    the sources that are detached idmapped mounts not attached yet (``_attach``)."""
+    ops = [Op(Step.BIND, b.dst, b.is_dir, True, functools.partial(_bind, b, trees)) for b in spec.system_binds]
     ops += [
         Op(Step.PROC, "/proc", True, True, _mount_proc),
         Op(Step.SYS, "/sys", True, True, _mount_sys),
@@ -85,12 +86,13 @@ def plan(spec: JailSpec) -> list[Op]:
         Op(Step.TMP, "/tmp", True, True, functools.partial(_mount_scratch, "tmp")),
         Op(Step.WORKDIR, spec.workdir, True, False, _workdir),
     ]
-    ops += [Op(Step.BIND, b.dst, b.is_dir, False, functools.partial(_bind, b)) for b in spec.user_binds]
+    ops += [Op(Step.BIND, b.dst, b.is_dir, False, functools.partial(_bind, b, trees)) for b in spec.user_binds]
     return ops
 
 
-def build(spec: JailSpec) -> None:
-    """Mount the whole jail and pivot_root into it.
+def build(spec: JailSpec, trees: dict[str, int]) -> None:
+    """Mount the whole jail and pivot_root into it. ``trees``: host path -> a detached idmapped
+    mount of it (the launcher's, for a jail with ids of its own), used in place of a bind.
 
     The staging directory is shared by all jails on the host but each jail mounts its own tmpfs
     over it in its private mount namespace, so the mount points cost nothing on disk. Only a disk
@@ -104,7 +106,7 @@ def build(spec: JailSpec) -> None:
     try:
         with step(Step.STAGE):
             L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
-            spec = _hold_host_paths(spec, held)
+            spec, attached = _hold_host_paths(spec, held, trees)
             bounds = f"mode=0755,size={spec.tmpfs_size}"
             if spec.tmpfs_inodes:
                 bounds += f",nr_inodes={spec.tmpfs_inodes}"
@@ -115,29 +117,40 @@ def build(spec: JailSpec) -> None:
             os.chdir(spec.stage)
             if spec.userns:
                 _become_root(spec)
-        _assemble(spec, root, rw)
+        _assemble(spec, root, rw, attached)
     finally:
         for fd in held:  # descriptors of host directories: none may outlive the setup
             os.close(fd)
 
 
-def _hold_host_paths(spec: JailSpec, held: list[int]) -> JailSpec:
+def _hold_host_paths(spec: JailSpec, held: list[int], trees: dict[str, int]) -> tuple[JailSpec, set[str]]:
     """``spec`` with its host paths (the lower, the sandbox directory, every bind's source) as
     descriptors opened now, under the ids the jail was forked with. As host root those are host
     root's own: its 0700 state and store directories are searchable now, and not once the jail
-    has become root of its namespace (a subordinate id), which happens before anything is made."""
+    has become root of its namespace (a subordinate id), which happens before anything is made.
+    A path the launcher gave as a detached mount (``trees``) is that mount's descriptor, named in
+    the set returned until its first use attaches it; a later use binds the attached mount, which
+    keeps its idmap."""
+    attached: set[str] = set()
 
     def hold(path: str) -> str:
-        held.append(os.open(path, os.O_PATH | os.O_CLOEXEC))
-        return f"/proc/self/fd/{held[-1]}"
+        tree = trees.get(path)
+        if tree is None:
+            held.append(os.open(path, os.O_PATH | os.O_CLOEXEC))
+            return f"/proc/self/fd/{held[-1]}"
+        if tree not in held:
+            held.append(tree)
+            attached.add(f"/proc/self/fd/{tree}")
+        return f"/proc/self/fd/{tree}"
 
-    return dataclasses.replace(
+    held_spec = dataclasses.replace(
         spec,
         lower=hold(spec.lower),
         dir=None if spec.dir is None else hold(spec.dir),
         system_binds=tuple(dataclasses.replace(b, src=hold(b.src)) for b in spec.system_binds),
         user_binds=tuple(dataclasses.replace(b, src=hold(b.src)) for b in spec.user_binds),
     )
+    return held_spec, attached
 
 
 def _become_root(spec: JailSpec) -> None:
@@ -154,7 +167,7 @@ def _become_root(spec: JailSpec) -> None:
     L.prctl(L.PR_SET_DUMPABLE, 1)
 
 
-def _assemble(spec: JailSpec, root: str, rw: str) -> None:
+def _assemble(spec: JailSpec, root: str, rw: str, trees: set[str]) -> None:
     with step(Step.STAGE):
         for path in ("root", "lower"):
             os.mkdir(path, 0o755)
@@ -169,7 +182,7 @@ def _assemble(spec: JailSpec, root: str, rw: str) -> None:
             os.mkdir(path, 0o755)
         _write_generated(rw + "/upper", spec.generated)
     with step(Step.LOWER):
-        L.mount(spec.lower, "lower", None, L.MS_BIND | L.MS_REC)
+        _attach(spec.lower, "lower", trees)
     with step(Step.OVERLAY):
         options = f"lowerdir=lower,upperdir={rw}/upper,workdir={rw}/work"
         if spec.userns:
@@ -182,7 +195,7 @@ def _assemble(spec: JailSpec, root: str, rw: str) -> None:
             # before anything is mounted inside the root: a bundle's path reaches the tree and nothing else
             with step(Step.CA_CERTS):
                 cacerts.append(root_fd, spec.ca_certs)
-        for op in plan(spec):
+        for op in plan(spec, trees):
             with step(op.step):
                 # a hostile image's symlinks are resolved inside the new root, never on the host
                 trusted = spec.trusted_lower and op.system
@@ -233,8 +246,18 @@ def _mountpoint(root_fd: int, path: str, is_dir: bool, here: str) -> str:
         os.close(fd)
 
 
-def _bind(bind: Bind, target: str) -> None:
-    L.mount(bind.src, target, None, L.MS_BIND | L.MS_REC)
+def _attach(src: str, target: str, trees: set[str]) -> None:
+    """Bind ``src`` (a held host path) at ``target``, or attach it there if it is a detached mount
+    (once: the descriptor then stands for the attached mount, which a later use binds)."""
+    if src in trees:
+        L.move_mount(int(src.rsplit("/", 1)[1]), target)
+        trees.discard(src)
+    else:
+        L.mount(src, target, None, L.MS_BIND | L.MS_REC)
+
+
+def _bind(bind: Bind, trees: set[str], target: str) -> None:
+    _attach(bind.src, target, trees)
     if bind.readonly:
         L.make_readonly(target)
     else:  # a setuid file or device node made here would be one on the host too: never honoured inside

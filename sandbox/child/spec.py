@@ -123,6 +123,9 @@ class JailSpec:
     seccomp: SeccompSpec | None  # None: no filter (the host warned)
     userns: bool  # a new user namespace (False only as root, on request)
     idmap: IdMap  # the user namespace's map, written by the launcher (sandbox/idmap.py plans it)
+    # ids of its own (root's jails): the lower's and user binds' ids on disk (the shared range, as
+    # "on-disk host count" triples) shown as this jail's, through idmapped mounts; None: as they are
+    shown_as: IdMap | None
     pids_budget: int | None  # RLIMIT_NPROC of the user namespace's creator: the user's processes, jails included
     counters: dict[str, int]  # /proc/sys/user/NAME or RLIMIT_NAME -> the jail's share (limits/budget.py)
     counter_budget: dict[str, int]  # RLIMIT_NAME -> soft limit of the user namespace's creator: all jails' share
@@ -160,6 +163,7 @@ class JailSpec:
             seccomp=None if f["seccomp"] is None else SeccompSpec.from_wire(f["seccomp"]),
             userns=wire.typed(f, "userns", bool),
             idmap=IdMap.from_wire(f["idmap"]),
+            shown_as=None if f["shown_as"] is None else IdMap.from_wire(f["shown_as"]),
             pids_budget=None if f["pids_budget"] is None else wire.typed(f, "pids_budget", int),
             counters=_string_map(f, "counters", int),
             counter_budget=_string_map(f, "counter_budget", int),

@@ -58,6 +58,7 @@ from .protocol import (
 from .spec import JailSpec
 
 STEP_TIMEOUT = 10.0
+VIEWS = 64  # user namespaces kept for idmapped mounts: one per jail id range in recent use
 Body = Callable[[socket.socket], None]
 Expected = TypeVar("Expected", UsernsReady, Go, InitPid)
 NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
@@ -109,6 +110,7 @@ class Zygote:
         self.live: dict[int, str | None] = {}  # unreaped init pid -> sandbox dir (reaped pids get reused)
         self.host = os.getppid()  # the host process that started us, named in the directories it makes
         self.bases: set[str] = set()  # state directories' "sandboxes" folders seen in requests
+        self.views: dict[str, int] = {}  # id map -> a user namespace with it, for idmapped mounts (_view)
 
     def reap(self, wake_r: int) -> None:
         for pid, _, _ in L.reaped(wake_r):
@@ -217,6 +219,50 @@ class Zygote:
         return mine, pid
 
     def create(self, spec: JailSpec, reply: socket.socket) -> None:
+        trees = self._idmapped_trees(spec)
+        try:
+            self._create(spec, reply, trees)
+        finally:
+            for fd in trees.values():  # the jail's setup process holds its own copies
+                os.close(fd)
+
+    def _idmapped_trees(self, spec: JailSpec) -> dict[str, int]:
+        """For a jail with ids of its own: host path -> a detached mount of it that shows the ids
+        on disk as the jail's, for the lower and each user bind. Made here, as host root: the
+        kernel lets only who holds CAP_SYS_ADMIN over the filesystem make one."""
+        if spec.shown_as is None:
+            return {}
+        with step(Step.ID_MAP):
+            userns = self._view(spec.shown_as)
+        trees: dict[str, int] = {}
+        try:
+            for path in (spec.lower, *(b.src for b in spec.user_binds)):
+                if path not in trees:
+                    with step(Step.LOWER if path == spec.lower else Step.BIND):
+                        trees[path] = L.idmapped_clone(path, userns)
+        except BaseException:
+            for fd in trees.values():
+                os.close(fd)
+            raise
+        return trees
+
+    def _view(self, shown_as: IdMap) -> int:
+        """A user namespace whose map is ``shown_as`` (nothing runs in it): what an idmapped mount
+        shows ids through. Kept for the next jail given the same ids (``VIEWS`` at most)."""
+        key = shown_as.uid_map + "|" + shown_as.gid_map
+        fd = self.views.pop(key, None)
+        if fd is None:
+            chan, pid = self._spawn_in_userns(shown_as, _until_closed)
+            try:
+                fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+            finally:
+                chan.close()  # its process exits, and is reaped as any child
+            while len(self.views) >= VIEWS:
+                os.close(self.views.pop(next(iter(self.views))))
+        self.views[key] = fd  # most recently used last
+        return fd
+
+    def _create(self, spec: JailSpec, reply: socket.socket, trees: dict[str, int]) -> None:
         host_end, jail_end = wire.seqpacket_pair()
         lifeline = self.lifeline
         go_r, go_w = os.pipe()  # "your parent is now the launcher": arm PDEATHSIG only after that
@@ -227,8 +273,8 @@ class Zygote:
                 pid = os.fork()
             if pid == 0:
                 chan.close()
-                _keep_only([jail_end.fileno(), lifeline, go_r])
-                init.boot(spec, jail_end, lifeline, go_r)
+                _keep_only([jail_end.fileno(), lifeline, go_r, *trees.values()])
+                init.boot(spec, jail_end, lifeline, go_r, trees)
                 os._exit(0)
             wire.send(chan, InitPid(pid).to_wire())
 
@@ -306,6 +352,11 @@ def _child_a(chan: socket.socket, body: Body, userns: bool, soft: dict[str, int]
         _report(chan, exc)
     finally:
         os._exit(0)
+
+
+def _until_closed(chan: socket.socket) -> None:
+    """A process whose user namespace is all that is wanted of it: it lives until the launcher has opened that."""
+    chan.recv(1)
 
 
 def _report(chan: socket.socket, exc: BaseException) -> None:

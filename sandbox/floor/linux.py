@@ -54,6 +54,9 @@ MOUNT_ATTR_NODEV = 0x4
 RESOLVE_IN_ROOT = 0x10
 RESOLVE_NO_MAGICLINKS = 0x02
 OPEN_TREE_CLONE = 1
+MOUNT_ATTR_IDMAP = 0x00100000
+AT_EMPTY_PATH = 0x1000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
 
 _SYSCALLS = {
     "x86_64": {
@@ -64,6 +67,7 @@ _SYSCALLS = {
         "openat2": 437,
         "mount_setattr": 442,
         "open_tree": 428,
+        "move_mount": 429,
     },
     "aarch64": {
         "pivot_root": 41,
@@ -73,6 +77,7 @@ _SYSCALLS = {
         "openat2": 437,
         "mount_setattr": 442,
         "open_tree": 428,
+        "move_mount": 429,
     },
 }
 _NR = _SYSCALLS.get(platform.machine(), _SYSCALLS["x86_64"])
@@ -140,6 +145,37 @@ def set_mount_attrs(path: str, attrs: int) -> None:
 def clone_mount(path: str) -> int:
     """open_tree(OPEN_TREE_CLONE): a detached copy of the mount at ``path``, in no namespace."""
     return _check(_libc.syscall(_NR["open_tree"], -100, _b(path), OPEN_TREE_CLONE | os.O_CLOEXEC), f"clone {path}")
+
+
+def idmapped_clone(path: str, userns: int) -> int:
+    """A detached copy of ``path`` and everything mounted under it, whose files' ids are shown
+    through ``userns``'s map (an id the file has on disk is taken as one inside the namespace and
+    shown as the host id it maps to; writes the other way). Needs CAP_SYS_ADMIN over the
+    filesystem, and a filesystem that supports it (ext4, xfs, btrfs, tmpfs...)."""
+    flags = OPEN_TREE_CLONE | os.O_CLOEXEC | AT_RECURSIVE
+    fd = _check(_libc.syscall(_NR["open_tree"], -100, _b(path), flags), f"clone {path}")
+    try:
+        attr = struct.pack("QQQQ", MOUNT_ATTR_IDMAP, 0, 0, userns)
+        buf = ctypes.create_string_buffer(attr, len(attr))
+        res = _libc.syscall(_NR["mount_setattr"], fd, b"", AT_EMPTY_PATH | AT_RECURSIVE, buf, len(attr))
+        _check(res, f"idmapped mount of {path}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def fs_type(path: str) -> int:
+    """statfs(2)'s f_type of the filesystem ``path`` is on (its magic number)."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+    _check(_libc.statfs(_b(path), buf), f"statfs {path}")
+    return int(struct.unpack_from("l", buf)[0])
+
+
+def move_mount(tree: int, target: str) -> None:
+    """Attach the detached mount ``tree`` (``clone_mount``, ``idmapped_clone``) at ``target``."""
+    res = _libc.syscall(_NR["move_mount"], tree, b"", -100, _b(target), MOVE_MOUNT_F_EMPTY_PATH)
+    _check(res, f"move mount to {target}")
 
 
 MAX_LINKS = 40  # the kernel's own bound on symlinks in one lookup (ELOOP past it)

@@ -1,0 +1,185 @@
+"""No root jail can take from its neighbours what the kernel counts per host uid.
+
+Some counts are kept per host uid, whatever the user namespace: epoll watches
+(``fs.epoll.max_user_watches``), descriptors sent in UNIX messages and not yet received (a sender is
+refused with ETOOMANYREFS once its uid has more in flight than the sender's RLIMIT_NOFILE), pipe
+buffers past ``fs.pipe-user-pages-soft``. As root, each jail runs under host ids of its own (a slot
+of the ``jailbox-jails`` pool, ``idmap.claim_own_ids``), its lower and binds mounted idmapped, so
+one jail filling such a count leaves its neighbour's alone. Before, root's jails shared one range:
+one jail's fill refused the next jail's descriptor passing and epoll registrations. Rootless, the
+jail's root is the user, and these counts are shared with the user's own processes (README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jailbox.sandbox import Mount, Sandbox, idmap
+
+pytestmark = pytest.mark.root
+
+RANGE = idmap.ROOT_RANGE
+
+# Descriptors in flight: /dev/null, 253 a message (the kernel's most), over socket pairs nobody
+# reads, until the kernel refuses the sender. Then the filler holds them there.
+IN_FLIGHT = """
+import array, os, socket, sys, time
+fds = array.array("i", [os.open("/dev/null", os.O_RDONLY)] * 253)
+pairs, sent, refused = [], 0, 0
+while not refused and len(pairs) < 1000:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    pairs.append((a, b))
+    while True:
+        try:
+            a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        except BlockingIOError:
+            break
+        except OSError as exc:
+            refused = exc.errno
+            break
+        sent += len(fds)
+print(sent, refused, flush=True)
+time.sleep(600)
+"""
+
+PASS_ONE = """
+import array, socket
+a, b = socket.socketpair()
+a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0]))])
+print("passed")
+"""
+
+# Epoll watches: one pipe's read end under 1,000 descriptors, each registered in instance after
+# instance until the kernel refuses (ENOSPC: the uid holds max_user_watches).
+WATCHES = """
+import os, select, time
+r, w = os.pipe()
+fds = [os.dup(r) for _ in range(1000)]
+instances, watches, refused = [], 0, 0
+while not refused:
+    ep = select.epoll()
+    instances.append(ep)
+    for fd in fds:
+        try:
+            ep.register(fd, select.EPOLLIN)
+        except OSError as exc:
+            refused = exc.errno
+            break
+        watches += 1
+print(watches, refused, flush=True)
+time.sleep(600)
+"""
+
+WATCH_ONE = """
+import os, select
+r, w = os.pipe()
+select.epoll().register(r, select.EPOLLIN)
+print("watched")
+"""
+
+
+def started(sb: Sandbox, script: str) -> list[int]:
+    """Run ``script`` in the background of ``sb`` and return what it printed first (its counts)."""
+    sb.write_file("/tmp/fill.py", script)
+    sb.exec("python3 /tmp/fill.py > /tmp/fill.out 2>&1 &")
+    out = sb.exec("for i in $(seq 600); do [ -s /tmp/fill.out ] && break; sleep 0.1; done; cat /tmp/fill.out").stdout
+    return [int(word) for word in out.split()]
+
+
+def host_uid(sb: Sandbox) -> int:
+    return int(Path(f"/proc/{sb.init_pid}/status").read_text().split("Uid:")[1].split()[0])
+
+
+@contextlib.contextmanager
+def sysctl(name: str, value: str) -> Iterator[None]:
+    path = Path("/proc/sys") / name
+    before = path.read_text()
+    path.write_text(value)
+    try:
+        yield
+    finally:
+        path.write_text(before)
+
+
+def test_root_jails_run_under_host_ids_of_their_own(tmp_path: Path) -> None:
+    shared = idmap.plan("auto").host_root()
+    binds = [tmp_path / "a", tmp_path / "b"]
+    for b in binds:
+        b.mkdir()
+    with (
+        Sandbox(upper="disk", mounts=[Mount(binds[0], "/out", readonly=False, give=True)]) as a,
+        Sandbox(mounts=[Mount(binds[1], "/out", readonly=False, give=True)]) as b,
+    ):
+        uids = [host_uid(sb) for sb in (a, b)]
+        assert uids[0] != uids[1] and shared[0] not in uids
+        for sb, bind in zip((a, b), binds, strict=True):
+            assert sb.enforcement["host_ids"].startswith("its own")
+            # the tree and the bind are root's inside, though on disk they stay in root's shared range
+            r = sb.exec("stat -c '%u %g' /etc/passwd /out; touch /etc/passwd /out/made; stat -c '%u %g' /out/made")
+            assert r.stdout == "0 0\n0 0\n0 0\n", r.stderr
+            assert (bind / "made").stat().st_uid == shared[0] and (bind / "made").stat().st_gid == shared[1]
+        # the disk writable layer is the jail's own ids on the host
+        assert a._jail.dir is not None
+        assert (a._jail.dir / "upper" / "etc" / "passwd").stat().st_uid == uids[0]
+        lock = a._jail._ids_lock
+        assert lock is not None
+        slot_file = os.fstat(lock)
+    # the slot is given back: its lock file is closed (the descriptor is gone, or is another file now)
+    with contextlib.suppress(OSError):
+        assert os.fstat(lock).st_ino != slot_file.st_ino
+
+
+def test_slots_are_taken_lowest_first_and_free_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(idmap, "SLOTS", tmp_path / "ids")
+    first, second = idmap._lock_slot(), idmap._lock_slot()
+    assert first is not None and second is not None and (first[0], second[0]) == (0, 1)
+    os.close(first[1])
+    third = idmap._lock_slot()
+    assert third is not None and third[0] == 0
+    for _, fd in (second, third):
+        os.close(fd)
+
+
+@pytest.mark.parametrize("where", ["on sysfs", "holding a proc mount"])
+def test_a_bind_that_cannot_be_idmapped_leaves_the_jail_in_roots_shared_range(tmp_path: Path, where: str) -> None:
+    src = Path("/sys/kernel/mm")
+    with contextlib.ExitStack() as undo:
+        if where != "on sysfs":
+            src = tmp_path / "bind"
+            (src / "proc").mkdir(parents=True)
+            subprocess.run(["mount", "-t", "proc", "proc", str(src / "proc")], check=True)
+            undo.callback(subprocess.run, ["umount", "-l", str(src / "proc")], check=True)
+        with Sandbox(mounts=[Mount(src, "/mnt/src")]) as sb:
+            assert host_uid(sb) == idmap.plan("auto").host_root()[0]
+            assert sb.enforcement["host_ids"].startswith("shared")
+            assert sb.exec("ls /mnt/src >/dev/null && echo read").stdout == "read\n"
+
+
+def test_a_root_jail_cannot_take_its_neighbours_descriptors_in_flight() -> None:
+    with Sandbox() as filler, Sandbox() as neighbour:
+        sent, refused = started(filler, IN_FLIGHT)
+        nofile = int(filler.exec("ulimit -n").stdout)
+        assert refused == errno.ETOOMANYREFS and sent > nofile  # the filler's uid holds all it may
+        r = neighbour.exec(["python3", "-c", PASS_ONE])
+        assert r.stdout == "passed\n", r.stderr
+        r = filler.exec(["python3", "-c", PASS_ONE])
+        assert "Too many references" in r.stderr  # the filler's own uid is full
+
+
+def test_a_root_jail_cannot_take_its_neighbours_epoll_watches() -> None:
+    # a low host limit for the test's length, so the fill is quick and small (the default is ~4% of memory)
+    with sysctl("fs/epoll/max_user_watches", "20000"), Sandbox() as filler, Sandbox() as neighbour:
+        watches, refused = started(filler, WATCHES)
+        assert refused == errno.ENOSPC and watches >= 19000
+        r = neighbour.exec(["python3", "-c", WATCH_ONE])
+        assert r.stdout == "watched\n", r.stderr
+        r = filler.exec(["python3", "-c", WATCH_ONE])
+        assert "No space left" in r.stderr
