@@ -361,13 +361,31 @@ def claim_own_ids(mode: str, paths: Sequence[str]) -> OwnIds | None:
     return OwnIds(
         idmap=IdMap(uid_map=f"0 {uid} {count}\n", gid_map=f"0 {gid} {count}\n", helper=False, deny_setgroups=False),
         shown_as=IdMap(
-            uid_map=f"{shared[0]} {uid} {count}\n",
-            gid_map=f"{shared[1]} {gid} {count}\n",
+            uid_map=_view_map(shared[0], uid, count),
+            gid_map=_view_map(shared[1], gid, count),
             helper=False,
             deny_setgroups=False,
         ),
         lock=lock,
     )
+
+
+def _view_map(disk: int, own: int, count: int) -> str:
+    """The idmapped mounts' map: ``count`` ids from ``disk`` (root's range, on disk) shown as the
+    jail's own from ``own``, and every other id as itself, as a mount without an idmap shows it
+    (a file of host root stays host root's: the jail's namespace does not map it, and it can be
+    deleted from the overlay; an id an idmap leaves out would make that EOVERFLOW). The ids of the
+    jail's own range on disk are left out: they are no file's on a tree or bind of root's."""
+    taken = sorted([(disk, disk + count), (own, own + count)])
+    lines = [f"{disk} {own} {count}"]
+    start = 0
+    for low, high in taken:
+        if start < low:
+            lines.append(f"{start} {start} {low - start}")
+        start = max(start, high)
+    if start < MAX_ID:
+        lines.append(f"{start} {start} {MAX_ID - start}")
+    return "".join(f"{line}\n" for line in lines)
 
 
 def own_ids_refused(paths: Sequence[str]) -> str | None:

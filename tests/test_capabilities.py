@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 from conftest import _libs, need, own_for_jails, require
 
-from jailbox.sandbox import Mount, Sandbox, SandboxConfig
+from jailbox.sandbox import Mount, Sandbox, SandboxConfig, idmap
 from jailbox.sandbox.config import DOCKER_CAPS
 from jailbox.sandbox.floor import linux as L
+from jailbox.sandbox.floor.idmap import IdMap
 
 DOCKER_MASK = L.cap_mask(DOCKER_CAPS)
 ALL_MASK = (1 << (L.CAP_LAST_CAP + 1)) - 1
@@ -290,8 +291,7 @@ def test_set_id_rules_of_rw_binds_hold_with_fsetid_fowner_and_mknod(tmp_path: Pa
         for name in ("plain", "new", "setid", "setid2"):
             (shared / name).unlink(missing_ok=True)
         with Sandbox(mounts=[Mount(shared, "/shared", readonly=False, give=True)], **fields) as sb:
-            uid = int(sb.exec("cat /proc/self/uid_map").stdout.split()[1])
-            gid = int(sb.exec("cat /proc/self/gid_map").stdout.split()[1])
+            uid, gid = on_disk().host_root()
             for name in ("setid", "setid2"):  # set-id files the host put there, owned by the jail's root
                 (shared / name).write_bytes(b"#!/bin/sh\n")
                 os.chown(shared / name, uid, gid)
@@ -328,7 +328,7 @@ print(json.dumps(out))
     for fields in ({"cap_add": ["SETFCAP"]}, {"cap_add": ["ALL"]}):
         with Sandbox(mounts=[Mount(shared, "/fcaps", readonly=False, give=True)], **fields) as sb:
             out = in_jail(sb, probe, "/fcaps")
-            root_uid = int(sb.exec("cat /proc/self/uid_map").stdout.split()[1])
+            root_uid = on_disk().host_root()[0]
         assert out["v2"] == "ok", out
         raw = os.getxattr(shared / "tool", "security.capability")
         magic, *_, rootid = struct.unpack("<IIIIII", raw)
@@ -393,6 +393,12 @@ print(json.dumps({
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (UNMAPPED, UNMAPPED, 0o644)
 
 
+def on_disk() -> IdMap:
+    """The host ids a jail's ids are on a bind: its own map rootless; as root, root's shared range
+    (a jail with ids of its own sees its binds through an idmapped mount of that range)."""
+    return idmap.plan("auto")
+
+
 def _host_id(id_map: str, jail_id: int) -> int | None:
     """The host id a jail's id is, by its /proc/self/uid_map or gid_map; None where unmapped."""
     for line in id_map.splitlines():
@@ -406,8 +412,7 @@ def test_chown_names_only_mapped_ids(tmp_path: Path):
     shared = tmp_path / "own"
     shared.mkdir()
     with Sandbox(mounts=[Mount(shared, "/own", readonly=False, give=True)], cap_add=list(DOCKER_CAPS)) as sb:
-        uid_map = sb.exec("cat /proc/self/uid_map").stdout
-        gid_map = sb.exec("cat /proc/self/gid_map").stdout
+        uid_map, gid_map = on_disk().uid_map, on_disk().gid_map
         beyond = max(int(a) + int(c) for a, _, c in (line.split() for line in uid_map.splitlines()))
         assert _host_id(uid_map, beyond) is None
         r = sb.exec(f"touch /own/a /own/b /own/c && chown {beyond} /own/a; chown 0:{beyond} /own/b; echo $?")
