@@ -43,6 +43,7 @@ def _spec(**changes: object) -> JailSpec:
         "seccomp": SeccompSpec(notify="AA==", errno="AA==", errno_value=1, in_child=False, audit_arch=1),
         "userns": True,
         "idmap": IdMap("0 1000 1\n", "0 1000 1\n", helper=False, deny_setgroups=True),
+        "shown_as": None,
         "pids_budget": 16384,
         "counters": {"max_inotify_instances": 16, "RLIMIT_SIGPENDING": 376},
         "counter_budget": {"RLIMIT_SIGPENDING": 48182},
@@ -55,6 +56,8 @@ def _spec(**changes: object) -> JailSpec:
 def test_spec_travels_whole_and_strictly():
     spec = _spec()
     assert JailSpec.from_wire(json.loads(json.dumps(spec.to_wire()))) == spec
+    own = _spec(shown_as=IdMap("196608 393216 65536\n", "196608 393216 65536\n", helper=False, deny_setgroups=False))
+    assert JailSpec.from_wire(json.loads(json.dumps(own.to_wire()))) == own
     assert decode(json.loads(json.dumps(CreateRequest(spec).to_wire())), CreateRequest) == CreateRequest(spec)
     wired = json.loads(json.dumps(spec.to_wire()))
     with pytest.raises(WireError, match="unknown"):
@@ -111,6 +114,7 @@ def test_a_refused_id_map_is_explained_as_one(monkeypatch: pytest.MonkeyPatch):
     """A real refusal: the launcher writes a map the kernel rejects (overlapping ranges)."""
     bad = IdMap("0 0 1\n0 0 1\n", "0 0 1\n0 0 1\n", helper=False, deny_setgroups=False)
     monkeypatch.setattr(idmap, "plan", lambda mode: bad)
+    monkeypatch.setattr(idmap, "claim_own_ids", lambda mode, paths: None)  # as root, the planned map itself
     with pytest.raises(KernelRefused, match="Writing the user namespace's id map failed"):
         Sandbox(idmap="single")
 
