@@ -344,14 +344,18 @@ def claim_own_ids(mode: str, paths: Sequence[str]) -> OwnIds | None:
     """As host root, a range of host ids for one jail alone (close ``lock`` once the jail is gone);
     None where jails share root's range: not root of the host's own user namespace, a range named
     by ``JAILBOX_ROOT_RANGE``, a kernel before 6.3, one of ``paths`` (the lower and the binds'
-    sources) on a filesystem whose mounts cannot be idmapped, or every slot taken."""
+    sources) on a filesystem whose mounts cannot be idmapped, no ``SLOTS`` directory to be had,
+    or every slot taken."""
     if own_ids_refused(paths) is not None:
         return None
     try:
         pool = _pool_range(str(SUBUID), str(SUBGID))
     except ConfigError:
         return None
-    found = _lock_slot()
+    try:
+        found = _lock_slot()
+    except OSError:  # no /run to hold the locks in (a container without one, a read-only /run)
+        return None
     if found is None:
         return None
     slot, lock = found

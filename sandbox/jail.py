@@ -219,8 +219,8 @@ class Jail:
         if os.getuid() == 0:
             return (
                 f"shared: host uid {uid} and the ids after it, every root jail's that has no range of its own "
-                f"(a filesystem without idmapped mounts, a kernel before 6.3, {idmap.RANGE_ENV} set, or all "
-                f"{idmap.POOL_SLOTS} ranges in use); {counted}, so with those jails"
+                f"(a filesystem without idmapped mounts, a kernel before 6.3, {idmap.RANGE_ENV} set, no "
+                f"{idmap.SLOTS} for the locks, or all {idmap.POOL_SLOTS} ranges in use); {counted}, so with those jails"
             )
         return f"yours: the jail's root is host uid {uid}; {counted}, so with your own processes"
 

@@ -148,6 +148,17 @@ def test_slots_are_taken_lowest_first_and_free_again(tmp_path: Path, monkeypatch
         os.close(fd)
 
 
+def test_without_a_place_for_the_slot_locks_a_jail_shares_roots_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(idmap, "SLOTS", blocker / "ids")  # mkdir there fails (ENOTDIR), as on a read-only /run
+    with Sandbox() as sb:
+        assert host_uid(sb) == idmap.plan("auto").host_root()[0]
+        assert sb.enforcement["host_ids"].startswith("shared")
+
+
 @pytest.mark.parametrize("where", ["on sysfs", "holding a proc mount"])
 def test_a_bind_that_cannot_be_idmapped_leaves_the_jail_in_roots_shared_range(tmp_path: Path, where: str) -> None:
     src = Path("/sys/kernel/mm")
