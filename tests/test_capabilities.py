@@ -400,9 +400,10 @@ def on_disk() -> IdMap:
 
 
 def _host_id(id_map: str, jail_id: int) -> int | None:
-    """The host id a jail's id is, by its /proc/self/uid_map or gid_map; None where unmapped."""
-    for line in id_map.splitlines():
-        inside, outside, count = (int(x) for x in line.split())
+    """The host id a jail's id is, by a map's "inside outside count" triples (/proc/self/uid_map's
+    lines, or a planned map, which may hold several on one line); None where unmapped."""
+    numbers = [int(x) for x in id_map.split()]
+    for inside, outside, count in zip(numbers[::3], numbers[1::3], numbers[2::3], strict=True):
         if inside <= jail_id < inside + count:
             return outside + jail_id - inside
     return None
@@ -413,7 +414,8 @@ def test_chown_names_only_mapped_ids(tmp_path: Path):
     shared.mkdir()
     with Sandbox(mounts=[Mount(shared, "/own", readonly=False, give=True)], cap_add=list(DOCKER_CAPS)) as sb:
         uid_map, gid_map = on_disk().uid_map, on_disk().gid_map
-        beyond = max(int(a) + int(c) for a, _, c in (line.split() for line in uid_map.splitlines()))
+        numbers = [int(x) for x in uid_map.split()]
+        beyond = max(a + c for a, c in zip(numbers[::3], numbers[2::3], strict=True))
         assert _host_id(uid_map, beyond) is None
         r = sb.exec(f"touch /own/a /own/b /own/c && chown {beyond} /own/a; chown 0:{beyond} /own/b; echo $?")
         assert r.stdout.strip() == "1" and r.stderr.count("Invalid argument") == 2, r.stdout + r.stderr
