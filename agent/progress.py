@@ -11,6 +11,7 @@ lines and must not fight the worker threads for the terminal.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import threading
 import time
@@ -53,6 +54,7 @@ class Progress(Observer):
         self._tokens = 0
         self._task_tokens: dict[str, int] = {}
         self._log: list[str] = []
+        self._notes: queue.SimpleQueue[str] = queue.SimpleQueue()  # note()'s, printed under the lock
         self._drawn = 0
         self._shown: list[str] = []
         self._started = time.monotonic()
@@ -80,6 +82,7 @@ class Progress(Observer):
 
     def finished(self, result: TaskResult) -> None:
         with self._lock:
+            self._print_notes()
             self._running.pop(result.id, None)
             self._counts[result.exit_status] += 1
             self._tokens += result.tokens - self._task_tokens.pop(result.id, 0)
@@ -92,9 +95,19 @@ class Progress(Observer):
             self._emit(line)
 
     def note(self, text: str) -> None:
-        """A message for the user (Ctrl-C, say) that must not tear the live region."""
-        with self._lock:
-            self._emit(text)
+        """A message for the user that must not tear the live region, printed within ``REDRAW``.
+        Queued, without the lock: Ctrl-C's handler calls this, and it runs in the main thread,
+        which it may have interrupted while that held the lock (a deadlock CI saw, at a task's
+        end). ``SimpleQueue.put`` may be called from a signal handler."""
+        self._notes.put(text)
+
+    def _print_notes(self) -> None:
+        """Under the lock: what ``note`` queued, in order."""
+        while True:
+            try:
+                self._emit(self._notes.get_nowait())
+            except queue.Empty:
+                return
 
     def close(self) -> None:
         if self._closing.is_set():
@@ -103,6 +116,7 @@ class Progress(Observer):
         if self._ticker.is_alive():
             self._ticker.join()
         with self._lock:
+            self._print_notes()
             if self.tty:
                 self._redraw(final=True)
             else:
@@ -119,6 +133,7 @@ class Progress(Observer):
         last_summary = time.monotonic()
         while not self._closing.wait(REDRAW):
             with self._lock:
+                self._print_notes()
                 if self.tty:
                     self._redraw()
                 elif time.monotonic() - last_summary >= self.summary_every:

@@ -92,3 +92,13 @@ def test_plain_summary_lines_come_while_tasks_run(tmp_path):
     assert ESC not in text
     assert re.search(r"progress: [0-7]/8 done, [12] running", text), "a periodic summary mid-run"
     assert text.rstrip().splitlines()[-1].startswith("progress: 8/8 done, 0 running, submitted 8; tokens 240")
+
+
+def test_a_note_from_ctrl_c_never_waits_for_the_display_lock():
+    """Ctrl-C's handler runs in the main thread, which it may interrupt while that holds the lock
+    (printing a finished task): the note must not wait for it (it did, and `jailbox bench` hung)."""
+    out = io.StringIO()
+    with Progress(1, out, tty=False) as progress:
+        with progress._lock:  # the main thread, interrupted inside it
+            progress.note("jailbox: finishing the running tasks")
+    assert "jailbox: finishing the running tasks\n" in out.getvalue()
