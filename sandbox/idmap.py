@@ -18,6 +18,7 @@ jail. Its stored tree and binds keep R.. on disk and are mounted idmapped: R+k s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import functools
@@ -337,11 +338,11 @@ class OwnIds:
 
     idmap: IdMap  # the jail's map: its ids onto the slot's range
     shown_as: IdMap  # root's range (the ids on disk) onto the slot's: the idmapped mounts' map
-    lock: int  # the slot's lock file, held (flock) until closed
+    lock: int  # the slot's lock file, held (flock) until ``release_slot``
 
 
 def claim_own_ids(mode: str, paths: Sequence[str]) -> OwnIds | None:
-    """As host root, a range of host ids for one jail alone (close ``lock`` once the jail is gone);
+    """As host root, a range of host ids for one jail alone (``release_slot(lock)`` once the jail is gone);
     None where jails share root's range: not root of the host's own user namespace, a range named
     by ``JAILBOX_ROOT_RANGE``, a kernel before 6.3, one of ``paths`` (the lower and the binds'
     sources) on a filesystem whose mounts cannot be idmapped, no ``SLOTS`` directory to be had,
@@ -452,8 +453,32 @@ def _lock_slot() -> tuple[int, int] | None:
         except BlockingIOError:
             os.close(fd)
             continue
+        _HELD.add(fd)
         return slot, fd
     return None
+
+
+# The slot locks this process holds. A flock belongs to the open file, which a fork shares: a child
+# forked without exec (a multiprocessing worker) would hold its parent's slots until it ends, past
+# the jails' close. Each child closes its copies at the fork.
+_HELD: set[int] = set()
+
+
+def release_slot(lock: int) -> None:
+    """Give a slot back: close its lock (a no-op in a child forked since, which closed its copy)."""
+    if lock in _HELD:
+        _HELD.discard(lock)
+        os.close(lock)
+
+
+def _forget_slots() -> None:
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_slots)
 
 
 @functools.lru_cache(maxsize=4)

@@ -118,7 +118,7 @@ class Jail:
         own = idmap.claim_own_ids(self.config.idmap, [lower, *(str(m.src) for m in self.config.mounts)])
         if own is None:
             return
-        undo.callback(os.close, own.lock)
+        undo.callback(idmap.release_slot, own.lock)
         self._idmap, self._shown_as, self._ids_lock = own.idmap, own.shown_as, own.lock
 
     def _make_dir(self, base: Path, undo: contextlib.ExitStack) -> Path | None:

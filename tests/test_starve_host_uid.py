@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import multiprocessing
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,11 +145,47 @@ def test_slots_are_taken_lowest_first_and_free_again(tmp_path: Path, monkeypatch
     monkeypatch.setattr(idmap, "SLOTS", tmp_path / "ids")
     first, second = idmap._lock_slot(), idmap._lock_slot()
     assert first is not None and second is not None and (first[0], second[0]) == (0, 1)
-    os.close(first[1])
+    idmap.release_slot(first[1])
     third = idmap._lock_slot()
     assert third is not None and third[0] == 0
     for _, fd in (second, third):
-        os.close(fd)
+        idmap.release_slot(fd)
+
+
+def _sleep_in_child() -> None:
+    time.sleep(60)
+
+
+@pytest.mark.parametrize("fork", ["os.fork", "multiprocessing"])
+def test_a_host_process_forked_without_exec_does_not_keep_a_jails_slot(fork: str) -> None:
+    with Sandbox() as sb:
+        lock = sb._jail._ids_lock
+        assert lock is not None
+        slot = os.readlink(f"/proc/self/fd/{lock}")
+        if fork == "os.fork":
+            child = os.fork()
+            if child == 0:  # a worker that lives on, forked from the process that holds the jail
+                time.sleep(60)
+                os._exit(0)
+        else:
+            worker = multiprocessing.get_context("fork").Process(target=_sleep_in_child, daemon=True)
+            worker.start()
+            assert worker.pid is not None
+            child = worker.pid
+    try:
+        held = [os.readlink(f"/proc/{child}/fd/{fd}") for fd in os.listdir(f"/proc/{child}/fd")]
+        assert slot not in held  # the child holds no copy of the slot's lock
+        fd = os.open(slot, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free, though the child lives on
+        finally:
+            os.close(fd)
+        with Sandbox() as again:  # and the next jail takes it
+            assert again._jail._ids_lock is not None
+            assert os.readlink(f"/proc/self/fd/{again._jail._ids_lock}") == slot
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
 
 
 def test_without_a_place_for_the_slot_locks_a_jail_shares_roots_range(
