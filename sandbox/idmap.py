@@ -401,8 +401,9 @@ def own_ids_refused(paths: Sequence[str]) -> str | None:
         return f"{RANGE_ENV} names the one range jails use"
     if not _idmap_kernel():
         return f"Linux {os.uname().release} is older than {'.'.join(map(str, IDMAP_KERNEL))} (idmapped mounts)"
+    mounts = _mounts()
     for path in paths:
-        if not _idmappable(path):
+        if not _idmappable(path, mounts):
             have = ", ".join(IDMAP_FILESYSTEMS.values())
             return f"{path} is on a filesystem without idmapped mounts (these have them: {have})"
     return None
@@ -421,26 +422,34 @@ def _idmap_kernel() -> bool:
         return False
 
 
-def _idmappable(path: str) -> bool:
-    """Whether ``path``'s filesystem, and that of every mount under it (a bind takes them along),
-    lets its mounts be idmapped."""
+def _idmappable(path: str, mounts: list[tuple[str, str]] | None) -> bool:
+    """Whether ``path``'s filesystem, and that of every mount under it (a bind takes them along;
+    ``mounts``: ``_mounts()``), lets its mounts be idmapped."""
     try:
-        if L.fs_type(path) not in IDMAP_FILESYSTEMS:
+        if mounts is None or L.fs_type(path) not in IDMAP_FILESYSTEMS:
             return False
         top = os.path.realpath(path).rstrip("/") + "/"
-        with open("/proc/self/mountinfo", "rb") as f:
-            lines = f.read(MAX_SUBID_FILE * 16).decode(errors="replace").splitlines()
     except OSError:
         return False
     names = set(IDMAP_FILESYSTEMS.values())
+    return all(kind in names for point, kind in mounts if point.startswith(top))
+
+
+def _mounts() -> list[tuple[str, str]] | None:
+    """(mount point, filesystem type) of each mount this process sees; None if unreadable."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read(MAX_SUBID_FILE * 16).decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    mounts = []
     for line in lines:
         fields = line.split()
         if " - " not in line or len(fields) < 5:
             continue
         point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # mountinfo's escapes
-        if point.startswith(top) and line.split(" - ", 1)[1].split()[0] not in names:
-            return False
-    return True
+        mounts.append((point, line.split(" - ", 1)[1].split()[0]))
+    return mounts
 
 
 def _lock_slot() -> tuple[int, int] | None:

@@ -640,20 +640,21 @@ def _has_children(pid: int) -> bool:
 
 
 def _oom_adj(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/oom_score_adj", "rb") as f:
-            return int(f.read(16))
-    except (OSError, ValueError):
-        return 1000  # gone: nothing to set
+    return _proc_int(pid, "oom_score_adj", 1000)  # gone: nothing to set
 
 
 def _slack_of(pid: int) -> int:
     """A process's timer slack: the tag of the command it descends from (0 if gone)."""
+    return _proc_int(pid, "timerslack_ns", 0)
+
+
+def _proc_int(pid: int, name: str, otherwise: int) -> int:
+    """The number in ``/proc/PID/name``, or ``otherwise`` if the process is gone."""
     try:
-        with open(f"/proc/{pid}/timerslack_ns", "rb") as f:
-            return int(f.read())
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return int(f.read(32))
     except (OSError, ValueError):
-        return 0
+        return otherwise
 
 
 def _parent_of(pid: int) -> int:
