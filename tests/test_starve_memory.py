@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from host_memory import MiB, host_keeps_its_memory  # noqa: F401 (an autouse fixture)
@@ -71,6 +72,85 @@ def test_without_a_cgroup_the_watcher_holds_the_total():
         assert sb.enforcement["memory"].startswith("host watcher")
         r = sb.exec(HOLDERS, timeout=120)
         assert r.oom_killed is True and "killed" in r.stdout
+
+
+# One watcher thread holds every sandbox's bounds, so a kill must not wait for a jail's processes to
+# be gone: a jail can make them slow to die. Jail A: holders of 60,000 mappings each (1 s to tear
+# down, 100 of them), a canary holding a lock, then a write past A's disk cap, for which the watcher
+# kills them all. Jail B: workers that wait on the canary's lock, so that they allocate (48 MiB each,
+# under RLIMIT_AS) while A's processes die, and say when they hold it. Before, the sample waited for
+# A's processes, and B's workers all got their 1,920 MiB past a 64M limit.
+SLOW_TO_DIE = r"""
+import ctypes, fcntl, mmap, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+holders = int(sys.argv[1])
+ready_r, ready_w = os.pipe()
+for _ in range(holders):
+    if os.fork() == 0:
+        for i in range(60000):  # alternating protection: no two merge
+            libc.mmap(None, mmap.PAGESIZE, 1 if i % 2 else 3, 0x22, -1, 0)
+        os.write(ready_w, b"x")
+        time.sleep(120)
+        os._exit(0)
+for _ in range(holders):
+    os.read(ready_r, 1)
+canary = os.open("/shared/lock", os.O_RDWR | os.O_CREAT)
+fcntl.flock(canary, fcntl.LOCK_EX)
+open("/shared/ready", "w").close()
+with open("/root/big", "wb") as f:
+    for _ in range(64):
+        f.write(b"x" * (1 << 20))
+time.sleep(120)
+"""
+ALLOCATORS = r"""
+import fcntl, os, time
+for _ in range(12000):  # a hang guard
+    if os.path.exists("/shared/ready"):
+        break
+    time.sleep(0.01)
+done_r, done_w = os.pipe()
+for _ in range(40):
+    if os.fork() == 0:
+        os.close(done_r)
+        fcntl.flock(os.open("/shared/lock", os.O_RDWR), fcntl.LOCK_SH)
+        held = [bytearray(16 << 20) for _ in range(3)]
+        os.write(done_w, b"x")
+        time.sleep(5)
+        os._exit(0)
+os.close(done_w)
+allocated = 0
+while os.read(done_r, 1):
+    allocated += 48
+print("allocated", allocated)
+"""
+
+
+@pytest.mark.nocgroup
+def test_a_jail_slow_to_die_does_not_hold_the_watcher_from_another(tmp_path):
+    (tmp_path / "hog").mkdir()
+    (tmp_path / "hog" / "slow.py").write_text(SLOW_TO_DIE)
+    (tmp_path / "hog" / "allocators.py").write_text(ALLOCATORS)
+    (tmp_path / "shared").mkdir()
+    tmp_path.chmod(0o755)
+    mounts = [
+        {"src": str(tmp_path / "hog"), "dst": "/hog", "readonly": True},
+        {"src": str(tmp_path / "shared"), "dst": "/shared", "readonly": False},
+    ]
+    with (
+        Sandbox(mounts=mounts, upper="disk", limits=Limits(disk="16M", memory=None)) as a,
+        Sandbox(mounts=mounts, limits=Limits(memory="64M")) as b,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        allocating = pool.submit(b.exec, "python3 /hog/allocators.py", timeout=120)
+        killed = a.exec("python3 /hog/slow.py 100", timeout=120)
+        r = allocating.result()
+        assert killed.disk_limit_hit and killed.signal == signal.SIGKILL, (killed.stdout, killed.stderr)
+        assert r.oom_killed and r.stdout.startswith("allocated "), (r.stdout, r.stderr)
+        # measured: 48-432 MiB, as when no jail is being killed; before, 1,920 (all of it)
+        assert int(r.stdout.split()[1]) <= 64 + 640, r.stdout
+        assert b.exec("echo fine").stdout == "fine\n"
 
 
 # a command sees 1000 once the init has set it: wait for that (a hang guard, not a timing)

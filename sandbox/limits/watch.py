@@ -39,8 +39,10 @@ process but its init, reported as ``oom_killed``.
 
 Both are reactive: what a fast allocator or writer gets past the bound before the next sample is
 measured in README ("Resource bounds"). Kills go through a pidfd opened and re-checked against the
-jail's tree, so a recycled pid is never hit. What the jail made is only measured: the walk never
-follows a link and reads at most twice ``inodes`` entries.
+jail's tree, so a recycled pid is never hit; a sample waits at most a ``TICK`` for the killed to
+go (a jail can make its processes slow to die), and the jail is not judged again while they go.
+What the jail made is only measured: the walk never follows a link and reads at most twice
+``inodes`` entries.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from pathlib import Path
 from .sockdiag import Sockets
 
 TICK = 0.05
-KILL_WAIT = 1.0
+KILL_WAIT = 1.0  # seconds a killed process still going is left out, and its jail not judged again (``_dying``)
 WALK_SHARE = 5  # walks of writable layers take at most a fifth of the thread's time, all sandboxes together
 WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still seen
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -120,7 +122,7 @@ class Watched:
     next_count: float = 0.0
     maps: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> mappings (-1: not read), pages, when
     shares: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> proportional, resident, when
-    dying: dict[int, float] = field(default_factory=dict)  # pid -> until when: killed, not gone yet
+    dying: dict[int, float] = field(default_factory=dict)  # pid -> until when: killed, not gone yet (``_dying``)
     last_kill: float = 0.0  # when the memory bound last killed
     reader: _Reader = field(default_factory=lambda: _Reader())  # reads its processes' maps and shares
 
@@ -189,14 +191,14 @@ def check(watched: list[Watched], now: float) -> None:
     used, table = host_files()
     if used * FILES_ALARM > table:
         tree = _children()
-        _check_files(watched, tree, table)
+        _check_files([w for w in watched if not _dying(w, now)], tree, table)
     for w in watched:
         if w.memory is not None:
             tree = tree if tree is not None else _children()
             _check_memory(w, tree, counters, maps)
-        if w.queues is not None or w.inet is not None:
+        if (w.queues is not None or w.inet is not None) and not _dying(w, now):
             _check_queues(w, counters)
-        if w.upper is not None and now >= w.next_walk:
+        if w.upper is not None and now >= w.next_walk and not _dying(w, now):
             started = time.monotonic()
             usage = _usage(w.upper, w.disk, w.inodes)
             w.next_walk = now + max(TICK * 2, (time.monotonic() - started) * WALK_SHARE * walkers)
@@ -205,10 +207,10 @@ def check(watched: list[Watched], now: float) -> None:
             if over and grew and not w.settling:  # a command that removes files to get back under is left alone
                 tree = _children()
                 w.counters["disk_max"] += 1  # first: the killed command's result reads it when it ends
-                _kill_all(_descendants(tree, w.init_pid), w.init_pid)
+                w.dying.update(dict.fromkeys(_kill_all(_descendants(tree, w.init_pid), w.init_pid), now + KILL_WAIT))
                 # What the killed wrote last is in the next baseline, not taken for a new writer's growth;
-                # on a loaded host a killed writer may still be flushing after the kill's wait, so the
-                # walk after a kill only takes the baseline.
+                # a killed writer may still be flushing once they are gone, so the walk after a kill
+                # only takes the baseline.
                 usage = _usage(w.upper, w.disk, w.inodes)
                 w.settling = True
             else:
@@ -220,7 +222,7 @@ def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int, maps: _
     assert w.memory is not None
     # A killed process frees what it holds once it runs again, which on a busy host may take a second;
     # until then it is left out, so the ones still running are not killed for what it holds.
-    w.dying = {pid: until for pid, until in w.dying.items() if until > maps.now}
+    _dying(w, maps.now)
     pids = [pid for pid in (w.init_pid, *_descendants(tree, w.init_pid)) if pid not in w.dying]
     w.maps = {pid: w.maps[pid] for pid in pids if pid in w.maps}  # the gone, and what a recycled pid had
     w.shares = {pid: w.shares[pid] for pid in pids if pid in w.shares}
@@ -257,7 +259,7 @@ def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int, maps: _
     # Queued bytes belong to no process's pages: when they are what is over, the process holding the
     # most sockets is the one (a socket's queue is freed when its last holder is gone).
     holder = _top_socket_holder(candidates) if queued > sum(sizes.values()) else None
-    _kill_trees(w, tree, victims if holder is None else [holder], TICK)
+    _kill_trees(w, tree, victims if holder is None else [holder])
 
 
 class _Maps:
@@ -476,13 +478,21 @@ def _files(pid: int) -> int:
     return _descriptors(pid) + mapped
 
 
-def _kill_trees(w: Watched, tree: dict[int, list[int]], victims: list[int], wait: float = KILL_WAIT) -> None:
+def _dying(w: Watched, now: float) -> bool:
+    """Whether processes killed within ``KILL_WAIT`` are still going. Meanwhile the jail is not
+    judged again for its disk, its socket queues or the host's open files (what they held is freed
+    once they are gone), and its memory total leaves them out."""
+    w.dying = {pid: until for pid, until in w.dying.items() if until > now and os.path.exists(f"/proc/{pid}")}
+    return bool(w.dying)
+
+
+def _kill_trees(w: Watched, tree: dict[int, list[int]], victims: list[int]) -> None:
     """Kill ``victims`` with their descendants, counted as one OOM kill of the jail. Those not gone
-    after ``wait`` are the jail's ``dying`` for ``KILL_WAIT``."""
+    at once are the jail's ``dying`` for ``KILL_WAIT``."""
     w.counters["oom_kill"] += 1  # first: the killed command's result reads it when it ends
     doomed = dict.fromkeys(found for pid in victims for found in (pid, *_descendants(tree, pid)))
     until = time.monotonic() + KILL_WAIT
-    w.dying.update(dict.fromkeys(_kill_all(list(doomed), w.init_pid, wait), until))
+    w.dying.update(dict.fromkeys(_kill_all(list(doomed), w.init_pid), until))
     w.next_count = 0.0  # what the killed held is freed: the last figure is stale
 
 
@@ -657,10 +667,11 @@ def _in_tree(pid: int, init_pid: int) -> bool:
     return False
 
 
-def _kill_all(pids: list[int], init_pid: int, wait: float = KILL_WAIT) -> list[int]:
+def _kill_all(pids: list[int], init_pid: int) -> list[int]:
     """SIGKILL each through a pidfd, once the pid it holds is seen to still be of this jail; then
-    wait (at most ``wait``) until they are gone, so what they held or wrote is settled. Returns the
-    pids not gone yet."""
+    wait at most ``TICK`` until they are gone. Returns the pids not gone yet: the caller keeps them
+    as the jail's ``dying``, and no sample waits longer for them (a jail's processes can be slow to
+    die: 150 holding 60,000 mappings each took a second, while no other sandbox was sampled)."""
     killed = {}
     for pid in pids:
         pidfd = _kill(pid, init_pid)
@@ -670,7 +681,7 @@ def _kill_all(pids: list[int], init_pid: int, wait: float = KILL_WAIT) -> list[i
     for pidfd in killed:
         poller.register(pidfd, select.POLLIN)
     pending = set(killed)
-    deadline = time.monotonic() + wait
+    deadline = time.monotonic() + TICK
     while pending and (left := deadline - time.monotonic()) > 0:
         for fd, _ in poller.poll(max(1, int(left * 1000))):
             poller.unregister(fd)
