@@ -272,11 +272,18 @@ def _opens_as_a_user() -> bool:
     return os.waitpid(pid, 0)[1] == 0
 
 
-# argv: tcp or udp, bytes to try to queue. Fills loopback sockets whose readers never read (TCP
-# connections; UDP sockets sent datagrams), then holds them.
+# argv: tcp or udp, bytes to try to queue, processes to fork first that hold 10,000 descriptors each
+# (of /dev/null: whoever looks for the socket holder reads them all). Fills loopback sockets whose
+# readers never read (TCP connections; UDP sockets sent datagrams), then holds them.
 INET_HOG = r"""
-import socket, sys, time
-kind, target = sys.argv[1], int(sys.argv[2])
+import os, socket, sys, time
+kind, target, decoys = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for _ in range(decoys):
+    if os.fork() == 0:
+        null = os.open("/dev/null", os.O_RDONLY)
+        held = [os.dup(null) for _ in range(10000)]
+        time.sleep(60)
+        os._exit(0)
 payload, total, held = b"x" * 60000, 0, []
 if kind == "tcp":
     server = socket.socket()
@@ -317,8 +324,10 @@ def _inet_pages(kind: str) -> int:
     raise AssertionError("no such line in /proc/net/sockstat")
 
 
-@pytest.mark.parametrize("kind", ["tcp", "udp"])
-def test_a_jail_holds_only_its_share_of_the_hosts_tcp_and_udp_memory(kind, tmp_path):
+# decoys: before, the watcher read every descriptor of the jail to find the socket holder, 80,000
+# here (half a second, during which no sandbox was sampled, and the fill went on to the mark)
+@pytest.mark.parametrize(("kind", "decoys"), [("tcp", 0), ("udp", 0), ("tcp", 8)])
+def test_a_jail_holds_only_its_share_of_the_hosts_tcp_and_udp_memory(kind, decoys, tmp_path):
     low = rlimits.inet_low_mark()
     bound = rlimits.inet_bound(None)
     assert bound == low // rlimits.INET_SHARE
@@ -329,7 +338,7 @@ def test_a_jail_holds_only_its_share_of_the_hosts_tcp_and_udp_memory(kind, tmp_p
     peak = before
     with Sandbox(mounts=[hog]) as sb, ThreadPoolExecutor(1) as pool:
         assert f"{bound} " in sb.enforcement["socket_buffers"] or f"={bound} " in sb.enforcement["socket_buffers"]
-        running = pool.submit(sb.exec, f"python3 /hog/inet.py {kind} {low}", timeout=300)  # unbounded, up to the mark
+        running = pool.submit(sb.exec, f"python3 /hog/inet.py {kind} {low} {decoys}", timeout=300)  # up to the mark
         while not running.done():
             peak = max(peak, _inet_pages(kind) * watch.PAGE)
             time.sleep(0.005)
@@ -338,8 +347,10 @@ def test_a_jail_holds_only_its_share_of_the_hosts_tcp_and_udp_memory(kind, tmp_p
         # watcher); a UDP send succeeds whether or not the datagram is kept
         assert kind == "udp" or "queued" not in result.stdout or result.oom_killed
         assert sb.exec("echo up").stdout == "up\n"
-    # the watcher samples: a fill at loopback speed got up to 280 MiB past the bound before its kill
-    assert peak - before < bound + (384 << 20)
+    # the watcher samples: a fill at loopback speed (some 5 GB/s: 50 MiB each 10 ms) got up to 300 MiB
+    # past the bound before its kill; 460 among decoys, whose kill (all the jail's processes, their
+    # descriptors not read through) takes longer; before, 1 GiB, to the mark
+    assert peak - before < bound + ((640 if decoys else 384) << 20)
     # and the host stayed under the mark where the kernel starts pressing every socket's buffers
     pressure = int(Path(f"/proc/sys/net/ipv4/{kind}_mem").read_text().split()[1]) * watch.PAGE
     assert peak < pressure
