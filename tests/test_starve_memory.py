@@ -7,6 +7,8 @@ that the host kept its memory and that the sandbox (or the next one) is still us
 from __future__ import annotations
 
 import json
+import os
+import resource
 import signal
 import subprocess
 import time
@@ -80,7 +82,9 @@ def test_without_a_cgroup_the_watcher_holds_the_total():
 # kills them all. Jail B: workers that wait on the canary's lock, so that they allocate (48 MiB each,
 # under RLIMIT_AS) while A's processes die, and say when they hold it. Before, the sample waited for
 # A's processes, and B's workers all got their 1,920 MiB past a 64M limit.
-SLOW_TO_DIE = r"""
+# argv[1] processes that each make 60,000 one-page mappings and hold them; the script goes on once
+# all have made theirs
+MAPPING_HOLDERS = r"""
 import ctypes, fcntl, mmap, os, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
@@ -96,6 +100,10 @@ for _ in range(holders):
         os._exit(0)
 for _ in range(holders):
     os.read(ready_r, 1)
+"""
+SLOW_TO_DIE = (
+    MAPPING_HOLDERS
+    + r"""
 canary = os.open("/shared/lock", os.O_RDWR | os.O_CREAT)
 fcntl.flock(canary, fcntl.LOCK_EX)
 open("/shared/ready", "w").close()
@@ -104,6 +112,7 @@ with open("/root/big", "wb") as f:
         f.write(b"x" * (1 << 20))
 time.sleep(120)
 """
+)
 ALLOCATORS = r"""
 import fcntl, os, time
 for _ in range(12000):  # a hang guard
@@ -114,7 +123,8 @@ done_r, done_w = os.pipe()
 for _ in range(40):
     if os.fork() == 0:
         os.close(done_r)
-        fcntl.flock(os.open("/shared/lock", os.O_RDWR), fcntl.LOCK_SH)
+        if os.path.exists("/shared/lock"):  # made by a canary: wait for it to go
+            fcntl.flock(os.open("/shared/lock", os.O_RDWR), fcntl.LOCK_SH)
         held = [bytearray(16 << 20) for _ in range(3)]
         os.write(done_w, b"x")
         time.sleep(5)
@@ -127,17 +137,22 @@ print("allocated", allocated)
 """
 
 
-@pytest.mark.nocgroup
-def test_a_jail_slow_to_die_does_not_hold_the_watcher_from_another(tmp_path):
+def _hog_and_allocators(tmp_path, name, hog):
+    """Mounts for two jails: /hog, holding ``hog`` as NAME and ALLOCATORS; /shared, read-write."""
     (tmp_path / "hog").mkdir()
-    (tmp_path / "hog" / "slow.py").write_text(SLOW_TO_DIE)
+    (tmp_path / "hog" / name).write_text(hog)
     (tmp_path / "hog" / "allocators.py").write_text(ALLOCATORS)
     (tmp_path / "shared").mkdir()
     tmp_path.chmod(0o755)
-    mounts = [
+    return [
         {"src": str(tmp_path / "hog"), "dst": "/hog", "readonly": True},
         {"src": str(tmp_path / "shared"), "dst": "/shared", "readonly": False},
     ]
+
+
+@pytest.mark.nocgroup
+def test_a_jail_slow_to_die_does_not_hold_the_watcher_from_another(tmp_path):
+    mounts = _hog_and_allocators(tmp_path, "slow.py", SLOW_TO_DIE)
     with (
         Sandbox(mounts=mounts, upper="disk", limits=Limits(disk="16M", memory=None)) as a,
         Sandbox(mounts=mounts, limits=Limits(memory="64M")) as b,
@@ -151,6 +166,73 @@ def test_a_jail_slow_to_die_does_not_hold_the_watcher_from_another(tmp_path):
         # measured: 48-432 MiB, as when no jail is being killed; before, 1,920 (all of it)
         assert int(r.stdout.split()[1]) <= 64 + 640, r.stdout
         assert b.exec("echo fine").stdout == "fine\n"
+
+
+# While the host's open-file table is past 1/FILES_ALARM, each sample counts the files the jails'
+# mappings hold, reading their maps. Jail A: 60 processes of 60,000 anonymous mappings each (3.4 MB
+# of maps apiece, few files); host processes fill the table past the alarm, so no jail is to blame
+# and the count goes on at every sample; jail B's workers then allocate 48 MiB each. Before, each
+# sample read all of A's maps (1.7 s), and B's workers got all 1,920 MiB past a 64M limit.
+LONG_MAPS = (
+    MAPPING_HOLDERS
+    + r"""
+open("/shared/maps-ready", "w").close()
+time.sleep(120)
+"""
+)
+
+
+def _fill_open_file_table(share: float) -> list[int]:
+    """Host processes (no jail's) holding files until the host's open-file table is ``share`` full."""
+    holders = []
+    while watch.host_files()[0] < share * watch.host_files()[1]:
+        pid = os.fork()
+        if pid == 0:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard := resource.getrlimit(resource.RLIMIT_NOFILE)[1], hard))
+            held = []
+            while len(held) < 20000:
+                try:
+                    held.append(os.open("/dev/null", os.O_RDONLY))
+                except OSError:
+                    break
+            time.sleep(120)  # then hold them until killed
+            os._exit(0)
+        holders.append(pid)
+        time.sleep(0.05)
+    return holders
+
+
+@pytest.mark.nocgroup
+def test_counting_a_jails_mapped_files_does_not_hold_the_watcher_from_another(tmp_path):
+    mounts = _hog_and_allocators(tmp_path, "maps.py", LONG_MAPS)
+    used, table = watch.host_files()
+    assert used * 8 < table  # the host itself is far from the alarm
+    holders: list[int] = []
+    with (
+        Sandbox(mounts=mounts, limits=Limits(memory=None)) as a,
+        Sandbox(mounts=mounts, limits=Limits(memory="64M")) as b,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        long_maps = pool.submit(a.exec, "python3 /hog/maps.py 60", timeout=120)
+        allocating = pool.submit(b.exec, "python3 /hog/allocators.py", timeout=120)
+        try:
+            for _ in range(2400):  # a hang guard
+                if (tmp_path / "shared" / "maps-ready").exists() or long_maps.done():
+                    break
+                time.sleep(0.05)
+            holders = _fill_open_file_table(1 / watch.FILES_ALARM + 0.05)
+            (tmp_path / "shared" / "ready").write_text("")
+            r = allocating.result()
+        finally:
+            for pid in holders:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            a.exec("pkill -f /hog/maps.py")
+        assert r.oom_killed and r.stdout.startswith("allocated "), (r.stdout, r.stderr)
+        # measured: 48-528 MiB, as when no table is filling; before, 1,920 (all of it)
+        assert int(r.stdout.split()[1]) <= 64 + 640, r.stdout
+        assert b.exec("echo fine").stdout == "fine\n"
+    assert watch.host_files()[0] * 4 < table
 
 
 # a command sees 1000 once the init has set it: wait for that (a hang guard, not a timing)

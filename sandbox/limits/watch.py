@@ -35,7 +35,9 @@ a cgroup some 256 bytes, so one jail under a 2 GiB limit could take them all, an
 user's ``open()`` would fail with ENFILE. Each sample reads the table's use (one small read); past
 1/``FILES_ALARM`` of it, a jail holding at least 1/``FILES_CULPRIT`` of the table (its descriptors;
 if no jail holds that many, its descriptors and the files only a mapping holds) loses every
-process but its init, reported as ``oom_killed``.
+process but its init, reported as ``oom_killed``. Maps are read for at most ``FILES_TIME`` a
+sample; a process not read again is charged its last count and a file for each page its address
+space grew since.
 
 Both are reactive: what a fast allocator or writer gets past the bound before the next sample is
 measured in README ("Resource bounds"). Kills go through a pidfd opened and re-checked against the
@@ -95,6 +97,7 @@ MAPPINGS_HOG = 4096
 MAPS_TIME = 0.03  # seconds a sample spends reading maps and shares, all sandboxes together
 MAPS_FRESH = 0.5  # seconds a process's count of mappings, or its proportional share, is taken as it is
 READ_WAIT = 0.02  # seconds the watcher waits for one process's maps or smaps_rollup
+FILES_TIME = 0.03  # seconds a sample spends reading maps for the host's open-file table, all sandboxes together
 READER_IDLE = 10.0  # seconds a sandbox's reader thread waits for a read before it ends
 HOLDER_LOOKS = 1024  # descriptors one search for the top socket holder reads, all processes together (6 ms)
 SHARE_MOVE = 1 << 20  # bytes of resident anonymous memory a process gains or frees before its share is read again
@@ -123,6 +126,7 @@ class Watched:
     next_count: float = 0.0
     maps: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> mappings (-1: not read), pages, when
     shares: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> proportional, resident, when
+    files: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> files its maps hold, pages, when
     dying: dict[int, float] = field(default_factory=dict)  # pid -> until when: killed, not gone yet (``_dying``)
     last_kill: float = 0.0  # when the memory bound last killed
     reader: _Reader = field(default_factory=lambda: _Reader())  # reads its processes' maps and shares
@@ -459,21 +463,40 @@ def _check_files(watched: list[Watched], tree: dict[int, list[int]], table: int)
     """The host's open-file table is filling: a jail holding at least 1/FILES_CULPRIT of it loses
     every process but its init (one jail a sample)."""
     # descriptors first, one call a process; mappings, which take reading every one, only if need be,
-    # and only until the bound is reached (its maps are as long as what a jail holds)
-    for count in (_descriptors, _files):
+    # for at most FILES_TIME a sample, and only until the bound is reached (its maps are as long as
+    # what a jail holds)
+    until = time.monotonic() + FILES_TIME
+    for mapped in (False, True):
         for w in watched:
+            pids = _descendants(tree, w.init_pid)
+            if mapped:  # the gone forgotten; then the never counted first, the oldest counts next
+                w.files = {pid: w.files[pid] for pid in pids if pid in w.files}
+                pids.sort(key=lambda pid: w.files[pid][2] if pid in w.files else -1.0)
             held = 0
-            for pid in _descendants(tree, w.init_pid):
-                held += count(pid)
+            for pid in pids:
+                held += _descriptors(pid) + (_mapped_files(w, pid, until) if mapped else 0)
                 if held >= table // FILES_CULPRIT:
                     # all its processes but the init: holders are cheap to fork again from one that holds none
                     _kill_trees(w, tree, tree.get(w.init_pid, []))
                     return
 
 
+def _mapped_files(w: Watched, pid: int, until: float) -> int:
+    """The files only ``pid``'s mappings may hold: counted while the sample has time (``_files``),
+    else its last count (0 before the first); either way plus a file for each page its address
+    space grew since (a mapping takes one at least). A jail's processes may each have 65,530
+    mappings to read: reading them all at every sample kept the watcher from other sandboxes."""
+    pages = _statm(pid)[0]
+    count, seen, when = w.files.get(pid, (0, pages, -1.0))
+    if time.monotonic() < until:
+        count, seen, when = _files(pid), pages, time.monotonic()
+    w.files[pid] = (count, seen, when)
+    return count + max(0, pages - seen)
+
+
 def _files(pid: int) -> int:
-    """The files ``pid`` holds: its descriptors, and its mappings of files (a file mapped and then
-    closed stays open in the kernel's table). At most MAPS_MAX bytes of its maps are read."""
+    """The files ``pid``'s mappings hold (a file mapped and then closed stays open in the kernel's
+    table). At most MAPS_MAX bytes of its maps are read."""
     mapped = 0
     try:
         fd = os.open(f"/proc/{pid}/maps", os.O_RDONLY | os.O_CLOEXEC)
@@ -490,7 +513,7 @@ def _files(pid: int) -> int:
         pass
     finally:
         os.close(fd)
-    return _descriptors(pid) + mapped
+    return mapped
 
 
 def _dying(w: Watched, now: float) -> bool:
