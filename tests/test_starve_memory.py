@@ -237,6 +237,68 @@ def test_counting_a_jails_mapped_files_does_not_hold_the_watcher_from_another(tm
     assert watch.host_files()[0] * 4 < table
 
 
+# Over its bound in resident memory (pages shared after fork count once per process there), a jail
+# is judged on its processes' proportional shares: reading one (smaps_rollup) takes 15 ms for a
+# process of 60,000 mappings and 512 MiB on an idle host, more on a busy one. Jail A: such a
+# process forks 40 children, one every 0.1 s; once the watcher has had time to read their shares,
+# each grows by 2 MiB every 50 ms up to 48 MiB, frees it and grows again, so its resident memory
+# has moved at most samples. A stays within its bound all along (3.2 GiB of 4 at the peak, 0.9 of
+# it the kernel's records of mappings), so it must not be killed; meanwhile jail B's workers
+# allocate 48 MiB each under a 64M limit. Before, A was killed 3 runs of 3: a read outlasting its
+# 20 ms wait charged every share not read yet all of its resident memory.
+GROWERS = r"""
+import ctypes, mmap, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+private = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+shared = mmap.mmap(-1, 512 << 20, flags=private)
+shared.write(b"x" * (512 << 20))  # in every child's resident memory, one copy in all
+for i in range(60000):  # alternating protection: no two merge
+    libc.mmap(None, mmap.PAGESIZE, 1 if i % 2 else 3, 0x22, -1, 0)
+own, step = mmap.mmap(-1, 48 << 20, flags=private), b"x" * (2 << 20)
+parent = os.getpid()
+for _ in range(40):
+    if os.fork() == 0:
+        while not os.path.exists("/shared/grow") and os.getppid() == parent:
+            time.sleep(0.05)
+        while not os.path.exists("/shared/done") and os.getppid() == parent:
+            for at in range(0, 48 << 20, 2 << 20):
+                own[at : at + (2 << 20)] = step
+                time.sleep(0.05)
+            own.madvise(mmap.MADV_DONTNEED)
+        os._exit(0)
+    time.sleep(0.1)
+time.sleep(2)
+open("/shared/grow", "w").close()
+time.sleep(1)
+open("/shared/ready", "w").close()
+for _ in range(40):
+    os.wait()
+"""
+
+
+@pytest.mark.nocgroup
+def test_a_jail_slow_to_read_is_not_killed_and_does_not_hold_the_watcher(tmp_path):
+    mounts = _hog_and_allocators(tmp_path, "growers.py", GROWERS)
+    with (
+        Sandbox(mounts=mounts, limits=Limits(memory="4G")) as a,
+        Sandbox(mounts=mounts, limits=Limits(memory="64M")) as b,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        growing = pool.submit(a.exec, "python3 /hog/growers.py", timeout=120)
+        try:
+            r = b.exec("python3 /hog/allocators.py", timeout=120)
+        finally:
+            (tmp_path / "shared" / "done").write_text("")
+        within = growing.result()
+        assert within.exit_code == 0 and not within.oom_killed, (within.stdout, within.stderr)
+        assert r.oom_killed, (r.stdout, r.stderr)
+        # measured: 48 MiB, 4 runs of 4
+        assert _allocated(tmp_path) <= 64 + 640
+        assert b.exec("echo fine").stdout == "fine\n"
+
+
 # a command sees 1000 once the init has set it: wait for that (a hang guard, not a timing)
 OWN_ADJ = "for i in $(seq 3000); do read v < /proc/self/oom_score_adj; [ $v = 1000 ] && break; sleep 0.01; done;"
 OWN_ADJ += " echo $v"

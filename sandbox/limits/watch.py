@@ -15,7 +15,10 @@ process's address space could hold (a page each) would take the jail past its bo
 ``MAPS_TIME`` a sample, all sandboxes together; a count stays ``MAPS_FRESH`` seconds, and a process's
 is read again first when its address space grew. Reading stops at ``MAPPINGS_HOG``: a process with
 that many is charged the most its address space could hold, so a jail of hundreds of such processes
-is held without reading all of their maps at every sample. The sockets of the jail's own network
+is held without reading all of their maps at every sample. Proportional shares are read in the same
+time: one not read again is its last share plus what its resident memory grew since, and a jail
+over only if the shares never read are all of its processes' resident memory is read on at the
+next samples, for at most ``UNDECIDED``, before it is judged so. The sockets of the jail's own network
 namespace count towards ``memory`` too: socket buffers are kernel memory no rlimit holds, and a
 reader that never reads makes a writer fill them.
 Their figures (UNIX, TCP, UDP) are the kernel's own, read through a sock_diag socket the jail's
@@ -63,7 +66,7 @@ from pathlib import Path
 from .sockdiag import Sockets
 
 TICK = 0.05
-KILL_WAIT = 1.0  # seconds a killed process still going is left out, and its jail not judged again (``_dying``)
+KILL_WAIT = 1.0  # seconds a killed process still going is left out, and its jail not judged again (``_forget_gone``)
 WALK_SHARE = 5  # walks of writable layers take at most a fifth of the thread's time, all sandboxes together
 WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still seen
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -98,9 +101,11 @@ MAPS_TIME = 0.03  # seconds a sample spends reading maps and shares, all sandbox
 MAPS_FRESH = 0.5  # seconds a process's count of mappings, or its proportional share, is taken as it is
 READ_WAIT = 0.02  # seconds the watcher waits for one process's maps or smaps_rollup
 FILES_TIME = 0.03  # seconds a sample spends reading maps for the host's open-file table, all sandboxes together
+LATE_KEPT = 64  # results of reads done after their wait, kept until asked for again
 READER_IDLE = 10.0  # seconds a sandbox's reader thread waits for a read before it ends
 HOLDER_LOOKS = 1024  # descriptors one search for the top socket holder reads, all processes together (6 ms)
 SHARE_MOVE = 1 << 20  # bytes of resident anonymous memory a process gains or frees before its share is read again
+UNDECIDED = 20  # samples in a row a jail may be over only by shares not read yet, before it is judged so
 
 
 @dataclass(eq=False)
@@ -127,8 +132,9 @@ class Watched:
     maps: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> mappings (-1: not read), pages, when
     shares: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> proportional, resident, when
     files: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> files its maps hold, pages, when
-    dying: dict[int, float] = field(default_factory=dict)  # pid -> until when: killed, not gone yet (``_dying``)
+    dying: dict[int, float] = field(default_factory=dict)  # pid -> until when: killed, not gone yet (``_forget_gone``)
     last_kill: float = 0.0  # when the memory bound last killed
+    undecided: int = 0  # samples in a row it may have been over only by shares not read yet
     reader: _Reader = field(default_factory=lambda: _Reader())  # reads its processes' maps and shares
 
     def __post_init__(self) -> None:
@@ -193,17 +199,19 @@ def check(watched: list[Watched], now: float) -> None:
     walkers = sum(w.upper is not None for w in watched)
     counters = sum(w.sockets is not None or w.queues is not None for w in watched)
     maps = _Maps(now)
+    for w in watched:
+        _forget_gone(w, now)
     used, table = host_files()
     if used * FILES_ALARM > table:
         tree = _children()
-        _check_files([w for w in watched if not _dying(w, now)], tree, table)
-    for w in watched:
+        _check_files([w for w in watched if not w.dying], tree, table)
+    for w in sorted(watched, key=lambda w: -w.undecided):  # the longest undecided read first
         if w.memory is not None:
             tree = tree if tree is not None else _children()
             _check_memory(w, tree, counters, maps)
-        if (w.queues is not None or w.inet is not None) and not _dying(w, now):
+        if (w.queues is not None or w.inet is not None) and not w.dying:
             _check_queues(w, counters)
-        if w.upper is not None and now >= w.next_walk and not _dying(w, now):
+        if w.upper is not None and now >= w.next_walk and not w.dying:
             started = time.monotonic()
             usage = _usage(w.upper, w.disk, w.inodes)
             w.next_walk = now + max(TICK * 2, (time.monotonic() - started) * WALK_SHARE * walkers)
@@ -225,9 +233,9 @@ def check(watched: list[Watched], now: float) -> None:
 
 def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int, maps: _Maps) -> None:
     assert w.memory is not None
+    undecided, w.undecided = w.undecided, 0  # kept only while still undecided
     # A killed process frees what it holds once it runs again, which on a busy host may take a second;
     # until then it is left out, so the ones still running are not killed for what it holds.
-    _dying(w, maps.now)
     pids = [pid for pid in (w.init_pid, *_descendants(tree, w.init_pid)) if pid not in w.dying]
     w.maps = {pid: w.maps[pid] for pid in pids if pid in w.maps}  # the gone, and what a recycled pid had
     w.shares = {pid: w.shares[pid] for pid in pids if pid in w.shares}
@@ -248,9 +256,17 @@ def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int, maps: _
     held = {pid: held[pid] + mapped.get(pid, 0) * MAPPING_CHARGE for pid in pids}
     if queued + sum(statm[pid][1] + held[pid] for pid in pids) <= w.memory:
         return
-    sizes = {pid: maps.proportional(w, pid, statm[pid][1]) + held[pid] for pid in pids}
+    shares = maps.shares(w, {pid: statm[pid][1] for pid in pids})
+    sizes = {pid: shares[pid][1] + held[pid] for pid in pids}
     if queued + sum(sizes.values()) <= w.memory:
         return
+    if queued + sum(shares[pid][0] + held[pid] for pid in pids) <= w.memory:
+        # over only if the shares not read yet are all they may be: read on at the next samples,
+        # for at most UNDECIDED, then judged on what they may be (a jail can make reads slow; and
+        # counted in samples, not seconds, as a host slowed by its load samples less often)
+        w.undecided = undecided + 1
+        if w.undecided < UNDECIDED:
+            return
     candidates = {pid: size for pid, size in sizes.items() if pid != w.init_pid}
     if not candidates:
         return  # the init alone: it reads at most one bounded request, and is never killed here
@@ -273,7 +289,8 @@ class _Maps:
     only counted, up to ``MAPPINGS_HOG``) and its proportional share (``smaps_rollup``, 10 ms for
     65,000 mappings). Both are kept in the process's ``Watched`` and taken as they are for
     ``MAPS_FRESH`` seconds. Each is read through the sandbox's ``_Reader``: a process whose count
-    the jail keeps waiting is charged the most it could hold."""
+    the jail keeps waiting is charged the most it could hold; a share kept waiting is taken once
+    read, at a later sample."""
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -327,20 +344,34 @@ class _Maps:
             counted.update({pid: MAPPINGS_HOG for pid in pids if self.now - w.maps[pid][2] >= MAPS_FRESH})
         return {pid: could[pid] if n >= MAPPINGS_HOG else min(n, could[pid]) for pid, n in counted.items()}
 
-    def proportional(self, w: Watched, pid: int, resident: int) -> int:
-        """``pid``'s proportional share (``_proportional``): read again once its resident anonymous
-        memory moved by ``SHARE_MOVE``, or, while there is time, once it is no longer fresh."""
-        known = w.shares.get(pid)
-        if (
-            known is None
-            or abs(resident - known[1]) >= SHARE_MOVE
-            or (self.now - known[2] >= MAPS_FRESH and self._in_time())
-        ):
-            share = None if w.reader.busy() else w.reader.read(_proportional, pid)
-            if share is None:  # a read is kept waiting: the last share, or its resident anonymous memory
-                return resident if known is None else known[0]
-            known = w.shares[pid] = (share, resident, self.now)
-        return known[0]
+    def shares(self, w: Watched, resident: dict[int, int]) -> dict[int, tuple[int, int]]:
+        """pid -> the least and the most the proportional share (``_proportional``) of each of
+        ``resident`` (pid -> resident anonymous memory) may be. While there is time, shares never
+        read are read first, biggest first; then those whose resident memory moved by
+        ``SHARE_MOVE``, most first; then those not fresh, oldest first. A share not read again is its
+        last one, plus what its resident memory grew since (new pages are the process's own until it
+        forks), or, if that shrank, as little as it shrank to. A share never read is anything from
+        nothing to all of its resident memory."""
+        shares = w.shares
+        moved = {pid: abs(resident[pid] - shares[pid][1]) for pid in resident if pid in shares}
+        unread = sorted((pid for pid in resident if pid not in shares), key=resident.__getitem__, reverse=True)
+        grown = sorted((pid for pid, by in moved.items() if by >= SHARE_MOVE), key=moved.__getitem__, reverse=True)
+        stale = sorted((pid for pid in moved if self.now - shares[pid][2] >= MAPS_FRESH), key=lambda p: shares[p][2])
+        for pid in dict.fromkeys((*unread, *grown, *stale)):
+            if not self._in_time() or w.reader.busy():
+                break
+            share = w.reader.read(_proportional, pid)
+            if share is None:  # slow, or kept waiting by the jail: taken when done, at a later sample
+                break
+            shares[pid] = (share, resident[pid], self.now)
+        bounds = {}
+        for pid, now in resident.items():
+            if pid not in shares:
+                bounds[pid] = (0, now)
+            else:
+                share, then, _ = shares[pid]
+                bounds[pid] = (max(0, share + now - then), max(share, share + now - then))
+        return bounds
 
 
 class _Reader:
@@ -356,27 +387,38 @@ class _Reader:
         self._cv = threading.Condition()
         self._call: Callable[[], int] | None = None
         self._result = 0
+        self._key: tuple[Callable[[int], int], int] | None = None  # of the read in flight
+        self._late = False  # whether that read outlasted its wait
+        self._done: dict[tuple[Callable[[int], int], int], int] = {}  # results of reads done late
 
     def busy(self) -> bool:
         """Whether a read that outlasted its wait is still not done."""
         return self._owner == os.getpid() and self._call is not None
 
     def read(self, read: Callable[[int], int], pid: int) -> int | None:
-        """``read(pid)``, or None if it took longer than ``READ_WAIT`` (or the last one still does)."""
+        """``read(pid)``, or None if it took longer than ``READ_WAIT`` (or the last one still does).
+        Asked again for a read that outlasted its wait and is done since, its result at once: a
+        process slow to read (hundreds of MiB resident, tens of thousands of mappings) is read."""
         if self._owner != os.getpid():
             self._owner = os.getpid()
             self._cv = threading.Condition()  # a fork copies it as it was, maybe held by the old thread
             self._call = None
+            self._done.clear()
             threading.Thread(target=self._run, args=(self._cv,), name="jailbox-watch-read", daemon=True).start()
         with self._cv:
             if self._call is not None:
                 return None
-            self._call = functools.partial(read, pid)
+            if (read, pid) in self._done:
+                return self._done.pop((read, pid))
+            if len(self._done) >= LATE_KEPT:  # of processes gone, or not asked for again
+                self._done.clear()
+            self._call, self._key, self._late = functools.partial(read, pid), (read, pid), False
             self._cv.notify_all()
             deadline = time.monotonic() + READ_WAIT
             while self._call is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self._late = True
                     return None
                 self._cv.wait(left)
             return self._result
@@ -395,6 +437,8 @@ class _Reader:
                 result = 0
             with cv:
                 self._result, self._call = result, None
+                if self._late and self._key is not None:
+                    self._done[self._key] = result
                 cv.notify_all()
 
 
@@ -516,12 +560,11 @@ def _files(pid: int) -> int:
     return mapped
 
 
-def _dying(w: Watched, now: float) -> bool:
-    """Whether processes killed within ``KILL_WAIT`` are still going. Meanwhile the jail is not
-    judged again for its disk, its socket queues or the host's open files (what they held is freed
-    once they are gone), and its memory total leaves them out."""
+def _forget_gone(w: Watched, now: float) -> None:
+    """Keep in ``w.dying`` only the processes killed within ``KILL_WAIT`` and still going. While
+    any is, the jail is not judged again for its disk, its socket queues or the host's open files
+    (what they held is freed once they are gone), and its memory total leaves them out."""
     w.dying = {pid: until for pid, until in w.dying.items() if until > now and os.path.exists(f"/proc/{pid}")}
-    return bool(w.dying)
 
 
 def _kill_trees(w: Watched, tree: dict[int, list[int]], victims: list[int]) -> None:
