@@ -11,9 +11,11 @@ import os
 import resource
 import signal
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 from host_memory import MiB, host_keeps_its_memory  # noqa: F401 (an autouse fixture)
 
@@ -113,12 +115,17 @@ with open("/root/big", "wb") as f:
 time.sleep(120)
 """
 )
-ALLOCATORS = r"""
+# the neighbour's scripts start once /shared/ready is there
+WAIT_READY = r"""
 import fcntl, os, time
 for _ in range(12000):  # a hang guard
     if os.path.exists("/shared/ready"):
         break
     time.sleep(0.01)
+"""
+ALLOCATORS = (
+    WAIT_READY
+    + r"""
 for _ in range(40):
     if os.fork() == 0:
         if os.path.exists("/shared/lock"):  # made by a canary: wait for it to go
@@ -131,6 +138,7 @@ for _ in range(40):
 for _ in range(40):
     os.wait()
 """
+)
 
 
 def _allocated(tmp_path):
@@ -296,6 +304,85 @@ def test_a_jail_slow_to_read_is_not_killed_and_does_not_hold_the_watcher(tmp_pat
         assert r.oom_killed, (r.stdout, r.stderr)
         # measured: 48 MiB, 4 runs of 4
         assert _allocated(tmp_path) <= 64 + 640
+        assert b.exec("echo fine").stdout == "fine\n"
+
+
+# A disk writable layer is walked by the watcher, and a jail may hold a million entries inside its
+# default bounds. Jail A: 400,000 links to 8 empty files (a second or more to walk). Jail B: a
+# process that forks a worker allocating 48 MiB and holding it for 2 s every 50 ms for 8 s, under a
+# 64M limit; the test samples what B's processes hold, from a thread of its own. Before, a walk of
+# A kept the watcher from B for as long as it took.
+MANY_LINKS = r"""
+import os, time
+os.mkdir("/root/many")
+for i in range(8):
+    open(f"/root/many/{i}", "w").close()
+for i in range(8, 400000):  # 50,000 links a file: ext4 allows 65,000
+    os.link(f"/root/many/{i % 8}", f"/root/many/{i}")
+open("/shared/ready", "w").close()
+time.sleep(120)
+"""
+TRICKLE = (
+    WAIT_READY
+    + r"""
+end = time.monotonic() + 8
+while time.monotonic() < end:
+    if os.fork() == 0:
+        held = bytearray(48 << 20)
+        time.sleep(2)
+        os._exit(0)
+    time.sleep(0.05)
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+"""
+)
+
+
+def _most_held(init_pid: int, stop) -> int:
+    """The most resident anonymous memory the processes under ``init_pid`` held at once, sampled
+    until ``stop`` is set."""
+    most = 0
+    while not stop.is_set():
+        held = 0
+        try:
+            children = psutil.Process(init_pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        for child in children:
+            try:
+                info = child.memory_info()
+            except psutil.NoSuchProcess:
+                continue
+            held += info.rss - info.shared
+        most = max(most, held)
+        time.sleep(0.01)
+    return most
+
+
+@pytest.mark.nocgroup
+def test_walking_a_jails_many_files_does_not_hold_the_watcher_from_another(tmp_path):
+    mounts = _hog_and_allocators(tmp_path, "links.py", MANY_LINKS)
+    (tmp_path / "hog" / "trickle.py").write_text(TRICKLE)
+    stop = threading.Event()
+    with (
+        Sandbox(mounts=mounts, limits=Limits(memory=None)) as a,
+        Sandbox(mounts=mounts, upper="tmpfs", limits=Limits(memory="64M")) as b,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        linking = pool.submit(a.exec, "python3 /hog/links.py", timeout=120)
+        most = pool.submit(_most_held, b._jail.init_pid, stop)
+        try:
+            r = b.exec("python3 /hog/trickle.py", timeout=120)
+        finally:
+            stop.set()
+            a.exec("pkill -f /hog/links.py")
+        assert not linking.result().oom_killed
+        assert r.oom_killed, (r.stdout, r.stderr)
+        # measured: 154-195 MiB; before, 1,473-2,032
+        assert most.result() <= (64 + 640) * MiB, most.result() // MiB
         assert b.exec("echo fine").stdout == "fine\n"
 
 

@@ -29,8 +29,9 @@ Their TCP and UDP part is also held on its own, with or without a cgroup (v1's `
 it in the kernel instead), to the jail's share of the host's ``tcp_mem``/``udp_mem``, one count for
 every network namespace (``rlimits.inet_bound``). A jail on the host's network has no such count
 (its sockets are among all of the host's); there each socket is bounded only by its own buffer
-size. Over ``disk`` or ``inodes`` (a bounded walk of the writable layer, spaced by how long the
-last one took), every process of the jail but its init is killed each time usage grew.
+size. Over ``disk`` or ``inodes`` (a walk of the writable layer, which each sample goes on with
+for at most ``WALK_TIME``, all sandboxes together, the least recently walked first), every process
+of the jail but its init is killed each time usage grew.
 
 The host's open-file table (``fs.file-max``, about 10% of memory in 1 KiB files) is one count for
 every process of the host, root's aside, that no namespace, cgroup or rlimit divides: a file costs
@@ -67,7 +68,7 @@ from .sockdiag import Sockets
 
 TICK = 0.05
 KILL_WAIT = 1.0  # seconds a killed process still going is left out, and its jail not judged again (``_forget_gone``)
-WALK_SHARE = 5  # walks of writable layers take at most a fifth of the thread's time, all sandboxes together
+WALK_TIME = 0.01  # seconds a sample spends walking writable layers, all sandboxes together
 WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still seen
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ROLLUP_KEYS = (b"Pss_Anon:", b"Pss_Shmem:", b"SwapPss:")
@@ -122,8 +123,9 @@ class Watched:
     inet: int | None = None  # bound on its TCP and UDP buffers (a share of the host's tcp_mem/udp_mem)
     queue_tables: tuple[tuple[str, tuple[int, ...], int], ...] = NETLINK_ONLY  # the /proc/INIT/net tables read
     counters: dict[str, int] = field(default_factory=dict)
-    last_usage: tuple[int, int] = (0, 0)
-    next_walk: float = 0.0
+    last_usage: tuple[int, int] = (0, 0)  # of the last walk done
+    walk: _Walk | None = None  # of its writable layer, under way
+    walked: float = 0.0  # when its walk last went on: the least recent goes first
     settling: bool = False  # killed at the last walk: what its writers still flushed is not new growth
     queued: int = 0  # the last figure for its sockets, kept until the next count
     diagnosed: int = 0  # of which what sock_diag reported (UNIX, TCP, UDP), kept while a dump is read out
@@ -164,17 +166,18 @@ class Watcher:
             self._lock.notify()
 
     def remove(self, watched: Watched) -> None:
-        """Stop watching; the sandbox's netlink socket is closed once no sample is using it."""
+        """Stop watching; the sandbox's netlink socket and its walk's directory are closed once no
+        sample is using them."""
         with self._lock:
             if watched in self._watched:
                 self._watched.remove(watched)
-        if watched.sockets is None:
+        if watched.sockets is None and watched.upper is None:
             return
         if self._owner != os.getpid():  # a forked child: no thread of this process samples it
-            watched.sockets.close()
+            _release(watched)
             return
         with self._checking:
-            watched.sockets.close()
+            _release(watched)
 
     def _run(self) -> None:
         while True:
@@ -196,7 +199,6 @@ WATCHER = Watcher()
 def check(watched: list[Watched], now: float) -> None:
     """One sample of every watched sandbox; kills what is over its bound."""
     tree: dict[int, list[int]] | None = None
-    walkers = sum(w.upper is not None for w in watched)
     counters = sum(w.sockets is not None or w.queues is not None for w in watched)
     maps = _Maps(now)
     for w in watched:
@@ -211,24 +213,31 @@ def check(watched: list[Watched], now: float) -> None:
             _check_memory(w, tree, counters, maps)
         if (w.queues is not None or w.inet is not None) and not w.dying:
             _check_queues(w, counters)
-        if w.upper is not None and now >= w.next_walk and not w.dying:
-            started = time.monotonic()
-            usage = _usage(w.upper, w.disk, w.inodes)
-            w.next_walk = now + max(TICK * 2, (time.monotonic() - started) * WALK_SHARE * walkers)
-            over = (w.disk is not None and usage[0] > w.disk) or (w.inodes is not None and usage[1] > w.inodes)
-            grew = usage[0] > w.last_usage[0] or usage[1] > w.last_usage[1]
-            if over and grew and not w.settling:  # a command that removes files to get back under is left alone
-                tree = _children()
-                w.counters["disk_max"] += 1  # first: the killed command's result reads it when it ends
-                w.dying.update(dict.fromkeys(_kill_all(_descendants(tree, w.init_pid), w.init_pid), now + KILL_WAIT))
-                # What the killed wrote last is in the next baseline, not taken for a new writer's growth;
-                # a killed writer may still be flushing once they are gone, so the walk after a kill
-                # only takes the baseline.
-                usage = _usage(w.upper, w.disk, w.inodes)
-                w.settling = True
-            else:
-                w.settling = False
-            w.last_usage = usage
+    until = time.monotonic() + WALK_TIME
+    for w in sorted((w for w in watched if w.upper is not None and not w.dying), key=lambda w: w.walked):
+        _check_disk(w, now, until)
+
+
+def _check_disk(w: Watched, now: float, until: float) -> None:
+    """Go on with the walk of the jail's writable layer until ``until``; once it is done, kill the
+    jail's processes if its usage is past a bound and grew since the last walk."""
+    assert w.upper is not None
+    w.walk = w.walk or _Walk(w.upper, w.disk, w.inodes)
+    w.walked = now
+    if not w.walk.step(until):
+        return
+    usage, w.walk = (w.walk.used, w.walk.entries), None
+    over = (w.disk is not None and usage[0] > w.disk) or (w.inodes is not None and usage[1] > w.inodes)
+    grew = usage[0] > w.last_usage[0] or usage[1] > w.last_usage[1]
+    # a command that removes files to get back under is left alone; a killed writer may still be
+    # flushing once gone, so the walk after a kill only takes the baseline, not new growth
+    if over and grew and not w.settling:
+        w.counters["disk_max"] += 1  # first: the killed command's result reads it when it ends
+        w.dying.update(dict.fromkeys(_kill_all(_descendants(_children(), w.init_pid), w.init_pid), now + KILL_WAIT))
+        w.settling = True
+    else:
+        w.settling = False
+    w.last_usage = usage
 
 
 def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int, maps: _Maps) -> None:
@@ -790,28 +799,60 @@ def _kill(pid: int, init_pid: int) -> int:
     return -1
 
 
-def _usage(top: Path, disk: int | None, inodes: int | None) -> tuple[int, int]:
-    """(bytes allocated, entries) under ``top``, without following links; stops at ``WALK_SLACK``
-    times a bound (a jail over it that long has been killed since it crossed it)."""
-    used = entries = 0
-    stack = [str(top)]
-    while stack:
-        try:
-            it = os.scandir(stack.pop())
-        except OSError:
-            continue  # gone, or a directory this user may not read (see README)
-        with it:
-            for entry in it:
+class _Walk:
+    """One walk of a writable layer: (bytes allocated, entries), never following a link. A sample
+    goes on with it for at most ``WALK_TIME``, all sandboxes together: a jail may hold a million
+    entries inside its bounds, and walking them at once kept the watcher from every other sandbox
+    for seconds. It stops at ``WALK_SLACK`` times a bound (a jail over it that long has been killed
+    since it crossed it)."""
+
+    def __init__(self, top: Path, disk: int | None, inodes: int | None) -> None:
+        self.disk = disk * WALK_SLACK if disk is not None else None
+        self.inodes = inodes * WALK_SLACK if inodes is not None else None
+        self.used = self.entries = 0
+        self.stack = [str(top)]
+        self.reading: os._ScandirIterator[str] | None = None  # the directory it is in, open
+
+    def step(self, until: float) -> bool:
+        """Walk on until ``until`` (``time.monotonic()``); whether the walk is done."""
+        while True:
+            if self.reading is None:
+                if not self.stack:
+                    return True
+                try:
+                    self.reading = os.scandir(self.stack.pop())
+                except OSError:
+                    continue  # gone, or a directory this user may not read (see README)
+            for looked, entry in enumerate(self.reading):
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                used += st.st_blocks * 512
-                entries += 1
+                self.used += st.st_blocks * 512
+                self.entries += 1
                 if stat.S_ISDIR(st.st_mode):
-                    stack.append(entry.path)
-                if (disk is not None and used > disk * WALK_SLACK) or (
-                    inodes is not None and entries > inodes * WALK_SLACK
+                    self.stack.append(entry.path)
+                if (self.disk is not None and self.used > self.disk) or (
+                    self.inodes is not None and self.entries > self.inodes
                 ):
-                    return used, entries
-    return used, entries
+                    self.close()
+                    return True
+                if looked % 64 == 63 and time.monotonic() >= until:
+                    return False
+            self.reading.close()
+            self.reading = None
+
+    def close(self) -> None:
+        if self.reading is not None:
+            self.reading.close()
+            self.reading = None
+        self.stack.clear()
+
+
+def _release(watched: Watched) -> None:
+    """Close what the watcher holds of a sandbox it no longer watches."""
+    if watched.sockets is not None:
+        watched.sockets.close()
+    if watched.walk is not None:
+        watched.walk.close()
+        watched.walk = None
