@@ -299,7 +299,7 @@ class Jail:
                 host_pid=os.getpid(),
                 host_start=state.own_start(),
                 init_pid=self.init_pid,
-                init_start=state.process_start(self.init_pid),
+                init_start=cgroups.start_ticks(self.init_pid),
                 idmap=self._idmap.to_wire(),
                 lower=self.spec.lower,  # `jailbox rootfs rm` will not pull a tree from under a live jail
             )

@@ -1,6 +1,6 @@
 """Per-user state directory: skeletons and one directory per live sandbox.
 
-Each sandbox directory holds ``meta.json`` (owner pid and start time, init pid) so
+Each sandbox directory holds ``meta.json`` (owner pid and start tick, init pid and start tick) so
 ``jailbox cleanup`` can tell a live sandbox from the remains of a crashed host process.
 """
 
@@ -57,29 +57,21 @@ def _check_private(base: Path) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_start(pid: int) -> float | None:
-    return process_start(pid)
+def _cached_start(pid: int) -> int | None:
+    return start_ticks(pid)
 
 
-def own_start() -> float | None:
+def own_start() -> int | None:
+    """This process's start, as ``meta.json`` and the counters ledger record an owner: clock ticks since
+    boot, which a step of the wall clock (NTP, a VM resumed) leaves alone. A time in seconds since the
+    epoch (boot time plus ticks) moves with such a step, and a live owner then looked dead."""
     return _cached_start(os.getpid())
 
 
-@functools.lru_cache(maxsize=1)
-def _boot_time() -> float:
-    with open("/proc/stat", "rb") as file:
-        for line in file:
-            if line.startswith(b"btime "):
-                return float(line.split()[1])
-    raise SandboxSetupError("/proc/stat has no btime line")
-
-
-def process_start(pid: int) -> float | None:
-    """When ``pid`` started, in seconds since the epoch (its start tick plus boot time, as psutil's
-    ``create_time`` computes it), or None when no such process is visible. Read from /proc directly, not
-    through psutil, whose import ``jailbox exec`` would pay on every run."""
-    ticks = start_ticks(pid)
-    return None if ticks is None else ticks / os.sysconf("SC_CLK_TCK") + _boot_time()
+def started_as(pid: object, start: object) -> bool:
+    """Whether ``pid`` is the process that started at ``start`` (ticks since boot), not another one that
+    was given its pid since."""
+    return isinstance(pid, int) and isinstance(start, int) and start_ticks(pid) == start
 
 
 def write_meta(sandbox_dir: Path, **fields: object) -> None:
@@ -97,11 +89,7 @@ def read_meta(sandbox_dir: Path) -> dict:
 
 
 def owner_alive(meta: dict) -> bool:
-    pid, start = meta.get("host_pid"), meta.get("host_start")
-    if not isinstance(pid, int):
-        return False
-    current = process_start(pid)
-    return current is not None and start is not None and abs(current - start) < 1.0
+    return started_as(meta.get("host_pid"), meta.get("host_start"))
 
 
 def force_rmtree(path: Path) -> None:
@@ -169,13 +157,11 @@ def cleanup(base: Path, force: bool = False) -> tuple[list[Path], list[tuple[Pat
         if not force and (owner_alive(meta) or (not meta and _younger_than(path, META_GRACE))):
             continue  # in use, or being created right now (its meta is written once it is up)
         init_pid = meta.get("init_pid")
-        if isinstance(init_pid, int) and meta.get("init_start") is not None:
-            start = process_start(init_pid)
-            if start is not None and abs(start - meta["init_start"]) < 1.0:
-                try:
-                    os.kill(init_pid, 9)
-                except OSError:
-                    pass
+        if isinstance(init_pid, int) and started_as(init_pid, meta.get("init_start")):
+            try:
+                os.kill(init_pid, 9)
+            except OSError:
+                pass
         try:
             remove_sandbox_dir(path, _meta_idmap(meta))
             removed.append(path)

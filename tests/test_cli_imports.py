@@ -24,8 +24,8 @@ import psutil
 import pytest
 
 from jailbox.sandbox import Sandbox, SandboxConfig
+from jailbox.sandbox.limits.cgroups import start_ticks
 from jailbox.sandbox.seccomp.syscalls import NEWER, syscall_table
-from jailbox.sandbox.state import process_start
 
 MAIN = "import sys; from jailbox.cli import main; sys.exit(main())"  # the full CLI
 QUICK = "import sys; from jailbox.console import main; sys.exit(main())"  # the console script's body
@@ -181,25 +181,28 @@ def _named(name: str) -> subprocess.Popen[str]:
     return child
 
 
+def _boot_ticks() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")
+
+
 @pytest.mark.parametrize("name", NASTY_NAMES)
-def test_process_start_reads_past_any_name_a_process_gives_itself(name: str) -> None:
+def test_start_ticks_reads_past_any_name_a_process_gives_itself(name: str) -> None:
+    before = _boot_ticks()
     child = _named(name)
     try:
-        expected = psutil.Process(child.pid).create_time()
-        assert process_start(child.pid) == pytest.approx(expected, abs=0.02)
+        assert before - 1 <= start_ticks(child.pid) <= _boot_ticks()  # the kernel's tick, from the boot clock
     finally:
         child.kill()
         child.wait()
-    assert process_start(child.pid) is None  # reaped: gone, not a wrong time
+    assert start_ticks(child.pid) is None  # reaped: gone, not a wrong start
 
 
-def test_process_start_of_a_jails_init_and_of_nothing() -> None:
+def test_start_ticks_of_a_jails_init_and_of_nothing() -> None:
+    before = _boot_ticks()
     with Sandbox(SandboxConfig()) as sb:
-        init_pid = sb.init_pid
-        assert process_start(init_pid) == pytest.approx(psutil.Process(init_pid).create_time(), abs=0.02)
-        assert abs(process_start(init_pid) - time.time()) < 3600  # a sane epoch time, not ticks
+        assert before - 1 <= start_ticks(sb.init_pid) <= _boot_ticks()
     for pid in (-1, 0, 2**22 + 1):
-        assert process_start(pid) is None
+        assert start_ticks(pid) is None
 
 
 def test_the_syscall_table_is_python_ptraces() -> None:

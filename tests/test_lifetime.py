@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from conftest import jail_processes
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.launcher import LAUNCHER
+from jailbox.sandbox.limits import budget
 from jailbox.sandbox.state import cleanup
 
 CHILD = r"""
@@ -140,6 +142,49 @@ def test_cleanup_leaves_live_sandboxes_alone(_state_dir):
         removed, failed = cleanup(_state_dir)
         assert removed == [] and failed == []
         assert sb.exec("echo alive").stdout == "alive\n"
+
+
+STEPPED = r"""
+import sys
+from pathlib import Path
+from jailbox.sandbox import state
+from jailbox.sandbox.limits import budget
+base = Path(sys.argv[1])
+removed, failed = state.cleanup(base)
+budget.claim_counters(base, "stepped0001")  # rewrites the ledger, dropping owners it finds dead
+budget.release_counters(base, "stepped0001")
+print(len(removed), len(failed))
+"""
+
+
+def test_a_step_of_the_wall_clock_leaves_live_sandboxes_and_their_counters_alone(_state_dir, tmp_path):
+    """A host's clock may be stepped while sandboxes run (NTP at boot, a VM resumed): owners were once
+    recorded in seconds since the epoch, which such a step moves, and 12 s of it made `cleanup` kill live
+    sandboxes and the counters ledger drop their grants. The step is shown to a second process as the
+    kernel shows it, in /proc/stat's boot time (in a mount namespace of its own), since stepping this
+    host's clock would move every other test's."""
+    stat = Path("/proc/stat").read_text()
+    stepped = tmp_path / "stat"
+    stepped.write_text(re.sub(r"(?m)^btime (\d+)$", lambda m: f"btime {int(m[1]) + 12}", stat))
+    stepped.chmod(0o644)
+    namespace = ["unshare", "--mount"] if os.getuid() == 0 else ["unshare", "--map-root-user", "--mount"]
+    code = f"mount --bind {stepped} /proc/stat && grep '^btime ' /proc/stat && exec \"$@\""
+    with Sandbox() as sb:
+        ledger = (_state_dir / budget.LEDGER).read_text()
+        assert sb.id in ledger  # this sandbox was given a share of the user's counters
+        proc = subprocess.run(
+            [*namespace, "sh", "-c", code, "sh", sys.executable, "-c", STEPPED, str(_state_dir)],
+            capture_output=True,
+            text=True,
+            cwd=str(Path(__file__).parent.parent),
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        seen, counts = proc.stdout.splitlines()
+        assert int(seen.split()[1]) != int(re.search(r"(?m)^btime (\d+)$", stat)[1])  # it saw the step
+        assert counts == "0 0"
+        assert sb.exec("echo alive").stdout == "alive\n"
+        assert sb.id in (_state_dir / budget.LEDGER).read_text()
 
 
 def test_two_hundred_sandboxes_in_a_row_leave_counts_unchanged(_state_dir):

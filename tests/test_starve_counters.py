@@ -230,7 +230,7 @@ def test_a_corrupt_counters_ledger_is_started_afresh_with_what_this_process_hold
     outside = tmp_path / "outside"
     outside.write_text("keep\n")
     share, _ = _instances()
-    live = f"{os.getppid()} {state.process_start(os.getppid()):.2f}"  # a live owner, not this process
+    live = f"{os.getppid()} {cgroups.start_ticks(os.getppid())}"  # a live owner, not this process
     corrupt = {
         "binary junk": lambda: path.write_bytes(secrets.token_bytes(300)),
         "half a line, as a crash mid-write leaves it": lambda: path.write_text(f"0123456789ab {os.getpid()} 17"),

@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-import math
 import os
 import resource
 import threading
@@ -170,11 +169,11 @@ def rlimit_budget() -> dict[str, int]:
 class _Entry:
     __slots__ = ("grants", "pid", "start")
 
-    def __init__(self, pid: int, start: float, grants: tuple[int, ...]) -> None:
+    def __init__(self, pid: int, start: int, grants: tuple[int, ...]) -> None:
         self.pid, self.start, self.grants = pid, start, grants
 
     def line(self, sandbox_id: str) -> str:
-        return f"{sandbox_id} {self.pid} {self.start:.2f} {' '.join(map(str, self.grants))}\n"
+        return f"{sandbox_id} {self.pid} {self.start} {' '.join(map(str, self.grants))}\n"
 
 
 # what this process holds in each ledger: written again on every update, so a ledger that was
@@ -197,7 +196,7 @@ def claim_counters(base: Path, sandbox_id: str) -> dict[str, int]:
         if any(grants):
             with _HELD_LOCK:
                 _HELD[sandbox_id] = (os.getpid(), base / LEDGER, grants)
-            entries[sandbox_id] = _Entry(os.getpid(), state.own_start() or 0.0, grants)
+            entries[sandbox_id] = _Entry(os.getpid(), state.own_start() or 0, grants)
         for name, grant in zip(LEDGERED, grants, strict=True):
             if name in limits:
                 limits[name] = grant
@@ -235,17 +234,17 @@ def _update(base: Path, most: tuple[int, ...], change: Callable[[dict[str, _Entr
         fcntl.flock(lock, fcntl.LOCK_EX)
         entries = _read(path, most)
         pid = os.getpid()
-        alive: dict[tuple[int, float], bool] = {}  # one look in /proc per owner, however many sandboxes it has
+        alive: dict[tuple[int, int], bool] = {}  # one look in /proc per owner, however many sandboxes it has
         kept: dict[str, _Entry] = {}
         for sandbox_id, entry in entries.items():
             if entry.pid == pid:
                 continue  # restated from _HELD below
             owner = (entry.pid, entry.start)
             if owner not in alive:
-                alive[owner] = state.owner_alive({"host_pid": entry.pid, "host_start": entry.start})
+                alive[owner] = state.started_as(entry.pid, entry.start)
             if alive[owner]:
                 kept[sandbox_id] = entry
-        start = state.own_start() or 0.0
+        start = state.own_start() or 0
         with _HELD_LOCK:
             own = [(i, g) for i, (p, where, g) in _HELD.items() if p == pid and where == path]
         kept.update((sandbox_id, _Entry(pid, start, grants)) for sandbox_id, grants in own)
@@ -292,8 +291,8 @@ def _parse(line: str, most: tuple[int, ...]) -> tuple[str, _Entry]:
     if not (0 < len(sandbox_id) <= 32 and sandbox_id.isalnum()):
         raise ValueError("a bad sandbox id")
     values = tuple(int(g) for g in grants)
-    when = float(start)
-    if int(pid) <= 0 or not math.isfinite(when):
+    when = int(start)
+    if int(pid) <= 0 or when < 0:
         raise ValueError("a bad owner")
     if not all(0 <= value <= limit for value, limit in zip(values, most, strict=True)):
         raise ValueError("a grant beyond one sandbox's share")

@@ -34,9 +34,10 @@ from pydantic import ValidationError
 from ..config import SandboxConfig
 from ..errors import SandboxError
 from ..execution import ExecRun
+from ..limits.cgroups import start_ticks
 from ..pool import SandboxPool
 from ..sandbox import Sandbox
-from ..state import process_start, state_dir
+from ..state import state_dir
 from . import protocol as p
 from .quick import WARM, ServiceLock, context
 
@@ -52,7 +53,7 @@ class Held:
     created: float = field(default_factory=time.time)
 
     def info(self) -> p.Info:
-        alive = not self.sandbox.closed and process_start(self.sandbox.init_pid) is not None
+        alive = not self.sandbox.closed and start_ticks(self.sandbox.init_pid) is not None
         return p.Info(
             id=self.sandbox.id,
             name=self.name,
