@@ -6,8 +6,11 @@ host's inodes stayed bounded and that the sandbox (or the next one) is still usa
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -114,3 +117,69 @@ def test_removing_files_over_the_cap_is_not_killed():
         sb.exec("for i in $(seq 8); do head -c 16M /dev/zero > /testbed/f$i; sleep 0.2; done", timeout=120)
         r = sb.exec("rm -f /testbed/f*; sleep 0.5; echo cleaned")
         assert r.stdout == "cleaned\n" and r.disk_limit_hit is False
+
+
+SWAPPER = """
+import os, time
+os.makedirs("/testbed/big")
+os.chdir("/testbed/big")
+for i in range(60000):  # so that a walk of this directory spans many samples
+    open(f"f{i}", "w").close()
+for i in range(20):
+    os.makedirs(f"d{i}/usr")
+    for j in range(500):
+        open(f"d{i}/usr/{j}", "w").close()
+end = time.monotonic() + 25
+while time.monotonic() < end:
+    for i in range(20):  # each directory, listed as one, becomes a link to the host's root
+        os.rename(f"d{i}", f"r{i}")
+        os.symlink("/", f"d{i}")
+    time.sleep(0.05)
+    for i in range(20):
+        os.unlink(f"d{i}")
+        os.rename(f"r{i}", f"d{i}")
+    time.sleep(0.05)
+print("done")
+"""
+
+
+def test_the_walk_of_a_layer_never_follows_a_link_swapped_in_for_a_directory():
+    """The jail swaps directories the watcher has listed for links to "/" (and the parents of ones it
+    has listed: d/usr then names the host's /usr): a walk that followed either would count the host's
+    files as the jail's and kill it for them, and stat what it should not see."""
+    with Sandbox(limits=Limits(disk="256M")) as sb:
+        r = sb.exec(["python3", "-c", SWAPPER], timeout=180)
+        assert (r.exit_code, r.stdout, r.disk_limit_hit) == (0, "done\n", False), r.stderr
+
+
+REFUSED = """
+import errno, json, os, struct, sys
+from jailbox.sandbox.floor import linux as L
+# what a host under a seccomp profile older than openat2 gets: ENOSYS for it, everything else allowed
+program = b"".join(struct.pack("HBBI", *op) for op in (
+    (0x20, 0, 0, 0), (0x15, 0, 1, L._NR["openat2"]), (0x06, 0, 0, 0x00050000 | errno.ENOSYS), (0x06, 0, 0, 0x7FFF0000)))
+L.prctl(38, 1)  # no_new_privs: what an unprivileged filter needs
+L.install_seccomp(program, listener=False)
+top = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+seen = {}
+for path in ("a", "a/b", ".", "up", "up/usr", "a/up/usr", "a/b/up"):
+    try:
+        fd = L.open_beneath(top, path.encode(), os.O_RDONLY | os.O_DIRECTORY)
+        seen[path] = sorted(os.listdir(fd))
+        os.close(fd)
+    except OSError as exc:
+        seen[path] = errno.errorcode[exc.errno]
+print(json.dumps(seen))
+"""
+
+
+def test_a_walk_where_openat2_is_refused_still_never_follows_a_link(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "in").write_text("")
+    for link in ("up", "a/up", "a/b/up"):
+        (tmp_path / link).symlink_to("/")
+    proc = subprocess.run([sys.executable, "-c", REFUSED, str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert seen.pop("a") == ["b", "up"] and seen.pop("a/b") == ["in", "up"] and seen.pop(".") == ["a", "up"]
+    assert set(seen.values()) <= {"ELOOP", "ENOTDIR"}, seen  # each link refused, as a last component or not

@@ -51,8 +51,11 @@ AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = 0x2
 MOUNT_ATTR_NODEV = 0x4
-RESOLVE_IN_ROOT = 0x10
+RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
 OPEN_TREE_CLONE = 1
 MOUNT_ATTR_IDMAP = 0x00100000
 AT_EMPTY_PATH = 0x1000
@@ -193,6 +196,27 @@ def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
     if res < 0 and ctypes.get_errno() == errno.ENOSYS:
         return _walk_in_root(root_fd, path, flags, mode)
     return _check(res, f"open {path}")
+
+
+def open_beneath(dir_fd: int, path: bytes, flags: int) -> int:
+    """openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_XDEV): ``path`` below ``dir_fd`` on its
+    filesystem, with no symlink anywhere in it (ELOOP), as the host opens what a jail may rename under
+    it. Where openat2 is refused (ENOSYS: the host itself under a seccomp profile older than it), a
+    component at a time with ``O_NOFOLLOW``; ``path`` is then names only, no ``..``."""
+    how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV)
+    buf = ctypes.create_string_buffer(how, len(how))
+    res = _libc.syscall(_NR["openat2"], dir_fd, path, buf, len(how))
+    if res >= 0 or ctypes.get_errno() != errno.ENOSYS:
+        return _check(res, f"open {os.fsdecode(path)}")
+    *dirs, last = path.split(b"/")
+    fd = os.dup(dir_fd)
+    try:
+        for name in dirs:
+            fd, parent = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd), fd
+            os.close(parent)
+        return os.open(last, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def _walk_in_root(root_fd: int, path: str, flags: int, mode: int) -> int:

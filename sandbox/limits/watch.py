@@ -64,6 +64,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..floor import linux as L
 from .sockdiag import Sockets
 
 TICK = 0.05
@@ -800,29 +801,37 @@ def _kill(pid: int, init_pid: int) -> int:
 
 
 class _Walk:
-    """One walk of a writable layer: (bytes allocated, entries), never following a link. A sample
-    goes on with it for at most ``WALK_TIME``, all sandboxes together: a jail may hold a million
-    entries inside its bounds, and walking them at once kept the watcher from every other sandbox
-    for seconds. It stops at ``WALK_SLACK`` times a bound (a jail over it that long has been killed
-    since it crossed it)."""
+    """One walk of a writable layer: (bytes allocated, entries). A sample goes on with it for at
+    most ``WALK_TIME``, all sandboxes together: a jail may hold a million entries inside its bounds,
+    and walking them at once kept the watcher from every other sandbox for seconds. It stops at
+    ``WALK_SLACK`` times a bound (a jail over it that long has been killed since it crossed it).
+
+    The jail renames its files while they are walked: each directory is opened by its path from the
+    layer's own descriptor, refusing a symlink anywhere on that path (``open_beneath``), so a link
+    swapped in for a directory already listed is never followed out of the layer (a directory moved
+    away meanwhile is missed by that walk)."""
 
     def __init__(self, top: Path, disk: int | None, inodes: int | None) -> None:
         self.disk = disk * WALK_SLACK if disk is not None else None
         self.inodes = inodes * WALK_SLACK if inodes is not None else None
         self.used = self.entries = 0
-        self.stack = [str(top)]
-        self.reading: os._ScandirIterator[str] | None = None  # the directory it is in, open
+        self.stack = [b"."]  # directories to read, by their paths from top
+        self.reading: os._ScandirIterator[str] | None = None  # the directory it is in
+        self.fd = -1  # its descriptor: the entries' stat goes through it
+        self.rel = b""  # its path
+        try:
+            self.top = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # the layer is gone: nothing to walk
+            self.top = -1
+            self.stack.clear()
 
     def step(self, until: float) -> bool:
         """Walk on until ``until`` (``time.monotonic()``); whether the walk is done."""
         while True:
-            if self.reading is None:
-                if not self.stack:
-                    return True
-                try:
-                    self.reading = os.scandir(self.stack.pop())
-                except OSError:
-                    continue  # gone, or a directory this user may not read (see README)
+            if self.reading is None and not self._open_next():
+                self.close()
+                return True
+            assert self.reading is not None
             for looked, entry in enumerate(self.reading):
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -831,7 +840,8 @@ class _Walk:
                 self.used += st.st_blocks * 512
                 self.entries += 1
                 if stat.S_ISDIR(st.st_mode):
-                    self.stack.append(entry.path)
+                    name = os.fsencode(entry.name)
+                    self.stack.append(name if self.rel == b"." else self.rel + b"/" + name)
                 if (self.disk is not None and self.used > self.disk) or (
                     self.inodes is not None and self.entries > self.inodes
                 ):
@@ -839,14 +849,39 @@ class _Walk:
                     return True
                 if looked % 64 == 63 and time.monotonic() >= until:
                     return False
-            self.reading.close()
-            self.reading = None
+            self._leave()
 
-    def close(self) -> None:
+    def _open_next(self) -> bool:
+        """Open the next stacked directory that can be; False once none is left."""
+        while self.stack:
+            rel = self.stack.pop()
+            try:
+                fd = L.open_beneath(self.top, rel, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:  # gone, a symlink now, or a directory this user may not read (see README)
+                continue
+            try:
+                self.reading = os.scandir(fd)  # reads a duplicate; its entries stat through fd itself
+            except OSError:
+                os.close(fd)
+                continue
+            self.fd, self.rel = fd, rel
+            return True
+        return False
+
+    def _leave(self) -> None:
         if self.reading is not None:
             self.reading.close()
             self.reading = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def close(self) -> None:
+        self._leave()
         self.stack.clear()
+        if self.top >= 0:
+            os.close(self.top)
+            self.top = -1
 
 
 def _release(watched: Watched) -> None:
