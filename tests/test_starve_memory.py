@@ -449,12 +449,56 @@ def test_the_watcher_kills_only_inside_the_jail_tree():
     with Sandbox(limits=Limits(memory="64M")) as sb:
         outside = subprocess.Popen(["sleep", "30"])
         try:
-            assert watch._kill(outside.pid, sb._jail.init_pid) == -1
+            assert watch._kill(outside.pid, sb._jail.init_pid, {sb._jail.init_pid}) == -1
             time.sleep(0.2)
             assert outside.poll() is None
         finally:
             outside.kill()
             outside.wait()
+
+
+CHAIN = """
+import os, sys, time
+for depth in range(300):  # each process forks the next and waits: a chain 300 deep
+    if os.fork():
+        break
+else:
+    print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_watcher_reads_each_parent_once_to_kill_a_chain(monkeypatch):
+    """Each pid is checked to descend from the jail's init before it is signalled: down a chain,
+    checking every one all the way up read parents in the square of its length."""
+
+    def processes() -> list[int]:
+        return [p.pid for p in psutil.Process(init).children(recursive=True)]
+
+    with Sandbox(limits=Limits(pids=1024)) as sb:
+        init = sb._jail.init_pid
+        sb.write_file("/tmp/chain.py", CHAIN)
+        assert sb.exec("python3 /tmp/chain.py > /dev/null 2>&1 &").exit_code == 0
+        end = time.monotonic() + 60
+        while len(chain := processes()) < 300 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert len(chain) >= 300
+        reads = []
+        parent, me = watch._parent, threading.get_ident()
+
+        def counted(pid: int) -> int:
+            if threading.get_ident() == me:  # not the watcher's own samples (rootless: of this jail too)
+                reads.append(pid)
+            return parent(pid)
+
+        monkeypatch.setattr(watch, "_parent", counted)
+        watch._kill_all(sorted(chain, reverse=True), init)  # the deepest (the latest pid) first
+        assert len(reads) <= len(chain) + 1, len(reads)  # one read a process (all the way up: 45,000)
+        end = time.monotonic() + 30
+        while processes() and time.monotonic() < end:
+            time.sleep(0.1)
+        assert processes() == []
+        assert sb.exec("echo still").stdout == "still\n"
 
 
 # Connections over the jail's loopback whose reader never reads: what is written waits in kernel

@@ -749,12 +749,18 @@ def _sockets(pid: int, most: int) -> tuple[int, int]:
     return count, looked
 
 
-def _in_tree(pid: int, init_pid: int) -> bool:
+def _in_tree(pid: int, known: set[int]) -> bool:
+    """Whether ``pid`` descends from a process of ``known`` (the jail's init, to start with), which
+    then learns every ancestor met on the way: a kill of a chain of processes reads each one's parent
+    once, not the whole chain above each (400 deep took 0.4 s, while no other sandbox was sampled)."""
+    path = []
     for _ in range(4096):
-        if pid == init_pid:
+        if pid in known:
+            known.update(path)
             return True
         if pid <= 1:
             return False
+        path.append(pid)
         pid = _parent(pid)
     return False
 
@@ -765,8 +771,9 @@ def _kill_all(pids: list[int], init_pid: int) -> list[int]:
     as the jail's ``dying``, and no sample waits longer for them (a jail's processes can be slow to
     die: 150 holding 60,000 mappings each took a second, while no other sandbox was sampled)."""
     killed = {}
+    known = {init_pid}
     for pid in pids:
-        pidfd = _kill(pid, init_pid)
+        pidfd = _kill(pid, init_pid, known)
         if pidfd >= 0:
             killed[pidfd] = pid
     poller = select.poll()
@@ -783,15 +790,15 @@ def _kill_all(pids: list[int], init_pid: int) -> list[int]:
     return [killed[pidfd] for pidfd in pending]
 
 
-def _kill(pid: int, init_pid: int) -> int:
-    """SIGKILL through a pidfd, once the pid it holds is seen to still be of this jail; the pidfd
-    of what was signalled (the caller closes it), else -1."""
+def _kill(pid: int, init_pid: int, known: set[int]) -> int:
+    """SIGKILL through a pidfd, once the pid it holds is seen to still be of this jail (``known``:
+    as ``_in_tree``); the pidfd of what was signalled (the caller closes it), else -1."""
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
         return -1
     try:
-        if pid != init_pid and _in_tree(pid, init_pid):
+        if pid != init_pid and _in_tree(pid, known):
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             return pidfd
     except OSError:
