@@ -9,14 +9,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
-import stat
 import time
 from pathlib import Path
 
 from .child.protocol import Failed, Removed, RmtreeRequest, decode
 from .errors import ConfigError, SandboxSetupError
 from .floor.idmap import IdMap
+from .floor.tree import remove_tree
 from .floor.wire import WireError
 from .launcher import LAUNCHER, REMOVE_TIMEOUT
 from .limits.cgroups import start_ticks
@@ -92,30 +91,11 @@ def owner_alive(meta: dict) -> bool:
     return started_as(meta.get("host_pid"), meta.get("host_start"))
 
 
-def force_rmtree(path: Path) -> None:
-    """rmtree that also enters directories the jail left without write or search permission."""
-
-    def fix(func, p, exc) -> None:  # noqa: ANN001 - shutil's callback signature
-        parent = os.path.dirname(p)
-        try:
-            os.chmod(parent, stat.S_IRWXU)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, stat.S_IRWXU)
-                shutil.rmtree(p, onerror=fix)
-            else:
-                func(p)
-        except FileNotFoundError:
-            pass
-
-    if path.exists() or path.is_symlink():
-        shutil.rmtree(path, onerror=fix)
-
-
 def remove_sandbox_dir(sandbox_dir: Path, id_map: IdMap | None) -> None:
     """Remove a sandbox's directory; files its jail left under subordinate ids are removed by the
     launcher, as root of a user namespace with the jail's map."""
     try:
-        force_rmtree(sandbox_dir)
+        remove_tree(sandbox_dir)
     except OSError:
         if id_map is None or not id_map.helper:
             raise

@@ -11,11 +11,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
+import psutil
 import pytest
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.config import Limits
+from jailbox.sandbox.limits import watch
 
 MiB = 1 << 20
 MANY_FILES = (
@@ -48,9 +51,13 @@ def next_sandbox_starts():
 
 def test_the_default_sandbox_has_a_disk_and_an_inode_cap():
     with Sandbox() as sb:
+        limits = sb.config.limits
+        assert (limits.disk, limits.inodes, limits.memory, limits.pids) == (4 << 30, 1_000_000, 2 << 30, 512)
+        assert sb.config.upper == "disk"
         assert sb.enforcement["disk"].startswith("host watcher")
         assert sb.enforcement["inodes"].startswith("host watcher")
-        assert not sb.enforcement["disk"].startswith("not enforced")
+        for bound in ("memory", "pids", "pids_budget", "kernel_counters", "tmpfs", "host_files"):
+            assert not sb.enforcement[bound].startswith(("unbounded", "not enforced")), (bound, sb.enforcement[bound])
 
 
 @pytest.mark.parametrize(
@@ -164,7 +171,7 @@ top = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
 seen = {}
 for path in ("a", "a/b", ".", "up", "up/usr", "a/up/usr", "a/b/up"):
     try:
-        fd = L.open_beneath(top, path.encode(), os.O_RDONLY | os.O_DIRECTORY)
+        fd = L.open_beneath(top, path, os.O_RDONLY | os.O_DIRECTORY, L.RESOLVE_NO_SYMLINKS | L.RESOLVE_NO_XDEV)
         seen[path] = sorted(os.listdir(fd))
         os.close(fd)
     except OSError as exc:
@@ -183,3 +190,91 @@ def test_a_walk_where_openat2_is_refused_still_never_follows_a_link(tmp_path):
     seen = json.loads(proc.stdout)
     assert seen.pop("a") == ["b", "up"] and seen.pop("a/b") == ["in", "up"] and seen.pop(".") == ["a", "up"]
     assert set(seen.values()) <= {"ELOOP", "ENOTDIR"}, seen  # each link refused, as a last component or not
+
+
+DEEP = """
+import os, sys, time
+name, levels = sys.argv[1], int(sys.argv[2])
+for _ in range(levels):
+    os.mkdir(name)
+    os.chdir(name)  # each step relative: the whole path is past what one call may name
+with open("data", "wb") as f:
+    for _ in range(400):
+        f.write(b"x" * (1 << 20))
+        f.flush()
+        time.sleep(0.02)
+"""
+
+
+WRITTEN = """
+import os, sys
+for _ in range(int(sys.argv[2])):
+    os.chdir(sys.argv[1])
+print(os.stat("data").st_blocks * 512)
+"""
+
+
+@pytest.mark.parametrize(("name", "levels"), [("n" * 250, 24), ("d", 5000)], ids=["long names", "many levels"])
+def test_data_deeper_than_a_path_can_name_is_held_to_the_disk_cap(name, levels):
+    """A directory whose path is past PATH_MAX could not be opened by it, and what it held went
+    uncounted: the walk opens deep directories from ones it holds open below the layer."""
+    with Sandbox(limits=Limits(disk="64M")) as sb:
+        r = sb.exec(["python3", "-c", DEEP, name, str(levels)], timeout=180)
+        assert r.disk_limit_hit is True and r.signal == signal.SIGKILL, (r.exit_code, r.stderr)
+        written = sb.exec(["python3", "-c", WRITTEN, name, str(levels)]).stdout
+        assert 0 < int(written) < 192 * MiB  # the writer was after 400M
+        where = sb.dir
+    assert where is not None and not where.exists()  # removed whole: shutil.rmtree's recursion gave out
+
+
+WIDE = """
+import os, sys, time
+for _ in range(12):  # 3,000 bytes down: each waiting directory's path would be as long
+    os.mkdir("n" * 250)
+    os.chdir("n" * 250)
+for i in range(int(sys.argv[1])):
+    os.mkdir(f"{i:0250}")
+time.sleep(120)
+"""
+
+SIDEWAYS = """
+import os, sys, time
+for level in range(int(sys.argv[1])):  # a chain with side branches at every level, read after it
+    for k in range(8):  # names of their own at each level: one of them, at least, is listed before d
+        os.mkdir(f"s{level}.{k}")
+        if k == 3:
+            os.mkdir("d")
+    os.chdir("d")
+time.sleep(120)
+"""
+
+
+def _peaks(stop: threading.Event, seen: dict[str, int]) -> None:
+    me = psutil.Process()
+    while not stop.wait(0.01):
+        seen["rss"] = max(seen["rss"], me.memory_info().rss)
+        seen["fds"] = max(seen["fds"], me.num_fds())
+
+
+@pytest.mark.parametrize(
+    ("script", "count"), [(WIDE, 60_000), (SIDEWAYS, 2_200)], ids=["many waiting", "many open bases"]
+)
+def test_a_tree_too_big_to_walk_in_bounds_is_judged_over_them(script, count):
+    """What a walk holds for the directories it has still to read is the jail's to shape: 60,000 of
+    3,000 bytes of path each took the host 200 MB at every walk. Past ``WALK_HELD`` bytes or
+    ``WALK_BASES`` open directories, the walk stops and the jail is judged over its bounds, though
+    it is within them (the tree is far under 1G and 200,000 entries)."""
+    with Sandbox(limits=Limits(disk="1G", inodes=200_000)) as sb:
+        seen = {"rss": psutil.Process().memory_info().rss, "fds": psutil.Process().num_fds()}
+        before = dict(seen)
+        stop = threading.Event()
+        sampler = threading.Thread(target=_peaks, args=(stop, seen))
+        sampler.start()
+        try:
+            r = sb.exec(["python3", "-c", script, str(count)], timeout=180)
+        finally:
+            stop.set()
+            sampler.join()
+        assert r.disk_limit_hit is True and r.signal == signal.SIGKILL, (r.exit_code, r.stdout, r.stderr)
+        assert seen["rss"] - before["rss"] < 64 * MiB
+        assert seen["fds"] - before["fds"] <= watch.WALK_BASES + 16

@@ -30,7 +30,6 @@ import json
 import os
 import resource
 import select
-import shutil
 import signal
 import socket
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from typing import NoReturn, TypeVar
 from ..floor import linux as L
 from ..floor import wire
 from ..floor.idmap import IdMap, write_maps
+from ..floor.tree import remove_tree
 from . import init
 from .protocol import (
     Created,
@@ -134,10 +134,11 @@ class Zygote:
             except ChildProcessError:
                 pass
         for path in self._half_made():  # made by the host for a jail it had not asked us for yet
-            shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove_tree(path)
         for path, spec in self.jails.items():
-            if os.path.lexists(path):
-                shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove_tree(path)
             if os.path.lexists(path) and spec.userns:
                 try:
                     mine, theirs = wire.seqpacket_pair()
@@ -322,8 +323,8 @@ class Zygote:
 
         def body(chan: socket.socket) -> None:
             try:
-                with step(Step.RMTREE):
-                    shutil.rmtree(req.path, ignore_errors=True)
+                with step(Step.RMTREE), contextlib.suppress(OSError):
+                    remove_tree(req.path)
                 _send(reply, Removed(not os.path.lexists(req.path)))
             except Exception as exc:
                 _send(reply, failure(exc, Step.RMTREE))

@@ -67,6 +67,7 @@ _SYSCALLS = {
         "capget": 125,
         "capset": 126,
         "seccomp": 317,
+        "getdents64": 217,
         "openat2": 437,
         "mount_setattr": 442,
         "open_tree": 428,
@@ -77,6 +78,7 @@ _SYSCALLS = {
         "capget": 90,
         "capset": 91,
         "seccomp": 277,
+        "getdents64": 61,
         "openat2": 437,
         "mount_setattr": 442,
         "open_tree": 428,
@@ -198,17 +200,22 @@ def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
     return _check(res, f"open {path}")
 
 
-def open_beneath(dir_fd: int, path: bytes, flags: int) -> int:
-    """openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_XDEV): ``path`` below ``dir_fd`` on its
-    filesystem, with no symlink anywhere in it (ELOOP), as the host opens what a jail may rename under
-    it. Where openat2 is refused (ENOSYS: the host itself under a seccomp profile older than it), a
-    component at a time with ``O_NOFOLLOW``; ``path`` is then names only, no ``..``."""
-    how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV)
+def open_beneath(dir_fd: int, path: str | bytes, flags: int, resolve: int = 0) -> int:
+    """openat2(RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS|``resolve``): ``path`` below ``dir_fd`` (EXDEV
+    when resolution would leave it), as the host opens what a jail or an image made. With
+    ``RESOLVE_NO_SYMLINKS`` (ELOOP for a link anywhere on the path), where openat2 is refused (ENOSYS:
+    the host itself under a seccomp profile older than it), a component at a time with ``O_NOFOLLOW``;
+    ``path`` is then names only, no ``..``."""
+    raw = os.fsencode(path or ".")
+    how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | resolve)
     buf = ctypes.create_string_buffer(how, len(how))
-    res = _libc.syscall(_NR["openat2"], dir_fd, path, buf, len(how))
-    if res >= 0 or ctypes.get_errno() != errno.ENOSYS:
-        return _check(res, f"open {os.fsdecode(path)}")
-    *dirs, last = path.split(b"/")
+    res = _libc.syscall(_NR["openat2"], dir_fd, raw, buf, len(how))
+    if res >= 0:
+        return int(res)
+    err = ctypes.get_errno()
+    if err != errno.ENOSYS or not resolve & RESOLVE_NO_SYMLINKS:
+        raise OSError(err, os.strerror(err), os.fsdecode(raw))
+    *dirs, last = raw.split(b"/")
     fd = os.dup(dir_fd)
     try:
         for name in dirs:
@@ -217,6 +224,30 @@ def open_beneath(dir_fd: int, path: bytes, flags: int) -> int:
         return os.open(last, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
     finally:
         os.close(fd)
+
+
+DT_UNKNOWN, DT_DIR = 0, 4
+_DIRENT = struct.Struct("QqHB")  # struct linux_dirent64: d_ino, d_off, d_reclen, d_type, then the name
+
+
+def entries_from(fd: int, cookie: int) -> Iterator[tuple[bytes, int, int]]:
+    """The entries of directory ``fd`` from ``cookie`` (0: its start; else a ``d_off`` it gave) as
+    (name, d_type, the cookie after it), ``.`` and ``..`` left out: what ``seekdir`` and ``readdir``
+    give, which ``os.scandir`` cannot (a removal resumes where it left a huge directory instead of
+    reading it again from the start)."""
+    os.lseek(fd, cookie, os.SEEK_SET)
+    buf = ctypes.create_string_buffer(8192)  # a few dozen entries: a caller may want only the first
+    while True:
+        size = _check(_libc.syscall(_NR["getdents64"], fd, buf, len(buf)), "getdents64")
+        if size == 0:
+            return
+        data, at = ctypes.string_at(buf, size), 0
+        while at < size:
+            _, after, length, kind = _DIRENT.unpack_from(data, at)
+            name = data[at + _DIRENT.size : at + length].split(b"\0", 1)[0]
+            at += length
+            if name not in (b".", b".."):
+                yield name, kind, after
 
 
 def _walk_in_root(root_fd: int, path: str, flags: int, mode: int) -> int:

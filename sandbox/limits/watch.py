@@ -47,8 +47,9 @@ Both are reactive: what a fast allocator or writer gets past the bound before th
 measured in README ("Resource bounds"). Kills go through a pidfd opened and re-checked against the
 jail's tree, so a recycled pid is never hit; a sample waits at most a ``TICK`` for the killed to
 go (a jail can make its processes slow to die), and the jail is not judged again while they go.
-What the jail made is only measured: the walk never follows a link and reads at most twice
-``inodes`` entries.
+What the jail made is only measured: the walk never follows a link, reads at most twice
+``inodes`` entries, and holds at most ``WALK_HELD`` bytes and ``WALK_BASES`` descriptors for what
+it has still to read (a tree needing more is judged over its bounds).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ TICK = 0.05
 KILL_WAIT = 1.0  # seconds a killed process still going is left out, and its jail not judged again (``_forget_gone``)
 WALK_TIME = 0.01  # seconds a sample spends walking writable layers, all sandboxes together
 WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still seen
+WALK_HELD = 16 << 20  # bytes a walk holds at most for directories waiting to be read, their names
+WALK_BASES = 64  # directories a walk holds open at most, to open deeper ones from
+UNDER_LAYER = L.RESOLVE_NO_SYMLINKS | L.RESOLVE_NO_XDEV  # how a walk opens what is below a layer
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ROLLUP_KEYS = (b"Pss_Anon:", b"Pss_Shmem:", b"SwapPss:")
 COUNT_SHARE = 5  # socket counts take at most a fifth of the thread's time, all sandboxes together
@@ -227,9 +231,10 @@ def _check_disk(w: Watched, now: float, until: float) -> None:
     w.walked = now
     if not w.walk.step(until):
         return
-    usage, w.walk = (w.walk.used, w.walk.entries), None
+    usage, overflowed, w.walk = (w.walk.used, w.walk.entries), w.walk.overflowed, None
     over = (w.disk is not None and usage[0] > w.disk) or (w.inodes is not None and usage[1] > w.inodes)
     grew = usage[0] > w.last_usage[0] or usage[1] > w.last_usage[1]
+    over, grew = over or overflowed, grew or overflowed  # a tree it could not count may hold anything
     # a command that removes files to get back under is left alone; a killed writer may still be
     # flushing once gone, so the walk after a kill only takes the baseline, not new growth
     if over and grew and not w.settling:
@@ -753,7 +758,7 @@ def _in_tree(pid: int, known: set[int]) -> bool:
     """Whether ``pid`` descends from a process of ``known`` (the jail's init, to start with), which
     then learns every ancestor met on the way: a kill of a chain of processes reads each one's parent
     once, not the whole chain above each (400 deep took 0.4 s, while no other sandbox was sampled)."""
-    path = []
+    path: list[int] = []
     for _ in range(4096):
         if pid in known:
             known.update(path)
@@ -807,30 +812,64 @@ def _kill(pid: int, init_pid: int, known: set[int]) -> int:
     return -1
 
 
+class _Base:
+    """A directory a walk holds open; deeper directories are opened from it, so no path given to
+    openat2 grows past ``_Walk.LONG`` bytes or ``_Walk.DEEP`` names however deep the tree."""
+
+    __slots__ = ("fd", "users")
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.users = fd, 0  # users: the ``_Dir``s named from it
+
+
+class _Dir:
+    """A directory read, or being read, while subdirectories of it wait on the walk's stack."""
+
+    __slots__ = ("base", "rel", "waiting")
+
+    def __init__(self, base: _Base, rel: bytes) -> None:
+        self.base, self.rel, self.waiting = base, rel, 0
+        base.users += 1
+
+
 class _Walk:
     """One walk of a writable layer: (bytes allocated, entries). A sample goes on with it for at
     most ``WALK_TIME``, all sandboxes together: a jail may hold a million entries inside its bounds,
     and walking them at once kept the watcher from every other sandbox for seconds. It stops at
     ``WALK_SLACK`` times a bound (a jail over it that long has been killed since it crossed it).
 
-    The jail renames its files while they are walked: each directory is opened by its path from the
-    layer's own descriptor, refusing a symlink anywhere on that path (``open_beneath``), so a link
-    swapped in for a directory already listed is never followed out of the layer (a directory moved
-    away meanwhile is missed by that walk)."""
+    Everything the walk holds is the jail's to shape, so it is bounded too. The jail renames its
+    files while they are walked: each directory is opened from an open directory beneath the layer
+    (its ``_Base``) refusing a symlink anywhere on the path (``open_beneath``), so a link swapped in
+    for a directory already listed is never followed out of the layer (a directory moved away
+    meanwhile is missed by that walk). A tree deeper than PATH_MAX is walked whole, from a ``_Base``
+    every ``LONG`` bytes or ``DEEP`` names. Directories waiting to be read hold their names
+    (``WALK_HELD`` bytes at most, all told) and the bases they are named from (``WALK_BASES``): a
+    tree that needs more (a million directories in one, side branches all the way down a chain
+    past PATH_MAX) is judged over its bounds, ``overflowed``, since it cannot be counted."""
+
+    LONG = 1024  # bytes of path below a base: a name adds at most 256, inside PATH_MAX (4096)
+    DEEP = 32  # names below a base: what each open walks in the kernel
+    ENTRY = 64  # bytes a waiting directory holds besides its name
 
     def __init__(self, top: Path, disk: int | None, inodes: int | None) -> None:
         self.disk = disk * WALK_SLACK if disk is not None else None
         self.inodes = inodes * WALK_SLACK if inodes is not None else None
         self.used = self.entries = 0
-        self.stack = [b"."]  # directories to read, by their paths from top
+        self.overflowed = False
+        self.stack: list[tuple[_Dir, bytes]] = []  # directories to read: (parent, name)
+        self.held = 0  # bytes the stack and its parents hold
+        self.bases: set[_Base] = set()  # open
         self.reading: os._ScandirIterator[str] | None = None  # the directory it is in
-        self.fd = -1  # its descriptor: the entries' stat goes through it
-        self.rel = b""  # its path
+        self.here: _Dir | None = None  # and where it is
+        self.fd = -1  # its descriptor unless it is a base: the entries' stat goes through it
         try:
-            self.top = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:  # the layer is gone: nothing to walk
-            self.top = -1
-            self.stack.clear()
+            fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return  # the layer is gone: nothing to walk
+        base = _Base(fd)
+        self.bases.add(base)
+        self._push(self._dir(base, b"."), b".")  # the top itself, named "." from itself
 
     def step(self, until: float) -> bool:
         """Walk on until ``until`` (``time.monotonic()``); whether the walk is done."""
@@ -838,7 +877,8 @@ class _Walk:
             if self.reading is None and not self._open_next():
                 self.close()
                 return True
-            assert self.reading is not None
+            assert self.reading is not None and self.here is not None
+            here = self.here
             for looked, entry in enumerate(self.reading):
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -847,10 +887,12 @@ class _Walk:
                 self.used += st.st_blocks * 512
                 self.entries += 1
                 if stat.S_ISDIR(st.st_mode):
-                    name = os.fsencode(entry.name)
-                    self.stack.append(name if self.rel == b"." else self.rel + b"/" + name)
-                if (self.disk is not None and self.used > self.disk) or (
-                    self.inodes is not None and self.entries > self.inodes
+                    self._push(here, os.fsencode(entry.name))
+                    self.overflowed = self.held > WALK_HELD
+                if (
+                    self.overflowed
+                    or (self.disk is not None and self.used > self.disk)
+                    or (self.inodes is not None and self.entries > self.inodes)
                 ):
                     self.close()
                     return True
@@ -859,36 +901,75 @@ class _Walk:
             self._leave()
 
     def _open_next(self) -> bool:
-        """Open the next stacked directory that can be; False once none is left."""
+        """Open the next waiting directory that can be; False once none is left, or none may be."""
         while self.stack:
-            rel = self.stack.pop()
+            parent, name = self.stack.pop()
+            self.held -= len(name) + self.ENTRY
+            parent.waiting -= 1
+            rel = name if parent.rel == b"." else parent.rel + b"/" + name
             try:
-                fd = L.open_beneath(self.top, rel, os.O_RDONLY | os.O_DIRECTORY)
+                fd = L.open_beneath(parent.base.fd, rel, os.O_RDONLY | os.O_DIRECTORY, UNDER_LAYER)
             except OSError:  # gone, a symlink now, or a directory this user may not read (see README)
+                self._done(parent)
                 continue
             try:
                 self.reading = os.scandir(fd)  # reads a duplicate; its entries stat through fd itself
             except OSError:
                 os.close(fd)
+                self._done(parent)
                 continue
-            self.fd, self.rel = fd, rel
-            return True
+            if len(rel) > self.LONG or rel.count(b"/") >= self.DEEP:
+                base = _Base(fd)
+                self.bases.add(base)
+                self.here = self._dir(base, b".")
+                self.overflowed = len(self.bases) > WALK_BASES
+            else:
+                self.here, self.fd = self._dir(parent.base, rel), fd
+            self._done(parent)
+            return not self.overflowed
         return False
 
+    def _push(self, parent: _Dir, name: bytes) -> None:
+        parent.waiting += 1
+        self.held += len(name) + self.ENTRY
+        self.stack.append((parent, name))
+
+    def _dir(self, base: _Base, rel: bytes) -> _Dir:
+        self.held += len(rel) + self.ENTRY
+        return _Dir(base, rel)
+
+    def _done(self, d: _Dir) -> None:
+        """``d`` is read and has nothing waiting, or may still be either."""
+        if d.waiting or d is self.here:
+            return
+        self.held -= len(d.rel) + self.ENTRY
+        d.base.users -= 1
+        if d.base.users == 0:
+            os.close(d.base.fd)
+            self.bases.discard(d.base)
+
     def _leave(self) -> None:
+        """Done reading the directory it is in."""
+        here = self._stop_reading()
+        if here is not None:
+            self._done(here)
+
+    def _stop_reading(self) -> _Dir | None:
         if self.reading is not None:
             self.reading.close()
             self.reading = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        here, self.here = self.here, None
+        return here
 
     def close(self) -> None:
-        self._leave()
+        self._stop_reading()
         self.stack.clear()
-        if self.top >= 0:
-            os.close(self.top)
-            self.top = -1
+        for base in self.bases:
+            os.close(base.fd)
+        self.bases.clear()
 
 
 def _release(watched: Watched) -> None:

@@ -28,30 +28,24 @@ image id above it becomes 65534 (nobody) where that exists, else 0; ``flatten`` 
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import stat
-import struct
 import tarfile
 from typing import IO
+
+from ..floor.linux import RESOLVE_NO_SYMLINKS, open_beneath
+from ..floor.tree import remove_at
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 PATH_MAX = 4096
 CHUNK = 1 << 20
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
 MAX_HOPS = 40  # symbolic links followed for one path, the kernel's own limit
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY
 NOBODY = 65534
 
 _MEMBER, _RELATIVE, _ABSOLUTE = range(3)  # where a path component came from: the name or a link
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-_OPENAT2 = 437  # the same number on x86_64 and aarch64
 
 
 class Failed(Exception):
@@ -69,17 +63,6 @@ class ArchiveBounds:
         self.max_member = max_member
         self.max_total = max_total
         self.max_entries = max_entries
-
-
-def open_beneath(dir_fd: int, path: str, flags: int, resolve: int = 0) -> int:
-    """openat2 with RESOLVE_BENEATH: EXDEV when resolution would leave ``dir_fd``."""
-    how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | resolve)
-    buf = ctypes.create_string_buffer(how, len(how))
-    res = _libc.syscall(_OPENAT2, dir_fd, os.fsencode(path or "."), buf, len(how))
-    if res < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    return int(res)
 
 
 def clean(member: str, name: str) -> list[str]:
@@ -180,7 +163,7 @@ class Extractor:
             self._dir_times.append((parts, int(m.mtime)))
             return
         if existing is not None:
-            _remove(parent, name, existing)
+            remove_at(parent, name)
         if m.isreg():
             self._file(tf, m, parent, name)
         elif m.issym():
@@ -254,7 +237,7 @@ class Extractor:
                 raise Unsafe(f"{member}: a whiteout of {victim!r}")
             st = _lstat(parent, victim)
             if st is not None:
-                _remove(parent, victim, st)
+                remove_at(parent, victim)
         finally:
             os.close(parent)
 
@@ -266,7 +249,7 @@ class Extractor:
             if st is None:
                 continue
             if rel not in self._touched:
-                _remove(dir_fd, child, st)
+                remove_at(dir_fd, child)
             elif stat.S_ISDIR(st.st_mode):
                 fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
                 try:
@@ -402,39 +385,6 @@ def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
-
-
-def _remove(dir_fd: int, name: str, st: os.stat_result) -> None:
-    if stat.S_ISDIR(st.st_mode):
-        _rmtree_at(dir_fd, name)
-    else:
-        os.unlink(name, dir_fd=dir_fd)
-
-
-def _rmtree_at(dir_fd: int, name: str) -> None:
-    """Remove directory ``name`` of ``dir_fd`` and all in it, never following a link: what
-    ``shutil.rmtree(dir_fd=)`` does from Python 3.11, without a stack frame per level (a layer
-    may nest directories as deep as PATH_MAX allows)."""
-    stack = [(dir_fd, name, os.open(name, DIR_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd))]
-    try:
-        while stack:
-            parent, current, fd = stack[-1]
-            subdir = None
-            with os.scandir(fd) as entries:  # scans a dup of fd and rewinds it, so fd can be scanned again
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        subdir = entry.name
-                        break
-                    os.unlink(entry.name, dir_fd=fd)
-            if subdir is not None:
-                stack.append((fd, subdir, os.open(subdir, DIR_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)))
-                continue
-            stack.pop()
-            os.close(fd)
-            os.rmdir(current, dir_fd=parent)
-    finally:
-        for _, _, fd in stack:
-            os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -25,6 +25,7 @@ import sys
 import threading
 from typing import IO
 
+from ..floor.tree import remove_tree
 from . import untar
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -131,8 +132,7 @@ def main(argv: list[str]) -> None:
         if req["op"] == "extract":
             _say(extract(req, raws))
         elif req["op"] == "rmtree":
-            if os.path.lexists(req["path"]):
-                shutil.rmtree(req["path"])
+            remove_tree(req["path"])
             _say({"ok": True})
         elif req["op"] == "du":
             _say(du(req["path"]))
