@@ -167,6 +167,7 @@ class Jail:
         self.enforcement["host_ids"] = self._describe_host_ids()
         net = self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps)
         self.enforcement["socket_queues"] = rlimits.describe_queues(cfg.limits.memory, net.new_netns)
+        self.enforcement.update(rlimits.describe_jail_own(cfg.output_limit, net.proxy_port != 0))
         self.enforcement["tmpfs"] = (
             f"/tmp, /dev/shm{' and the writable layer' if cfg.upper == 'tmpfs' else ''}: one tmpfs of "
             f"{tmpfs_size} bytes" + (f", {tmpfs_inodes} inodes" if tmpfs_inodes else "")

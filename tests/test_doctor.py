@@ -14,6 +14,7 @@ import pytest
 
 from jailbox.sandbox.checks import doctor
 from jailbox.sandbox.checks.doctor import Host
+from jailbox.sandbox.child import spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,6 +119,7 @@ def test_doctor_on_this_machine_line_by_line():
     assert r.returncode == 0
     if os.getuid() != 0:
         assert "cpus not enforced" in probes["cgroups"]["detail"]
+    assert f"/dev: 64 KiB, 256 inodes; ptys: {spec.PTYS} per jail" in probes["memory and disk bounds"]["detail"]
     text = subprocess.run([sys.executable, "-c", "from jailbox.cli import main; main()", "doctor"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120).stdout  # fmt: skip
     assert len([line for line in text.splitlines() if not line.startswith(" ")]) == len(expected)

@@ -286,6 +286,8 @@ def test_one_jail_holding_tunnels_cannot_starve_another(monkeypatch: pytest.Monk
     server = StandIn()
     try:
         with Sandbox(network=_allow(server)) as hog, Sandbox(network=_allow(server)) as other:
+            shares = f"at most 24 connections for all sandboxes, {proxy_mod.MAX_PER_SANDBOX} for one, 8 kept for each"
+            assert shares in hog.enforcement["proxy"]
             hog.exec(f"python3 -c '{HOLD.format(n=40, port=server.port)}' > /tmp/held &")
             r = hog.exec("for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/held")
             held, refused = map(int, r.stdout.split())

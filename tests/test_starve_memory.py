@@ -21,6 +21,7 @@ import pytest
 from host_memory import MiB, host_keeps_its_memory  # noqa: F401 (an autouse fixture)
 
 from jailbox.sandbox import Sandbox
+from jailbox.sandbox.child import spec
 from jailbox.sandbox.child.requests import MAX_REQUEST, ExecRequest
 from jailbox.sandbox.config import DEFAULT_MEMORY, Limits, SandboxConfig
 from jailbox.sandbox.errors import ExecError
@@ -37,10 +38,13 @@ HOLDERS = (
 
 def test_every_tmpfs_of_the_default_sandbox_is_bounded():
     with Sandbox() as sb:
-        sizes = sb.exec("stat -f -c '%b %S' /tmp /dev/shm /dev").stdout.split("\n")[:3]
-        for blocks, unit in (s.split() for s in sizes):
+        sizes = sb.exec("stat -f -c '%b %S %c' /tmp /dev/shm /dev").stdout.split("\n")[:3]
+        for blocks, unit, _ in (s.split() for s in sizes):
             assert 0 < int(blocks) * int(unit) <= DEFAULT_MEMORY // 2
         assert "one tmpfs" in sb.enforcement["tmpfs"]
+        blocks, unit, inodes = (int(n) for n in sizes[2].split())
+        assert (blocks * unit, inodes) == (spec.DEV_SIZE, spec.DEV_INODES)
+        assert f"a tmpfs of {spec.DEV_SIZE} bytes, {spec.DEV_INODES} inodes" in sb.enforcement["dev"]
 
 
 @pytest.mark.parametrize("target", ["/tmp/fill", "/dev/shm/fill", "/tmp/a /dev/shm/b"])
@@ -433,6 +437,7 @@ def test_a_tmpfs_fill_under_a_cgroup_kills_the_command_not_the_init(path):
 
 def test_an_oversized_exec_request_is_refused_and_the_jail_serves_the_next():
     with Sandbox() as sb:
+        assert sb.enforcement["init"].startswith(f"requests over {MAX_REQUEST} bytes refused")
         with pytest.raises(ExecError, match="over the jail's"):
             sb.exec(["echo", "x" * (20 * MiB)])
         with pytest.raises(ExecError, match="over the jail's"):

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from jailbox.sandbox import Sandbox, SeccompPolicy
-from jailbox.sandbox.child import mounts
+from jailbox.sandbox.child import spec
 from jailbox.sandbox.limits import budget, rlimits, watch
 
 # argv: what to take (signals, mqueue, shm_lock), whether to raise the soft limit first (1/0), the
@@ -379,6 +379,7 @@ def test_a_jail_holds_at_most_its_share_of_the_ptys_all_containers_share():
         deadline = time.monotonic() + 30
         while not (out := sb.exec("cat /tmp/pty.out").stdout) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert int(out) == mounts.PTYS
+        assert int(out) == spec.PTYS
+        assert f"a devpts of its own with max={spec.PTYS}" in sb.enforcement["ptys"]
         opened = neighbour.exec("python3 -c 'import os; os.openpty(); print(1)'")
         assert opened.stdout == "1\n", opened.stderr  # while the first holds all it can

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from .. import idmap
 from .. import state as state_dirs
+from ..child.spec import DEV_INODES, DEV_SIZE, PTYS
 from ..errors import ConfigError
 from ..floor import linux as L
 from ..idmap import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
@@ -289,7 +290,10 @@ def cgroup(host: Host) -> Probe:
 
 def bounds(cgroup_probe: Probe) -> Probe:
     """Which memory and disk bounds hold on this host, and how (``Sandbox.enforcement`` per sandbox)."""
-    disk = "disk layer: host watcher (bytes, inodes); tmpfs: one per jail, sized and inode-capped"
+    disk = (
+        "disk layer: host watcher (bytes, inodes); tmpfs: one per jail, sized and inode-capped; "
+        f"/dev: {DEV_SIZE >> 10} KiB, {DEV_INODES} inodes; ptys: {PTYS} per jail (devpts max=)"
+    )
     if cgroup_probe.status == "ok":
         kind = "v2" if cgroups.v2_mounted() else "v1"
         return Probe(

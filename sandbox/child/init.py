@@ -48,6 +48,7 @@ from . import mounts, netns
 from .protocol import InitReady, Step, failure, step
 from .requests import (
     MAX_REQUEST,
+    MAX_WALK_ENTRIES,
     DrainRequest,
     ExecRequest,
     KillRequest,
@@ -62,7 +63,6 @@ from .requests import (
 )
 from .spec import JailSpec, SeccompSpec
 
-MAX_WALK_ENTRIES = 500_000
 SLACK_BASE = 50_000
 LOOPBACK_FLAGS = 0x1 | 0x40  # IFF_UP | IFF_RUNNING
 NOTIF_SIZE = 80  # struct seccomp_notif

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..floor import linux as L
 from . import cacerts
 from .protocol import Step, step
-from .spec import Bind, JailSpec
+from .spec import DEV_INODES, DEV_SIZE, PTYS, Bind, JailSpec
 
 # Host-wide state nobody in a jail needs: Docker's default masked paths, plus page-frame and slab
 # statistics, kernel addresses and memory layout, physical-memory and I/O port maps, and sysfs's
@@ -53,7 +53,6 @@ MASKED_PATHS = (
     "/sys/kernel/slab",
     "/sys/kernel/vmcoreinfo",
 )
-PTYS = 128  # ptys of one jail (its devpts max=): 24 sandboxes hold the shared 3072 before any is refused
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = {
     "fd": "/proc/self/fd",
@@ -335,8 +334,7 @@ def _mask(mounted_at: str, prefix: str) -> None:
 
 
 def _mount_dev(dev: str) -> None:
-    # a byte bound alone would leave empty files free: each costs the host an inode's memory
-    L.mount("tmpfs", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=0755,size=64k,nr_inodes=256")
+    L.mount("tmpfs", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, f"mode=0755,size={DEV_SIZE},nr_inodes={DEV_INODES}")
     for name in DEVICES:
         node = f"{dev}/{name}"
         os.close(os.open(node, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o666))

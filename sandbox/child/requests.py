@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from ..floor import wire
 
 MAX_REQUEST = 16 << 20  # bytes of one request the init reads; the host refuses a larger one before sending
+MAX_WALK_ENTRIES = 500_000  # entries of one listing (walk) the init sends back; more is EFBIG
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ from ..floor.idmap import IdMap
 
 Upper = Literal["tmpfs", "disk"]
 UPPERS: tuple[Upper, ...] = ("tmpfs", "disk")
+# Fixed for every jail, and stated in its enforcement report by the host:
+PTYS = 128  # ptys of one jail (its devpts max=): 24 sandboxes hold the shared 3072 before any is refused
+DEV_SIZE = 64 << 10  # bytes of the jail's /dev tmpfs: device nodes are binds, what is written there is a few links
+DEV_INODES = 256  # its inodes: a byte bound alone would leave empty files free, each an inode of host memory
 
 
 @dataclass(frozen=True)

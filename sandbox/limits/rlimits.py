@@ -16,8 +16,11 @@ import resource
 import warnings
 from pathlib import Path
 
+from ..child.requests import MAX_REQUEST, MAX_WALK_ENTRIES
+from ..child.spec import DEV_INODES, DEV_SIZE, PTYS
 from ..config import Limits, SandboxConfig
 from ..errors import LimitNotEnforced
+from ..files import READ_LIMIT
 from ..seccomp.policy import SeccompPolicy
 from . import budget, watch
 from .watch import DESCRIPTOR_CHARGE, MAPPING_CHARGE, MAPPINGS_HOG, PAGE, TICK
@@ -200,6 +203,41 @@ def describe_aio(policy: SeccompPolicy | None) -> str:
         )
     why = "seccomp=None" if policy is None else "the seccomp policy allows io_setup"
     return f"not bounded: {why}, and the host's AIO events (fs.aio-max-nr) are one count for all its processes"
+
+
+def describe_jail_own(output_limit: int, proxied: bool) -> Enforcement:
+    """How ``Sandbox.enforcement`` states the bounds held by how a jail is built and served: its
+    devices, its init, what the host reads for it, and the ``allow`` proxy it shares."""
+    described = {
+        "ptys": (
+            f"a devpts of its own with max={PTYS}: every devpts instance but the host's first draws on "
+            "kernel.pty.max less its reserve, one count for all sandboxes and containers"
+        ),
+        "dev": f"/dev: a tmpfs of {DEV_SIZE} bytes, {DEV_INODES} inodes (device nodes are binds of the host's)",
+        "init": (
+            f"requests over {MAX_REQUEST} bytes refused by the host (ExecError) and dropped by the init, which "
+            "survives; the init at the lowest oom_score_adj its namespace allows, every command at 1000"
+        ),
+        "output": f"{output_limit} bytes kept of each stream of an exec (its head and tail), the rest dropped as read",
+        "transfers": (
+            f"get() and put() keep holes (a sparse file costs what it holds); read_file() refuses a file over "
+            f"{READ_LIMIT} bytes unless max_bytes says more; a listing is at most {MAX_WALK_ENTRIES} entries; the "
+            "init's replies are read with a bound per message"
+        ),
+        "teardown": (
+            "close() removes the jail's tree in the closing thread, what the jail's other ids own in a child of "
+            "the launcher: no new sandbox waits for a removal"
+        ),
+    }
+    if proxied:
+        from ..net import proxy  # loaded with the first allow jail only (its import costs the fast path)
+
+        described["proxy"] = (
+            f"the allow proxy: at most {proxy.MAX_CONNECTIONS} connections for all sandboxes, "
+            f"{proxy.MAX_PER_SANDBOX} for one, {proxy.RESERVED} kept for each; a tunnel idle for "
+            f"{proxy.IDLE_TIMEOUT:g} s is cut, a request head must come within {proxy.HEAD_TIMEOUT:g} s"
+        )
+    return described
 
 
 def nproc_budget(pids_budget: int, userns: bool) -> int | None:
