@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 
 import pytest
 from conftest import eventually_usable
@@ -111,3 +114,42 @@ def test_sandbox_stats_add_up_its_commands(sb):
     assert abs(stats.wall_time - sum(r.wall_time for r in results)) < 1e-6
     sb.reset()
     assert sb.stats().execs == 0
+
+
+# Root on a host without usable cgroups (a container, hierarchies not mounted), seen here by
+# unmounting them in a mount namespace of the test's own: memory by the watcher and RLIMIT_AS,
+# pids by RLIMIT_NPROC of the jail's user namespace (its processes are subordinate ids, which it
+# binds; before, root's jails had no pids bound there), and doctor says so.
+UNMOUNTED = ("unshare", "-m", "sh", "-c", 'umount -R /sys/fs/cgroup 2>/dev/null; exec "$@"', "sh")
+WITHOUT_CGROUPS = f"""
+import json, warnings
+from jailbox.sandbox import Limits, Sandbox
+from jailbox.sandbox.checks import doctor
+from jailbox.sandbox.limits import cgroups
+warnings.simplefilter("ignore")
+with Sandbox(limits=Limits(memory="256M", pids=32)) as sb:
+    memory, fork = sb.exec({MEMORY_BOMB!r}), sb.exec({FORK_BOMB!r}, timeout=60)
+    print(json.dumps({{
+        "cgroups": cgroups.v1_usable() or cgroups.v2_mounted(), "enforcement": sb.enforcement,
+        "memory": [memory.exit_code, memory.stderr], "fork": fork.stderr, "next": sb.exec("echo ok").stdout,
+        "doctor": doctor.cgroup(doctor.Host()).detail,
+    }}))
+"""
+
+
+@pytest.mark.root
+def test_root_without_cgroups_holds_pids_and_memory_and_says_how():
+    r = subprocess.run(
+        [*UNMOUNTED, sys.executable, "-c", WITHOUT_CGROUPS],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = json.loads(r.stdout.splitlines()[-1])
+    assert found["cgroups"] is False
+    assert found["enforcement"]["memory"].startswith("host watcher")
+    assert found["enforcement"]["pids"].startswith("rlimit RLIMIT_NPROC")
+    assert "RLIMIT_NPROC=" in found["enforcement"]["pids_budget"]
+    assert found["memory"][0] == 1 and "MemoryError" in found["memory"][1]
+    assert "Resource temporarily unavailable" in found["fork"]
+    assert found["next"] == "ok\n"
+    assert "pids via RLIMIT_NPROC" in found["doctor"]

@@ -7,6 +7,7 @@ whole pids budget, a crashed host process's cgroups go, a YAML bomb costs no mem
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -254,24 +256,28 @@ def test_a_corrupt_counters_ledger_is_started_afresh_with_what_this_process_hold
 
 # --- pids: a budget all sandboxes share -------------------------------------------------------------
 
-# In a process of its own (so the jailbox cgroup, and the budget on it, are its own): three sandboxes;
-# each forks up to FORKS sleepers that stay; prints how many each got, and whether the host could fork.
+# In a process of its own: COUNT sandboxes; each forks up to 15 sleepers that stay; prints how many
+# each got, and whether the host could fork; with "hold", keeps them until its stdin closes.
+# OWN: "cg:GROUP,PARENT": run from GROUP (a group of the pids hierarchy), sandboxes' groups made under
+# PARENT where JAILBOX_CGROUP_PARENT is read (v2), jails without a user namespace (root), so the
+# cgroup's budget is all that holds them; "+N": the budget is this user's tasks now plus N;
+# "": the budget the environment says.
 BUDGET = r"""
 import json, os, subprocess, sys
 from pathlib import Path
-own = sys.argv[1]
-if own.startswith("v1:"):
-    Path(own[3:], "cgroup.procs").write_text(str(os.getpid()))
-elif own.startswith("v2:"):
-    os.environ["JAILBOX_CGROUP_PARENT"] = own[3:]
-else:  # rootless without a cgroup: the budget counts all of this user's processes
+own, count, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "hold"
+userns = True
+if own.startswith("cg:"):
+    group, parent = own[3:].split(",")
+    Path(group, "cgroup.procs").write_text(str(os.getpid()))
+    os.environ["JAILBOX_CGROUP_PARENT"] = parent
+    userns = False
+elif own.startswith("+"):  # rootless, the budget counts all of this user's processes; as root, of root's jails
+    mine = (lambda uid: uid >= 100000) if os.getuid() == 0 else (lambda uid: uid == os.getuid())
     tasks = sum(len(os.listdir(f"/proc/{p}/task")) for p in os.listdir("/proc")
-                if p.isdigit() and os.path.exists(f"/proc/{p}") and os.stat(f"/proc/{p}").st_uid == os.getuid())
-    os.environ["JAILBOX_PIDS_BUDGET"] = str(tasks + int(own))
+                if p.isdigit() and os.path.exists(f"/proc/{p}") and mine(os.stat(f"/proc/{p}").st_uid))
+    os.environ["JAILBOX_PIDS_BUDGET"] = str(tasks + int(own[1:]))
 from jailbox.sandbox import Sandbox
-from jailbox.sandbox.checks import doctor
-from jailbox.sandbox.errors import ConfigError, SandboxSetupError
-from jailbox.sandbox.launcher import LAUNCHER
 FORK = '''python3 -c "
 import os, time
 n = 0
@@ -286,24 +292,26 @@ for _ in range(15):
     n += 1
 print(n)
 "'''
-sandboxes = [Sandbox() for _ in range(3)]
+sandboxes = [Sandbox(userns=userns) for _ in range(count)]
 got = [int(sb.exec(FORK).stdout or 0) for sb in sandboxes]
 host = subprocess.run(["true"]).returncode == 0
-print(json.dumps({"got": got, "host_forks": host, "enforcement": sandboxes[0].enforcement["pids_budget"]}))
+print(json.dumps({"got": got, "host_forks": host, "enforcement": sandboxes[0].enforcement["pids_budget"]}), flush=True)
+if hold:
+    sys.stdin.read()
 for sb in sandboxes:
     sb.close()
 """
 
 
-def _budget_run(own: str, env: dict[str, str]) -> dict:
+def _budget_command(own: str, count: int, hold: bool = False) -> list[str]:
+    return [sys.executable, "-c", BUDGET, own, str(count), "hold" if hold else "end"]
+
+
+def _budget_run(own: str, env: dict[str, str], count: int = 3, pre: tuple[str, ...] = ()) -> dict:
     r = subprocess.run(
-        [sys.executable, "-c", BUDGET, own],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env={**os.environ, **env},
-    )
+        [*pre, *_budget_command(own, count)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, **env},
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.splitlines()[-1])
 
@@ -315,40 +323,77 @@ def _check_budget(result: dict) -> None:
     assert result["host_forks"]
 
 
+@contextlib.contextmanager
+def _pids_groups(owns: int) -> Iterator[tuple[list[Path], str]]:
+    """(``owns`` sibling groups of the pids hierarchy to run processes from; the parent the sandboxes'
+    groups are made under where JAILBOX_CGROUP_PARENT is read, v2); all removed after, with the
+    ``jailbox`` groups made in them."""
+    tag = f"jbx-budget-{os.getpid()}"
+    v2 = cgroups.v2_mounted()
+    root = cgroups.V2_ROOT if v2 else cgroups._v1_mounts()["pids"]
+    groups = [root / f"{tag}-own{i}" for i in range(owns)]
+    made = [*groups, *([root / tag] if v2 else [])]
+    for group in made:
+        group.mkdir()
+    try:
+        yield groups, tag
+    finally:
+        for group in made:
+            for sub in [*sorted(group.glob("jailbox/*"), reverse=True), group / "jailbox", group]:
+                if sub.exists():
+                    cgroups._remove_v2(sub) if v2 else cgroups._remove_v1([sub])
+
+
+@pytest.mark.root
 @pytest.mark.cgroup
 def test_sandboxes_together_stay_within_the_pids_budget_of_their_cgroup(tmp_path):
+    """Jails without a user namespace run as host root, which RLIMIT_NPROC does not bind: the
+    budget is pids.max of their jailbox group."""
     # each sandbox: its init, the python that forks, 15 sleepers; 40 leave the third a few forks
-    if cgroups.v2_mounted():
-        parent = cgroups.v2_parent()[0]
-        assert parent is not None
-        group = parent / f"budget-{os.getpid()}"
-        own = f"v2:{group}"
-    else:
-        mounts = cgroups._v1_mounts()
-        here = Path("/proc/self/cgroup").read_text()
-        pids_path = next(line.split(":", 2)[2] for line in here.splitlines() if "pids" in line.split(":")[1].split(","))
-        group = mounts["pids"] / pids_path.lstrip("/") / f"jbx-budget-{os.getpid()}"
-        own = f"v1:{group}"
-    group.mkdir()
-    try:
-        result = _budget_run(own, {"JAILBOX_PIDS_BUDGET": "40"})
-        assert "pids.max=40" in result["enforcement"]
+    with _pids_groups(1) as (groups, parent):
+        result = _budget_run(f"cg:{groups[0]},{parent}", {"JAILBOX_PIDS_BUDGET": "40"})
+        assert "pids.max=40" in result["enforcement"] and "RLIMIT_NPROC" not in result["enforcement"]
         _check_budget(result)
-    finally:
-        for sub in [*sorted(group.glob("jailbox/*"), reverse=True), group / "jailbox", group]:
-            if cgroups.v2_mounted():
-                cgroups._remove_v2(sub)
-            else:
-                cgroups._remove_v1([sub])
 
 
-@pytest.mark.rootless
-@pytest.mark.nocgroup
 def test_sandboxes_together_stay_within_the_pids_budget_of_their_user():
+    """Rootless, and as root with or without a cgroup: RLIMIT_NPROC of the user namespace's creator
+    counts every process of that user, the host's and every sandbox's."""
     # the user's tasks now, plus: the launcher, three inits, twice (python + 15 sleepers), and a few
-    result = _budget_run(str(1 + 3 + 2 * 16 + 4), {})
+    result = _budget_run(f"+{1 + 3 + 2 * 16 + 4}", {})
     assert "RLIMIT_NPROC=" in result["enforcement"]
     _check_budget(result)
+
+
+def test_sandboxes_of_processes_in_different_cgroups_share_one_pids_budget():
+    """Root's processes run from different cgroups (each login session and service has its own), and
+    the pids cgroup budget is on a jailbox group under the caller's: RLIMIT_NPROC is what holds all of
+    root's sandboxes together. One process holds two sandboxes of 15 sleepers; another, run from a
+    group of its own, with a budget of what the user has then plus 8, gets fewer than 15. Before, as
+    root, it got all 15 (and two sessions could take every pid of the host)."""
+    with contextlib.ExitStack() as stack:
+        groups = (
+            stack.enter_context(_pids_groups(2))[0]
+            if os.getuid() == 0 and (cgroups.v1_usable() or cgroups.v2_mounted())
+            else []
+        )
+
+        def moved(i: int) -> tuple[str, ...]:
+            return ("sh", "-c", f'echo $$ > {groups[i]}/cgroup.procs && exec "$@"', "sh") if groups else ()
+
+        holder = subprocess.Popen(
+            [*moved(0), *_budget_command("", 2, hold=True)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        try:
+            assert holder.stdout is not None
+            held = json.loads(holder.stdout.readline())
+            assert held["got"] == [15, 15], held
+            other = _budget_run("+8", {}, count=1, pre=moved(1))
+            assert other["got"][0] < 15 and other["host_forks"], other
+        finally:
+            holder.communicate("", timeout=120)
+        assert holder.returncode == 0
 
 
 def test_the_pids_budget_is_checked():

@@ -271,12 +271,13 @@ def cgroup(host: Host) -> Probe:
         )
     if cgroups.v1_usable():
         return Probe(name="cgroups", status="ok", detail="v1 memory, pids and cpu hierarchies (root)")
-    if host.uid == 0:  # RLIMIT_NPROC does not bind the host's uid 0, which root's jails may run as
+    if host.uid == 0:
         return Probe(
             name="cgroups",
             status="degraded",
-            detail="v1 or hybrid without a usable memory, pids and cpu hierarchy: memory via the host watcher and "
-            "RLIMIT_AS per process, pids not enforced per sandbox, cpus not enforced",
+            detail="no usable memory, pids and cpu hierarchy: memory via the host watcher and RLIMIT_AS per "
+            "process, pids via RLIMIT_NPROC of each jail's user namespace (userns=False: not enforced), cpus not "
+            "enforced",
             fix="mount the cgroup v1 memory, pids and cpu hierarchies, or use a host with cgroup v2",
         )
     return Probe(

@@ -131,6 +131,9 @@ class JailSpec:
     # "on-disk host count" triples) shown as this jail's, through idmapped mounts; None: as they are
     shown_as: IdMap | None
     pids_budget: int | None  # RLIMIT_NPROC of the user namespace's creator: the user's processes, jails included
+    # host root's jails: the host uid their outer user namespace is created as, one for all root's
+    # jails, so the kernel holds pids_budget (it never caps a namespace global root creates); None: as is
+    creator: int | None
     counters: dict[str, int]  # /proc/sys/user/NAME or RLIMIT_NAME -> the jail's share (limits/budget.py)
     counter_budget: dict[str, int]  # RLIMIT_NAME -> soft limit of the user namespace's creator: all jails' share
     ipc: dict[str, str]  # /proc/sys/kernel/NAME -> value in the jail's own IPC namespace (limits/rlimits.ipc)
@@ -169,6 +172,7 @@ class JailSpec:
             idmap=IdMap.from_wire(f["idmap"]),
             shown_as=None if f["shown_as"] is None else IdMap.from_wire(f["shown_as"]),
             pids_budget=None if f["pids_budget"] is None else wire.typed(f, "pids_budget", int),
+            creator=None if f["creator"] is None else wire.typed(f, "creator", int),
             counters=_string_map(f, "counters", int),
             counter_budget=_string_map(f, "counter_budget", int),
             ipc=_string_map(f, "ipc", str),

@@ -194,18 +194,19 @@ class Zygote:
             reply.close()
 
     def _spawn_in_userns(
-        self, idmap: IdMap | None, body: Body, soft: dict[str, int] | None = None
+        self, idmap: IdMap | None, body: Body, soft: dict[str, int] | None = None, creator: int | None = None
     ) -> tuple[socket.socket, int]:
         """Fork A, let it unshare its user namespace (unless ``idmap`` is None), write its id maps.
         ``soft``: RLIMIT_* name -> A's soft limit as it creates the namespace, which the kernel keeps
         as the namespace's cap on the calling user's counts (processes: the pids budget; pending
-        signals, message-queue bytes, locked shm: ``budget.rlimit_budget``). Returns (channel, pid)."""
+        signals, message-queue bytes, locked shm: ``budget.rlimit_budget``). ``creator``: the host
+        uid A creates it as (``JailSpec.creator``), root again inside. Returns (channel, pid)."""
         mine, theirs = wire.seqpacket_pair()
         with step(Step.FORK):
             pid = os.fork()
         if pid == 0:
             mine.close()
-            _child_a(theirs, body, idmap is not None, soft or {})
+            _child_a(theirs, body, idmap is not None, soft or {}, creator)
         theirs.close()
         try:
             _expect(mine, UsernsReady)
@@ -291,7 +292,7 @@ class Zygote:
             soft = dict(spec.counter_budget)
             if spec.pids_budget is not None:
                 soft["RLIMIT_NPROC"] = spec.pids_budget
-            chan, a_pid = self._spawn_in_userns(outer, body, soft)
+            chan, a_pid = self._spawn_in_userns(outer, body, soft, spec.creator)
             os.close(go_r)
             go_r = -1
             with chan:
@@ -334,13 +335,19 @@ class Zygote:
         return pid
 
 
-def _child_a(chan: socket.socket, body: Body, userns: bool, soft: dict[str, int]) -> NoReturn:
+def _child_a(chan: socket.socket, body: Body, userns: bool, soft: dict[str, int], creator: int | None) -> NoReturn:
     try:
         with step(Step.RLIMITS):
             for name, limit in soft.items():
                 _soft_limit(name, limit)
         if userns:
             try:
+                if creator is not None:
+                    # The kernel gives a user namespace that host root (uid 0 of the first namespace)
+                    # creates no cap on processes (RLIMIT_NPROC), whatever its limit: created as
+                    # ``creator``, with root's capabilities kept, it has the budget as its cap, and
+                    # every root jail's processes are counted together, against that one uid.
+                    L.setuid_keeping_capabilities(creator)
                 L.unshare(L.CLONE_NEWUSER)
             except OSError as exc:
                 raise SetupFailed(
@@ -348,6 +355,8 @@ def _child_a(chan: socket.socket, body: Body, userns: bool, soft: dict[str, int]
                 ) from exc
         wire.send(chan, UsernsReady().to_wire())
         _expect(chan, Go)
+        if creator is not None:
+            os.setresuid(0, 0, 0)  # mapped onto the launcher's own uid (``_host_ids``): as before, in A
         body(chan)
     except BaseException as exc:
         _report(chan, exc)

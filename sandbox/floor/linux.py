@@ -34,6 +34,7 @@ MNT_DETACH = 2
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
+PR_SET_KEEPCAPS = 8
 PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_SECUREBITS = 28
@@ -327,6 +328,19 @@ def bound_exec_capabilities(keep: int) -> None:
     _check(_libc.syscall(_NR["capget"], header, data), "capget")
     eff0, prm0, _, eff1, prm1, _ = struct.unpack("6I", data.raw)
     _check(_libc.syscall(_NR["capset"], header, struct.pack("6I", eff0, prm0, 0, eff1, prm1, 0)), "capset")
+
+
+def setuid_keeping_capabilities(uid: int) -> None:
+    """Take ``uid`` as real, effective and saved uid and keep every capability held (effective too):
+    what makes the process privileged to the kernel's checks stays, only its uid changes."""
+    prctl(PR_SET_KEEPCAPS, 1)
+    os.setresuid(uid, uid, uid)
+    prctl(PR_SET_KEEPCAPS, 0)
+    header = struct.pack("Ii", 0x20080522, 0)
+    data = ctypes.create_string_buffer(24)
+    _check(_libc.syscall(_NR["capget"], header, data), "capget")
+    _, prm0, inh0, _, prm1, inh1 = struct.unpack("6I", data.raw)
+    _check(_libc.syscall(_NR["capset"], header, struct.pack("6I", prm0, prm0, inh0, prm1, prm1, inh1)), "capset")
 
 
 def install_seccomp(program: bytes, listener: bool) -> int:

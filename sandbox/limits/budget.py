@@ -7,10 +7,11 @@ Pids: every sandbox has its own cap (``Limits.pids``), but a host has one ``kern
 one ``kernel.threads-max`` for everyone, so all sandboxes together get at most a share of the lower
 (``pid_max()``): ``$JAILBOX_PIDS_BUDGET``, a count (``8000``) or a share (``25%``), by default
 half. With cgroups it is ``pids.max`` of the ``jailbox`` group every sandbox's group is created
-in. Rootless, it is the ``RLIMIT_NPROC`` the launcher sets before it creates the jail's user
-namespace: the kernel then refuses a fork inside the jail while the calling user has that many
-processes, jails and host together (ucounts charge every process of a user namespace to its
-creator, up the chain).
+in. With a user namespace it is also the ``RLIMIT_NPROC`` the launcher sets before it creates the
+jail's outer user namespace: the kernel then refuses a fork inside the jail while the creating user
+has that many processes, jails and host together (ucounts charge every process of a user namespace
+to its creator, up the chain). The kernel sets no such cap on a namespace host root creates, so root
+creates it as one host uid (``JailSpec.creator``): all root's jails on the host are counted there.
 
 Kernel counters: inotify, fanotify and namespaces are counted per user (``/proc/sys/user/*``).
 A jail's processes are charged to the host user that created its user namespace (root too), so

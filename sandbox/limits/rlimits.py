@@ -80,8 +80,8 @@ def plan(
     if limits.pids is not None:
         if cgroup:
             how["pids"] = f"{cgroup} pids"
-        elif os.getuid() == 0:
-            how["pids"] = "not enforced: no cgroup, and RLIMIT_NPROC does not bind uid 0 of the host"
+        elif not userns:
+            how["pids"] = "not enforced: no cgroup, and without a user namespace the jail's processes are host root's"
         else:
             rlimits["RLIMIT_NPROC"] = limits.pids
             how["pids"] = "rlimit RLIMIT_NPROC: all processes of this sandbox's user namespace, every uid (no cgroup)"
@@ -241,9 +241,12 @@ def describe_jail_own(output_limit: int, proxied: bool) -> Enforcement:
 
 
 def nproc_budget(pids_budget: int, userns: bool) -> int | None:
-    """The RLIMIT_NPROC the launcher sets before it creates the jail's user namespace, if it binds:
-    the kernel ignores it for uid 0 of the host, whose processes the pids cgroup bounds instead."""
-    return pids_budget if userns and os.getuid() != 0 else None
+    """The RLIMIT_NPROC the launcher sets before it creates the jail's user namespace, if it binds.
+    It binds every process of the jail, whose host uids are never 0 (root's jails run as subordinate
+    ids), against the count of the namespace's creator: root's too, so as root it holds all of root's
+    sandboxes on the host together, whichever cgroup each caller runs in. Without a user namespace the
+    jail's processes are host root's, which the kernel exempts; the pids cgroup bounds them instead."""
+    return pids_budget if userns else None
 
 
 def _budget_enforcement(pids_budget: int, cgroup: str | None, userns: bool) -> str:
@@ -253,8 +256,15 @@ def _budget_enforcement(pids_budget: int, cgroup: str | None, userns: bool) -> s
     if nproc_budget(pids_budget, userns) is not None:
         held.append(
             f"RLIMIT_NPROC={pids_budget} of the user namespace's creator: forks fail while this user has that many"
+            if os.getuid() != 0
+            else f"RLIMIT_NPROC={pids_budget} of the host uid every root jail's user namespace is created as: forks "
+            "fail while all root's sandboxes on this host together have that many, whichever process or cgroup made "
+            "them"
         )
-    return "; ".join(held) or "not enforced: no pids cgroup, and RLIMIT_NPROC does not bind uid 0 of the host"
+    return (
+        "; ".join(held)
+        or "not enforced: no pids cgroup, and RLIMIT_NPROC does not bind host root, whose the jail's processes are"
+    )
 
 
 def _hard(which: int) -> int:
