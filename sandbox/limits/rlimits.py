@@ -261,10 +261,7 @@ def _budget_enforcement(pids_budget: int, cgroup: str | None, userns: bool) -> s
             "fail while all root's sandboxes on this host together have that many, whichever process or cgroup made "
             "them"
         )
-    return (
-        "; ".join(held)
-        or "not enforced: no pids cgroup, and RLIMIT_NPROC does not bind host root, whose the jail's processes are"
-    )
+    return "; ".join(held) or "not enforced: no pids cgroup, and without a user namespace its processes are root's"
 
 
 def _hard(which: int) -> int:
