@@ -45,6 +45,7 @@ def _spec(**changes: object) -> JailSpec:
         "idmap": IdMap("0 1000 1\n", "0 1000 1\n", helper=False, deny_setgroups=True),
         "shown_as": None,
         "pids_budget": 16384,
+        "creator": 100000,
         "counters": {"max_inotify_instances": 16, "RLIMIT_SIGPENDING": 376},
         "counter_budget": {"RLIMIT_SIGPENDING": 48182},
         "ipc": rlimits.ipc(1 << 20),
@@ -72,6 +73,9 @@ def test_spec_travels_whole_and_strictly():
         JailSpec.from_wire({**wired, "trusted_lower": 1})
     with pytest.raises(WireError, match="upper"):
         JailSpec.from_wire({**wired, "upper": "nfs"})
+    with pytest.raises(WireError, match="creator"):
+        JailSpec.from_wire({**wired, "creator": "0"})  # a uid the launcher would become: never a string
+    assert JailSpec.from_wire({**wired, "creator": None}).creator is None
 
 
 def test_messages_are_decoded_only_where_expected():
