@@ -128,6 +128,16 @@ def root_range() -> tuple[int, int]:
     return _file_range(str(SUBUID), str(SUBGID))
 
 
+def namespace_creator() -> int | None:
+    """The host uid a jail's outer user namespace is created as, when it is not the caller's own:
+    the kernel caps the processes of a namespace by its creator's RLIMIT_NPROC unless the creator is
+    root of the host's own user namespace, so host root creates it as the first uid of its range,
+    one for all root's jails. None elsewhere (root of a namespace a user made is capped already)."""
+    if os.getuid() != 0 or not _in_host_userns():
+        return None
+    return root_range()[0]
+
+
 def _parse_override(value: str) -> tuple[int, int]:
     example = f"{RANGE_ENV}=200000:65536"
     parts = value.split(":")

@@ -203,7 +203,7 @@ class Jail:
             idmap=self._idmap,
             shown_as=self._shown_as,
             pids_budget=rlimits.nproc_budget(self._pids_budget, cfg.userns),
-            creator=idmap.root_range()[0] if cfg.userns and os.getuid() == 0 else None,
+            creator=idmap.namespace_creator() if cfg.userns else None,
             counters=self._counters,
             counter_budget=budget.rlimit_budget(),
             ipc=ipc,

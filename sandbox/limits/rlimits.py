@@ -11,11 +11,11 @@ decides them.
 
 from __future__ import annotations
 
-import os
 import resource
 import warnings
 from pathlib import Path
 
+from .. import idmap
 from ..child.requests import MAX_REQUEST, MAX_WALK_ENTRIES
 from ..child.spec import DEV_INODES, DEV_SIZE, PTYS
 from ..config import Limits, SandboxConfig
@@ -256,7 +256,7 @@ def _budget_enforcement(pids_budget: int, cgroup: str | None, userns: bool) -> s
     if nproc_budget(pids_budget, userns) is not None:
         held.append(
             f"RLIMIT_NPROC={pids_budget} of the user namespace's creator: forks fail while this user has that many"
-            if os.getuid() != 0
+            if idmap.namespace_creator() is None
             else f"RLIMIT_NPROC={pids_budget} of the host uid every root jail's user namespace is created as: forks "
             "fail while all root's sandboxes on this host together have that many, whichever process or cgroup made "
             "them"
