@@ -50,6 +50,7 @@ SLOTS = Path("/run/jailbox/ids")  # one lock file a slot: held (flock) while a j
 # filesystems whose mounts the kernel lets be idmapped (FS_ALLOW_IDMAP), by statfs magic
 IDMAP_FILESYSTEMS = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs", 0xF2F52010: "f2fs"}
 IDMAP_KERNEL = (6, 3)  # tmpfs since 6.3; overlayfs over idmapped layers since 5.19
+EPOLL_KERNEL = (5, 14)  # SECCOMP_ADDFD_FLAG_SEND: the jail's epoll instances can be made by another id
 
 log = logging.getLogger("jailbox")
 
@@ -409,7 +410,7 @@ def own_ids_refused(paths: Sequence[str]) -> str | None:
         return "not root of the host's own user namespace"
     if RANGE_ENV in os.environ:
         return f"{RANGE_ENV} names the one range jails use"
-    if not _idmap_kernel():
+    if not kernel_at_least(IDMAP_KERNEL):
         return f"Linux {os.uname().release} is older than {'.'.join(map(str, IDMAP_KERNEL))} (idmapped mounts)"
     mounts = _mounts()
     for path in paths:
@@ -424,12 +425,32 @@ def _in_host_userns() -> bool:
     return _entries_of_map("/proc/self/uid_map") == [(0, MAX_ID)]
 
 
-def _idmap_kernel() -> bool:
+def kernel_at_least(version: tuple[int, int]) -> bool:
     release = os.uname().release.split(".")
     try:
-        return (int(release[0]), int(release[1].split("-")[0])) >= IDMAP_KERNEL
+        return (int(release[0]), int(release[1].split("-")[0])) >= version
     except (IndexError, ValueError):
         return False
+
+
+def epoll_maker(plan: IdMap) -> tuple[int, int] | None:
+    """(jail id, host uid) the jail's epoll instances are made as (``child/epoll.py``): the highest id
+    both its maps have, which is never its root, on a kernel that hands a descriptor over as a
+    call's result; None where the map is root alone (rootless without a subordinate range)."""
+    if not kernel_at_least(EPOLL_KERNEL):
+        return None
+    uids, gids = _triples(plan.uid_map), _triples(plan.gid_map)
+    last = min(max(inside + count - 1 for inside, _, count in ids) for ids in (uids, gids))
+    if last <= 0:
+        return None
+    host = next((outside + last - inside for inside, outside, count in uids if inside <= last < inside + count), None)
+    return None if host is None else (last, host)
+
+
+def _triples(text: str) -> list[tuple[int, int, int]]:
+    """The (inside, outside, count) triples of a planned map (an id map's text, on one line or several)."""
+    words = [int(word) for word in text.split()]
+    return [(words[i], words[i + 1], words[i + 2]) for i in range(0, len(words) - 2, 3)]
 
 
 def _idmappable(path: str, mounts: list[tuple[str, str]] | None) -> bool:

@@ -164,7 +164,17 @@ class Jail:
         self.enforcement["ipc"] = rlimits.describe_ipc(ipc)
         self.enforcement["aio"] = rlimits.describe_aio(cfg.seccomp)
         self.enforcement["host_files"] = rlimits.describe_host_files()
-        self.enforcement["host_ids"] = self._describe_host_ids()
+        maker = idmap.epoll_maker(self._idmap) if cfg.userns else None
+        seccomp = _seccomp_spec(
+            cfg.seccomp,
+            any(not m.readonly for m in cfg.mounts),
+            "SYS_CHROOT" in caps,
+            no_memfd=cfg.limits.memory is not None and self.cgroup is None,  # the watcher holds memory
+            epoll_maker=-1 if maker is None else maker[0],
+        )
+        made_as = None if seccomp is None or seccomp.epoll_maker < 0 or maker is None else maker[1]
+        self.enforcement["host_ids"] = self._describe_host_ids(made_as is not None)
+        self.enforcement["epoll"] = self._describe_epoll(made_as)
         net = self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps)
         self.enforcement["socket_queues"] = rlimits.describe_queues(cfg.limits.memory, net.new_netns)
         self.enforcement.update(rlimits.describe_jail_own(cfg.output_limit, net.proxy_port != 0))
@@ -193,12 +203,7 @@ class Jail:
             net=net,
             workdir=cfg.workdir,
             caps=L.cap_mask(caps),
-            seccomp=_seccomp_spec(
-                cfg.seccomp,
-                any(not m.readonly for m in cfg.mounts),
-                "SYS_CHROOT" in caps,
-                no_memfd=cfg.limits.memory is not None and self.cgroup is None,  # the watcher holds memory
-            ),
+            seccomp=seccomp,
             userns=cfg.userns,
             idmap=self._idmap,
             shown_as=self._shown_as,
@@ -209,11 +214,14 @@ class Jail:
             ipc=ipc,
         )
 
-    def _describe_host_ids(self) -> str:
-        """Whose host uid the jail's root is: what the kernel counts per host uid (epoll watches,
-        descriptors in flight, pipe buffers past the user's soft limit) is shared with whoever else it is."""
+    def _describe_host_ids(self, epoll_made: bool) -> str:
+        """Whose host uid the jail's root is: what the kernel counts per host uid (descriptors in
+        flight, pipe buffers past the user's soft limit, epoll watches unless ``epoll_made`` by the
+        maker) is shared with whoever else it is."""
         uid = self._idmap.host_root()[0]
-        counted = "epoll watches, descriptors in flight and pipe buffers are counted per host uid"
+        counted = "descriptors in flight and pipe buffers are counted per host uid"
+        if not epoll_made:
+            counted = f"epoll watches, {counted}"
         if not self.config.userns:
             return f"no user namespace: the jail's root is host root; {counted}, root's unbounded"
         if self._shown_as is not None:
@@ -225,6 +233,35 @@ class Jail:
                 f"{idmap.SLOTS} for the locks, or all {idmap.POOL_SLOTS} ranges in use); {counted}, so with those jails"
             )
         return f"yours: the jail's root is host uid {uid}; {counted}, so with your own processes"
+
+    def _describe_epoll(self, made_as: int | None) -> str:
+        """Whose count the jail's epoll watches take (``child/epoll.py``)."""
+        limit = _epoll_limit()
+        if made_as is not None:
+            if self._shown_as is not None:
+                whose = "a uid of this jail's own"
+            elif os.getuid() == 0:
+                whose = "a uid root's jails without ids of their own share"
+            else:
+                whose = "a subordinate uid all your sandboxes share, never yours"
+            return (
+                f"held: every epoll instance of the jail is made by the init's maker as host uid {made_as} "
+                f"({whose}), so the jail's watches together stay within its fs.epoll.max_user_watches ({limit})"
+            )
+        root = self._idmap.host_root()[0]
+        if not self.config.userns:
+            why = "no user namespace"
+        elif self.config.seccomp is None:
+            why = "seccomp is off, and with it the init's listener"
+        elif idmap.epoll_maker(self._idmap) is None:
+            why = (
+                f"Linux {os.uname().release} is older than 5.14"
+                if not idmap.kernel_at_least(idmap.EPOLL_KERNEL)
+                else "the jail maps no id but its root (idmap='single', or rootless without a subordinate range)"
+            )
+        else:
+            why = "the seccomp policy leaves the init no listener, or refuses what the maker calls"
+        return f"not held: {why}; each id's watches count against its host uid (the root's: {root}), up to {limit} each"
 
     def _ca_certs(self) -> str:
         """The config's CA files, read again now (they may have changed since it was validated)."""
@@ -280,6 +317,10 @@ class Jail:
             raise explain(Failed(ready.step or Step.PROTOCOL, ready.errno, ready.error or "jail setup failed"))
         if len(fds) != self.spec.net.handed:
             raise ProtocolError(f"the jail's init handed over {len(fds)} network descriptors")
+        if not ready.seccomp_notify and self.enforcement["epoll"].startswith("held"):
+            # the kernel refused the init a listener (a supervisor above already holds one): the
+            # filter without one lets epoll_create through, made by the caller
+            self.enforcement["epoll"] = "not held: the init got no seccomp listener (a supervisor above holds one)"
         return fds
 
     def _attach_cgroup(self, sock: socket.socket, undo: contextlib.ExitStack) -> None:
@@ -372,10 +413,13 @@ def _give_binds(cfg: SandboxConfig, id_map: IdMap) -> None:
             )
 
 
-def _seccomp_spec(policy: SeccompPolicy | None, rw_binds: bool, chroot: bool, no_memfd: bool) -> SeccompSpec | None:
+def _seccomp_spec(
+    policy: SeccompPolicy | None, rw_binds: bool, chroot: bool, no_memfd: bool, epoll_maker: int
+) -> SeccompSpec | None:
     """The compiled filter; with a read-write bind, one that keeps set-id files and device nodes
     off it (``bpf._mode_rules``); ``chroot`` where commands hold CAP_SYS_CHROOT (as Docker's profile);
-    ``no_memfd`` where no cgroup counts memory (``bpf.compile_policy``)."""
+    ``no_memfd`` where no cgroup counts memory (``bpf.compile_policy``); the jail's epoll instances
+    made by the init's maker as jail id ``epoll_maker`` where the policy allows it (-1: never)."""
     if policy is None:
         warnings.warn(
             "seccomp is OFF for this sandbox: every syscall the kernel allows an unprivileged user is open to it",
@@ -383,18 +427,32 @@ def _seccomp_spec(policy: SeccompPolicy | None, rw_binds: bool, chroot: bool, no
             stacklevel=4,
         )
         return None
-    return _compiled(policy, rw_binds, chroot, no_memfd)
+    return _compiled(policy, rw_binds, chroot, no_memfd, epoll_maker)
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(policy: SeccompPolicy, guard_modes: bool, chroot: bool, no_memfd: bool) -> SeccompSpec:
+def _compiled(policy: SeccompPolicy, guard_modes: bool, chroot: bool, no_memfd: bool, maker: int) -> SeccompSpec:
+    create1, create = bpf.epoll_calls(policy) if maker >= 0 else (-1, -1)
+    made = create1 >= 0
     return SeccompSpec(
-        notify=base64.b64encode(bpf.compile_policy(policy, True, guard_modes, chroot, no_memfd)).decode(),
+        notify=base64.b64encode(bpf.compile_policy(policy, True, guard_modes, chroot, no_memfd, made)).decode(),
         errno=base64.b64encode(bpf.compile_policy(policy, False, guard_modes, chroot, no_memfd)).decode(),
         errno_value=policy.errno,
         in_child=not bpf.init_can_live_under(policy),
         audit_arch=syscalls.AUDIT_ARCH[syscalls.arch()],
+        epoll_create1=create1,
+        epoll_create=create if made else -1,
+        epoll_maker=maker if made else -1,
     )
+
+
+def _epoll_limit() -> str:
+    """The host's ``fs.epoll.max_user_watches``, as read (or why not)."""
+    try:
+        with open("/proc/sys/fs/epoll/max_user_watches") as f:
+            return f.read(64).strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def _make_cgroup(sandbox_id: str, wanted: Limits, pids_budget: int) -> Cgroup | None:

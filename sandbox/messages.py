@@ -38,6 +38,7 @@ class Ready(Reply):
     step: Step | None = None  # a failure's setup step, one of ``Step``'s values
     error: Text | None = None
     errno: int = Field(0, ge=0, le=4096)
+    seccomp_notify: bool = False  # the init holds a listener: refusals are named, epoll instances made by its maker
 
 
 class Exit(Reply):

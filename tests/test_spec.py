@@ -40,7 +40,16 @@ def _spec(**changes: object) -> JailSpec:
         "net": NetSpec(new_netns=True, proxy_port=0, namespaces=("net", "user"), unreachable=("10.0.0.0/8",)),
         "workdir": "/testbed",
         "caps": 0,
-        "seccomp": SeccompSpec(notify="AA==", errno="AA==", errno_value=1, in_child=False, audit_arch=1),
+        "seccomp": SeccompSpec(
+            notify="AA==",
+            errno="AA==",
+            errno_value=1,
+            in_child=False,
+            audit_arch=1,
+            epoll_create1=291,
+            epoll_create=213,
+            epoll_maker=65536,
+        ),
         "userns": True,
         "idmap": IdMap("0 1000 1\n", "0 1000 1\n", helper=False, deny_setgroups=True),
         "shown_as": None,
@@ -76,6 +85,8 @@ def test_spec_travels_whole_and_strictly():
     with pytest.raises(WireError, match="creator"):
         JailSpec.from_wire({**wired, "creator": "0"})  # a uid the launcher would become: never a string
     assert JailSpec.from_wire({**wired, "creator": None}).creator is None
+    with pytest.raises(WireError, match="epoll_maker"):  # the id the maker becomes
+        JailSpec.from_wire({**wired, "seccomp": {**wired["seccomp"], "epoll_maker": None}})
 
 
 def test_messages_are_decoded_only_where_expected():

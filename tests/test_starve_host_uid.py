@@ -7,7 +7,8 @@ buffers past ``fs.pipe-user-pages-soft``. As root, each jail runs under host ids
 of the ``jailbox-jails`` pool, ``idmap.claim_own_ids``), its lower and binds mounted idmapped, so
 one jail filling such a count leaves its neighbour's alone. Before, root's jails shared one range:
 one jail's fill refused the next jail's descriptor passing and epoll registrations. Rootless, the
-jail's root is the user, and these counts are shared with the user's own processes (README).
+jail's root is the user, and these counts are shared with the user's own processes (README), but
+for epoll watches: every jail's instances are made by its init's maker (test_starve_epoll.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from per_uid_fills import WATCH_ONE, WATCHES, started
 
 from jailbox.sandbox import Mount, Sandbox, idmap
 
@@ -60,42 +62,6 @@ a, b = socket.socketpair()
 a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0]))])
 print("passed")
 """
-
-# Epoll watches: one pipe's read end under 1,000 descriptors, each registered in instance after
-# instance until the kernel refuses (ENOSPC: the uid holds max_user_watches).
-WATCHES = """
-import os, select, time
-r, w = os.pipe()
-fds = [os.dup(r) for _ in range(1000)]
-instances, watches, refused = [], 0, 0
-while not refused:
-    ep = select.epoll()
-    instances.append(ep)
-    for fd in fds:
-        try:
-            ep.register(fd, select.EPOLLIN)
-        except OSError as exc:
-            refused = exc.errno
-            break
-        watches += 1
-print(watches, refused, flush=True)
-time.sleep(600)
-"""
-
-WATCH_ONE = """
-import os, select
-r, w = os.pipe()
-select.epoll().register(r, select.EPOLLIN)
-print("watched")
-"""
-
-
-def started(sb: Sandbox, script: str) -> list[int]:
-    """Run ``script`` in the background of ``sb`` and return what it printed first (its counts)."""
-    sb.write_file("/tmp/fill.py", script)
-    sb.exec("python3 /tmp/fill.py > /tmp/fill.out 2>&1 &")
-    out = sb.exec("for i in $(seq 600); do [ -s /tmp/fill.out ] && break; sleep 0.1; done; cat /tmp/fill.out").stdout
-    return [int(word) for word in out.split()]
 
 
 def host_uid(sb: Sandbox) -> int:

@@ -320,6 +320,23 @@ def _descriptor_charge() -> str:
     return "not charged (this kernel gives /proc/PID/fd no size: Linux 6.2 or later does)"
 
 
+def _per_uid_counts(uid: int) -> str:
+    """How the counts the kernel keeps per host uid are held: epoll watches (made by each jail's
+    maker, ``child/epoll.py``) and descriptors in flight (by the jail's root's uid)."""
+    if not idmap.kernel_at_least(idmap.EPOLL_KERNEL):
+        epoll = f"epoll watches: not bounded (Linux {os.uname().release} is older than 5.14)"
+    elif uid == 0:
+        epoll = "epoll watches: made by each jail's maker, as a uid of its own where the jail has host ids of its own"
+    elif idmap.full_range_available():
+        epoll = "epoll watches: made by each jail's maker as your subordinate range's last uid, which they share"
+    else:
+        epoll = "epoll watches: not bounded (no subordinate range: a jail maps no id but its root, which is you)"
+    if uid == 0:
+        return f"{epoll}; descriptors in flight: per jail where root's jails have host ids of their own (see id ranges)"
+    flight = "descriptors in flight: not bounded (the kernel counts them per host uid; a rootless jail's root is you)"
+    return f"{epoll}; {flight}"
+
+
 def shared_bounds(host: Host) -> Probe:
     """The bounds all sandboxes share: the pids budget and the per-user kernel counters."""
     name = "pids budget and kernel counters"
@@ -344,13 +361,7 @@ def shared_bounds(host: Host) -> Probe:
         "SysV IPC: bounded in each jail's own namespace; "
         f"TCP and UDP buffers: {rlimits.inet_bound(None)} bytes each (1/{rlimits.INET_SHARE} of the host's low mark); "
         f"open files: the watcher acts past 1/{watch.FILES_ALARM} of fs.file-max; AIO: io_setup ENOSYS; "
-        + (
-            "epoll watches and descriptors in flight: per jail where root's jails have host ids of their own "
-            "(see id ranges), else shared by those that share one"
-            if host.uid == 0
-            else "epoll watches and descriptors in flight: not bounded (the kernel counts them per host uid, "
-            "and a rootless jail's root is you)"
-        )
+        + _per_uid_counts(host.uid)
     )
     if host.uid == 0 and not cgroups.v1_usable() and not (cgroups.v2_mounted() and cgroups.v2_parent()[0]):
         held = f"{detail}; no pids cgroup: the budget is not held"

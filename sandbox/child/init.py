@@ -45,6 +45,7 @@ from typing import Any
 from ..floor import linux as L
 from ..floor import wire
 from . import mounts, netns
+from .epoll import EpollMaker
 from .protocol import InitReady, Step, failure, step
 from .requests import (
     MAX_REQUEST,
@@ -66,6 +67,7 @@ from .spec import JailSpec, SeccompSpec
 SLACK_BASE = 50_000
 LOOPBACK_FLAGS = 0x1 | 0x40  # IFF_UP | IFF_RUNNING
 NOTIF_SIZE = 80  # struct seccomp_notif
+NOTIF_ARGS = 32  # offset of its data.args
 X32_BIT = 0x40000000
 MAX_REFUSED_KINDS = 256
 SPAWN_ATTEMPTS = 5
@@ -214,6 +216,11 @@ class Init:
         self.poll.register(self.wake_r, select.POLLIN)
         if listener >= 0:
             self.poll.register(listener, select.POLLIN)
+        self.epoll: EpollMaker | None = None  # where the jail's epoll instances are made (child/epoll.py)
+        if listener >= 0 and seccomp is not None and seccomp.epoll_create1 >= 0:
+            self.epoll = EpollMaker(
+                listener, self.poll, seccomp.epoll_create1, seccomp.epoll_create, seccomp.epoll_maker, slack, SLACK_BASE
+            )
 
     def serve(self) -> None:
         handlers: dict[type[Request], Handler] = {
@@ -226,15 +233,20 @@ class Init:
             WalkRequest: self.op_walk,
             SymlinkRequest: self.op_symlink,
         }
+        ctl = self.ctl.fileno()
         while True:
-            for fd, _ in sorted(self._poll(), key=lambda event: event[0] != self.wake_r):  # reap first
+            # reap first; an event of a descriptor closed meanwhile (a maker reaped) is passed over:
+            # taken for the control socket's, it would wait there for the host's next request
+            for fd, _ in sorted(self._poll(), key=lambda event: event[0] != self.wake_r):
                 if fd == self.wake_r:
                     self._reap()
                 elif fd == self.listener:
-                    self._refuse()
+                    self._notified()
+                elif self.epoll is not None and fd == self.epoll.fileno:
+                    self.epoll.made()
                 elif fd in self.drains:
                     self._drain(fd)
-                else:
+                elif fd == ctl:
                     self._request(handlers)
 
     def _poll(self) -> list[tuple[int, int]]:
@@ -335,7 +347,8 @@ class Init:
                 pids = f.read(1 << 20).split()
         except OSError:
             return True
-        return any(int(pid) not in self.execs for pid in pids)
+        maker = 0 if self.epoll is None else self.epoll.pid
+        return any(int(pid) not in self.execs and int(pid) != maker for pid in pids)
 
     def _due_checks(self) -> None:
         now = time.monotonic()
@@ -479,14 +492,18 @@ class Init:
             self.drains.discard(fd)
             os.close(fd)
 
-    def _refuse(self) -> None:
-        """Answer one refused syscall with the policy's errno and count it for its command."""
+    def _notified(self) -> None:
+        """Answer one syscall sent here: an epoll instance to make, or a refused call, answered with
+        the policy's errno and counted for its command."""
         notif = bytearray(NOTIF_SIZE)
         try:
             fcntl.ioctl(self.listener, L.SECCOMP_IOCTL_NOTIF_RECV, notif, True)
         except OSError:
             return  # the caller died meanwhile
         notif_id, pid, _, nr, arch = struct.unpack_from("QIIiI", notif)
+        if self.epoll is not None and arch == self.audit_arch and self.epoll.routes(nr):
+            self.epoll.notified(notif_id, pid, nr, struct.unpack_from("Q", notif, NOTIF_ARGS)[0])
+            return
         exec_id = self._exec_of(pid)  # while the caller is still blocked in the syscall
         try:
             fcntl.ioctl(
@@ -520,6 +537,8 @@ class Init:
 
     def _reap(self) -> None:
         for pid, status, usage in L.reaped(self.wake_r):
+            if self.epoll is not None and self.epoll.reaped(pid):
+                continue
             entry = self.execs.pop(pid, None)
             if entry is None:
                 continue

@@ -90,6 +90,12 @@ class SeccompSpec:
     errno_value: int  # the errno a refused syscall gets
     in_child: bool  # the init could not live under the policy: each command's child installs ``errno``
     audit_arch: int  # AUDIT_ARCH of this host, to name refusals from other ABIs
+    # epoll instances made for the jail by the init's maker under one id (child/epoll.py): the
+    # numbers of epoll_create1 and epoll_create the notify program sends to the init (-1: not sent;
+    # epoll_create is sent only with epoll_create1), and the jail uid and gid the maker runs as (-1: no maker)
+    epoll_create1: int
+    epoll_create: int
+    epoll_maker: int
 
     @classmethod
     def from_wire(cls, obj: object) -> SeccompSpec:
@@ -100,6 +106,9 @@ class SeccompSpec:
             errno_value=wire.typed(f, "errno_value", int),
             in_child=wire.typed(f, "in_child", bool),
             audit_arch=wire.typed(f, "audit_arch", int),
+            epoll_create1=wire.typed(f, "epoll_create1", int),
+            epoll_create=wire.typed(f, "epoll_create", int),
+            epoll_maker=wire.typed(f, "epoll_maker", int),
         )
 
 

@@ -33,6 +33,7 @@ MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 PR_SET_DUMPABLE = 4
 PR_SET_KEEPCAPS = 8
 PR_CAPBSET_DROP = 24
@@ -132,6 +133,12 @@ def sethostname(name: str) -> None:
 
 def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
     return _check(_libc.prctl(option, arg2, arg3, arg4, arg5), f"prctl({option})")
+
+
+def set_comm(name: bytes) -> None:
+    """Name the calling thread (what ``ps`` shows), without /proc."""
+    buf = ctypes.create_string_buffer(name[:15])
+    prctl(PR_SET_NAME, ctypes.addressof(buf))
 
 
 def make_readonly(path: str) -> None:

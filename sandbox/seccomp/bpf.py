@@ -111,6 +111,26 @@ def init_can_live_under(policy: SeccompPolicy) -> bool:
     return policy.default == "allow" and not (INIT_SYSCALLS & set(policy.deny))
 
 
+# What the init's epoll maker calls beyond what the init does (``child/epoll.py``)
+MAKER_SYSCALLS = frozenset({"setgroups", "setresgid", "setresuid", "epoll_create1"})
+
+
+def epoll_calls(policy: SeccompPolicy) -> tuple[int, int]:
+    """The numbers of ``epoll_create1`` and ``epoll_create`` (-1: not one) whose instances the init's
+    maker can make for the jail (``child/epoll.py``): the init lives under the policy, which lets
+    the maker switch ids and make them, and lets the jail call them. (-1, -1) where it cannot."""
+    if not init_can_live_under(policy):
+        return -1, -1
+    custom_deny = set(policy.deny)
+    allowed = set(policy.allow) - custom_deny
+    denied = custom_deny | ((set(DEFAULT_DENY) if policy.docker_defaults else set()) - allowed)
+    if MAKER_SYSCALLS & denied:
+        return -1, -1
+    table = syscall_table(arch())
+    create = table.get("epoll_create", -1) if "epoll_create" not in denied else -1
+    return table["epoll_create1"], create
+
+
 Jump = int | str  # an offset, or the name of a label further on
 
 
@@ -141,13 +161,19 @@ class _Program:
 
 
 def compile_policy(
-    policy: SeccompPolicy, notify: bool, guard_modes: bool = False, chroot: bool = False, no_memfd: bool = False
+    policy: SeccompPolicy,
+    notify: bool,
+    guard_modes: bool = False,
+    chroot: bool = False,
+    no_memfd: bool = False,
+    make_epoll: bool = False,
 ) -> bytes:
     """The BPF program (struct sock_filter array) for ``policy`` on this machine; ``guard_modes``
     for a jail with a read-write bind (see the module docstring); ``chroot`` takes ``chroot`` off
     Docker's denylist, as Docker's profile does for a container holding CAP_SYS_CHROOT (a chroot
     inside the jail's mount namespace leads no further out than the jail's root); ``no_memfd`` makes
-    ``memfd_create`` ENOSYS, for a jail whose memory no cgroup counts (see the module docstring)."""
+    ``memfd_create`` ENOSYS, for a jail whose memory no cgroup counts (see the module docstring);
+    ``make_epoll`` sends ``epoll_calls`` to the listener too, where the init has them made (with ``notify``)."""
     machine = arch()
     table = syscall_table(machine)
     refuse = RET_NOTIFY if notify else RET_ERRNO | policy.errno
@@ -180,6 +206,10 @@ def compile_policy(
     p.label("lists")
     if guard_modes:
         _mode_rules(p, table)
+    if notify and make_epoll:
+        for nr in epoll_calls(policy):
+            if nr >= 0:
+                p.op(_JEQ, nr, "make", 0)
     p.op(_JEQ, table["clone"], "clone", 0)
     p.op(_JEQ, table["socket"], "socket", 0)
     p.op(_JEQ, table["ioctl"], "ioctl", 0)
@@ -202,6 +232,8 @@ def compile_policy(
     p.label("ioctl")
     p.op(_LD_W_ABS, _ARG1)
     p.op(_JEQ, TIOCSTI, "refuse", "allow")
+    p.label("make")
+    p.op(_RET, RET_NOTIFY)
     p.label("allow")
     p.op(_RET, RET_ALLOW)
     p.label("refuse")
