@@ -51,6 +51,8 @@ SLOTS = Path("/run/jailbox/ids")  # one lock file a slot: held (flock) while a j
 IDMAP_FILESYSTEMS = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs", 0xF2F52010: "f2fs"}
 IDMAP_KERNEL = (6, 3)  # tmpfs since 6.3; overlayfs over idmapped layers since 5.19
 EPOLL_KERNEL = (5, 14)  # SECCOMP_ADDFD_FLAG_SEND: the jail's epoll instances can be made by another id
+MAKER_SLOTS = 4096  # jails sharing a map whose epoll makers have ids of their own at once
+MAKER_DIR = "epoll-ids"  # in the state directory: a lock file a slot, held (flock) while a jail lives
 
 log = logging.getLogger("jailbox")
 
@@ -365,7 +367,7 @@ def claim_own_ids(mode: str, paths: Sequence[str]) -> OwnIds | None:
     except ConfigError:
         return None
     try:
-        found = _lock_slot()
+        found = _lock_slot(SLOTS, POOL_SLOTS)
     except OSError:  # no /run to hold the locks in (a container without one, a read-only /run)
         return None
     if found is None:
@@ -433,18 +435,39 @@ def kernel_at_least(version: tuple[int, int]) -> bool:
         return False
 
 
-def epoll_maker(plan: IdMap) -> tuple[int, int] | None:
-    """(jail id, host uid) the jail's epoll instances are made as (``child/epoll.py``): the highest id
-    both its maps have, which is never its root, on a kernel that hands a descriptor over as a
-    call's result; None where the map is root alone (rootless without a subordinate range)."""
+@dataclasses.dataclass(frozen=True)
+class Maker:
+    """The id a jail's epoll instances are made as (``child/epoll.py``)."""
+
+    id: int  # in the jail: its uid and gid
+    host: int  # the host uid it is
+    own: bool  # no other live jail's maker has it (its ids are its own, or a slot of MAKER_SLOTS)
+    lock: int | None  # the slot's lock while the jail lives (``release_slot``); None: no slot held
+
+
+def claim_maker(plan: IdMap, own_ids: bool, base: Path) -> Maker | None:
+    """The id a jail's epoll maker runs as, on a kernel that hands a descriptor over as a call's
+    result; None where the map is root alone (rootless without a subordinate range, ``single``).
+
+    Jails of host ids of their own (``own_ids``) use their highest. Others (rootless, and root's
+    jails in the shared range) share their map, so each takes a slot of ``MAKER_SLOTS`` lock files
+    in the state directory ``base`` and the id the slot names, counting down from the highest: no
+    other jail's instances are made as it (theirs go to their own makers, whatever ids their
+    processes run as), so no jail of the same user can take another's watches. With every slot
+    held, or no directory for them, the highest, shared with every such jail."""
     if not kernel_at_least(EPOLL_KERNEL):
         return None
     uids, gids = _triples(plan.uid_map), _triples(plan.gid_map)
     last = min(max(inside + count - 1 for inside, _, count in ids) for ids in (uids, gids))
     if last <= 0:
         return None
-    host = next((outside + last - inside for inside, outside, count in uids if inside <= last < inside + count), None)
-    return None if host is None else (last, host)
+    found = None
+    if not own_ids:
+        with contextlib.suppress(OSError):  # no state directory to hold the locks in: shared
+            found = _lock_slot(base / MAKER_DIR, min(MAKER_SLOTS, last))
+    jail_id = last if found is None else last - found[0]
+    host = next(outside + jail_id - inside for inside, outside, count in uids if inside <= jail_id < inside + count)
+    return Maker(jail_id, host, own=own_ids or found is not None, lock=None if found is None else found[1])
 
 
 def _triples(text: str) -> list[tuple[int, int, int]]:
@@ -483,11 +506,12 @@ def _mounts() -> list[tuple[str, str]] | None:
     return mounts
 
 
-def _lock_slot() -> tuple[int, int] | None:
-    """(slot, its lock file) for the lowest slot no live jail holds; None if all are held."""
-    SLOTS.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for slot in range(POOL_SLOTS):
-        fd = os.open(SLOTS / str(slot), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def _lock_slot(directory: Path, count: int) -> tuple[int, int] | None:
+    """(slot, its lock file) for the lowest of ``count`` slots in ``directory`` no live jail holds;
+    None if all are held."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for slot in range(count):
+        fd = os.open(directory / str(slot), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

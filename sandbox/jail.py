@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import functools
 import os
 import signal
@@ -67,6 +68,7 @@ class Jail:
             self.dir = self._make_dir(base, undo)
             self.cgroup = self._make_cgroup(undo)
             self._counters = self._claim_counters(base, undo)
+            self._maker = self._claim_maker(base, undo)
             self.spec = self._spec(base, lower, system_binds, generated)
             sock, self.init_pid = self._create(undo)
             self._attach_cgroup(sock, undo)
@@ -150,6 +152,16 @@ class Jail:
         undo.callback(budget.release_counters, base, self.id)
         return counters
 
+    def _claim_maker(self, base: Path, undo: contextlib.ExitStack) -> idmap.Maker | None:
+        """The id this jail's epoll instances are made as (``idmap.claim_maker``); a slot's lock is
+        held until everything else is undone."""
+        if not self.config.userns:
+            return None
+        maker = idmap.claim_maker(self._idmap, self._shown_as is not None, base)
+        if maker is not None and maker.lock is not None:
+            undo.callback(idmap.release_slot, maker.lock)
+        return maker
+
     def _spec(self, base: Path, lower: str, system_binds: tuple[Bind, ...], generated: dict[str, str]) -> JailSpec:
         cfg = self.config
         if os.getuid() == 0 and cfg.userns:
@@ -164,17 +176,16 @@ class Jail:
         self.enforcement["ipc"] = rlimits.describe_ipc(ipc)
         self.enforcement["aio"] = rlimits.describe_aio(cfg.seccomp)
         self.enforcement["host_files"] = rlimits.describe_host_files()
-        maker = idmap.epoll_maker(self._idmap) if cfg.userns else None
         seccomp = _seccomp_spec(
             cfg.seccomp,
             any(not m.readonly for m in cfg.mounts),
             "SYS_CHROOT" in caps,
             no_memfd=cfg.limits.memory is not None and self.cgroup is None,  # the watcher holds memory
-            epoll_maker=-1 if maker is None else maker[0],
+            epoll_maker=-1 if self._maker is None else self._maker.id,
         )
-        made_as = None if seccomp is None or seccomp.epoll_maker < 0 or maker is None else maker[1]
-        self.enforcement["host_ids"] = self._describe_host_ids(made_as is not None)
-        self.enforcement["epoll"] = self._describe_epoll(made_as)
+        made = seccomp is not None and seccomp.epoll_maker >= 0
+        self.enforcement["host_ids"] = self._describe_host_ids(made)
+        self.enforcement["epoll"] = self._describe_epoll(self._maker if made else None)
         net = self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps)
         self.enforcement["socket_queues"] = rlimits.describe_queues(cfg.limits.memory, net.new_netns)
         self.enforcement.update(rlimits.describe_jail_own(cfg.output_limit, net.proxy_port != 0))
@@ -234,26 +245,30 @@ class Jail:
             )
         return f"yours: the jail's root is host uid {uid}; {counted}, so with your own processes"
 
-    def _describe_epoll(self, made_as: int | None) -> str:
+    def _describe_epoll(self, maker: idmap.Maker | None) -> str:
         """Whose count the jail's epoll watches take (``child/epoll.py``)."""
         limit = _epoll_limit()
-        if made_as is not None:
+        if maker is not None:
             if self._shown_as is not None:
-                whose = "a uid of this jail's own"
-            elif os.getuid() == 0:
-                whose = "a uid root's jails without ids of their own share"
+                whose = "this jail's own"
+            elif maker.own:
+                whose = f"no other live jail's maker's: a slot of {idmap.MAKER_DIR} in the state directory"
             else:
-                whose = "a subordinate uid all your sandboxes share, never yours"
+                whose = (
+                    f"shared with other jails: all {idmap.MAKER_SLOTS} slots in the state directory held, "
+                    "or no place there"
+                )
             return (
-                f"held: every epoll instance of the jail is made by the init's maker as host uid {made_as} "
-                f"({whose}), so the jail's watches together stay within its fs.epoll.max_user_watches ({limit})"
+                f"held: every epoll instance of the jail is made by the init's maker as jail id {maker.id}, "
+                f"host uid {maker.host} ({whose}), so the jail's watches together stay within its "
+                f"fs.epoll.max_user_watches ({limit}), and never count against its root's"
             )
         root = self._idmap.host_root()[0]
         if not self.config.userns:
             why = "no user namespace"
         elif self.config.seccomp is None:
             why = "seccomp is off, and with it the init's listener"
-        elif idmap.epoll_maker(self._idmap) is None:
+        elif self._maker is None:
             why = (
                 f"Linux {os.uname().release} is older than 5.14"
                 if not idmap.kernel_at_least(idmap.EPOLL_KERNEL)
@@ -427,12 +442,14 @@ def _seccomp_spec(
             stacklevel=4,
         )
         return None
-    return _compiled(policy, rw_binds, chroot, no_memfd, epoll_maker)
+    compiled = _compiled(policy, rw_binds, chroot, no_memfd, epoll_maker >= 0)
+    return dataclasses.replace(compiled, epoll_maker=epoll_maker) if compiled.epoll_create1 >= 0 else compiled
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(policy: SeccompPolicy, guard_modes: bool, chroot: bool, no_memfd: bool, maker: int) -> SeccompSpec:
-    create1, create = bpf.epoll_calls(policy) if maker >= 0 else (-1, -1)
+def _compiled(policy: SeccompPolicy, guard_modes: bool, chroot: bool, no_memfd: bool, maker: bool) -> SeccompSpec:
+    """The filters, and the epoll calls they send to the init if ``maker`` (the maker's id comes after)."""
+    create1, create = bpf.epoll_calls(policy) if maker else (-1, -1)
     made = create1 >= 0
     return SeccompSpec(
         notify=base64.b64encode(bpf.compile_policy(policy, True, guard_modes, chroot, no_memfd, made)).decode(),
@@ -442,7 +459,7 @@ def _compiled(policy: SeccompPolicy, guard_modes: bool, chroot: bool, no_memfd: 
         audit_arch=syscalls.AUDIT_ARCH[syscalls.arch()],
         epoll_create1=create1,
         epoll_create=create if made else -1,
-        epoll_maker=maker if made else -1,
+        epoll_maker=-1,
     )
 
 

@@ -24,12 +24,20 @@ from pathlib import Path
 import pytest
 from per_uid_fills import WATCH_ONE, WATCHES, started
 
-from jailbox.sandbox import Sandbox, SeccompPolicy
+from jailbox.sandbox import Sandbox, SeccompPolicy, idmap
 from jailbox.sandbox.errors import SecurityWarning
 
 pytestmark = pytest.mark.needs("subids")
 
 MAX_WATCHES = Path("/proc/sys/fs/epoll/max_user_watches")
+
+IN_A_NEW_SANDBOX = """
+import sys
+from jailbox.sandbox import Sandbox
+with Sandbox() as sb:
+    r = sb.exec(["python3", "-c", sys.argv[1]])
+    print(r.stdout + r.stderr, end="")
+"""
 
 # a process under a seccomp filter of its own whose listener it holds (as under another supervisor):
 # the kernel gives no second listener to anything it starts, the jail's init included
@@ -109,15 +117,32 @@ def maker_of(sb: Sandbox) -> tuple[int, int]:
     return int(out[0]), int(out[1])
 
 
-def test_a_jail_that_takes_every_watch_it_can_leaves_its_roots_uid_able_to_watch() -> None:
+@pytest.fixture(params=["as made", pytest.param("root's shared range", marks=pytest.mark.root)])
+def shared_map(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether the test's jails share one map: rootless always; as root, where they have no ids of
+    their own (a range named by JAILBOX_ROOT_RANGE, inherited by the test's other processes)."""
+    if request.param != "as made":
+        monkeypatch.setenv(idmap.RANGE_ENV, f"{idmap.root_range()[0]}:{idmap.ROOT_RANGE}")
+    return os.getuid() != 0 or request.param != "as made"
+
+
+def test_a_jail_that_takes_every_watch_it_can_leaves_its_roots_uid_and_its_neighbours_able_to_watch(
+    shared_map: bool,
+) -> None:
     limit = 20_000 if os.getuid() == 0 else int(MAX_WATCHES.read_text())
     # with the capabilities to switch ids (a default sandbox has none), which each had a count of their own
-    with host_watch_limit(limit), Sandbox(cap_add=["SETUID", "SETGID"]) as filler:
+    with host_watch_limit(limit), Sandbox(cap_add=["SETUID", "SETGID"]) as filler, Sandbox() as neighbour:
         assert filler.enforcement["epoll"].startswith("held: every epoll instance"), filler.enforcement["epoll"]
         watches, refused = started(filler, WATCHES)
         assert refused == errno.ENOSPC and watches >= limit - 1000  # the maker's uid holds them all
         r = watch_on_host(*host_ids(filler))
         assert r.stdout == "watched\n", r.stderr  # before: ENOSPC, the jail's root's uid was full
+        # a neighbour of this process, and one of another (the slots are in the state directory they share)
+        assert host_ids(neighbour) == host_ids(filler) or not shared_map
+        r = neighbour.exec(["python3", "-c", WATCH_ONE])
+        assert r.stdout == "watched\n", r.stderr  # before this commit's slots: ENOSPC, their makers were one uid
+        r = subprocess.run([sys.executable, "-c", IN_A_NEW_SANDBOX, WATCH_ONE], capture_output=True, text=True)
+        assert r.stdout == "watched\n", r.stderr
         # every id of the jail makes its instances through the maker: one count for the whole jail
         r = filler.exec(["python3", "-c", AS_ANOTHER_ID + WATCH_ONE])
         assert "No space left" in r.stderr, (r.stdout, r.stderr)  # before: uid 1000 had a count of its own
@@ -125,6 +150,28 @@ def test_a_jail_that_takes_every_watch_it_can_leaves_its_roots_uid_able_to_watch
         assert "No space left" in r.stderr, (r.stdout, r.stderr)
     with Sandbox() as after:  # given back with the sandbox
         assert after.exec(["python3", "-c", WATCH_ONE]).stdout == "watched\n"
+
+
+def test_makers_take_the_lowest_free_slot_and_share_the_highest_id_once_all_are_held(
+    shared_map: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(idmap, "MAKER_SLOTS", 2)
+    with contextlib.ExitStack() as stack:
+        jails = [stack.enter_context(Sandbox()) for _ in range(3)]
+        for sb in jails:
+            assert sb.exec(["python3", "-c", WATCH_ONE]).stdout == "watched\n"
+        ids = [maker_of(sb)[1] for sb in jails]
+        if not shared_map:  # as root with ids of their own: each its highest, its own
+            assert all("(this jail's own)" in sb.enforcement["epoll"] for sb in jails)
+            return
+        highest = ids[0]
+        assert ids == [highest, highest - 1, highest]
+        assert "(no other live jail's maker's" in jails[1].enforcement["epoll"]
+        assert "(shared with other jails: all 2 slots in the state directory held" in jails[2].enforcement["epoll"]
+        jails[0].close()
+        with Sandbox() as again:  # the first slot is free again
+            assert again.exec(["python3", "-c", WATCH_ONE]).stdout == "watched\n"
+            assert maker_of(again)[1] == highest
 
 
 def test_epoll_in_a_jail_behaves_as_the_kernels() -> None:

@@ -107,12 +107,12 @@ def test_root_jails_run_under_host_ids_of_their_own(tmp_path: Path) -> None:
         assert os.fstat(lock).st_ino != slot_file.st_ino
 
 
-def test_slots_are_taken_lowest_first_and_free_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(idmap, "SLOTS", tmp_path / "ids")
-    first, second = idmap._lock_slot(), idmap._lock_slot()
+def test_slots_are_taken_lowest_first_and_free_again(tmp_path: Path) -> None:
+    slots = tmp_path / "ids"
+    first, second = idmap._lock_slot(slots, 4), idmap._lock_slot(slots, 4)
     assert first is not None and second is not None and (first[0], second[0]) == (0, 1)
     idmap.release_slot(first[1])
-    third = idmap._lock_slot()
+    third = idmap._lock_slot(slots, 4)
     assert third is not None and third[0] == 0
     for _, fd in (second, third):
         idmap.release_slot(fd)

@@ -10,8 +10,9 @@ to has a count of its own, so a jail could hold that much kernel memory once per
 So the seccomp program sends ``epoll_create`` and ``epoll_create1`` to the init's listener
 (``SeccompSpec.epoll_create1``), the init asks the maker for an instance, and installs the one it
 gets back in the caller as the call's result (``SECCOMP_IOCTL_NOTIF_ADDFD`` with
-``SECCOMP_ADDFD_FLAG_SEND``, Linux 5.14). The maker is a child of the init running as the jail's
-highest id (``SeccompSpec.epoll_maker``, a subordinate id on the host), started at the first call.
+``SECCOMP_ADDFD_FLAG_SEND``, Linux 5.14). The maker is a child of the init running as an id of
+the jail that no other live jail's maker runs as (``SeccompSpec.epoll_maker``, a subordinate id on
+the host; ``idmap.claim_maker``), started at the first call.
 Its own calls are let through (``SECCOMP_USER_NOTIF_FLAG_CONTINUE``), told apart by its pid, which
 no other process can have before the init has reaped it. Every watch of the jail then counts
 against that one host uid, and all of them together stay within one uid's ``max_user_watches``.
