@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -102,13 +103,30 @@ def host_ids(sb: Sandbox) -> tuple[int, int]:
     return int(status.split("Uid:")[1].split()[0]), int(status.split("Gid:")[1].split()[0])
 
 
-def watch_on_host(uid: int, gid: int) -> subprocess.CompletedProcess[str]:
-    """Register one watch from a host process of ``uid`` (a new process of that uid, as root)."""
-    python = os.path.realpath(sys.executable)  # the system's: a venv's directory may not be theirs to read
-    argv = [python, "-I", "-S", "-c", WATCH_ONE]
-    if os.getuid() == uid:
-        return subprocess.run(argv, capture_output=True, text=True, cwd="/")
-    return subprocess.run(argv, capture_output=True, text=True, cwd="/", user=uid, group=gid, extra_groups=[])
+def watch_on_host(uid: int, gid: int) -> str:
+    """Register one watch from a host process of ``uid``: a child of this one, which becomes it as
+    root (forked, not run: the test's Python may live where that uid cannot read, as under ~root)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            if os.getuid() != uid:
+                os.setgroups([])
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+            readable, _ = os.pipe()
+            select.epoll().register(readable, select.EPOLLIN)
+            os.write(w, b"watched")
+        except OSError as exc:
+            os.write(w, str(exc).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as got:
+        out = got.read(4096).decode()
+    os.waitpid(pid, 0)
+    return out
 
 
 def maker_of(sb: Sandbox) -> tuple[int, int]:
@@ -135,8 +153,8 @@ def test_a_jail_that_takes_every_watch_it_can_leaves_its_roots_uid_and_its_neigh
         assert filler.enforcement["epoll"].startswith("held: every epoll instance"), filler.enforcement["epoll"]
         watches, refused = started(filler, WATCHES)
         assert refused == errno.ENOSPC and watches >= limit - 1000  # the maker's uid holds them all
-        r = watch_on_host(*host_ids(filler))
-        assert r.stdout == "watched\n", r.stderr  # before: ENOSPC, the jail's root's uid was full
+        got = watch_on_host(*host_ids(filler))
+        assert got == "watched", got  # before: ENOSPC, the jail's root's uid was full
         # a neighbour of this process, and one of another (the slots are in the state directory they share)
         assert host_ids(neighbour) == host_ids(filler) or not shared_map
         r = neighbour.exec(["python3", "-c", WATCH_ONE])
