@@ -154,8 +154,8 @@ class Jail:
 
     def _claim_maker(self, base: Path, undo: contextlib.ExitStack) -> idmap.Maker | None:
         """The id this jail's epoll instances are made as (``idmap.claim_maker``); a slot's lock is
-        held until everything else is undone."""
-        if not self.config.userns:
+        held until everything else is undone. None without a filter: nothing would send it calls."""
+        if not self.config.userns or self.config.seccomp is None:
             return None
         maker = idmap.claim_maker(self._idmap, self._shown_as is not None, base)
         if maker is not None and maker.lock is not None:

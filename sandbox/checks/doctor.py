@@ -325,10 +325,8 @@ def _per_uid_counts(uid: int) -> str:
     maker, ``child/epoll.py``) and descriptors in flight (by the jail's root's uid)."""
     if not idmap.kernel_at_least(idmap.EPOLL_KERNEL):
         epoll = f"epoll watches: not bounded (Linux {os.uname().release} is older than 5.14)"
-    elif uid == 0:
-        epoll = "epoll watches: made by each jail's maker, as a uid of its own where the jail has host ids of its own"
-    elif idmap.full_range_available():
-        epoll = "epoll watches: made by each jail's maker as your subordinate range's last uid, which they share"
+    elif uid == 0 or idmap.full_range_available():
+        epoll = "epoll watches: made by each jail's maker, as a uid no other live jail's maker has"
     else:
         epoll = "epoll watches: not bounded (no subordinate range: a jail maps no id but its root, which is you)"
     if uid == 0:
