@@ -73,6 +73,7 @@ FLAGS: dict[tuple[str, str], tuple[str, str]] = {
     ("LLMConfig", "temperature"): ("--temperature", "--temperature 0.7"),
     ("LLMConfig", "max_tokens"): ("--max-tokens-per-call", "--max-tokens-per-call 4096"),
     ("LLMConfig", "extra_body"): ("--extra-body", """--extra-body '{"top_p": 0.9}'"""),
+    ("LLMConfig", "max_retries"): ("--llm-max-retries", "--llm-max-retries 6"),
     ("AgentConfig", "max_steps"): ("--max-steps", "--max-steps 100"),
     ("AgentConfig", "max_token_limit"): ("--max-token-limit", "--max-token-limit 65536"),
     ("AgentConfig", "max_format_errors"): ("--max-format-errors", "--max-format-errors 3"),
@@ -89,21 +90,22 @@ EXAMPLES: dict[str, str] = {
     "--prompt-config": "--prompt-config general.yaml",
     "--scorer-module": "--scorer-module mypkg.scorers",
     "--executor": "--executor threads",
+    "--timeout": "--timeout 60",
     "TASKS": 'a line per task like {"id": "t1", "query": "2+2?", "answer": "4"}',
 }
 
 
-def _flag_error(flag: str, text: str) -> NoReturn:
+def _flag_error(flag: str, text: str, example: str | None = None, ctx: click.Context | None = None) -> NoReturn:
     """One line naming the flag (and the config file, when the value came from there) and a valid use of it;
-    exit 2, as click's own usage errors do."""
-    ctx = click.get_current_context(silent=True)
+    exit 2, as click's own usage errors do. ``ctx``: the command's, where it is not the current one."""
+    ctx = ctx or click.get_current_context(silent=True)
     source = ""
     if ctx is not None:
         for param in ctx.command.params:
             if flag in param.opts and param.name is not None:
                 if ctx.get_parameter_source(param.name) is click.core.ParameterSource.DEFAULT_MAP:
                     source = f" (from {_settings_path()}, key {ctx.info_name}.{param.name})"
-    example = EXAMPLES.get(flag)
+    example = EXAMPLES.get(flag, example)
     where = f"{flag}{source}: " if flag else ""
     click.echo(f"jailbox: {where}{text}" + (f"; e.g. {example}" if example else ""), err=True)
     sys.exit(2)
@@ -183,6 +185,19 @@ def _shaping_options(func: Any) -> Any:
     )(func)
     func = click.option("--cap-drop", "cap_drop", multiple=True, metavar="NAME", help=CAP_HELP.format("loses"))(func)
     return click.option("--cap-add", "cap_add", multiple=True, metavar="NAME", help=CAP_HELP.format("gains"))(func)
+
+
+def _llm_retries_option(func: Any) -> Any:
+    """How often a failed model request is sent again: `run` and `bench` share it."""
+    return click.option(
+        "--llm-max-retries",
+        "--llm_max_retries",
+        "llm_max_retries",
+        type=click.IntRange(min=0),
+        default=6,
+        show_default=True,
+        help="Times a failed LLM request (dropped connection, 408, 409, 429, 5xx) is sent again, with backoff.",
+    )(func)
 
 
 def _agent_jail_options(func: Any) -> Any:
@@ -355,7 +370,31 @@ def _unknown_settings(data: dict[str, Any], keys: dict[str, Any], where: str = "
     return unknown
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _valid_use(option: click.Option) -> str | None:
+    """A value the flag takes, for an error with no example of its own: a choice, else its default."""
+    flag = option.opts[0]
+    if isinstance(option.type, click.Choice):
+        return f"{flag} {option.type.choices[0]}"
+    if option.is_flag or option.default is None or callable(option.default) or option.multiple:
+        return None
+    return f"{flag} {option.default}"
+
+
+class _OneLineGroup(click.Group):
+    """Click's own refusals of an option's value (not a number, out of range, not a choice, missing)
+    get the one line every other bad flag gets (``_flag_error``), not a usage block."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.BadParameter as exc:  # raised while a command's context is made, inside this call
+            if not isinstance(exc.param, click.Option):
+                raise
+            text = "is required" if isinstance(exc, click.MissingParameter) else exc.message.rstrip(".")
+            _flag_error(exc.param.opts[0], text, _valid_use(exc.param), exc.ctx)
+
+
+@click.group(cls=_OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, message="jailbox %(version)s")  # not the installed metadata: slow to read
 @click.pass_context
 def main(ctx: click.Context) -> None:
@@ -478,6 +517,7 @@ def _trim(text: str, limit: int = 600) -> str:
     help="Endpoint, e.g. http://localhost:8000/v1 (default $OPENAI_BASE_URL or $LLM_BASE_URL).",
 )
 @click.option("--api-key", "--api_key", default=None, help="Default $OPENAI_API_KEY.")
+@_llm_retries_option
 @click.option(
     "--input-dir",
     "--input_dir",
@@ -550,6 +590,7 @@ def run_cmd(
     llm_name: str | None,
     llm_base_url: str | None,
     api_key: str | None,
+    llm_max_retries: int,
     input_dir: str | None,
     output_dir: str,
     prompt_config: str | None,
@@ -613,6 +654,7 @@ def run_cmd(
             "temperature": temperature,
             "max_tokens": max_tokens_per_call,
             "extra_body": extra,
+            "max_retries": llm_max_retries,
         }
         if llm_base_url or provider_url:
             llm_fields["base_url"] = llm_base_url or provider_url
@@ -828,6 +870,7 @@ def _docker_image(ref: str, quiet: bool) -> str:
 @click.option("--llm-name", "--llm_name", "--model", "llm_name", required=True, help="Model name at the endpoint.")
 @click.option("--llm-base-url", "--llm_base_url", "llm_base_url", default=None, help="Default $OPENAI_BASE_URL.")
 @click.option("--api-key", "--api_key", default=None, help="Default $OPENAI_API_KEY.")
+@_llm_retries_option
 @click.option(
     "--output-dir", "--output_dir", type=click.Path(file_okay=False), default="./bench-out", show_default=True
 )
@@ -872,6 +915,7 @@ def bench_cmd(
     llm_name: str,
     llm_base_url: str | None,
     api_key: str | None,
+    llm_max_retries: int,
     output_dir: str,
     workers: int,
     executor: str,
@@ -946,7 +990,7 @@ def bench_cmd(
         out.rename(aside)
         click.echo(f"jailbox: moved the earlier run in {out} to {aside}", err=True)
     with _fed_by():
-        fields: dict[str, Any] = {"model": llm_name}
+        fields: dict[str, Any] = {"model": llm_name, "max_retries": llm_max_retries}
         if llm_base_url:
             fields["base_url"] = llm_base_url
         if api_key:

@@ -90,6 +90,7 @@ EXEC_ERRORS = [
     (["--workdir", "relative"], "--workdir", "--workdir /testbed"),
     (["--hostname", "a/b"], "--hostname", "--hostname sandbox"),
     (["--publish", "8080:80"], "--publish", "--network full --publish 8080:80"),
+    (["--timeout", "soon"], "--timeout", "--timeout 60"),  # click's own refusals: one line too
 ]
 RUN_ERRORS = [
     (["--memory", "4Q"], "--memory", "--memory 4G"),
@@ -102,12 +103,18 @@ RUN_ERRORS = [
     (["--extra-body", "[1]"], "--extra-body", "--extra-body '{"),
     (["--copy-out", "../x"], "--copy-out", "--copy-out results.csv"),
     (["--query", "@/no/such/file"], "--query", "--query @task.txt"),
+    (["--llm-max-retries", "-1"], "--llm-max-retries", "--llm-max-retries 6"),
+    (["--temperature", "hot"], "--temperature", "--temperature 0.7"),
+    (["--max-tokens-per-call", "0"], "--max-tokens-per-call", "--max-tokens-per-call 4096"),
 ]
 BENCH_ERRORS = [
     (["--workers", "0"], "--workers", "--workers 4"),
     (["--network", "bogus"], "--network", "--network allow:"),
     (["--llm-base-url", "ftp://x"], "--llm-base-url", "--llm-base-url http://"),
     (["--copy-out", "/abs"], "--copy-out", "--copy-out results.csv"),
+    (["--llm-max-retries", "many"], "--llm-max-retries", "--llm-max-retries 6"),
+    (["--executor", "fibers"], "--executor", "--executor threads"),
+    (["--mode", "both"], "--mode", "--mode sandbox"),
 ]
 
 
@@ -175,6 +182,8 @@ def test_no_endpoint_at_all_names_the_flag() -> None:
         ("run:\n  network: bogus\n", "--network", "--network allow:"),
         ("exec:\n  envs: [NOVALUE]\n", "--env", "--env PIP_INDEX_URL="),
         ("exec:\n  binds: [just-a-path]\n", "--bind", "--bind ./data"),
+        ("run:\n  temperature: hot\n", "--temperature", "--temperature 0.7"),  # refused by click itself
+        ("exec:\n  timeout: soon\n", "--timeout", "--timeout 60"),
     ],
 )
 def test_a_bad_config_file_value_names_the_flag_and_the_key(
@@ -214,13 +223,15 @@ def test_run_against_a_dead_port_shows_each_retry_and_ends_with_the_fix(tmp_path
         url,
         "--output-dir",
         str(tmp_path / "o"),
+        "--llm_max_retries",  # 6 by default: their backoff alone would take about 30 s
+        "3",
     )
     assert r.returncode == 1
     assert r.stdout.startswith("llm_error")
     retries = [line for line in r.stderr.splitlines() if line.startswith("[LLM request failed")]
-    assert len(retries) == 6, r.stderr
+    assert len(retries) == 3, r.stderr
     assert all("Connection refused" in line for line in retries)
-    assert [re.search(r"retry (\d)/6", line).group(1) for line in retries] == ["1", "2", "3", "4", "5", "6"]
+    assert [re.search(r"retry (\d)/3", line).group(1) for line in retries] == ["1", "2", "3"]
     last = r.stderr.strip().splitlines()[-1]
     assert "Connection refused" in last and f"is a server listening on {url}?" in last
 
@@ -253,7 +264,8 @@ def test_run_shows_server_errors_as_they_are_retried_then_goes_on(tmp_path: Path
 def test_bench_exits_1_when_every_task_failed_for_one_infrastructure_cause(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{dead_port()}/v1"
     tasks = tasks_file(tmp_path / "tasks.jsonl", 2)
-    r = jailbox(*bench_command(tasks, url, tmp_path / "out")[len(JAILBOX) :], cwd=ROOT)
+    options = ("--llm-max-retries", "1")  # each retry's backoff is time the test waits
+    r = jailbox(*bench_command(tasks, url, tmp_path / "out", *options)[len(JAILBOX) :], cwd=ROOT)
     assert r.returncode == 1, r.stderr
     assert "every task failed alike" in r.stderr and "Connection refused" in r.stderr
     assert f"is a server listening on {url}?" in r.stderr
