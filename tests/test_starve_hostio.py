@@ -365,11 +365,12 @@ print(cut_after(idle) < 60, cut_after(half) < 60)
 
 
 def test_a_new_sandbox_starts_while_a_huge_writable_layer_is_removed():
-    """One jail leaves 300k files in its writable layer (its user 1000's where the jail has one: on a
+    """One jail leaves 60k files in its writable layer (its user 1000's where the jail has one: on a
     rootless host with subordinate ids those are removed through the launcher); while its close()
-    removes them, another sandbox is made and runs a command, before that removal has finished."""
+    removes them (seconds), another sandbox is made and runs a command, before that removal has
+    finished."""
     big = Sandbox(cap_add=["ALL"])  # so its root can hand the tree to user 1000
-    assert big.exec(["python3", "-c", MAKE_TREE, "/t", "300", "1000", "1", "file", "1000"], timeout=600).exit_code == 0
+    assert big.exec(["python3", "-c", MAKE_TREE, "/t", "60", "1000", "1", "file", "1000"], timeout=600).exit_code == 0
     assert big.dir is not None
     tree = big.dir / "upper" / "t"
     assert tree.is_dir()
@@ -378,7 +379,7 @@ def test_a_new_sandbox_starts_while_a_huge_writable_layer_is_removed():
     closer.start()
     for _ in range(6000):  # until the removal has visibly begun (a hang guard, not a threshold)
         try:
-            if len(os.listdir(tree)) < 300:
+            if len(os.listdir(tree)) < 60:
                 break
         except OSError:
             break

@@ -31,7 +31,7 @@ from jailbox.sandbox.limits import watch
 # each process under RLIMIT_AS, together past the limit; each holds its memory until killed
 # the holders sleep long enough for all six to be running at once even on a loaded machine
 HOLDERS = (
-    "for i in 1 2 3 4 5 6; do (python3 -c 'import time; x = bytearray(48 << 20); time.sleep(20)'"
+    "for i in 1 2 3 4 5 6; do (python3 -c 'import time; x = bytearray(48 << 20); time.sleep(6)'"
     " && echo alive || echo killed) & done; wait"
 )
 
