@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from bench import agent_loop, burst, cases, cli_rows, density, report, serve, stored_rootfs
+from bench import agent_loop, burst, cases, cli_rows, density, epoll, report, serve, stored_rootfs
 from bench.machine import machine_info
 from bench.results import CaseResult
 from bench.settings import FULL, QUICK, Settings
@@ -24,6 +24,7 @@ CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "stored_rootfs": stored_rootfs.stored_rootfs,
     "create_close": cases.create_close,
     "exec": cases.exec_round_trip,
+    "epoll": epoll.epoll,
     "throughput": cases.throughput,
     "burst": burst.burst,
     "network": cases.network_create,

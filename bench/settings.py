@@ -23,6 +23,8 @@ class Settings:
     agent_steps: int = 200
     serve_reps: int = 100
     serve_idle: int = 64
+    epoll_reps: int = 1000
+    epoll_rounds: int = 6
     image: str = "docker.io/library/busybox:latest"
 
     def as_dict(self) -> dict[str, object]:
@@ -47,4 +49,6 @@ QUICK = Settings(
     agent_steps=10,
     serve_reps=5,
     serve_idle=8,
+    epoll_reps=50,
+    epoll_rounds=2,
 )
