@@ -38,7 +38,7 @@ for _ in range({n}):
         kept.append(b)
     else:
         kept += [a, b]
-time.sleep(15)
+time.sleep(8)  # several processes: until the last has filled its pairs, with room to spare
 print("survived", flush=True)
 """
 
@@ -145,7 +145,7 @@ def test_a_backlog_of_unaccepted_connections_with_queued_data_is_killed(closed):
 def test_sockets_under_the_bound_are_left_alone():
     """A few filled pairs (about 12 MiB) under memory=96M: nothing is killed."""
     with Sandbox(limits=Limits(memory="96M")) as sb:
-        r = run_all(sb, [PAIRS.format(n=50, chunk=65536, closed=False).replace("time.sleep(15)", "time.sleep(1)")])
+        r = run_all(sb, [PAIRS.format(n=50, chunk=65536, closed=False).replace("time.sleep(8)", "time.sleep(1)")])
         assert r.stdout == "survived\n" and r.oom_killed is False, (r.stdout, r.stderr)
 
 
