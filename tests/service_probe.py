@@ -1,10 +1,14 @@
-"""Who listens on a service socket, as the kernel tells a client (runs in the test process)."""
+"""Who listens on a service socket, as the kernel tells a client, and when that process has ended
+(runs in the test process)."""
 
 from __future__ import annotations
 
 import socket
 import struct
+import time
 from pathlib import Path
+
+import psutil
 
 
 def listener_pid(path: Path) -> int | None:
@@ -16,3 +20,17 @@ def listener_pid(path: Path) -> int | None:
             return None
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         return struct.unpack("3i", creds)[0]
+
+
+def ended(pid: int, timeout: float) -> bool:
+    """Whether ``pid`` ended within ``timeout`` seconds. A zombie has ended: a service outlives the client
+    that started it, so its parent is the host's init, which reaps when it likes (this VM's, 1-2 s late)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False

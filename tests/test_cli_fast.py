@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from service_probe import listener_pid
+from service_probe import ended, listener_pid
 
 from jailbox.sandbox.floor import wire
 from jailbox.sandbox.service import quick
@@ -143,7 +143,7 @@ def fast(request: pytest.FixtureRequest) -> Iterator[Fast]:
             pid = f.pid()
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
-            psutil.wait_procs([psutil.Process(pid)], timeout=HANG)
+            assert ended(pid, HANG)
         subprocess.run(
             [sys.executable, "-m", "jailbox.cli", "cleanup", "--force"], env=f.env, capture_output=True, timeout=HANG
         )
@@ -360,7 +360,7 @@ def test_a_service_that_stops_mid_run_is_one_line_and_125(fast, sig):
     lines = err.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("jailbox: "), err  # lost it, or told the sandbox died
     if sig == signal.SIGTERM:  # stopped, not killed: it closed the running sandbox and the warm ones
-        psutil.wait_procs([psutil.Process(pid)], timeout=HANG)
+        assert ended(pid, HANG)
         assert gone(sleeper)
         assert fast.sandbox_dirs() == []
 
@@ -573,8 +573,7 @@ def test_the_idle_service_exits_and_leaves_nothing(fast):
         except (FileNotFoundError, ProcessLookupError):
             pass  # a helper process of a jail being built, gone already
     groups -= _cgroup_dirs(pid)
-    done, _ = psutil.wait_procs([psutil.Process(pid)], timeout=HANG)
-    assert done
+    assert ended(pid, HANG)
     assert not fast.socket.exists()
     assert fast.sandbox_dirs() == []
     assert os.listdir(fast.base / "stage") == []

@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
+from service_probe import ended
 
 from jailbox.sandbox import Sandbox, SandboxConfig
 from jailbox.sandbox.limits.cgroups import start_ticks
@@ -129,7 +129,7 @@ def service(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     finally:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
-            psutil.wait_procs([psutil.Process(pid)], timeout=120)
+            assert ended(pid, 120)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -193,7 +193,9 @@ def test_start_ticks_reads_past_any_name_a_process_gives_itself(name: str) -> No
         assert before - 1 <= start_ticks(child.pid) <= _boot_ticks()  # the kernel's tick, from the boot clock
     finally:
         child.kill()
-        child.wait()
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not yet reaped: a zombie
+    assert start_ticks(child.pid) is None  # dead, though its pid is still taken
+    child.wait()
     assert start_ticks(child.pid) is None  # reaped: gone, not a wrong start
 
 

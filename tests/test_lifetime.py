@@ -13,6 +13,7 @@ from pathlib import Path
 
 import paper_tree
 import psutil
+import pytest
 from conftest import jail_processes
 
 from jailbox.sandbox import Sandbox
@@ -121,7 +122,8 @@ def test_a_host_killed_while_making_a_sandbox_leaves_no_directory(_state_dir):
     assert late in removed and not failed and not late.exists()
 
 
-def test_cleanup_removes_what_a_crashed_launcher_left(_state_dir):
+@pytest.mark.parametrize("reaped", [True, False], ids=["owner reaped", "owner a zombie"])
+def test_cleanup_removes_what_a_crashed_launcher_left(_state_dir, reaped):
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent.parent)
     )
@@ -129,9 +131,13 @@ def test_cleanup_removes_what_a_crashed_launcher_left(_state_dir):
     os.kill(info["launcher"], signal.SIGKILL)  # no janitor left: the jail dies, its files stay
     assert _wait_until(lambda: jail_processes(info["ns"]) == [])
     child.kill()
-    child.wait()
+    if reaped:
+        child.wait()
+    else:  # dead, but its parent has not called wait(): its pid and start time are still in /proc
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
     assert Path(info["dir"]).exists()
     removed, failed = cleanup(_state_dir)
+    child.wait()
     assert failed == []
     assert [str(p) for p in removed] == [info["dir"]]
     assert not Path(info["dir"]).exists()

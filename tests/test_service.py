@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import snapshot
-from service_probe import listener_pid
+from service_probe import ended, listener_pid
 
 from jailbox.sandbox.floor import wire
 
@@ -79,7 +79,7 @@ def _service(idle: float) -> Iterator[Service]:
         pid = svc.pid()
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
-            psutil.wait_procs([psutil.Process(pid)], timeout=HANG)
+            assert ended(pid, HANG)
         svc.run("cleanup", "--force")
         shutil.rmtree(base, ignore_errors=True)
 
@@ -267,8 +267,7 @@ def test_the_service_leaves_once_idle_and_takes_nothing_with_it_but_its_own(quic
     assert quick.run("exec", "--id", sid, "--", "echo", "up").stdout == "up\n"
     assert quick.pid() == pid
     assert quick.run("stop", sid).returncode == 0
-    gone, _ = psutil.wait_procs([psutil.Process(pid)], timeout=HANG)
-    assert gone
+    assert ended(pid, HANG)
     assert not quick.socket.exists()
     assert quick.sandbox_dirs() == []
     assert quick.run("create").returncode == 0  # and the next create starts a new one
@@ -280,8 +279,7 @@ def test_a_stopped_service_closes_every_sandbox(svc):
     assert running.stdout.readline() == b"up\n"
     pid = svc.pid()
     os.kill(pid, signal.SIGTERM)
-    gone, _ = psutil.wait_procs([psutil.Process(pid)], timeout=HANG)
-    assert gone
+    assert ended(pid, HANG)
     assert running.wait(HANG) == 125  # told, not left hanging
     assert svc.sandbox_dirs() == []
     assert not svc.socket.exists()
@@ -298,7 +296,7 @@ def test_a_killed_service_leaves_nothing_cleanup_does_not_remove(svc):
     assert len([p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] in sleepers]) == 3
     pid = svc.pid()
     os.kill(pid, signal.SIGKILL)
-    psutil.wait_procs([psutil.Process(pid)], timeout=HANG)
+    assert ended(pid, HANG)
     r = svc.run("cleanup")
     assert r.returncode == 0, r.stderr
     assert svc.sandbox_dirs() == []

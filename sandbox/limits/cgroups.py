@@ -317,10 +317,13 @@ def group_name(sandbox_id: str) -> str:
 
 def start_ticks(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks since boot (field 22 of /proc/PID/stat, counted from the last
-    ``)``: the name before it is the process's own choice); None when no such process is visible."""
+    ``)``: the name before it is the process's own choice); None when no such process is visible, or
+    when it has ended and only waits for its parent to reap it (state Z or X): a zombie owner's jails
+    are already dead, and its sandboxes are leftovers, however late its parent calls wait()."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
-        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        return None if fields[0] in (b"Z", b"X") else int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
