@@ -247,6 +247,7 @@ def test_custom_recipe_with_pip_and_run_steps(tmp_path, cache, package_index):
         f"pip_index_url: {package_index}\n"
         "run:\n  - echo built-by-recipe > /etc/jailbox-recipe\n  - chown 42:42 /etc/jailbox-recipe\n"
         "  - env > /etc/jailbox-step-env\n"
+        f"  - cat {build.BUILD_DPKG_CFG} > /etc/jailbox-step-dpkg\n"
         "env: {GREETING: hello}\n"
         "workdir: /work\n"
         "apt_lists: false\n"
@@ -271,6 +272,9 @@ def test_custom_recipe_with_pip_and_run_steps(tmp_path, cache, package_index):
             expected |= dict.fromkeys(("PIP_CERT", "SSL_CERT_FILE"), f"{build.BUILD_CA_DIR}/{ca.name}")
         assert step_env == expected
         assert sb.exec(f"ls -d {build.BUILD_CA_DIR}").exit_code != 0
+        # dpkg skipped its fsyncs while the tree was built, and the tree does not keep that setting
+        assert sb.exec("cat /etc/jailbox-step-dpkg").stdout == "force-unsafe-io\n"
+        assert sb.exec(f"ls {build.BUILD_DPKG_CFG}").exit_code != 0
     removed = _jailbox("rootfs", "rm", "mine", cache=cache)
     assert removed.returncode == 0, removed.stderr
     assert not (cache / "rootfs" / "mine").exists()

@@ -39,6 +39,9 @@ _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.\-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:\-]+)
 TERM_WAIT = 20.0  # mmdebstrap's own cleanup on SIGTERM (unmounting its chroot, removing its temp dir)
 KILL_WAIT = 10.0
 BUILD_CA_DIR = "/tmp/jailbox-build-ca"  # in the tree, during its steps only
+# dpkg's fsync per file buys nothing in a tree that is thrown away if the build stops; the setting is in
+# the tree while it is built only (--dpkgopt would leave it there for good)
+BUILD_DPKG_CFG = "/etc/dpkg/dpkg.cfg.d/jailbox-build-unsafe-io"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -134,6 +137,8 @@ def mmdebstrap_argv(recipe: Recipe, mode: str) -> list[str]:
         argv.append(f"--include={','.join(recipe.packages)}")
     if recipe.apt_lists:
         argv.append("--skip=cleanup/apt/lists")
+    cfg_dir = BUILD_DPKG_CFG.rsplit("/", 1)[0]
+    argv.append(f'--setup-hook=mkdir -p "$1"{cfg_dir} && echo force-unsafe-io > "$1"{BUILD_DPKG_CFG}')
     hooks = [f"mkdir -p {shlex.quote(recipe.workdir)}"]
     if recipe.pip:
         index = f" --index-url {shlex.quote(recipe.pip_index_url)}" if recipe.pip_index_url else ""
@@ -154,7 +159,9 @@ def mmdebstrap_argv(recipe: Recipe, mode: str) -> list[str]:
     env = " ".join(shlex.quote(f"{k}={v}") for k, v in step_env.items())
     for hook in hooks:
         argv.append(f'--customize-hook=chroot "$1" /usr/bin/env -i {env} /bin/sh -euc {shlex.quote(hook)}')
-    if ca is not None:  # removed from inside: a step may have made /tmp a link out of the tree
+    # removed from inside: a step may have made /tmp or /etc/dpkg a link out of the tree
+    argv.append(f'--customize-hook=chroot "$1" /bin/rm -f {BUILD_DPKG_CFG}')
+    if ca is not None:
         argv.append(f'--customize-hook=chroot "$1" /bin/rm -rf {BUILD_CA_DIR}')
     argv += [recipe.suite, "-", recipe.mirror]
     return argv
