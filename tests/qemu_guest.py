@@ -4,6 +4,11 @@ host's filesystem read-only, and run a shell script in it as pid 1's child.
 This host has cgroup v1 only; the guest lets the same test code run against cgroup v2 for real.
 The guest kernel is Debian's generic kernel package and a busybox-static initramfs; both are
 fetched with ``apt-get download`` once and cached.
+
+The host's filesystem is mounted with ``cache=loose``: nothing changes it while the guest runs (the
+test that boots it waits), and without the guest's cache every file Python opens or stats is a round
+trip to QEMU; under emulation that was a third of the guest's time (the cgroup v2 test took 132 s
+without it, 95 s with it, its two passes one after the other).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ $B mkdir -p /proc /dev /newroot
 $B mount -t proc proc /proc
 $B mount -t devtmpfs dev /dev
 for m in {modules}; do $B insmod /mods/$m.ko; done
-$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 host /newroot
+$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose host /newroot
 $B mount -o bind /newroot /newroot/mnt
 $B mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 scratch /newroot/var/tmp
 $B mount -t proc proc /newroot/proc
