@@ -339,7 +339,8 @@ def _pids_groups(owns: int) -> Iterator[tuple[list[Path], str]]:
         yield groups, tag
     finally:
         for group in made:
-            for sub in [*sorted(group.glob("jailbox/*"), reverse=True), group / "jailbox", group]:
+            made_in = sorted((p for p in group.glob("jailbox/*") if p.is_dir()), reverse=True)  # not its files
+            for sub in [*made_in, group / "jailbox", group]:
                 if sub.exists():
                     cgroups._remove_v2(sub) if v2 else cgroups._remove_v1([sub])
 
