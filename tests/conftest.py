@@ -8,6 +8,7 @@ the checkout) is declared with ``@pytest.mark.needs("slirp4netns", "tun")`` or c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -280,6 +281,22 @@ def eventually_usable(sb: Sandbox, attempts: int = 100) -> ExecResult:
             return r
         time.sleep(0.05)
     return r
+
+
+def host_tree(host: int | None = None) -> list[psutil.Process]:
+    """The processes host process ``host`` (default: this one) runs, its own and jailbox's: its
+    descendants, and its launchers with the jails below them. A launcher is not its host's child
+    (``sandbox/launcher.py``); its command line ends in the host's pid."""
+    host = os.getpid() if host is None else host
+    found: list[psutil.Process] = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        found += psutil.Process(host).children(recursive=True)
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd[-2:-1] and cmd[-1] == str(host) and any(arg.endswith(".sandbox.child.zygote") for arg in cmd):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found += [proc, *proc.children(recursive=True)]
+    return found
 
 
 def jail_processes(ns: str) -> list[psutil.Process]:

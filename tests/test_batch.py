@@ -9,9 +9,9 @@ import threading
 import time
 
 import paper_tree
-import psutil
 import pytest
 from batch_tasks import ROOT, asked, bench_command, jails_left, responder, tasks_file
+from conftest import host_tree
 from llm_server import ScriptedServer
 
 from jailbox.agent.batch import Batch, BatchConfig
@@ -34,7 +34,7 @@ def test_fifty_tasks_sixteen_workers_all_scored(tmp_path, _state_dir):
     assert rows[("arith", "sandbox")]["tasks"] == 25 and rows[("mult", "sandbox")]["score"] == 1.0
     assert jails_left(_state_dir) == []
     building = paper_tree.build_processes()  # a build of the paper's tree may run beside the tests
-    assert all(p.pid == LAUNCHER.pid for p in psutil.Process().children() if p.pid not in building)
+    assert {p.pid for p in host_tree()} - building == {LAUNCHER.pid}
 
 
 def test_killed_midway_then_resumed_without_redoing_work(tmp_path, _state_dir):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import host_tree
 from service_probe import ended, listener_pid
 
 from jailbox.sandbox.floor import wire
@@ -542,10 +543,6 @@ def test_a_terminal_on_stdin_or_a_settings_file_goes_to_the_full_cli(fast):
 # --- lifetime -------------------------------------------------------------------------------------
 
 
-def _tree(pid: int) -> list[psutil.Process]:
-    return psutil.Process(pid).children(recursive=True)
-
-
 def _cgroup_dirs(pid: int) -> set[str]:
     """The directories of every cgroup ``pid`` is in, v1 controllers and v2 alike."""
     unified = "/sys/fs/cgroup" if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else "/sys/fs/cgroup/unified"
@@ -562,9 +559,9 @@ def _cgroup_dirs(pid: int) -> set[str]:
 def test_the_idle_service_exits_and_leaves_nothing(fast):
     pid = fast.warm()
     deadline = time.monotonic() + HANG
-    while len(_tree(pid)) < 2 and psutil.pid_exists(pid) and time.monotonic() < deadline:  # the pool refilled
+    while len(host_tree(pid)) < 2 and psutil.pid_exists(pid) and time.monotonic() < deadline:  # the pool refilled
         time.sleep(0.05)
-    jails = _tree(pid)
+    jails = host_tree(pid)
     assert jails
     groups: set[str] = set()
     for proc in jails:

@@ -14,7 +14,7 @@ from pathlib import Path
 import paper_tree
 import psutil
 import pytest
-from conftest import jail_processes
+from conftest import host_tree, jail_processes
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.launcher import LAUNCHER
@@ -34,9 +34,8 @@ time.sleep(1000)
 
 
 def _snapshot() -> dict:
-    me = psutil.Process()
     return {
-        "processes": sorted({p.pid for p in me.children(recursive=True)} - paper_tree.build_processes()),
+        "processes": sorted({p.pid for p in host_tree()} - paper_tree.build_processes()),
         "fds": len(os.listdir("/proc/self/fd")),
         "mounts": Path("/proc/self/mountinfo").read_text().count("\n"),
     }
@@ -74,13 +73,23 @@ def test_close_leaves_no_process_mount_or_directory(_state_dir):
     assert _snapshot() == before
 
 
-def test_sigkill_of_the_host_process_kills_and_removes_everything(_state_dir):
+@pytest.mark.parametrize("group", [False, True], ids=["the host", "its whole process group"])
+def test_sigkill_of_the_host_process_kills_and_removes_everything(_state_dir, group):
+    """Killing the host's process group at once (as `kill -9 -PGID`, a supervisor, or Ray's raylet when
+    a worker ends do) reaches the host only: the launcher lives on to kill the jails and remove their files."""
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent.parent)
+        [sys.executable, "-c", CHILD],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(Path(__file__).parent.parent),
+        start_new_session=group,  # a group of its own, which the test can kill whole
     )
     info = json.loads(child.stdout.readline())
     assert len(jail_processes(info["ns"])) >= 2
-    child.send_signal(signal.SIGKILL)
+    if group:
+        os.killpg(child.pid, signal.SIGKILL)
+    else:
+        child.send_signal(signal.SIGKILL)
     child.wait()
     assert _wait_until(lambda: jail_processes(info["ns"]) == [])
     assert _wait_until(

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-import psutil
-from conftest import jail_processes, run_threads
+from conftest import host_tree, jail_processes, run_threads
 
 from jailbox.sandbox import AsyncSandbox, Sandbox, SandboxPool
 from jailbox.sandbox.errors import SandboxClosed
@@ -45,7 +44,7 @@ def test_reset_gives_a_fresh_writable_layer_and_kills_everything():
 def test_pool_hands_out_ready_sandboxes_and_cleans_up(_state_dir):
     with Sandbox():
         pass
-    baseline = sorted(p.pid for p in psutil.Process().children(recursive=True))
+    baseline = sorted(p.pid for p in host_tree())
     with SandboxPool(size=3, hostname="pooled") as pool:
         assert pool.wait_ready(120)
         boxes = [pool.acquire() for _ in range(5)]  # more than the pool holds: built on demand
@@ -65,7 +64,7 @@ def test_pool_hands_out_ready_sandboxes_and_cleans_up(_state_dir):
             pass
         assert pool.wait_ready(120)
         assert pool.errors == []
-    assert sorted(p.pid for p in psutil.Process().children(recursive=True)) == baseline
+    assert sorted(p.pid for p in host_tree()) == baseline
     assert sorted(p.name for p in (_state_dir / "sandboxes").iterdir()) == []
     assert LAUNCHER.pid in baseline
 

@@ -206,6 +206,22 @@ class Removed:
 
 
 @dataclass(frozen=True)
+class LauncherUp:
+    """Launcher -> host, once on the control socket: it left the host's children; a pidfd of it rides
+    along, which is how the host, no longer its parent, sees it end."""
+
+    KIND: ClassVar[str] = "launcher_up"
+    pid: int  # as the host sees it
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": self.KIND, "pid": self.pid}
+
+    @classmethod
+    def from_wire(cls, f: dict[str, Any]) -> LauncherUp:
+        return cls(wire.typed(f, "pid", int))
+
+
+@dataclass(frozen=True)
 class InitReady:
     """Init -> host: the jail is built; the network side's descriptors ride along.
 
@@ -218,9 +234,10 @@ class InitReady:
         return {"kind": self.KIND, "seccomp_notify": self.seccomp_notify}
 
 
-Message = CreateRequest | RmtreeRequest | UsernsReady | Go | InitPid | Created | Removed | Failed
+Message = CreateRequest | RmtreeRequest | UsernsReady | Go | InitPid | Created | Removed | LauncherUp | Failed
 MESSAGES: dict[str, Any] = {
-    cls.KIND: cls for cls in (CreateRequest, RmtreeRequest, UsernsReady, Go, InitPid, Created, Removed, Failed)
+    cls.KIND: cls
+    for cls in (CreateRequest, RmtreeRequest, UsernsReady, Go, InitPid, Created, Removed, LauncherUp, Failed)
 }
 
 

@@ -2,8 +2,9 @@
 
 Why a separate process: forking the caller (often multi-threaded, often big) is unsafe and slow,
 and a fresh interpreter per jail costs milliseconds. The launcher is started once per host
-process with ``python -I -S``, imports the child-side modules, freezes its heap, and then each jail
-costs three forks:
+process with ``python -I -S`` in a session of its own, forks once more so that it is not the host's
+child (``LauncherUp`` tells the host its pid, with a pidfd), imports the child-side modules, freezes
+its heap, and then each jail costs three forks:
 
     launcher --fork--> A: unshare(user); launcher writes A's id maps (host ids onto themselves);
                           A caps the per-user counters (sysctls, and soft rlimits for A2's)
@@ -46,6 +47,7 @@ from .protocol import (
     Failed,
     Go,
     InitPid,
+    LauncherUp,
     Removed,
     RmtreeRequest,
     SetupFailed,
@@ -69,8 +71,16 @@ def main(argv: list[str]) -> None:
     ctl_fd, host_pid = int(argv[0]), int(argv[1])
     ctl = socket.socket(fileno=ctl_fd)
     host = os.pidfd_open(host_pid)
-    if os.getppid() != host_pid:
+    if os.getppid() != host_pid:  # the host is gone already: the pidfd may be of another process
         os._exit(0)
+    # Leave the host's children (its first child, this process, ends here): what kills a process's
+    # children, or its process group, when it ends (Ray's workers do both) must leave alive the one
+    # that kills the jails and removes their files after it. The host's pidfd says when that is.
+    if os.fork() != 0:
+        os._exit(0)
+    me = os.pidfd_open(os.getpid())
+    wire.send(ctl, LauncherUp(os.getpid()).to_wire(), [me])
+    os.close(me)
     L.prctl(L.PR_SET_CHILD_SUBREAPER, 1)
     init.set_name("jailbox-launch")
     lifeline_r, _lifeline_w = os.pipe()
@@ -78,7 +88,7 @@ def main(argv: list[str]) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    zygote = Zygote(lifeline_r)
+    zygote = Zygote(lifeline_r, host_pid)
     gc.collect()
     gc.freeze()
     poller = select.poll()
@@ -103,12 +113,12 @@ def main(argv: list[str]) -> None:
 
 
 class Zygote:
-    def __init__(self, lifeline: int) -> None:
+    def __init__(self, lifeline: int, host: int) -> None:
         self.lifeline = lifeline
         self.jails: dict[str, JailSpec] = {}  # sandbox dir -> spec, for cleanup after the host dies
         self.pending: dict[int, int] = {}  # pid of an A -> "go" pipe of its init
         self.live: dict[int, str | None] = {}  # unreaped init pid -> sandbox dir (reaped pids get reused)
-        self.host = os.getppid()  # the host process that started us, named in the directories it makes
+        self.host = host  # the host process that started us, named in the directories it makes
         self.bases: set[str] = set()  # state directories' "sandboxes" folders seen in requests
         self.views: dict[str, int] = {}  # id map -> a user namespace with it, for idmapped mounts (_view)
 
