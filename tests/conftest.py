@@ -138,6 +138,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if not wrong & set(item.keywords)]
+    # The paper's tree builds in the background from the start (pytest_collection_finish): the tests
+    # that use it go last, so that on a fresh machine the build overlaps the others, not waited for
+    # (the first of them waited 150 s for it in a root pass).
+    items.sort(key=lambda item: item.get_closest_marker("paper_tree") is not None)
 
 
 @pytest.fixture(autouse=True)
