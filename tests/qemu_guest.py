@@ -96,21 +96,34 @@ def run(script: str, timeout: float = 1200) -> tuple[int, str]:
     """Boot, run ``script`` with /bin/sh inside the guest, power off; (exit code, its output).
 
     The guest sees the host's filesystem read-only at / (with fresh /tmp, /run, /home and /root)
-    and all of it, unhidden, at /mnt."""
+    and all of it, unhidden, at /mnt. Its /var/tmp is this run's scratch folder: files the script
+    writes there named ``*.out`` come back before its output (also when the guest timed out, with
+    exit code -1 and the console's tail)."""
     kernel, initrd = assets()
     with tempfile.TemporaryDirectory(prefix="jailbox-guest-") as scratch_dir:
         scratch = Path(scratch_dir)
         os.chmod(scratch, 0o777)
         (scratch / "run.sh").write_text(script)
-        console = subprocess.run(
-            ["qemu-system-x86_64", "-accel", "tcg", "-m", "2048", "-smp", "2", "-nographic", "-nodefaults",
-             "-serial", "stdio", "-no-reboot", "-kernel", str(kernel), "-initrd", str(initrd),
-             "-append", "console=ttyS0 quiet panic=-1 rdinit=/init",
-             "-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
-             "-virtfs", f"local,path={scratch},mount_tag=scratch,security_model=none,multidevs=remap"],
-            capture_output=True, text=True, timeout=timeout, check=False,
-        )  # fmt: skip
-        rc_file, out_file = scratch / "rc.txt", scratch / "out.txt"
-        if not rc_file.exists():
-            return -1, (out_file.read_text() if out_file.exists() else "") + console.stdout[-4000:]
-        return int(rc_file.read_text().strip() or -1), out_file.read_text()
+        command = [
+            "qemu-system-x86_64", "-accel", "tcg", "-m", "2048", "-smp", "2", "-nographic", "-nodefaults",
+            "-serial", "stdio", "-no-reboot", "-kernel", str(kernel), "-initrd", str(initrd),
+            "-append", "console=ttyS0 quiet panic=-1 rdinit=/init",
+            "-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
+            "-virtfs", f"local,path={scratch},mount_tag=scratch,security_model=none,multidevs=remap",
+        ]  # fmt: skip
+        try:
+            console = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False).stdout
+            ended = ""
+        except subprocess.TimeoutExpired as timed_out:  # say how far the guest got, not only that it did not end
+            raw = timed_out.stdout or b""
+            console = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            ended = f"\n=== the guest was still running after {timeout:.0f} s and was killed\n"
+        rc_file = scratch / "rc.txt"
+        output = "".join(
+            f"=== {path.name}\n{path.read_text(errors='replace')[-20000:]}\n"
+            for path in [*sorted(scratch.glob("*.out")), scratch / "out.txt"]
+            if path.exists()
+        )
+        if ended or not rc_file.exists():
+            return -1, output + "=== console\n" + console[-4000:] + ended
+        return int(rc_file.read_text().strip() or -1), output
