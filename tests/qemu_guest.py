@@ -17,6 +17,7 @@ import gzip
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -26,6 +27,7 @@ MODULES = (
     "drivers/virtio/virtio_pci_modern_dev", "drivers/virtio/virtio_pci", "fs/netfs/netfs", "fs/fscache/fscache",
     "net/9p/9pnet", "net/9p/9pnet_virtio", "fs/9p/9p", "fs/overlayfs/overlay",
 )  # fmt: skip
+OUTPUT_TAIL = 20000  # bytes of each output file returned
 
 INIT = """#!/bin/busybox sh
 B=/bin/busybox
@@ -120,10 +122,23 @@ def run(script: str, timeout: float = 1200) -> tuple[int, str]:
             ended = f"\n=== the guest was still running after {timeout:.0f} s and was killed\n"
         rc_file = scratch / "rc.txt"
         output = "".join(
-            f"=== {path.name}\n{path.read_text(errors='replace')[-20000:]}\n"
+            f"=== {path.name}\n{_tail(path, OUTPUT_TAIL)}\n"
             for path in [*sorted(scratch.glob("*.out")), scratch / "out.txt"]
             if path.exists()
         )
         if ended or not rc_file.exists():
             return -1, output + "=== console\n" + console[-4000:] + ended
-        return int(rc_file.read_text().strip() or -1), output
+        return int(_tail(rc_file, 16).strip() or -1), output
+
+
+def _tail(path: Path, limit: int) -> str:
+    """The last ``limit`` bytes of a file the guest wrote: not through a link it made, and not read whole."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"(not read: {exc.strerror})"
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "(not a regular file)"
+        file.seek(max(0, os.fstat(fd).st_size - limit))
+        return file.read(limit).decode(errors="replace")
