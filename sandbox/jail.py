@@ -32,7 +32,7 @@ from .floor import linux as L
 from .floor import wire
 from .floor.idmap import IdMap
 from .launcher import LAUNCHER
-from .limits import budget, cgroups, rlimits
+from .limits import budget, cgroups, flight, rlimits
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
 from .limits.sockdiag import Sockets
 from .limits.watch import NETLINK_ONLY, PROC_QUEUE_TABLES, WATCHER, Watched
@@ -185,6 +185,7 @@ class Jail:
         )
         made = seccomp is not None and seccomp.epoll_maker >= 0
         self.enforcement["host_ids"] = self._describe_host_ids(made)
+        self.enforcement["in_flight"] = self._describe_in_flight()
         self.enforcement["epoll"] = self._describe_epoll(self._maker if made else None)
         net = self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps)
         self.enforcement["socket_queues"] = rlimits.describe_queues(cfg.limits.memory, net.new_netns)
@@ -244,6 +245,33 @@ class Jail:
                 f"{idmap.SLOTS} for the locks, or all {idmap.POOL_SLOTS} ranges in use); {counted}, so with those jails"
             )
         return f"yours: the jail's root is host uid {uid}; {counted}, so with your own processes"
+
+    def _flight_ids(self) -> tuple[int, int] | None:
+        """The host uid and gid of the jail's root where the kernel's count of descriptors in flight
+        for them is shared (rootless: yours; as root, root's shared range), which the watcher then
+        probes (``limits/flight.py``); None where the root is host root (whom the kernel never
+        refuses) or ids of the jail's own."""
+        uid, gid = self._idmap.host_root() if self.config.userns else (os.getuid(), os.getgid())
+        if uid == 0 or self._shown_as is not None or not idmap.kernel_at_least(flight.FDINFO_KERNEL):
+            return None
+        return uid, gid
+
+    def _describe_in_flight(self) -> str:
+        """How the descriptors the jail sends in UNIX messages are bounded (``limits/flight.py``)."""
+        ids = self._flight_ids()
+        if ids is None and self._shown_as is not None:
+            uid = self._idmap.host_root()[0]
+            return f"per jail: its root is host uid {uid}, no other jail's, so what it holds refuses only itself"
+        if ids is None and not idmap.kernel_at_least(flight.FDINFO_KERNEL):
+            return f"not bounded: Linux {os.uname().release} is older than 5.6, whose sockets show what is in flight"
+        if ids is None:
+            return "none needed: the jail's root is host root, whom the kernel never refuses, counted as no other user"
+        whose = "yours" if ids[0] == os.getuid() else "root's shared range, with other root jails"
+        return (
+            f"host watcher: a probe as host uid {ids[0]} ({whose}) with a soft RLIMIT_NOFILE of {flight.MARK} passes "
+            f"a descriptor every sample; once refused, the uid's jail whose commands' sockets show the most in flight "
+            f"loses every process but its init, reported as oom_killed"
+        )
 
     def _describe_epoll(self, maker: idmap.Maker | None) -> str:
         """Whose count the jail's epoll watches take (``child/epoll.py``)."""
@@ -390,6 +418,7 @@ class Jail:
             queues=queues,
             inet=inet,
             queue_tables=PROC_QUEUE_TABLES if "NET_RAW" in self.config.capabilities() else NETLINK_ONLY,
+            flight=self._flight_ids(),
         )
         WATCHER.add(watched)
         undo.callback(WATCHER.remove, watched)

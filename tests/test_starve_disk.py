@@ -56,7 +56,17 @@ def test_the_default_sandbox_has_a_disk_and_an_inode_cap():
         assert sb.config.upper == "disk"
         assert sb.enforcement["disk"].startswith("host watcher")
         assert sb.enforcement["inodes"].startswith("host watcher")
-        bounds = ("memory", "pids", "pids_budget", "kernel_counters", "tmpfs", "host_files", "socket_queues", "ipc")
+        bounds = (
+            "memory",
+            "pids",
+            "pids_budget",
+            "kernel_counters",
+            "tmpfs",
+            "host_files",
+            "in_flight",
+            "socket_queues",
+            "ipc",
+        )
         built = ("aio", "ptys", "dev", "init", "output", "transfers", "teardown")  # held the same on every host
         for bound in bounds + built:
             assert not sb.enforcement[bound].startswith(("unbounded", "not", "off")), (bound, sb.enforcement[bound])

@@ -25,7 +25,7 @@ from ..child.spec import DEV_INODES, DEV_SIZE, PTYS
 from ..errors import ConfigError
 from ..floor import linux as L
 from ..idmap import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
-from ..limits import budget, cgroups, rlimits, watch
+from ..limits import budget, cgroups, flight, rlimits, watch
 
 Status = Literal["ok", "degraded", "failing"]
 
@@ -329,10 +329,15 @@ def _per_uid_counts(uid: int) -> str:
         epoll = "epoll watches: made by each jail's maker, as a uid no other live jail's maker has"
     else:
         epoll = "epoll watches: not bounded (no subordinate range: a jail maps no id but its root, which is you)"
-    if uid == 0:
-        return f"{epoll}; descriptors in flight: per jail where root's jails have host ids of their own (see id ranges)"
-    flight = "descriptors in flight: not bounded (the kernel counts them per host uid; a rootless jail's root is you)"
-    return f"{epoll}; {flight}"
+    if not idmap.kernel_at_least(flight.FDINFO_KERNEL):
+        in_flight = f"descriptors in flight: not bounded (Linux {os.uname().release} is older than 5.6)"
+    else:
+        own = " (per jail where root's jails have host ids of their own)" if uid == 0 else ""
+        in_flight = (
+            f"descriptors in flight: past {flight.MARK} for a jail root's host uid (a probe's), the jail showing "
+            f"the most loses its commands{own}"
+        )
+    return f"{epoll}; {in_flight}"
 
 
 def shared_bounds(host: Host) -> Probe:

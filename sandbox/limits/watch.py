@@ -43,7 +43,12 @@ process but its init, reported as ``oom_killed``. Maps are read for at most ``FI
 sample; a process not read again is charged its last count and a file for each page its address
 space grew since.
 
-Both are reactive: what a fast allocator or writer gets past the bound before the next sample is
+Descriptors in flight are counted per host uid, and where a jail's root is a uid others share
+(yours rootless, root's shared range) a probe of that uid is asked at each sample whether the uid
+is past ``flight.MARK``; if so, the jail whose commands' sockets show the most loses every process
+but its init (``flight.py``).
+
+All are reactive: what a fast allocator or writer gets past the bound before the next sample is
 measured in README ("Resource bounds"). Kills go through a pidfd opened and re-checked against the
 jail's tree, so a recycled pid is never hit; a sample waits at most a ``TICK`` for the killed to
 go (a jail can make its processes slow to die), and the jail is not judged again while they go.
@@ -66,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..floor import linux as L
+from . import flight
 from .sockdiag import Sockets
 
 TICK = 0.05
@@ -127,6 +133,7 @@ class Watched:
     queues: int | None = None  # bound on the netlink, packet and raw sockets' queues of its own namespace
     inet: int | None = None  # bound on its TCP and UDP buffers (a share of the host's tcp_mem/udp_mem)
     queue_tables: tuple[tuple[str, tuple[int, ...], int], ...] = NETLINK_ONLY  # the /proc/INIT/net tables read
+    flight: tuple[int, int] | None = None  # its root's host uid and gid if shared: their count in flight is probed
     counters: dict[str, int] = field(default_factory=dict)
     last_usage: tuple[int, int] = (0, 0)  # of the last walk done
     walk: _Walk | None = None  # of its writable layer, under way
@@ -172,17 +179,19 @@ class Watcher:
 
     def remove(self, watched: Watched) -> None:
         """Stop watching; the sandbox's netlink socket and its walk's directory are closed once no
-        sample is using them."""
+        sample is using them, and a probe no other watched jail needs ends with it."""
         with self._lock:
             if watched in self._watched:
                 self._watched.remove(watched)
-        if watched.sockets is None and watched.upper is None:
+            ids = [w.flight for w in self._watched if w.flight is not None]
+        if watched.sockets is None and watched.upper is None and watched.flight is None:
             return
         if self._owner != os.getpid():  # a forked child: no thread of this process samples it
             _release(watched)
             return
         with self._checking:
             _release(watched)
+            PROBES.keep(ids)
 
     def _run(self) -> None:
         while True:
@@ -199,6 +208,7 @@ class Watcher:
 
 
 WATCHER = Watcher()
+PROBES = flight.Probes()  # used by the watcher's thread, and by ``remove`` while it holds the sample's lock
 
 
 def check(watched: list[Watched], now: float) -> None:
@@ -212,6 +222,12 @@ def check(watched: list[Watched], now: float) -> None:
     if used * FILES_ALARM > table:
         tree = _children()
         _check_files([w for w in watched if not w.dying], tree, table)
+    ids = [w.flight for w in watched if w.flight is not None]
+    PROBES.keep(ids)
+    for key in PROBES.refused(ids):
+        if now >= _flight_settled.get(key, 0.0):
+            tree = tree if tree is not None else _children()
+            _check_flight(key, [w for w in watched if w.flight == key and not w.dying], tree, now)
     for w in sorted(watched, key=lambda w: -w.undecided):  # the longest undecided read first
         if w.memory is not None:
             tree = tree if tree is not None else _children()
@@ -538,6 +554,35 @@ def _check_files(watched: list[Watched], tree: dict[int, list[int]], table: int)
                     # all its processes but the init: holders are cheap to fork again from one that holds none
                     _kill_trees(w, tree, tree.get(w.init_pid, []))
                     return
+
+
+_flight_settled: dict[tuple[int, int], float] = {}  # host ids -> when what their last kill freed is gone
+
+
+def _check_flight(key: tuple[int, int], watched: list[Watched], tree: dict[int, list[int]], now: float) -> None:
+    """Host ids ``key`` have more than ``flight.MARK`` descriptors in flight: the jail (of
+    ``watched``, whose root they are) whose commands' sockets show the most in their queues loses
+    every process but its init. Processes are read fewest descriptors first, at most
+    ``flight.LOOKS`` descriptors in all; if those read show none, the jail with the most descriptors
+    left unread is taken instead: a queue may hide behind a hundred thousand other descriptors."""
+    owner: dict[int, Watched] = {}
+    for w in watched:
+        owner.update(dict.fromkeys(_descendants(tree, w.init_pid), w))
+    sizes = {pid: _descriptors(pid) for pid in owner}
+    found = flight.shown(sorted(owner, key=sizes.__getitem__), flight.LOOKS)
+    shown: dict[Watched, int] = {}
+    unread: dict[Watched, int] = {}
+    for pid, w in owner.items():
+        count, looked = found.get(pid, (0, 0))
+        shown[w] = shown.get(w, 0) + count
+        unread[w] = unread.get(w, 0) + max(0, sizes[pid] - looked)
+    culprit = max((w for w in shown if shown[w] > 0), key=shown.__getitem__, default=None)
+    if culprit is None:
+        culprit = max((w for w in unread if unread[w] > 0), key=unread.__getitem__, default=None)
+    if culprit is not None:
+        # all its processes but the init: a queue is handed from process to process in a message
+        _kill_trees(culprit, tree, tree.get(culprit.init_pid, []))
+        _flight_settled[key] = now + flight.SETTLE
 
 
 def _mapped_files(w: Watched, pid: int, until: float) -> int:

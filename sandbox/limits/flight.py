@@ -1,0 +1,195 @@
+"""Host side: the watcher's bound on descriptors in flight, which the kernel counts per host uid.
+
+Runs in the host process, called by the watcher thread (``watch.py``); ``PROBE`` is the text of the
+probe, a ``python -I -S`` process of its own, one per host uid probed, started by that thread.
+
+Descriptors sent in UNIX messages and not yet received count against the sender's host uid, and the
+kernel refuses a sender (ETOOMANYREFS) once its uid has more in flight than the sender's own soft
+``RLIMIT_NOFILE``. A rootless jail's root is the user: a jail that keeps 1,025 in flight refuses
+every process of the user at the usual soft limit of 1,024 (D-Bus, Wayland and systemd's socket
+activation pass descriptors), and, at 20,000 or so, the host's own jailbox. As root, the jails of
+root's shared range share their root's uid the same way. No rlimit of the jail bounds this without
+breaking programs that need many descriptors, seccomp cannot read what a message carries, and the
+kernel gives no count, for a uid or for a jail: only its refusal.
+
+So a probe of that uid, whose soft limit is ``MARK``, passes one descriptor to itself at each sample
+(about 0.1 ms): refused, the uid has more than ``MARK`` in flight. Only then are the jails of that
+uid looked at. A socket's queue shows how many descriptors are in flight in it
+(``scm_fds`` in ``/proc/PID/fdinfo/FD``, Linux 5.6), and the jail whose commands' sockets show the
+most (at least one) loses every process but its init, one jail a sample, reported as
+``oom_killed``. Their queues go with the sockets; what the kernel holds only in cycles of sockets
+nobody holds is freed by its collector (measured: within 0.1 s). Weaknesses, in README: a queue
+sent in a message and closed shows as one descriptor whatever it carries, so a jail that nests its
+queues may be found after another that shows more; what the jail put in flight between two samples
+refuses the user's processes until it is killed; the kernel's count is one for the uid, so the
+user's own descriptors in flight count towards ``MARK`` too (a jail then is killed only if its
+sockets show some).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable
+
+FDINFO_KERNEL = (5, 6)  # a socket's fdinfo shows its queue's descriptors in flight (scm_fds)
+MARK = 512  # descriptors in flight a probed uid may have: half the usual soft RLIMIT_NOFILE of 1,024
+LOOKS = 4096  # descriptors one search reads, all jails together (about 15 ms)
+SETTLE = 0.2  # seconds after a kill before another jail of the same uid may be killed: its queues go
+PROBE_WAIT = 0.05  # seconds the watcher waits for a probe's answer (it is then taken as passing)
+PROBE_START = 5.0  # seconds a probe may take to start, to say it is ready
+PASSED, REFUSED, FAILED = b"y", b"n", b"e"
+
+# The probe: takes ``uid`` and ``gid`` (as root: its capabilities go, or it would never be refused)
+# and a soft limit of ``MARK``, says it is ready, then answers each byte on its socket with whether
+# it could pass /dev/null to itself. It ends when the watcher closes its end (or the host is gone).
+PROBE = """# jailbox: the probe of descriptors in flight
+import array, errno, os, resource, socket, sys
+sock = socket.socket(fileno=int(sys.argv[1]))
+uid, gid, mark = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+if os.getuid() != uid:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(mark, hard), hard))
+null = array.array("i", [os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)])
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+sock.send(b"y")
+while sock.recv(1):
+    try:
+        a.sendmsg([b"p"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, null)])
+    except OSError as exc:
+        sock.send(b"n" if exc.errno == errno.ETOOMANYREFS else b"e")
+        continue
+    for fd in socket.recv_fds(b, 1, 1)[1]:
+        os.close(fd)
+    sock.send(b"y")
+"""
+
+
+class _Probe:
+    """One probe process and the watcher's end of its socket."""
+
+    def __init__(self, uid: int, gid: int) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", PROBE, str(theirs.fileno()), str(uid), str(gid), str(MARK)],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+            )
+        self.sock = mine
+        self.ready = self._answer(PROBE_START) == PASSED
+
+    def _answer(self, wait: float) -> bytes:
+        self.sock.settimeout(wait)
+        try:
+            return self.sock.recv(1)
+        except OSError:
+            return FAILED
+
+    def refused(self) -> bool:
+        """Whether the probe's uid has more than ``MARK`` descriptors in flight."""
+        if not self.ready:
+            return False
+        try:
+            self.sock.send(b"?")
+        except OSError:
+            self.ready = False
+            return False
+        answer = self._answer(PROBE_WAIT)
+        if answer not in (PASSED, REFUSED):  # late, or gone: the next asks a fresh one
+            self.ready = False
+        return answer == REFUSED
+
+    def close(self) -> None:
+        self.sock.close()  # the probe reads its end, and ends
+        try:
+            self.proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Probes:
+    """The probes of the host uids the watched jails' roots are, started as first needed."""
+
+    def __init__(self) -> None:
+        self._probes: dict[tuple[int, int], _Probe] = {}
+        self._owner = os.getpid()
+
+    def refused(self, ids: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Of ``ids`` (host uid, gid), those with more than ``MARK`` descriptors in flight. A probe
+        that failed is started again at the next sample."""
+        refused = []
+        for key in set(ids):
+            probe = self._probes.get(key)
+            if probe is not None and not probe.ready:
+                probe.close()
+                probe = None
+            if probe is None:
+                try:
+                    probe = self._probes[key] = _Probe(*key)
+                except OSError:
+                    continue
+            if probe.refused():
+                refused.append(key)
+        return refused
+
+    def keep(self, ids: Iterable[tuple[int, int]]) -> None:
+        """End the probes of uids no watched jail's root is any more (a forked child only lets go
+        of its copies: the probes are its parent's)."""
+        if self._owner != os.getpid():
+            for probe in self._probes.values():
+                probe.sock.close()
+            self._probes, self._owner = {}, os.getpid()
+        wanted = set(ids)
+        for key in [key for key in self._probes if key not in wanted]:
+            self._probes.pop(key).close()
+
+
+def shown(pids: Iterable[int], most: int) -> dict[int, tuple[int, int]]:
+    """{pid: (descriptors its sockets' queues show in flight, its descriptors looked at)} of
+    ``pids``, read in that order until ``most`` descriptors were looked at in all."""
+    found: dict[int, tuple[int, int]] = {}
+    looked = 0
+    for pid in pids:
+        if looked >= most:
+            break
+        found[pid] = _in_queues(pid, most - looked)
+        looked += found[pid][1]
+    return found
+
+
+def _in_queues(pid: int, most: int) -> tuple[int, int]:
+    """(descriptors in flight its sockets' queues show, descriptors looked at) of ``pid``."""
+    count = looked = 0
+    with contextlib.suppress(OSError), os.scandir(f"/proc/{pid}/fd") as it:
+        for entry in it:
+            if looked >= most:
+                break
+            looked += 1
+            try:
+                if not os.readlink(entry.path).startswith("socket:"):
+                    continue
+                fd = os.open(f"/proc/{pid}/fdinfo/{entry.name}", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                info = os.read(fd, 4096)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            at = info.find(b"scm_fds:")
+            if at >= 0:
+                with contextlib.suppress(ValueError, IndexError):
+                    count += int(info[at + 8 :].split()[0])
+    return count, looked
