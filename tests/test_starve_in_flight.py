@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -142,6 +143,16 @@ def probes() -> list[psutil.Process]:
     return [p for p in psutil.Process().children() if "jailbox: the probe" in " ".join(p.cmdline())]
 
 
+def probes_started() -> list[psutil.Process]:
+    """The probes, once the watcher has started one (at its first sample after a jail of a shared
+    uid opened: at most 10 s)."""
+    for _ in range(200):
+        if found := probes():
+            return found
+        time.sleep(0.05)
+    return []
+
+
 def victim_result(sb: Sandbox) -> list[int]:
     out = sb.exec("for i in $(seq 300); do [ -s /tmp/victim.out ] && break; sleep 0.1; done; cat /tmp/victim.out")
     return [int(word) for word in out.stdout.split()]
@@ -153,7 +164,7 @@ def test_a_jail_holding_descriptors_in_flight_is_killed_and_its_uid_passes_again
 ) -> None:
     with Sandbox() as filler, Sandbox() as neighbour:
         assert filler.enforcement["in_flight"].startswith("host watcher"), filler.enforcement["in_flight"]
-        assert len(probes()) == 1  # one for the uid both jails' roots are
+        assert len(probes_started()) == 1  # one for the uid both jails' roots are
         neighbour.write_file("/tmp/victim.py", VICTIM)
         neighbour.exec("sleep 600 >/dev/null 2>&1 &")  # a command of the neighbour's, which lives on
         neighbour.exec(f"python3 /tmp/victim.py {VICTIM_TIME} >/tmp/victim.out 2>&1 &")
@@ -188,6 +199,23 @@ print("kept")
     with Sandbox() as sb:
         r = sb.exec(["python3", "-c", script])
         assert (r.exit_code, r.stdout, r.oom_killed) == (0, "kept\n", False), r.stderr
+    assert probes() == []
+
+
+def test_a_probe_that_ends_is_started_again(shared_root_uid: None) -> None:
+    with Sandbox() as sb:
+        (first,) = probes_started()
+        first.kill()
+        first.wait(10)
+        for _ in range(400):  # the next starts flight.PROBE_RETRY seconds after the watcher saw it gone
+            if (again := probes()) and again[0].pid != first.pid:
+                break
+            time.sleep(0.05)
+        assert [p.pid for p in probes()] != [first.pid] and len(probes()) == 1
+        sb.write_file("/tmp/fill.py", FILLS["one queue"])
+        time.sleep(0.5)  # it says it is ready at a later sample than the one that started it
+        r = sb.exec("python3 /tmp/fill.py", timeout=60)
+        assert (r.exit_code, r.oom_killed) == (137, True), (r.exit_code, r.stderr[-2000:])
     assert probes() == []
 
 

@@ -40,7 +40,8 @@ MARK = 512  # descriptors in flight a probed uid may have: half the usual soft R
 LOOKS = 4096  # descriptors one search reads, all jails together (about 15 ms)
 SETTLE = 0.2  # seconds after a kill before another jail of the same uid may be killed: its queues go
 PROBE_WAIT = 0.05  # seconds the watcher waits for a probe's answer (it is then taken as passing)
-PROBE_START = 5.0  # seconds a probe may take to start, to say it is ready
+PROBE_START = 10.0  # seconds a probe may take to start, to say it is ready
+PROBE_RETRY = 5.0  # seconds after a probe broke (ended, was late or answered wrong) before another starts
 PASSED, REFUSED, FAILED = b"y", b"n", b"e"
 
 # The probe: takes ``uid`` and ``gid`` (as root: its capabilities go, or it would never be refused)
@@ -72,9 +73,10 @@ while sock.recv(1):
 
 
 class _Probe:
-    """One probe process and the watcher's end of its socket."""
+    """One probe process and the watcher's end of its socket. Never waited for as it starts: the
+    sample that started it goes on, and a later one finds it ready."""
 
-    def __init__(self, uid: int, gid: int) -> None:
+    def __init__(self, uid: int, gid: int, now: float) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.proc = subprocess.Popen(
@@ -86,27 +88,35 @@ class _Probe:
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
             )
         self.sock = mine
-        self.ready = self._answer(PROBE_START) == PASSED
+        self.started = now
+        self.ready = False
+        self.broken = False  # gone, late or wrong: closed, and another started after PROBE_RETRY
 
-    def _answer(self, wait: float) -> bytes:
+    def _answer(self, wait: float) -> bytes | None:
+        """Its next answer, None if none came within ``wait`` seconds."""
         self.sock.settimeout(wait)
         try:
             return self.sock.recv(1)
+        except (TimeoutError, BlockingIOError):
+            return None
         except OSError:
             return FAILED
 
-    def refused(self) -> bool:
-        """Whether the probe's uid has more than ``MARK`` descriptors in flight."""
+    def refused(self, now: float) -> bool:
+        """Whether the probe's uid has more than ``MARK`` descriptors in flight (False until the
+        probe is ready, and once it is broken)."""
         if not self.ready:
+            answer = self._answer(0.0)
+            self.ready = answer == PASSED
+            self.broken = answer not in (None, PASSED) or (answer is None and now - self.started > PROBE_START)
             return False
         try:
             self.sock.send(b"?")
         except OSError:
-            self.ready = False
+            self.broken = True
             return False
         answer = self._answer(PROBE_WAIT)
-        if answer not in (PASSED, REFUSED):  # late, or gone: the next asks a fresh one
-            self.ready = False
+        self.broken = answer not in (PASSED, REFUSED)  # a late answer would be taken for the next one's
         return answer == REFUSED
 
     def close(self) -> None:
@@ -123,24 +133,27 @@ class Probes:
 
     def __init__(self) -> None:
         self._probes: dict[tuple[int, int], _Probe] = {}
+        self._retry: dict[tuple[int, int], float] = {}  # host ids -> when a broken probe may be started again
         self._owner = os.getpid()
 
-    def refused(self, ids: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-        """Of ``ids`` (host uid, gid), those with more than ``MARK`` descriptors in flight. A probe
-        that failed is started again at the next sample."""
+    def refused(self, ids: Iterable[tuple[int, int]], now: float) -> list[tuple[int, int]]:
+        """Of ``ids`` (host uid, gid), those with more than ``MARK`` descriptors in flight."""
         refused = []
         for key in set(ids):
             probe = self._probes.get(key)
-            if probe is not None and not probe.ready:
-                probe.close()
-                probe = None
-            if probe is None:
+            if probe is None and now >= self._retry.get(key, 0.0):
                 try:
-                    probe = self._probes[key] = _Probe(*key)
+                    probe = self._probes[key] = _Probe(*key, now)
                 except OSError:
+                    self._retry[key] = now + PROBE_RETRY
                     continue
-            if probe.refused():
+            if probe is None:
+                continue
+            if probe.refused(now):
                 refused.append(key)
+            if probe.broken:
+                self._probes.pop(key).close()
+                self._retry[key] = now + PROBE_RETRY
         return refused
 
     def keep(self, ids: Iterable[tuple[int, int]]) -> None:
@@ -149,10 +162,11 @@ class Probes:
         if self._owner != os.getpid():
             for probe in self._probes.values():
                 probe.sock.close()
-            self._probes, self._owner = {}, os.getpid()
+            self._probes, self._retry, self._owner = {}, {}, os.getpid()
         wanted = set(ids)
         for key in [key for key in self._probes if key not in wanted]:
             self._probes.pop(key).close()
+        self._retry = {key: when for key, when in self._retry.items() if key in wanted}
 
 
 def shown(pids: Iterable[int], most: int) -> dict[int, tuple[int, int]]:

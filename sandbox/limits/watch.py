@@ -224,7 +224,7 @@ def check(watched: list[Watched], now: float) -> None:
         _check_files([w for w in watched if not w.dying], tree, table)
     ids = [w.flight for w in watched if w.flight is not None]
     PROBES.keep(ids)
-    for key in PROBES.refused(ids):
+    for key in PROBES.refused(ids, now):
         if now >= _flight_settled.get(key, 0.0):
             tree = tree if tree is not None else _children()
             _check_flight(key, [w for w in watched if w.flight == key and not w.dying], tree, now)
