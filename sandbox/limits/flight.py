@@ -12,18 +12,18 @@ root's shared range share their root's uid the same way. No rlimit of the jail b
 breaking programs that need many descriptors, seccomp cannot read what a message carries, and the
 kernel gives no count, for a uid or for a jail: only its refusal.
 
-So a probe of that uid, whose soft limit is ``MARK``, passes one descriptor to itself at each sample
-(about 0.1 ms): refused, the uid has more than ``MARK`` in flight. Only then are the jails of that
-uid looked at. A socket's queue shows how many descriptors are in flight in it
+So a probe of that uid, whose soft limit is ``MARK``, passes one descriptor to itself at each
+sample (0.07 ms, 0.12 ms at p99): refused, the uid has more than ``MARK`` in flight. Only then are
+the jails of that uid looked at. A socket's queue shows how many descriptors are in flight in it
 (``scm_fds`` in ``/proc/PID/fdinfo/FD``, Linux 5.6), and the jail whose commands' sockets show the
-most (at least one) loses every process but its init, one jail a sample, reported as
-``oom_killed``. Their queues go with the sockets; what the kernel holds only in cycles of sockets
-nobody holds is freed by its collector (measured: within 0.1 s). Weaknesses, in README: a queue
-sent in a message and closed shows as one descriptor whatever it carries, so a jail that nests its
-queues may be found after another that shows more; what the jail put in flight between two samples
-refuses the user's processes until it is killed; the kernel's count is one for the uid, so the
-user's own descriptors in flight count towards ``MARK`` too (a jail then is killed only if its
-sockets show some).
+most (at least one) loses every process but its init, reported as ``oom_killed``; the next jail of
+that uid is judged ``SETTLE`` later, once what the killed held is freed. Queues go with their
+sockets; what the kernel holds only in cycles of sockets nobody holds is freed by its collector
+(measured: within 0.1 s). Weaknesses, in README: a queue sent in a message and closed shows as
+one descriptor whatever it carries, so a jail that nests its queues may be found after another that
+shows more; what the jail put in flight between two samples refuses the user's processes until it
+is killed; the kernel's count is one for the uid, so the user's own descriptors in flight count
+towards ``MARK`` too (a jail then is killed only if its sockets show some).
 """
 
 from __future__ import annotations
