@@ -13,7 +13,8 @@ breaking programs that need many descriptors, seccomp cannot read what a message
 kernel gives no count, for a uid or for a jail: only its refusal.
 
 So a probe of that uid, whose soft limit is ``MARK``, passes one descriptor to itself at each
-sample (0.07 ms, 0.12 ms at p99): refused, the uid has more than ``MARK`` in flight. Only then are
+sample, and the next sample reads its answer (the watcher never waits on it): refused, the uid had
+more than ``MARK`` in flight. Only then are
 the jails of that uid looked at. A socket's queue shows how many descriptors are in flight in it
 (``scm_fds`` in ``/proc/PID/fdinfo/FD``, Linux 5.6), and the jail whose commands' sockets show the
 most (at least one) loses every process but its init, reported as ``oom_killed``; the next jail of
@@ -39,10 +40,9 @@ FDINFO_KERNEL = (5, 6)  # a socket's fdinfo shows its queue's descriptors in fli
 MARK = 512  # descriptors in flight a probed uid may have: half the usual soft RLIMIT_NOFILE of 1,024
 LOOKS = 4096  # descriptors one search reads, all jails together (about 15 ms)
 SETTLE = 0.2  # seconds after a kill before another jail of the same uid may be killed: its queues go
-PROBE_WAIT = 0.05  # seconds the watcher waits for a probe's answer (it is then taken as passing)
-PROBE_START = 10.0  # seconds a probe may take to start, to say it is ready
+PROBE_LATE = 10.0  # seconds a probe may take to start, or to answer, before it is taken for broken
 PROBE_RETRY = 5.0  # seconds after a probe broke (ended, was late or answered wrong) before another starts
-PASSED, REFUSED, FAILED = b"y", b"n", b"e"
+PASSED, REFUSED, FAILED = b"y", b"n", b"e"  # the probe says b"y" once it is ready, too
 
 # The probe: takes ``uid`` and ``gid`` (as root: its capabilities go, or it would never be refused)
 # and a soft limit of ``MARK``, says it is ready, then answers each byte on its socket with whether
@@ -73,8 +73,9 @@ while sock.recv(1):
 
 
 class _Probe:
-    """One probe process and the watcher's end of its socket. Never waited for as it starts: the
-    sample that started it goes on, and a later one finds it ready."""
+    """One probe process and the watcher's end of its socket. Never waited for: each sample reads
+    the answer to the last sample's question, if it has come, and asks again, so a probe slow to
+    start or to answer on a loaded host never holds the watcher's other bounds."""
 
     def __init__(self, uid: int, gid: int, now: float) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -87,45 +88,34 @@ class _Probe:
                 stderr=subprocess.DEVNULL,
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
             )
+        mine.setblocking(False)
         self.sock = mine
-        self.started = now
-        self.ready = False
+        self.asked = now  # when the answer waited for was asked (its start: the first is "ready")
         self.broken = False  # gone, late or wrong: closed, and another started after PROBE_RETRY
 
-    def _answer(self, wait: float) -> bytes | None:
-        """Its next answer, None if none came within ``wait`` seconds."""
-        self.sock.settimeout(wait)
-        try:
-            return self.sock.recv(1)
-        except (TimeoutError, BlockingIOError):
-            return None
-        except OSError:
-            return FAILED
-
     def refused(self, now: float) -> bool:
-        """Whether the probe's uid has more than ``MARK`` descriptors in flight (False until the
-        probe is ready, and once it is broken)."""
-        if not self.ready:
-            answer = self._answer(0.0)
-            self.ready = answer == PASSED
-            self.broken = answer not in (None, PASSED) or (answer is None and now - self.started > PROBE_START)
+        """Whether the probe's uid had more than ``MARK`` descriptors in flight at the last sample
+        (False while no answer has come, and once the probe is broken)."""
+        try:
+            answer = self.sock.recv(1)
+        except BlockingIOError:
+            self.broken = now - self.asked > PROBE_LATE
             return False
+        except OSError:
+            answer = FAILED
         try:
             self.sock.send(b"?")
         except OSError:
-            self.broken = True
-            return False
-        answer = self._answer(PROBE_WAIT)
-        self.broken = answer not in (PASSED, REFUSED)  # a late answer would be taken for the next one's
+            answer = FAILED
+        self.asked = now
+        self.broken = answer not in (PASSED, REFUSED)
         return answer == REFUSED
 
     def close(self) -> None:
-        self.sock.close()  # the probe reads its end, and ends
-        try:
-            self.proc.wait(1.0)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        """End it at once: a sample, or a jail's ``close()``, does not wait on it."""
+        self.sock.close()
+        self.proc.kill()
+        self.proc.wait()
 
 
 class Probes:
