@@ -3,6 +3,7 @@ a killed host or a killed launcher."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -16,13 +17,15 @@ import paper_tree
 import psutil
 from conftest import jail_processes, run_threads
 
-from jailbox.sandbox import Sandbox
+from jailbox.sandbox import Sandbox, state
+from jailbox.sandbox.limits import cgroups
 
 ROOT = Path(__file__).resolve().parent.parent
 
 HOLDER = r"""
 import json, threading
-from jailbox.sandbox import Sandbox
+from jailbox.sandbox import Sandbox, state
+from jailbox.sandbox.limits import cgroups
 from jailbox.sandbox.launcher import LAUNCHER
 import psutil
 barrier = threading.Barrier(12)
@@ -117,3 +120,10 @@ def test_killing_the_launcher_during_a_burst_ends_every_jail(_state_dir):
     finally:
         child.kill()
         child.wait()
+    # With its launcher and then its host killed, no process of the burst is left to remove its files and
+    # groups: `cleanup` does, and takes exactly those (other tests count what is left in this directory).
+    removed, failed = state.cleanup(_state_dir)
+    assert failed == [] and sorted(map(str, removed)) == sorted(info["dirs"])
+    assert cgroups.reap_stale()[1] == []
+    ids = [Path(d).name for d in info["dirs"]]
+    assert [g for i in ids for g in glob.glob(f"/sys/fs/cgroup/**/{i}-*", recursive=True)] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import select
@@ -109,9 +110,19 @@ def test_shell_on_a_pty():
     assert os.waitstatus_to_exitcode(status) == 5
 
 
-def test_cleanup_command(_state_dir):
-    r = jailbox("cleanup")
-    assert r.returncode == 0 and "0 removed" in r.stdout
+def test_cleanup_command(tmp_path, monkeypatch):
+    """In a state directory of its own, so that no other test's leftovers count: one sandbox's remains
+    whose host process is dead are removed, and then nothing is."""
+    base = tmp_path / "state"
+    monkeypatch.setenv("JAILBOX_STATE_DIR", str(base))
+    never = int(Path("/proc/sys/kernel/pid_max").read_text())  # pids stay below it
+    left = base / "sandboxes" / "leftover0001"
+    left.mkdir(parents=True, mode=0o700)
+    (left / "meta.json").write_text(json.dumps({"host_pid": never, "host_start": 1}))
+    first, second = jailbox("cleanup"), jailbox("cleanup")
+    assert first.returncode == 0 and f"removed {left}\n" in first.stdout and not left.exists()
+    assert first.stdout.splitlines()[-1].startswith("1 removed, 0 failed; cgroups: ")
+    assert second.returncode == 0 and second.stdout.splitlines()[-1].startswith("0 removed, 0 failed; cgroups: ")
 
 
 def test_installed_console_script():
