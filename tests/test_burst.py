@@ -24,8 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 HOLDER = r"""
 import json, threading
-from jailbox.sandbox import Sandbox, state
-from jailbox.sandbox.limits import cgroups
+from jailbox.sandbox import Sandbox
 from jailbox.sandbox.launcher import LAUNCHER
 import psutil
 barrier = threading.Barrier(12)
