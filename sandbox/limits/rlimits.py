@@ -23,7 +23,7 @@ from ..errors import LimitNotEnforced
 from ..files import READ_LIMIT
 from ..seccomp.policy import SeccompPolicy
 from . import budget, watch
-from .watch import DESCRIPTOR_CHARGE, MAPPING_CHARGE, MAPPINGS_HOG, PAGE, TICK
+from .watch import DESCRIPTOR_CHARGE, MAPPING_CHARGE, MAPPINGS_HOG, PAGE, QUICK_TICK, TICK
 
 Enforcement = dict[str, str]
 # TCP and UDP buffers are one count for the whole host (net.ipv4.tcp_mem, udp_mem: low, pressure,
@@ -53,7 +53,8 @@ def plan(
         else:
             rlimits["RLIMIT_AS"] = limits.memory
             how["memory"] = (
-                f"host watcher: total proportional memory of the jail's processes, sampled every {TICK * 1000:.0f} ms, "
+                f"host watcher: total proportional memory of the jail's processes, sampled every {TICK * 1000:.0f} ms "
+                f"(every {QUICK_TICK * 1000:.0f} ms past half the limit), "
                 f"each open descriptor charged {DESCRIPTOR_CHARGE >> 10} KiB (pipe buffers, files) and each mapping "
                 f"{MAPPING_CHARGE} bytes (a process with {MAPPINGS_HOG} or more: as many as its address space could "
                 "hold), biggest process killed past it; rlimit RLIMIT_AS per process; memfd_create ENOSYS (no cgroup)"

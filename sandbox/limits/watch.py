@@ -9,6 +9,7 @@ pid namespace descends from its pid 1, so none can leave the set). Over ``memory
 processes (proportional resident set of their anonymous and shared memory, a charge per open
 descriptor for the kernel memory behind it, a pipe's buffer, a file, and a charge per mapping for the
 kernel's records of it) are killed with their descendants, as many as bring the total back under.
+A jail past half its bound is sampled for memory five times as often (``quick``).
 A process may hold 65,530 mappings (``vm.max_map_count``), 14 MiB of kernel memory, and only reading
 its ``/proc/PID/maps`` counts them (28 ms for 65,000). So they are counted only where the most each
 process's address space could hold (a page each) would take the jail past its bound, for at most
@@ -50,8 +51,9 @@ but its init (``flight.py``).
 
 All are reactive: what a fast allocator or writer gets past the bound before the next sample is
 measured in README ("Resource bounds"). Kills go through a pidfd opened and re-checked against the
-jail's tree, so a recycled pid is never hit; a sample waits at most a ``TICK`` for the killed to
-go (a jail can make its processes slow to die), and the jail is not judged again while they go.
+jail's tree, so a recycled pid is never hit; a sample waits at most a ``QUICK_TICK`` for the killed
+to go (a jail can make its processes slow to die), and while they go the jail's memory total leaves
+them out and its other bounds are not judged again.
 What the jail made is only measured: the walk never follows a link, reads at most twice
 ``inodes`` entries, and holds at most ``WALK_HELD`` bytes and ``WALK_BASES`` descriptors for what
 it has still to read (a tree needing more is judged over its bounds).
@@ -75,6 +77,14 @@ from . import flight
 from .sockdiag import Sockets
 
 TICK = 0.05
+# Between two samples, a jail whose memory total (the first, cheap figure) passed 1/``NEAR`` of its
+# bound is sampled again every ``QUICK_TICK``, and each such quick sample is followed by a rest
+# ``QUICK_SHARE`` times as long as it took: forked workers opening pipes at full speed add 100 MiB of
+# kernel memory in a ``TICK`` on 2 cores, so a jail near its bound is looked at five times as often,
+# and the quick samples take at most a fifth of the thread's time whatever the host's size.
+NEAR = 2
+QUICK_TICK = 0.01
+QUICK_SHARE = 4
 KILL_WAIT = 1.0  # seconds a killed process still going is left out, and its jail not judged again (``_forget_gone``)
 WALK_TIME = 0.01  # seconds a sample spends walking writable layers, all sandboxes together
 WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still seen
@@ -149,6 +159,7 @@ class Watched:
     dying: dict[int, float] = field(default_factory=dict)  # pid -> until when: killed, not gone yet (``_forget_gone``)
     last_kill: float = 0.0  # when the memory bound last killed
     undecided: int = 0  # samples in a row it may have been over only by shares not read yet
+    near: bool = False  # its memory total at the last sample passed 1/NEAR of its bound: sampled quickly too
     reader: _Reader = field(default_factory=lambda: _Reader())  # reads its processes' maps and shares
 
     def __post_init__(self) -> None:
@@ -198,13 +209,30 @@ class Watcher:
             with self._lock:
                 while not self._watched:
                     self._lock.wait()
-                current = list(self._watched)
-            try:
-                with self._checking:
-                    check(current, time.monotonic())
-            except Exception:  # a bad sample must not end the thread that holds the bounds
-                pass
-            time.sleep(TICK)
+            due = time.monotonic() + TICK
+            spent = self._sample(check)
+            while (left := due - time.monotonic()) > 0:
+                with self._lock:
+                    near = any(w.near for w in self._watched)
+                pause = max(QUICK_TICK, spent * QUICK_SHARE)
+                if not near or pause >= left:  # nothing to sample quickly before the next full sample
+                    time.sleep(left)
+                    break
+                time.sleep(pause)
+                spent = self._sample(quick)
+
+    def _sample(self, sample: Callable[[list[Watched], float], None]) -> float:
+        """Run ``sample`` on what is watched now; the seconds it took. The list is taken under
+        ``_checking``: a sandbox removed before is not sampled with what ``remove`` closed."""
+        start = time.monotonic()
+        try:
+            with self._checking:
+                with self._lock:
+                    current = list(self._watched)
+                sample(current, time.monotonic())
+        except Exception:  # a bad sample must not end the thread that holds the bounds
+            pass
+        return time.monotonic() - start
 
 
 WATCHER = Watcher()
@@ -231,12 +259,25 @@ def check(watched: list[Watched], now: float) -> None:
     for w in sorted(watched, key=lambda w: -w.undecided):  # the longest undecided read first
         if w.memory is not None:
             tree = tree if tree is not None else _children()
-            _check_memory(w, tree, counters, maps)
+            _check_memory(w, tree, counters, maps, quick=False)
         if (w.queues is not None or w.inet is not None) and not w.dying:
             _check_queues(w, counters)
     until = time.monotonic() + WALK_TIME
     for w in sorted((w for w in watched if w.upper is not None and not w.dying), key=lambda w: w.walked):
         _check_disk(w, now, until)
+
+
+def quick(watched: list[Watched], now: float) -> None:
+    """A quick sample between two: the memory of the jails whose total was near their bound at the
+    last sample (nothing if none is). Their other bounds wait for the next full sample."""
+    near = [w for w in watched if w.near and w.memory is not None]
+    if not near:
+        return
+    counters = sum(w.sockets is not None or w.queues is not None for w in watched)
+    tree, maps = _children(), _Maps(now)
+    for w in near:
+        _forget_gone(w, now)
+        _check_memory(w, tree, counters, maps, quick=True)
 
 
 def _check_disk(w: Watched, now: float, until: float) -> None:
@@ -262,9 +303,13 @@ def _check_disk(w: Watched, now: float, until: float) -> None:
     w.last_usage = usage
 
 
-def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int, maps: _Maps) -> None:
+def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int, maps: _Maps, quick: bool) -> None:
+    """Kill what takes the jail past ``memory``. A ``quick`` sample leaves the count of undecided
+    samples as it is: that count is of full samples, the time the jail's reads are given."""
     assert w.memory is not None
-    undecided, w.undecided = w.undecided, 0  # kept only while still undecided
+    undecided = w.undecided
+    if not quick:
+        w.undecided = 0  # kept only while still undecided
     # A killed process frees what it holds once it runs again, which on a busy host may take a second;
     # until then it is left out, so the ones still running are not killed for what it holds.
     pids = [pid for pid in (w.init_pid, *_descendants(tree, w.init_pid)) if pid not in w.dying]
@@ -281,7 +326,9 @@ def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int, maps: _
     most = _map_count_max()
     could = {pid: min(most, statm[pid][0]) for pid in pids}
     fresh = {pid: maps.fresh(w, pid, could[pid]) for pid in pids}
-    if queued + sum(statm[pid][1] + held[pid] + fresh[pid] * MAPPING_CHARGE for pid in pids) <= w.memory:
+    first = queued + sum(statm[pid][1] + held[pid] + fresh[pid] * MAPPING_CHARGE for pid in pids)
+    w.near = first * NEAR > w.memory
+    if first <= w.memory:
         return
     mapped = maps.count(w, {pid: statm[pid][0] for pid in pids}, could)
     held = {pid: held[pid] + mapped.get(pid, 0) * MAPPING_CHARGE for pid in pids}
@@ -294,7 +341,9 @@ def _check_memory(w: Watched, tree: dict[int, list[int]], counters: int, maps: _
     if queued + sum(shares[pid][0] + held[pid] for pid in pids) <= w.memory:
         # over only if the shares not read yet are all they may be: read on at the next samples,
         # for at most UNDECIDED, then judged on what they may be (a jail can make reads slow; and
-        # counted in samples, not seconds, as a host slowed by its load samples less often)
+        # counted in full samples, not seconds, as a host slowed by its load samples less often)
+        if quick:
+            return
         w.undecided = undecided + 1
         if w.undecided < UNDECIDED:
             return
@@ -817,7 +866,7 @@ def _in_tree(pid: int, known: set[int]) -> bool:
 
 def _kill_all(pids: list[int], init_pid: int) -> list[int]:
     """SIGKILL each through a pidfd, once the pid it holds is seen to still be of this jail; then
-    wait at most ``TICK`` until they are gone. Returns the pids not gone yet: the caller keeps them
+    wait at most ``QUICK_TICK`` until they are gone. Returns the pids not gone yet: the caller keeps them
     as the jail's ``dying``, and no sample waits longer for them (a jail's processes can be slow to
     die: 150 holding 60,000 mappings each took a second, while no other sandbox was sampled)."""
     killed = {}
@@ -830,7 +879,7 @@ def _kill_all(pids: list[int], init_pid: int) -> list[int]:
     for pidfd in killed:
         poller.register(pidfd, select.POLLIN)
     pending = set(killed)
-    deadline = time.monotonic() + TICK
+    deadline = time.monotonic() + QUICK_TICK
     while pending and (left := deadline - time.monotonic()) > 0:
         for fd, _ in poller.poll(max(1, int(left * 1000))):
             poller.unregister(fd)
