@@ -91,6 +91,8 @@ EXAMPLES: dict[str, str] = {
     "--scorer-module": "--scorer-module mypkg.scorers",
     "--executor": "--executor threads",
     "--timeout": "--timeout 60",
+    "--port": "--port 0 (any free port; the server prints the address it bound)",
+    "--host": "--host 127.0.0.1",
     "TASKS": 'a line per task like {"id": "t1", "query": "2+2?", "answer": "4"}',
 }
 
@@ -1461,6 +1463,7 @@ def serve_cmd(
     from pathlib import Path
 
     from .sandbox.serve.keys import KeyFileError
+    from .sandbox.serve.listen import BadFlag
 
     try:
         from .sandbox.serve.main import run
@@ -1469,6 +1472,8 @@ def serve_cmd(
     try:
         keys = Path(api_key_file) if api_key_file is not None else None
         run(host, port, keys, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose)
+    except BadFlag as exc:
+        _flag_error(exc.flag, str(exc))
     except (KeyFileError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -1492,6 +1497,7 @@ def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeo
       jailbox mcp --http --port 8765   # http://127.0.0.1:8765/mcp
     """
     from .sandbox.serve import mcp
+    from .sandbox.serve.listen import BadFlag
 
     try:
         mcp.main(
@@ -1501,7 +1507,7 @@ def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeo
             token_file,
             mcp.Options(idle_timeout=idle_timeout, **limits),
         )
-    except mcp.BadFlag as exc:
+    except BadFlag as exc:
         _flag_error(exc.flag, str(exc))
 
 

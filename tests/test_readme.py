@@ -1,5 +1,6 @@
 """Every code block of README.md runs as written, in a fresh directory: shell blocks with bash (the
-installed ``jailbox`` first on PATH, an empty rootfs store, no config file), Python blocks with this
+installed ``jailbox`` first on PATH, an empty rootfs store, no config file, the servers' default ports
+held by another program), Python blocks with this
 interpreter, YAML blocks load as rootfs recipes. ``text`` blocks are synopses, not commands.
 
 A block is skipped only when the line before it is a marker comment,
@@ -9,8 +10,10 @@ using what a machine may lack (``--network full``'s slirp4netns, curl) goes thro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ REASONS = ("needs an LLM endpoint", "needs a registry")
 RUN = ("sh", "python", "yaml")
 SHOWN = ("text",)
 HANG_GUARD = 300
+HELD_PORTS = (49982, 8000)  # jailbox serve's and jailbox mcp --http's defaults: no block may need them free
 PREREQUISITES = {  # what a block's text uses -> what conftest.need checks (skip naming the fix; strict: fail)
     'mode="full"': ("slirp4netns", "tun"),
     "--network full": ("slirp4netns", "tun"),
@@ -93,5 +97,11 @@ def test_a_readme_block_runs_as_written(block: Block, tmp_path: Path) -> None:
         if block.language == "sh"
         else [sys.executable, "-c", block.code]
     )
-    r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=HANG_GUARD)
+    with contextlib.ExitStack() as stack:
+        for port in HELD_PORTS:  # as a user's other server would; a port already taken is just as good
+            held = stack.enter_context(socket.socket())
+            with contextlib.suppress(OSError):
+                held.bind(("127.0.0.1", port))
+                held.listen()
+        r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=HANG_GUARD)
     assert r.returncode == 0, f"{block} failed:\n{block.code}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"

@@ -708,3 +708,36 @@ def test_64_sandboxes_at_once(tmp_path: Path) -> None:
         print(out)
     finally:
         served.stop()
+
+
+@pytest.mark.parametrize("command", [["serve"], ["mcp", "--http"]], ids=" ".join)
+def test_an_address_that_cannot_be_listened_on_is_one_line_naming_the_flag(tmp_path: Path, command: list[str]) -> None:
+    """A port another program holds (the usual case: a second server), an address not of this machine,
+    and a name that does not resolve: each is refused before anything is served, in one line that names
+    the flag to change and a valid use of it."""
+    token = tmp_path / "token"  # jailbox mcp serves beyond loopback only to clients that send one
+    token.write_text("t" * 32)
+    token.chmod(0o600)
+    extra = ["--api-key-file", str(key_file(tmp_path, KEY_A))] if command == ["serve"] else ["--token-file", str(token)]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        cases = {
+            "--port": (["--port", str(taken)], f"127.0.0.1:{taken} is in use by another program"),
+            "--host": (["--host", "192.0.2.1"], "cannot listen on 192.0.2.1: Cannot assign requested address"),
+            "--host ": (["--host", "nosuch.invalid"], "cannot listen on nosuch.invalid: "),
+        }
+        for flag, (args, said) in cases.items():
+            r = subprocess.run(
+                [sys.executable, "-m", "jailbox.cli", *command, *args, *extra],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            lines = [line for line in r.stderr.splitlines() if not line.startswith("jailbox serve: made an API key")]
+            assert r.returncode == 2 and len(lines) == 1, r.stderr
+            assert lines[0].startswith(f"jailbox: {flag.strip()}: {said}"), r.stderr
+            assert lines[0].endswith("; e.g. --port 0 (any free port; the server prints the address it bound)") == (
+                flag == "--port"
+            ), r.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import keys
 from .e2b.control import ControlPlane
+from .listen import refused
 from .registry import Registry
 from .server import Server
 
@@ -38,6 +39,9 @@ def run(
     registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm)
     try:
         server = Server((host, port), ControlPlane(keys.Keys(loaded), registry), verbose)
+    except OSError as exc:
+        registry.close()
+        raise refused(host, port, exc) from None
     except BaseException:
         registry.close()
         raise

@@ -44,6 +44,7 @@ from ..errors import SandboxError
 from ..net.policy import NetworkPolicy
 from ..rootfs.resolve import stored
 from ..rootfs.store import Store
+from .listen import BadFlag, refused
 
 SESSION_HEADER = "mcp-session-id"
 MIN_TOKEN = 16
@@ -69,14 +70,6 @@ EXAMPLES = {  # field -> a valid value, for the one-line errors
     "content": "'hello'",
     "encoding": "'text' or 'base64'",
 }
-
-
-class BadFlag(ValueError):
-    """A command-line value ``jailbox mcp`` cannot serve with; ``flag`` names the option."""
-
-    def __init__(self, flag: str, text: str) -> None:
-        super().__init__(text)
-        self.flag = flag
 
 
 @dataclass(frozen=True)
@@ -640,7 +633,7 @@ async def _serve_http(options: Options, host: str, port: int, token: str | None)
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise BadFlag("--port", f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise refused(host, port, exc) from None
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     print(f"jailbox mcp: streamable HTTP at http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
