@@ -87,9 +87,12 @@ _CONTEXT_MARGIN = 16
 _OUTPUT_CAP = re.compile(r"supports at most (\d+) completion tokens", re.IGNORECASE)
 _USE_COMPLETION_TOKENS = re.compile(r"'max_tokens' is not supported.*use 'max_completion_tokens'", re.I | re.S)
 _TEXT_PARTS = frozenset({"text", "output_text"})
-_TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+# The patterns below read the model's text in linear time: no two neighbouring parts can take the same run of
+# characters (``\s*(.*?)\s*`` could, and a hostile reply of spaces made its search quadratic).
+_TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _XML_FUNCTION = re.compile(r"^<function=([\w.-]+)>(.*?)</function>$", re.DOTALL)
-_XML_PARAMETER = re.compile(r"<parameter=([\w.-]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([\w.-]+)>")
+_XML_PARAMETER_END = "</parameter>"
 _REASONING_KEYS = frozenset({"reasoning_content", "reasoning"})
 _BODY_EXCERPT = 500
 
@@ -401,18 +404,40 @@ def _tool_call(raw: Any) -> dict[str, Any] | None:
     }
 
 
+def _model_json(text: str) -> Any:
+    """``text`` parsed as JSON, or None when it is not JSON; nesting deeper than the parser recurses (a hostile
+    ``[[[[...``, which raises RecursionError) counts as not JSON."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _xml_parameters(body: str) -> dict[str, str]:
+    """``<parameter=KEY>VALUE</parameter>`` pairs, one newline after the opening and before the closing tag
+    dropped; each find starts where the last ended, so the text is read once, however many tags stay open."""
+    parameters: dict[str, str] = {}
+    start = 0
+    while (opening := _XML_PARAMETER.search(body, start)) is not None:
+        end = body.find(_XML_PARAMETER_END, opening.end())
+        if end < 0:
+            break
+        value = body[opening.end() : end]
+        value = value[1:] if value.startswith("\n") else value
+        parameters[opening.group(1)] = value[:-1] if value.endswith("\n") else value
+        start = end + len(_XML_PARAMETER_END)
+    return parameters
+
+
 def _tagged_call(block: str) -> dict[str, Any] | None:
     """One ``<tool_call>`` block as a tool call: Hermes-style JSON ``{"name": ..., "arguments": {...}}``, or the
     Qwen3-Coder form ``<function=NAME><parameter=KEY>VALUE</parameter></function>``; None if it is neither."""
     xml = _XML_FUNCTION.match(block.strip())
     if xml is not None:
-        arguments: Any = dict(_XML_PARAMETER.findall(xml.group(2)))
+        arguments: Any = _xml_parameters(xml.group(2))
         name: Any = xml.group(1)
     else:
-        try:
-            data = json.loads(block)
-        except ValueError:
-            return None
+        data = _model_json(block)
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             return None
         name, arguments = data["name"], data.get("arguments", data.get("parameters", {}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from llm_server import DROP, ScriptedServer, Step, error, reply
@@ -424,3 +425,23 @@ def test_parse_text_action(content, expected):
 def test_parse_text_action_rejects(content, complaint):
     with pytest.raises(ValueError, match=complaint):
         parse_text_action(content, TOOL_NAMES)
+
+
+@pytest.mark.parametrize(
+    ("content", "calls"),
+    [
+        ("<tool_call>x" + " " * 200_000 + "y", []),  # `\s*(.*?)\s*` backtracked over the spaces: minutes
+        ("<tool_call><function=f>" + "<parameter=a>" * 20_000 + "</function>", ["f"]),  # each open tag read the rest
+        ("<tool_call>" + "[" * 200_000, []),  # json.loads raised RecursionError through the client
+    ],
+)
+def test_calls_left_as_text_are_read_in_linear_time(server, sleeps, content, calls):
+    """A reply is hostile: whatever its text, reading the calls in it takes time in proportion to its length
+    (these took a minute and more, or raised), and what cannot be read stays text."""
+    server.add(reply(content))
+    started = time.monotonic()
+    with client_for(server, sleeps) as client:
+        done = client.complete(MESSAGES, tools=TOOLS)
+    assert time.monotonic() - started < 5
+    assert [call["function"]["name"] for call in done.message.get("tool_calls", [])] == calls
+    assert done.message["content"] == (None if calls else content)
