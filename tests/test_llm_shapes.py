@@ -213,9 +213,12 @@ def test_openrouter_errors_carried_in_http_200_are_retried(tmp_path):
     assert any("carrying error 429: Rate limit exceeded upstream" in line for line in lines), r.stdout
 
 
+LLAMA_CPP_OLDER = "the request exceeds the available context size, try increasing it"  # no numbers in it
+
+
 def context_limited(kind: str, window: int, then: Step) -> Until:
     """A server with a ``window``-token context that refuses a prompt plus ``max_tokens`` above it, in the words
-    of SGLang or llama.cpp (prompt tokens taken as a quarter of the characters)."""
+    of SGLang, llama.cpp or an older llama.cpp (prompt tokens taken as a quarter of the characters)."""
 
     def answer(body: dict[str, Any]) -> Step:
         prompt = len(json.dumps(body["messages"])) // 4
@@ -235,6 +238,7 @@ def context_limited(kind: str, window: int, then: Step) -> Until:
             )
         total = prompt + wanted
         text = f"request ({total} tokens) exceeds the available context size ({window} tokens), try increasing it"
+        text = LLAMA_CPP_OLDER if kind == "llama.cpp, older" else text
         return Step(
             status=400,
             json={
@@ -269,6 +273,26 @@ def test_sglang_and_llama_cpp_context_messages_shrink_max_tokens(tmp_path):
     assert asked[0] == 65536 and all(0 < tokens < 32768 for tokens in asked[1::2]) and len(asked) == 6, asked
     shrinks = [line for line in status_lines(r) if "context length exceeded: max_tokens 65536 ->" in line]
     assert len(shrinks) == 3, r.stdout
+
+
+def test_llama_cpp_context_error_whose_words_give_no_numbers(tmp_path):
+    """Older llama.cpp says only "the request exceeds the available context size, try increasing it": the room
+    left is n_ctx less n_prompt_tokens, the fields beside the message, and the call is sent again asking for it."""
+    with StrictServer(
+        [
+            context_limited(
+                "llama.cpp, older", 32768, message(None, calls=[call("execute_bash", json.dumps({"command": WRITE}))])
+            ),
+            context_limited("llama.cpp, older", 32768, message(None, calls=[call("submit", "{}", "call_2")])),
+        ]
+    ) as server:
+        r = jailbox_run(server, tmp_path / "o")
+    submitted(r, tmp_path / "o")
+    asked = [request.json["max_tokens"] for request in server.requests]
+    prompts = [len(json.dumps(request.json["messages"])) // 4 for request in server.requests]
+    assert asked == [65536, 32768 - prompts[0] - 16, 65536, 32768 - prompts[2] - 16], asked
+    shrinks = [line for line in status_lines(r) if "context length exceeded: max_tokens 65536 ->" in line]
+    assert len(shrinks) == 2, r.stderr
 
 
 def test_retry_after_as_an_http_date_is_waited(tmp_path):
