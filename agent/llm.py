@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +93,8 @@ _TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _XML_FUNCTION = re.compile(r"^<function=([\w.-]+)>(.*?)</function>$", re.DOTALL)
 _XML_PARAMETER = re.compile(r"<parameter=([\w.-]+)>")
 _XML_PARAMETER_END = "</parameter>"
+_CALL_KEYS = frozenset({"type", "name", "arguments", "parameters"})  # all a JSON object written as a call holds
+_TEXT_CALL_LIMIT = 1 << 20  # characters; a longer reply is not parsed as a JSON call, which bounds the work
 _REASONING_KEYS = frozenset({"reasoning_content", "reasoning"})
 _BODY_EXCERPT = 500
 
@@ -167,7 +169,8 @@ class Completion(BaseModel):
     server accepts back (``normalise_message``).
 
     ``max_tokens_used`` is what the answering request asked for (smaller after a context-length shrink),
-    ``latency`` the whole call's wall time with retries and back-off, ``attempts`` the requests sent.
+    ``latency`` the whole call's wall time with retries and back-off, ``attempts`` the requests sent;
+    ``calls_from_text`` says the message's tool calls were read from its text, where the server left them.
     """
 
     message: dict[str, Any]
@@ -176,6 +179,7 @@ class Completion(BaseModel):
     max_tokens_used: int | None
     latency: float
     attempts: int
+    calls_from_text: bool = False
 
 
 @dataclass(frozen=True)
@@ -429,28 +433,69 @@ def _xml_parameters(body: str) -> dict[str, str]:
     return parameters
 
 
+def _function_call(name: str, arguments: Any) -> dict[str, Any]:
+    return {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": _arguments(arguments)}}
+
+
 def _tagged_call(block: str) -> dict[str, Any] | None:
     """One ``<tool_call>`` block as a tool call: Hermes-style JSON ``{"name": ..., "arguments": {...}}``, or the
     Qwen3-Coder form ``<function=NAME><parameter=KEY>VALUE</parameter></function>``; None if it is neither."""
     xml = _XML_FUNCTION.match(block.strip())
     if xml is not None:
-        arguments: Any = _xml_parameters(xml.group(2))
-        name: Any = xml.group(1)
-    else:
-        data = _model_json(block)
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return _function_call(xml.group(1), _xml_parameters(xml.group(2)))
+    data = _model_json(block)
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    return _function_call(data["name"], data.get("arguments", data.get("parameters", {})))
+
+
+def _bare_call(content: str, tool_names: Collection[str]) -> dict[str, Any] | None:
+    """The whole of ``content`` as one tool call written as a JSON object, bare or in a ```` ```json ```` fence:
+    ``{"name": TOOL, "arguments": {...}}`` (``"parameters"`` as Llama writes it, and ``"type": "function"``
+    allowed), where TOOL is one of ``tool_names``; None for anything else, and for more than
+    ``_TEXT_CALL_LIMIT`` characters, which are not parsed at all."""
+    text = content.strip()
+    if len(text) > _TEXT_CALL_LIMIT:
+        return None
+    if text.startswith("```") and text.endswith("```") and len(text) >= 6:
+        opening, _, rest = text[3:-3].partition("\n")
+        if opening.strip() not in ("", "json"):
             return None
-        name, arguments = data["name"], data.get("arguments", data.get("parameters", {}))
-    return {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": _arguments(arguments)}}
+        text = rest.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    data = _model_json(text)
+    if not isinstance(data, dict) or not data.keys() <= _CALL_KEYS or data.get("type", "function") != "function":
+        return None
+    name = data.get("name")
+    if not isinstance(name, str) or name not in tool_names or ("arguments" in data and "parameters" in data):
+        return None
+    arguments = data.get("arguments", data.get("parameters", {}))
+    return _function_call(name, arguments) if isinstance(arguments, dict | str) else None
 
 
-def normalise_message(message: dict[str, Any], tools_offered: bool) -> dict[str, Any]:
-    """The assistant message in the shape every OpenAI-compatible server accepts back in the next turn.
+def _text_calls(content: str, tool_names: Collection[str]) -> tuple[list[dict[str, Any]], str | None] | None:
+    """The tool calls a server left in ``content`` as text and the content without them: ``<tool_call>`` blocks
+    when every one reads as a call, else the whole content as one JSON call of an offered tool (whose arguments
+    may hold the tag as text); None when it holds neither."""
+    if "<tool_call>" in content:
+        tagged = [_tagged_call(block) for block in _TOOL_CALL_TAG.findall(content)]
+        calls = [call for call in tagged if call is not None]
+        if calls and len(calls) == len(tagged):
+            return calls, _TOOL_CALL_TAG.sub("", content).strip() or None
+    bare = _bare_call(content, tool_names)
+    return None if bare is None else ([bare], None)
+
+
+def normalise_message(message: dict[str, Any], tool_names: Collection[str]) -> tuple[dict[str, Any], bool]:
+    """The assistant message in the shape every OpenAI-compatible server accepts back in the next turn, and
+    whether its tool calls were read from its text.
 
     Unknown fields (reasoning, provider extras) stay. ``content`` becomes a string; each tool call gets an
     ``id`` (answered by that id), ``type`` and its arguments as a JSON string; an empty ``tool_calls`` goes.
-    When tools were offered but the calls came back as text in ``content`` (``<tool_call>...</tool_call>``,
-    as a server without the model's tool parser returns them), they are moved to ``tool_calls``.
+    When tools were offered (``tool_names``, their names) but the calls came back as text in ``content``, as a
+    server without the model's tool parser returns them, they are moved to ``tool_calls``: ``<tool_call>``
+    blocks, or a content that is nothing but one JSON object naming an offered tool.
     """
     out = dict(message)
     content, thinking = _text_of(message.get("content"))
@@ -462,16 +507,20 @@ def normalise_message(message: dict[str, Any], tools_offered: bool) -> dict[str,
     if thinking and not (out.get("reasoning_content") or out.get("reasoning")):
         out["reasoning_content"] = thinking
     calls = [call for call in map(_tool_call, message.get("tool_calls") or []) if call is not None]
-    if not calls and tools_offered and content and "<tool_call>" in content:
-        tagged = [_tagged_call(block) for block in _TOOL_CALL_TAG.findall(content)]
-        if tagged and all(call is not None for call in tagged):
-            calls = [call for call in tagged if call is not None]
-            out["content"] = _TOOL_CALL_TAG.sub("", content).strip() or None
+    from_text = None if calls or not tool_names or not content else _text_calls(content, tool_names)
+    if from_text is not None:
+        calls, out["content"] = from_text
     if calls:
         out["tool_calls"] = calls
     else:
         out.pop("tool_calls", None)
-    return out
+    return out, from_text is not None
+
+
+def _tool_names(tools: Sequence[Mapping[str, Any]] | None) -> frozenset[str]:
+    """The names of the offered tools (``{"type": "function", "function": {"name": ...}}``)."""
+    functions = (tool.get("function") for tool in tools or ())
+    return frozenset(f["name"] for f in functions if isinstance(f, Mapping) and isinstance(f.get("name"), str))
 
 
 class _ChatCore:
@@ -581,7 +630,7 @@ class _ChatCore:
                 self._retrying(Retry(failures, self.config.max_retries, wait, cause, hinted=hinted))
                 yield _Sleep(wait)
                 continue
-            return self._record(choice, usage, body, time.monotonic() - started, attempts, bool(tools))
+            return self._record(choice, usage, body, time.monotonic() - started, attempts, _tool_names(tools))
 
     def _record(
         self,
@@ -590,7 +639,7 @@ class _ChatCore:
         body: dict[str, Any],
         latency: float,
         attempts: int,
-        tools_offered: bool,
+        tool_names: Collection[str],
     ) -> Completion:
         """Adds to the client's totals under a lock: one sync client may serve many threads."""
         with self._usage_lock:
@@ -598,13 +647,15 @@ class _ChatCore:
             self.usage.completion_tokens += usage.completion_tokens
             self.usage.total_tokens += usage.total_tokens
             self.usage.calls += 1
+        message, calls_from_text = normalise_message(choice["message"], tool_names)
         return Completion(
-            message=normalise_message(choice["message"], tools_offered),
+            message=message,
             finish_reason=_string_or_none(choice.get("finish_reason")),
             usage=usage,
             max_tokens_used=body.get("max_tokens"),
             latency=latency,
             attempts=attempts,
+            calls_from_text=calls_from_text,
         )
 
 

@@ -141,6 +141,7 @@ class Agent:
                 prompt_tokens=completion.usage.prompt_tokens,
                 completion_tokens=completion.usage.completion_tokens,
                 llm_seconds=completion.latency,
+                calls_from_text=completion.calls_from_text,
             )
             traj.prompt_tokens += step.prompt_tokens
             traj.completion_tokens += step.completion_tokens

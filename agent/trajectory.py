@@ -52,6 +52,7 @@ class Step(BaseModel):
     llm_seconds: float = 0.0
     sandbox_seconds: float = 0.0
     note: str | None = None  # what the loop told the model instead of running a tool
+    calls_from_text: bool = False  # the server left the calls as text, read by the client (False in older records)
 
 
 class Trajectory(BaseModel):

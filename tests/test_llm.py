@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from jailbox.agent.llm import (
     LLMConnectionError,
     LLMHTTPError,
     LLMResponseError,
+    normalise_message,
     parse_text_action,
 )
 
@@ -445,3 +447,55 @@ def test_calls_left_as_text_are_read_in_linear_time(server, sleeps, content, cal
     assert time.monotonic() - started < 5
     assert [call["function"]["name"] for call in done.message.get("tool_calls", [])] == calls
     assert done.message["content"] == (None if calls else content)
+
+
+OFFERED = {"execute_bash", "submit"}
+LS = {"command": "ls"}
+
+
+@pytest.mark.parametrize(
+    ("content", "arguments"),
+    [
+        ('{"name": "execute_bash", "arguments": {"command": "ls"}}', LS),
+        ('  \n{"name": "execute_bash", "parameters": {"command": "ls"}}\n\n', LS),
+        ('```json\n{"type": "function", "name": "execute_bash", "arguments": {"command": "ls"}}\n```', LS),
+        ('```\n{"name": "execute_bash", "arguments": "{\\"command\\": \\"ls\\"}"}\n```', LS),
+        ('{"name": "execute_bash", "arguments": {"command": "echo <tool_call>"}}', {"command": "echo <tool_call>"}),
+    ],
+)
+def test_a_reply_that_is_one_json_call_of_an_offered_tool_is_a_call(content, arguments):
+    out, from_text = normalise_message({"role": "assistant", "content": content, "tool_calls": []}, OFFERED)
+    assert from_text and out["content"] is None
+    [call] = out["tool_calls"]
+    assert call["function"]["name"] == "execute_bash" and json.loads(call["function"]["arguments"]) == arguments
+
+
+@pytest.mark.parametrize(
+    ("content", "offered"),
+    [
+        ('{"name": "python", "arguments": {"code": "print(42)"}}', OFFERED),  # no such tool
+        ('{"name": "execute_bash", "arguments": {"command": "ls"}}', set()),  # no tools offered
+        ('Run this: {"name": "execute_bash", "arguments": {"command": "ls"}}', OFFERED),  # prose around it
+        ('```python\n{"name": "execute_bash", "arguments": {"command": "ls"}}\n```', OFFERED),
+        ('{"name": "execute_bash", "arguments": {"command": "ls"}, "answer": 42}', OFFERED),  # more than a call
+        ('{"name": "execute_bash", "arguments": ["ls"]}', OFFERED),
+        ('{"type": "tool", "name": "execute_bash", "arguments": {"command": "ls"}}', OFFERED),
+        ('{"name": "execute_bash", "arguments": {}, "parameters": {"command": "ls"}}', OFFERED),  # which one?
+        ('{"name": ["execute_bash"], "arguments": {}}', OFFERED),
+        ('{"name": "execute_bash", "arguments": {"command": "' + "x" * (1 << 20) + '"}}', OFFERED),  # too long
+        ('{"name": "execute_bash", "arguments": ' + "[" * 100_000 + "}", OFFERED),
+        ('[{"name": "execute_bash", "arguments": {"command": "ls"}}]', OFFERED),
+    ],
+)
+def test_any_other_reply_stays_a_message(content, offered):
+    """Only the whole reply, one JSON object naming an offered tool and nothing else, is a call."""
+    out, from_text = normalise_message({"role": "assistant", "content": content, "tool_calls": []}, offered)
+    assert (out["content"], from_text) == (content, False) and "tool_calls" not in out
+
+
+def test_calls_the_server_parsed_are_not_from_text():
+    """With calls in tool_calls, the content is left as the model wrote it, even when it reads as a call."""
+    content = '{"name": "submit", "arguments": {}}'
+    native = {"id": "c1", "type": "function", "function": {"name": "execute_bash", "arguments": '{"command": "ls"}'}}
+    out, from_text = normalise_message({"role": "assistant", "content": content, "tool_calls": [native]}, OFFERED)
+    assert (out["content"], from_text, out["tool_calls"]) == (content, False, [native])

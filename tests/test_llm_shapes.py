@@ -19,6 +19,8 @@ import pytest
 from llm_server import ScriptedServer, Step, error, reply
 
 from jailbox.agent.llm import LLMClient, LLMConfig, Retry
+from jailbox.agent.loop import NO_TOOL_CALL
+from jailbox.agent.trajectory import load as load_trajectory
 
 ROOT = Path(__file__).resolve().parent.parent
 JAILBOX_RUN = [
@@ -368,6 +370,48 @@ def test_tool_calls_left_as_text_are_taken_as_calls(tmp_path):
     }
     tool = [m for m in second if m["role"] == "tool"]
     assert "42" in tool[1]["content"]
+
+
+def test_calls_written_as_text_run_and_the_trajectory_says_so(tmp_path):
+    """Issue 36: a server without its tool parser returns a call as text with ``tool_calls: []``, in Hermes tags
+    or as a bare JSON object naming a tool (in a json fence or not, "parameters" for "arguments"). Each runs as
+    a call, goes back to the server as one, and its step is marked in the trajectory; JSON naming no offered
+    tool, or JSON among prose, stays a message and is answered with the nudge."""
+    hermes = '<tool_call>\n{"name": "execute_bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    bare = '\n{"name": "execute_bash", "arguments": {"command": "' + WRITE + '"}}\n'
+    unknown = '{"name": "python", "arguments": {"code": "print(6*7)"}}'
+    prose = 'I would call {"name": "execute_bash", "arguments": {"command": "ls"}} but let me think first.'
+    fenced = '```json\n{"name": "submit", "parameters": {}}\n```'
+    with StrictServer(
+        [
+            message(hermes, calls=[]),
+            message(bare, calls=[]),
+            message(unknown, calls=[]),
+            message(prose),
+            message(None, calls=[call("execute_bash", json.dumps({"command": "cat /testbed/output/answer.txt"}))]),
+            message(fenced, calls=[]),
+        ]
+    ) as server:
+        r = jailbox_run(server, tmp_path / "o")
+        last = server.requests[-1].json["messages"]
+    submitted(r, tmp_path / "o")
+    assert server.refusals == [] and len(server.requests) == 6
+    steps = load_trajectory(the_run(tmp_path / "o") / "trajectory.json").steps
+    assert [step.calls_from_text for step in steps] == [True, True, False, False, False, True]
+    assert [[(a.function, a.parameters) for a in step.actions] for step in steps] == [
+        [("execute_bash", {"command": "ls"})],
+        [("execute_bash", {"command": WRITE})],
+        [],
+        [],
+        [("execute_bash", {"command": "cat /testbed/output/answer.txt"})],
+        [("submit", {})],
+    ]
+    assert (steps[2].thought, steps[3].thought) == (unknown, prose)
+    assert steps[2].note == steps[3].note == NO_TOOL_CALL
+    assistant = [m for m in last if m["role"] == "assistant"]
+    assert [m["content"] for m in assistant] == [None, None, unknown, prose, None]
+    assert [len(m.get("tool_calls", [])) for m in assistant] == [1, 1, 0, 0, 1]
+    assert json.loads(assistant[1]["tool_calls"][0]["function"]["arguments"]) == {"command": WRITE}
 
 
 def openai_refusal(message: str, code: str) -> Step:
