@@ -245,12 +245,18 @@ def _first(match: re.Match[str] | None) -> int | None:
     return None if match is None else int(next(group for group in match.groups() if group))
 
 
+def _json_or_none(text: str) -> Any:
+    """``text`` parsed as JSON, or None when it is not JSON; nesting deeper than the parser recurses (a hostile
+    ``[[[[...``, which raises RecursionError) counts as not JSON."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _llama_cpp_counts(text: str) -> tuple[int | None, int | None]:
     """llama.cpp puts the numbers beside its message: ``{"error": {"n_ctx": N, "n_prompt_tokens": P, ...}}``."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None, None
+    data = _json_or_none(text)
     error = data.get("error") if isinstance(data, dict) else None
     if not isinstance(error, dict):
         return None, None
@@ -346,7 +352,7 @@ def _parse_choice(response: httpx.Response) -> tuple[dict[str, Any], Usage]:
     status, text = response.status_code, response.text
     try:
         data = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser recurses
         raise LLMResponseError(f"response is not JSON ({_excerpt(status, text)})", status, text) from None
     if not isinstance(data, dict) or "choices" not in data:
         raise LLMResponseError(f"response has no 'choices' ({_excerpt(status, text)})", status, text)
@@ -408,15 +414,6 @@ def _tool_call(raw: Any) -> dict[str, Any] | None:
     }
 
 
-def _model_json(text: str) -> Any:
-    """``text`` parsed as JSON, or None when it is not JSON; nesting deeper than the parser recurses (a hostile
-    ``[[[[...``, which raises RecursionError) counts as not JSON."""
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-
-
 def _xml_parameters(body: str) -> dict[str, str]:
     """``<parameter=KEY>VALUE</parameter>`` pairs, one newline after the opening and before the closing tag
     dropped; each find starts where the last ended, so the text is read once, however many tags stay open."""
@@ -443,7 +440,7 @@ def _tagged_call(block: str) -> dict[str, Any] | None:
     xml = _XML_FUNCTION.match(block.strip())
     if xml is not None:
         return _function_call(xml.group(1), _xml_parameters(xml.group(2)))
-    data = _model_json(block)
+    data = _json_or_none(block)
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
     return _function_call(data["name"], data.get("arguments", data.get("parameters", {})))
@@ -464,7 +461,7 @@ def _bare_call(content: str, tool_names: Collection[str]) -> dict[str, Any] | No
         text = rest.strip()
     if not (text.startswith("{") and text.endswith("}")):
         return None
-    data = _model_json(text)
+    data = _json_or_none(text)
     if not isinstance(data, dict) or not data.keys() <= _CALL_KEYS or data.get("type", "function") != "function":
         return None
     name = data.get("name")
@@ -565,7 +562,7 @@ class _ChatCore:
         if 200 <= status < 300:
             try:
                 carried = _error_in_body(outcome.json())
-            except ValueError:
+            except (ValueError, RecursionError):
                 carried = None
             if carried is None:
                 return _parse_choice(outcome)
@@ -792,7 +789,7 @@ _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w.-]*)[ \t]*\n(.*?)^[ \t]*```[ \t]*$", 
 def _json_object(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text) if text.strip() else {}
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ValueError(f"{what}: invalid JSON ({exc}); write the arguments as one JSON object") from None
     if not isinstance(value, dict):
         raise ValueError(f"{what}: expected a JSON object of arguments, got {type(value).__name__}")
@@ -814,7 +811,7 @@ def parse_text_action(content: str, tool_names: set[str]) -> tuple[str, dict[str
         elif label == "json":
             try:
                 call = json.loads(inner)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise ValueError(f"```json block: invalid JSON ({exc})") from None
             if not isinstance(call, dict) or "name" not in call:
                 continue

@@ -221,6 +221,16 @@ def test_context_length_error_that_cannot_be_fixed(server, sleeps):
     assert len(server.requests) == 1
 
 
+def test_context_length_error_nested_too_deep_to_read(server, sleeps):
+    """llama.cpp's fields are read from the body; a body nested deeper than the parser recurses has none."""
+    body = '{"error": {"type": "exceed_context_size_error", "n_ctx": 8192, "x": ' + "[" * 100_000
+    server.add(Step(status=400, raw=body.encode()), reply("never sent"))
+    with client_for(server, sleeps, max_tokens=100) as client:
+        with pytest.raises(ContextLengthError):
+            client.complete(MESSAGES)
+    assert len(server.requests) == 1
+
+
 def test_context_length_error_twice_gives_up(server, sleeps):
     server.add(error(400, VLLM_CONTEXT), error(400, VLLM_CONTEXT), reply("never sent"))
     with client_for(server, sleeps, max_tokens=4096) as client:
@@ -278,6 +288,7 @@ def test_extra_body_and_headers_reach_the_server(server, sleeps):
     ("step", "what"),
     [
         (Step(raw=b"this is not json"), "not JSON"),
+        (Step(raw=b"[" * 100_000), "not JSON"),  # deeper than the parser recurses: RecursionError, not ValueError
         (Step(json={"object": "chat.completion"}), "no 'choices'"),
         (Step(json={"choices": []}), "no choices"),
         (Step(json={"choices": [{"index": 0, "finish_reason": "stop"}]}), "no 'message'"),
@@ -422,6 +433,8 @@ def test_parse_text_action(content, expected):
         ('```json\n{"name": "bash", "arguments": {"command": }\n```', "invalid JSON"),
         ('```json\n{"name": "python", "arguments": {}}\n```', "unknown tool 'python'"),
         ('```json\n{"name": "bash", "arguments": [1]}\n```', "must be a JSON object"),
+        ("```json\n" + "[" * 100_000 + "\n```", "invalid JSON"),
+        ("```bash\n" + "[" * 100_000 + "\n```", "invalid JSON"),
     ],
 )
 def test_parse_text_action_rejects(content, complaint):
