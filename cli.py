@@ -113,6 +113,13 @@ def _flag_error(flag: str, text: str, example: str | None = None, ctx: click.Con
     sys.exit(2)
 
 
+def _missing_extra(part: str, exc: ImportError) -> NoReturn:
+    """One line naming the extra that installs what ``part`` failed to import, and the command; exit 2."""
+    from .extras import missing
+
+    _flag_error("", missing(part, exc))
+
+
 def _pydantic_text(error: Any) -> str:
     """pydantic's message for one error without its type tags, with the value it got."""
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
@@ -973,6 +980,10 @@ def bench_cmd(
         judge = from_flags(judge_model, judge_base_url, judge_api_key, judge_repeats)
     with _fed_by("--scorer-module"):
         scorers = load_scorers(scorer_modules, judge)
+    try:
+        executor_factory = find_executor(executor)
+    except ExecutorError as exc:  # its extra is not installed: said before anything is moved or run
+        _flag_error("", str(exc))
     with _fed_by("--copy-out"):
         copy_out = tuple(check_copy_out(rel) for rel in copy_out)
     out = Path(output_dir)
@@ -1019,7 +1030,7 @@ def bench_cmd(
                 ca_certs=list(ca_certs),
             ),
             AgentConfig(max_steps=max_steps),
-            executor=find_executor(executor),
+            executor=executor_factory,
             scorers=scorers,
         )
     pending = len(batch.pending())
@@ -1467,8 +1478,8 @@ def serve_cmd(
 
     try:
         from .sandbox.serve.main import run
-    except ModuleNotFoundError as exc:  # protobuf comes with the serve extra only
-        raise click.ClickException(f"jailbox serve needs {exc.name}: pip install 'jailbox[serve]'") from None
+    except ImportError as exc:
+        _missing_extra("serve", exc)
     try:
         keys = Path(api_key_file) if api_key_file is not None else None
         run(host, port, keys, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose)
@@ -1496,9 +1507,12 @@ def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeo
       jailbox mcp                      # what a client's mcpServers entry runs (stdio)
       jailbox mcp --http --port 8765   # http://127.0.0.1:8765/mcp
     """
-    from .sandbox.serve import mcp
     from .sandbox.serve.listen import BadFlag
 
+    try:
+        from .sandbox.serve import mcp
+    except ImportError as exc:
+        _missing_extra("mcp", exc)
     try:
         mcp.main(
             http,

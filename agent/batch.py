@@ -18,9 +18,10 @@ from pathlib import Path
 
 from pydantic import Field
 
+from ..extras import missing
 from ..sandbox import SandboxConfig
 from .execution import Job
-from .executors import Executor, ExecutorConfig, ExecutorFactory, ThreadExecutor
+from .executors import Executor, ExecutorConfig, ExecutorError, ExecutorFactory, ThreadExecutor
 from .llm import LLMConfig
 from .loop import AgentConfig
 from .scoring import Scorer, ScoringError, load_scorers, score
@@ -37,11 +38,16 @@ ResultKey = tuple[str, str, str | None]
 
 
 def find_executor(name: str) -> ExecutorFactory:
-    """The executor called ``name`` in ``EXECUTORS``, its module imported now."""
+    """The executor called ``name`` in ``EXECUTORS``, its module imported now: ``ExecutorError`` naming the
+    extra to install when that module's imports are not installed."""
     if name not in EXECUTORS:
         raise ValueError(f"unknown executor {name!r}; known: {', '.join(EXECUTORS)}")
     module, attribute = EXECUTORS[name]
-    factory: ExecutorFactory = getattr(importlib.import_module(module, __package__), attribute)
+    try:
+        imported = importlib.import_module(module, __package__)
+    except ImportError as exc:
+        raise ExecutorError(missing(f"executor {name!r}", exc)) from None
+    factory: ExecutorFactory = getattr(imported, attribute)
     return factory
 
 

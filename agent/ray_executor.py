@@ -48,14 +48,10 @@ def _token_auth_if_available() -> None:
 
 _token_auth_if_available()
 
-try:
-    import ray
-    from ray.exceptions import RayError
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    HAVE_RAY = True
-except ImportError:  # pragma: no cover - the extra is installed wherever the suite runs
-    HAVE_RAY = False
+# Ray is the 'ray' extra: without it this import fails, and find_executor says which extra to install
+import ray  # noqa: E402 - after the auth mode is set, which Ray reads when imported
+from ray.exceptions import RayError  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 KILL_GRACE = 10.0
 RETURN_LIMIT = 256 << 20  # bytes of trajectory and output one task may send back to the driver
@@ -187,8 +183,6 @@ class RayExecutor(Executor):
     """Tasks as Ray tasks; connects to ``ray_address`` (or ``$RAY_ADDRESS``), else starts a local cluster."""
 
     def __init__(self, job: Job, out_dir: Path, config: ExecutorConfig, stepped: Stepped) -> None:
-        if not HAVE_RAY:
-            raise ExecutorError("the Ray executor needs Ray: pip install 'jailbox[ray]'")
         self.job = job
         self.out_dir = out_dir
         self.config = config

@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ..extras import missing
 from . import ifeval, judge
 
 Scorer = Callable[..., float]
@@ -371,9 +372,20 @@ def _is_safe(text: str) -> bool:
     return all(name in _NAMES or re.fullmatch(r"[A-Za-z](?:_?\d+)?", name) for name in names)
 
 
+def symbolic() -> Any:
+    """The sympy module, which the 'math' extra installs; imported at first need, as it takes about a second.
+    Without it the scorer would call equal answers different, so its absence is a ``ScoringError`` naming
+    the extra, never a verdict."""
+    try:
+        import sympy
+    except ImportError as exc:
+        raise ScoringError(missing("scorer 'math'", exc)) from None
+    return sympy
+
+
 def _to_sympy(latex: str) -> Any:
     """A sympy expression for a normalised LaTeX answer, or None."""
-    import sympy
+    sympy = symbolic()
     from sympy.parsing.sympy_parser import (
         convert_xor,
         implicit_multiplication_application,
@@ -395,8 +407,7 @@ def _to_sympy(latex: str) -> Any:
 
 def _sympy_equivalent(a: str, b: str) -> bool:
     """Equal as numbers (within tolerance) or as expressions (their difference simplifies to zero)."""
-    import sympy
-
+    sympy = symbolic()
     left, right = _to_sympy(a), _to_sympy(b)
     if not isinstance(left, sympy.Expr) or not isinstance(right, sympy.Expr):
         return False

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..sandbox import hostfs
 from . import inputs, judge
-from .scoring import Scorer, default_scorer
+from .scoring import Scorer, ScoringError, default_scorer, math_equal, symbolic
 
 Mode = Literal["sandbox", "llm"]
 _KEPT = frozenset(string.ascii_letters + string.digits + "-_.")
@@ -139,10 +139,15 @@ def read_results(path: Path) -> list[TaskResult]:
 
 def check_task(task: Task, scorers: Mapping[str, Scorer]) -> None:
     """Refuse, before anything runs, a task naming a scorer not in ``scorers`` (or ``judge`` with no judge
-    model set), a relative input name that leaves the input directory, or an ``@path`` input that is absolute
-    or has ``..``; the error is one line naming the task and the field."""
+    model set, or ``math`` without its extra), a relative input name that leaves the input directory, or an
+    ``@path`` input that is absolute or has ``..``; the error is one line naming the task and the field."""
     if scorers.get(task.scorer) is judge.unconfigured:
         raise ValueError(f"task {task.id!r}: {judge.NO_JUDGE}")
+    if scorers.get(task.scorer) is math_equal:
+        try:
+            symbolic()
+        except ScoringError as exc:
+            raise ValueError(f"task {task.id!r}: {exc}") from None
     if task.scorer not in scorers:
         raise ValueError(
             f"task {task.id!r}: scorer {task.scorer!r} is unknown; valid names: {', '.join(scorers)} "
