@@ -1491,10 +1491,14 @@ def serve_cmd(
 
 @main.command("mcp")
 @click.option("--http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="With --http: beyond loopback needs --token-file.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --http: the address to bind.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="With --http (0: any).")
 @click.option(
-    "--token-file", default=None, metavar="FILE", help="With --http: clients send Authorization: Bearer TOKEN."
+    "--token-file",
+    default=None,
+    metavar="FILE",
+    help="With --http: tokens, one a line, that clients send as Authorization: Bearer TOKEN (default: made on "
+    "first start).",
 )
 @click.option("--max-sandboxes", type=click.IntRange(1, 1024), default=8, show_default=True, help="Per session.")
 @click.option("--allow-host-network", is_flag=True, help="Let clients ask for network 'host' (unconfined).")
@@ -1507,6 +1511,7 @@ def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeo
       jailbox mcp                      # what a client's mcpServers entry runs (stdio)
       jailbox mcp --http --port 8765   # http://127.0.0.1:8765/mcp
     """
+    from .sandbox.serve.keys import KeyFileError
     from .sandbox.serve.listen import BadFlag
 
     try:
@@ -1523,6 +1528,8 @@ def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeo
         )
     except BadFlag as exc:
         _flag_error(exc.flag, str(exc))
+    except (KeyFileError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @main.command("_service", hidden=True)

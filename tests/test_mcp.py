@@ -8,9 +8,13 @@ import base64
 import json
 import os
 import re
+import secrets
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -19,7 +23,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from conftest import jail_processes
+from conftest import jail_processes, require
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -65,15 +69,24 @@ async def _stdio(*flags: str) -> AsyncIterator[ClientSession]:
 
 
 class HttpServer:
-    """``jailbox mcp --http --port 0`` as a subprocess; ``url`` is where it listens."""
+    """``jailbox mcp --http --port 0`` as a subprocess with ``config`` as its user's config directory;
+    ``url`` is where it listens, ``log`` what it printed on starting, ``token`` the one in its default
+    token file."""
 
-    def __init__(self, *flags: str) -> None:
-        self.proc = subprocess.Popen([*SERVER, "--http", "--port", "0", *flags], stderr=subprocess.PIPE, text=True)
+    def __init__(self, config: Path, *flags: str) -> None:
+        env = {**os.environ, "XDG_CONFIG_HOME": str(config)}
+        argv = [*SERVER, "--http", "--port", "0", *flags]
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stderr is not None
-        line = self.proc.stderr.readline()
-        found = re.search(r"(http://\S+/mcp)", line)
-        assert found, line
+        self.log: list[str] = []
+        while not self.log or "streamable HTTP at" not in self.log[-1]:  # the last line it prints on starting
+            self.log.append(self.proc.stderr.readline())
+            assert self.log[-1], self.log  # it exited
+        found = re.search(r"(http://\S+/mcp)", self.log[-1])
+        assert found, self.log
         self.url = found.group(1)
+        default = config / "jailbox" / "mcp-token"
+        self.token = default.read_text().strip() if default.exists() else None  # none made with --token-file
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         self.proc.send_signal(sig)
@@ -86,11 +99,15 @@ class HttpServer:
             self.proc.stderr.close()
 
 
+def _bearer(token: str | None) -> dict[str, str]:
+    assert token is not None
+    return {"Authorization": f"Bearer {token}"}
+
+
 @asynccontextmanager
-async def _http(url: str, token: str | None = None) -> AsyncIterator[ClientSession]:
-    headers = {"Authorization": f"Bearer {token}"} if token else None
+async def _http(url: str, token: str | None) -> AsyncIterator[ClientSession]:
     async with (
-        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60, read=120)) as client,
+        httpx2.AsyncClient(headers=_bearer(token), timeout=httpx2.Timeout(60, read=120)) as client,
         streamable_http_client(url, http_client=client) as (read, write),
         ClientSession(read, write) as session,
     ):
@@ -144,13 +161,13 @@ async def _exercise_stdio() -> None:
         await _exercise(session)
 
 
-def test_streamable_http_session_runs_the_same_tools(_state_dir):
-    server = HttpServer()
+def test_streamable_http_session_runs_the_same_tools(_state_dir, tmp_path):
+    server = HttpServer(tmp_path / "config")
     try:
         assert server.url.startswith("http://127.0.0.1:")
 
         async def scenario() -> None:
-            async with _http(server.url) as session:
+            async with _http(server.url, server.token) as session:
                 await _exercise(session)
 
         asyncio.run(scenario())
@@ -298,11 +315,11 @@ def test_a_stdio_server_stopped_by_a_signal_ends_its_sandboxes(_state_dir, sig):
 async def _two_sessions(server: HttpServer, state: Path, sig: int) -> str:
     """A keeper session and another: the other cannot see or touch the keeper's sandbox, and ending
     it ends its own sandbox only; then the server is stopped with ``sig``, the keeper still open."""
-    async with _http(server.url) as keeper:
+    async with _http(server.url, server.token) as keeper:
         kept_id = (await _call(keeper, "create_sandbox"))["sandbox_id"]
         await _call(keeper, "run_command", sandbox_id=kept_id, command="sleep 1000 >/dev/null 2>&1 &")
         kept_ns = await _pid_ns(keeper, kept_id)
-        async with _http(server.url) as other:
+        async with _http(server.url, server.token) as other:
             assert (await _call(other, "list_sandboxes"))["sandboxes"] == []
             for tool, extra in [("run_command", {"command": "id"}), ("read_file", {"path": "/etc/hostname"})]:
                 assert "no sandbox" in await _error(other, tool, sandbox_id=kept_id, **extra)
@@ -318,10 +335,10 @@ async def _two_sessions(server: HttpServer, state: Path, sig: int) -> str:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_http_sessions_own_their_sandboxes_and_end_them(_state_dir, sig):
+def test_http_sessions_own_their_sandboxes_and_end_them(_state_dir, tmp_path, sig):
     """Over HTTP: a sandbox is invisible to another session; ending a session (the client's DELETE)
     ends its sandboxes and no other's; stopping the server ends the rest."""
-    server = HttpServer()
+    server = HttpServer(tmp_path / "config")
     try:
         kept_ns = asyncio.run(_two_sessions(server, _state_dir, sig))
     finally:
@@ -331,14 +348,14 @@ def test_http_sessions_own_their_sandboxes_and_end_them(_state_dir, sig):
     assert _sandbox_dirs(_state_dir) == []
 
 
-def test_http_client_that_goes_without_ending_its_session_loses_its_sandboxes_when_idle(_state_dir):
+def test_http_client_that_goes_without_ending_its_session_loses_its_sandboxes_when_idle(_state_dir, tmp_path):
     """A client that vanishes (no DELETE) loses its sandboxes once its session is idle; one whose
     command outlasts the idle time keeps its own."""
-    server = HttpServer("--idle-timeout", "2")
+    server = HttpServer(tmp_path / "config", "--idle-timeout", "2")
 
     async def vanish() -> str:
         async with (
-            httpx2.AsyncClient(timeout=60) as client,
+            httpx2.AsyncClient(headers=_bearer(server.token), timeout=60) as client,
             streamable_http_client(server.url, http_client=client, terminate_on_close=False) as (read, write),
             ClientSession(read, write) as session,
         ):
@@ -346,7 +363,7 @@ def test_http_client_that_goes_without_ending_its_session_loses_its_sandboxes_wh
             return await _pid_ns(session, (await _call(session, "create_sandbox"))["sandbox_id"])
 
     async def busy() -> None:
-        async with _http(server.url) as session:
+        async with _http(server.url, server.token) as session:
             sid = (await _call(session, "create_sandbox"))["sandbox_id"]
             slow = await _call(session, "run_command", sandbox_id=sid, command="sleep 5; echo done", timeout=30)
             assert slow["stdout"] == "done\n"  # a command in flight is not idleness
@@ -362,36 +379,51 @@ def test_http_client_that_goes_without_ending_its_session_loses_its_sandboxes_wh
     assert _sandbox_dirs(_state_dir) == []
 
 
-def test_http_beyond_loopback_needs_a_token_and_checks_it(tmp_path):
-    refused = subprocess.run([*SERVER, "--http", "--host", "0.0.0.0", "--port", "0"], capture_output=True, text=True)
-    assert refused.returncode == 2
-    assert refused.stderr.startswith("jailbox: --token-file:") and refused.stderr.count("\n") == 1
-    weak = tmp_path / "weak"
-    weak.write_text("short\n")
-    refused = subprocess.run(
-        [*SERVER, "--http", "--host", "0.0.0.0", "--port", "0", "--token-file", str(weak)],
-        capture_output=True,
-        text=True,
-    )
-    assert refused.returncode == 2 and "--token-file" in refused.stderr
-    assert subprocess.run([*SERVER, "--port", "9"], capture_output=True, text=True).returncode == 2
+def _hello(url: str, headers: dict[str, str]) -> int:
+    """The status a session's first request gets, sent with ``headers``."""
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    }
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    return httpx2.post(url, content=json.dumps(hello), headers={**accept, **headers}, timeout=60).status_code
 
-    token = "t0ken-" + "x" * 26
-    good = tmp_path / "token"
-    good.write_text(token + "\n")
-    server = HttpServer("--token-file", str(good))
+
+def _private(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+def test_http_needs_a_token_even_on_loopback_and_checks_it(tmp_path):
+    """On loopback too (any local user can connect there): no token, a wrong one, one of another file
+    (another server's, jailbox serve's key beside it) or the right one sent otherwise are refused."""
+    config = tmp_path / "config"
+    other = _private(tmp_path / "other-token", "jbx_" + "o" * 40 + "\n")
+    serve_key = "jbx_" + "s" * 40
+    server = HttpServer(config)
     try:
-        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        token = server.token
+        assert token is not None
+        _private(config / "jailbox" / "serve-api-keys", serve_key + "\n")
         for headers in [
             {},
-            {"Authorization": "Bearer wrong"},
+            {"Authorization": "Bearer"},
+            {"Authorization": "Bearer wrong-but-long-enough"},
             {"Authorization": token},
+            {"Authorization": f"Basic {token}"},
+            {"Authorization": f"Bearer  {token}"},
             {"Authorization": f"Bearer {token}x"},
+            {"Authorization": f"Bearer {token[:-1]}"},
+            {"Authorization": f"Bearer {token} {token}"},
+            _bearer(other.read_text().strip()),
+            _bearer(serve_key),
         ]:
-            response = httpx2.post(
-                server.url, json=hello, headers={"Accept": "application/json, text/event-stream", **headers}
-            )
-            assert response.status_code == 401, headers
+            assert _hello(server.url, headers) == 401, headers
+        assert _hello(server.url, _bearer(token)) == 200
 
         async def scenario() -> None:
             async with _http(server.url, token) as session:
@@ -401,13 +433,127 @@ def test_http_beyond_loopback_needs_a_token_and_checks_it(tmp_path):
         asyncio.run(scenario())
     finally:
         assert server.stop() == 0
+    given = HttpServer(config, "--token-file", str(other))  # its file's tokens, not the default file's
+    try:
+        assert _hello(given.url, _bearer(token)) == 401
+        assert _hello(given.url, _bearer(other.read_text().strip())) == 200
+    finally:
+        assert given.stop() == 0
 
 
-def test_dns_rebinding_is_refused_on_loopback():
-    server = HttpServer()
+def test_first_start_makes_a_private_token_and_shows_it_once(tmp_path):
+    config = tmp_path / "config"
+    first = HttpServer(config)
+    assert first.stop() == 0
+    path = config / "jailbox" / "mcp-token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert first.token is not None and f"{path} (shown only now): {first.token}" in "".join(first.log)
+    entry = json.loads(first.log[-2].split("client config: ", 1)[1])
+    assert entry == {
+        "mcpServers": {"jailbox": {"url": first.url, "headers": {"Authorization": f"Bearer {first.token}"}}}
+    }
+    second = HttpServer(config)
+    try:
+        assert second.token == first.token and first.token not in "".join(second.log)
+        assert f"<a token from {path}>" in second.log[-2]
+        assert _hello(second.url, _bearer(second.token)) == 200
+    finally:
+        assert second.stop() == 0
+
+
+def test_a_token_file_must_be_private_and_hold_tokens(tmp_path):
+    config = tmp_path / "config"
+    env = {**os.environ, "XDG_CONFIG_HOME": str(config)}
+
+    def refused(*flags: str) -> str:
+        r = subprocess.run([*SERVER, *flags], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode != 0 and "streamable HTTP" not in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1, r.stderr
+        return r.stderr
+
+    assert HttpServer(config).stop() == 0  # makes the default file
+    default = config / "jailbox" / "mcp-token"
+    given = _private(tmp_path / "token", "jbx_" + "g" * 40 + "\n")
+    for mode in (0o644, 0o640, 0o604):
+        default.chmod(mode)
+        assert f"--token-file {default}: " in refused("--http", "--port", "0") and "chmod 600" in refused("--http")
+        given.chmod(mode)
+        assert "chmod 600" in refused("--http", "--port", "0", "--token-file", str(given))
+    given.chmod(0o600)
+    (tmp_path / "link").symlink_to(given)
+    assert "--token-file" in refused("--http", "--port", "0", "--token-file", str(tmp_path / "link"))
+    for text in ("short\n", "", "\n\n"):
+        weak = _private(tmp_path / "weak", text)
+        assert "--token-file" in refused("--http", "--port", "0", "--token-file", str(weak))
+    assert "--token-file" in refused("--http", "--port", "0", "--token-file", str(tmp_path / "absent"))
+    assert refused("--port", "9").startswith("jailbox: --http:")  # stdio takes no HTTP flags
+    assert refused("--token-file", str(given)).startswith("jailbox: --http:")
+
+
+ATTACKER = """
+import json, sys, urllib.error, urllib.request
+url, token_file = sys.argv[1:]
+try:
+    open(token_file).read()
+    print("read the token")
+except OSError as exc:
+    print(type(exc).__name__)
+hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "x", "version": "0"}}}
+headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+request = urllib.request.Request(url, data=json.dumps(hello).encode(), headers=headers)
+try:
+    print(urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=60).status)
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+"""
+
+
+@pytest.mark.root
+def test_another_local_user_cannot_use_the_server_or_read_its_token(tmp_path):
+    """Another local user, on the loopback the server listens on: it can neither read the token (its
+    directory is 0700, the file 0600) nor start a session without it."""
+    require(
+        all(shutil.which(tool) for tool in ("useradd", "userdel", "runuser")),
+        "useradd, userdel and runuser, to add a second local user to attack from",
+        "sudo apt-get install passwd util-linux",
+    )
+    user = f"jbxmcp{secrets.token_hex(4)}"
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
+    home = Path(tempfile.mkdtemp(prefix="jailbox-mcp-"))  # one the other user may pass through
+    server = None
+    try:
+        config = home / "config"
+        config.mkdir()
+        for step in (home, config):
+            step.chmod(0o755)
+        server = HttpServer(config)
+        path = config / "jailbox" / "mcp-token"
+
+        def attack() -> list[str]:
+            argv = ["runuser", "-u", user, "--", "/usr/bin/python3", "-I", "-c", ATTACKER, server.url, str(path)]
+            return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/").stdout.split()
+
+        assert attack() == ["PermissionError", "401"]
+        path.parent.chmod(0o711)  # past the directory: the file itself is private
+        assert attack() == ["PermissionError", "401"]
+        assert _hello(server.url, _bearer(server.token)) == 200  # its own user's client still gets in
+    finally:
+        if server is not None:
+            assert server.stop() == 0
+        subprocess.run(["userdel", user], check=True)
+        shutil.rmtree(home)
+
+
+def test_dns_rebinding_is_refused_on_loopback(tmp_path):
+    server = HttpServer(tmp_path / "config")
     try:
         hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
-        accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        accept = {
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+            **_bearer(server.token),  # a page that had the token would still be turned away
+        }
         for headers in [{"Host": "evil.example"}, {"Origin": "http://evil.example"}]:
             response = httpx2.post(server.url, content=json.dumps(hello), headers={**accept, **headers})
             assert response.status_code in (403, 421), (headers, response.status_code)

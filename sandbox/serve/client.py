@@ -103,7 +103,7 @@ def api_key(url: str, key_file: Path | None) -> str:
         if not re.fullmatch(r"[\x21-\x7e]{1,4096}", env):  # it goes into a header line as it is
             raise ClientError("E2B_API_KEY: a key is printable ASCII without spaces, e.g. the line jailbox serve made")
         return env
-    default = keys.default_path()
+    default = keys.default_path(keys.SERVE_KEYS)
     if _loopback(url) and default.exists():
         return _first_key(default)
     where = f" ({default} is used only for a loopback --server)" if not _loopback(url) else ""

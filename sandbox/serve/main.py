@@ -31,9 +31,8 @@ def run(
     warm: int,
     verbose: bool = False,
 ) -> None:
-    path = api_key_file or keys.default_path()
-    if api_key_file is None and not path.exists():
-        key = keys.create(path)
+    path, key = keys.given_or_made(api_key_file, keys.SERVE_KEYS)
+    if key is not None:
         print(f"jailbox serve: made an API key in {path} (shown only now): {key}", file=sys.stderr)
     loaded = keys.load(path)
     registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm)

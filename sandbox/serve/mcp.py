@@ -9,7 +9,8 @@ session, and dies with it: on stdio when the client closes the pipe or the proce
 over HTTP when the client ends its session, when the session has had no request in flight for
 ``Options.idle_timeout`` seconds (a client that went without saying so), or when the server stops.
 Over HTTP the server binds loopback unless told otherwise, refuses Host and Origin headers that are
-not its own (DNS rebinding), and beyond loopback it requires a bearer token.
+not its own (DNS rebinding), and requires a bearer token from a private file (``keys``: made on
+first start) even on loopback, where every other local user can connect too.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import hmac
 import ipaddress
+import json
 import os
 import signal
 import socket
@@ -44,10 +45,10 @@ from ..errors import SandboxError
 from ..net.policy import NetworkPolicy
 from ..rootfs.resolve import stored
 from ..rootfs.store import Store
+from . import keys
 from .listen import BadFlag, refused
 
 SESSION_HEADER = "mcp-session-id"
-MIN_TOKEN = 16
 STDIO = "stdio"  # the one session a stdio server has
 
 Scope = MutableMapping[str, Any]
@@ -485,30 +486,6 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def read_token(token_file: str | None, host: str) -> str | None:
-    """The bearer token HTTP clients must send: required beyond loopback, optional on it."""
-    if token_file is None:
-        if not _is_loopback(host):
-            raise BadFlag(
-                "--token-file",
-                f"--host {host} is beyond loopback, so clients must send a token: put one in a file "
-                "(e.g. `openssl rand -hex 32 > ~/.config/jailbox/mcp-token; chmod 600 ~/.config/jailbox/mcp-token`) "
-                "and pass --token-file ~/.config/jailbox/mcp-token",
-            )
-        return None
-    try:
-        token = Path(token_file).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadFlag("--token-file", f"cannot read {token_file}: {exc}") from None
-    if len(token) < MIN_TOKEN or any(c.isspace() or not c.isprintable() for c in token):
-        raise BadFlag(
-            "--token-file",
-            f"{token_file} must hold one token of at least {MIN_TOKEN} printable characters, "
-            "e.g. `openssl rand -hex 32`",
-        )
-    return token
-
-
 async def _plain(send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     start = [(b"content-type", b"text/plain; charset=utf-8"), *(headers or [])]
     await send({"type": "http.response.start", "status": status, "headers": start})
@@ -520,17 +497,18 @@ class Gate:
     each session's requests (so an idle session can be ended), and ends a session's sandboxes once
     the client has ended it."""
 
-    def __init__(self, app: App, held: Sandboxes, token: str | None) -> None:
+    def __init__(self, app: App, held: Sandboxes, tokens: keys.Keys) -> None:
         self.app = app
         self.held = held
-        self.expected = f"Bearer {token}".encode() if token is not None else None
+        self.tokens = tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or ())
-        if self.expected is not None and not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        if scheme != "Bearer" or self.tokens.owner(token) is None:
             await _plain(
                 send, 401, "jailbox mcp: send Authorization: Bearer <token>", [(b"www-authenticate", b"Bearer")]
             )
@@ -615,7 +593,9 @@ async def _serve_stdio(options: Options) -> None:
         await _closed(held)
 
 
-async def _serve_http(options: Options, host: str, port: int, token: str | None) -> None:
+async def _serve_http(
+    options: Options, host: str, port: int, tokens: keys.Keys, token_path: Path, made: str | None
+) -> None:
     import uvicorn
 
     held = Sandboxes(options)
@@ -634,10 +614,7 @@ async def _serve_http(options: Options, host: str, port: int, token: str | None)
     except OSError as exc:
         sock.close()
         raise refused(host, port, exc) from None
-    bound = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
-    print(f"jailbox mcp: streamable HTTP at http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
-    config = uvicorn.Config(Gate(app, held, token), log_level="warning", lifespan="on")
+    config = uvicorn.Config(Gate(app, held, tokens), log_level="warning", lifespan="on")
     # uvicorn stops gracefully on SIGINT and SIGTERM while it serves, then raises the signal again for
     # the handler it found: this one, which ends the serving task; before and after, the same handler
     # stops it. Either way the sandboxes are closed below.
@@ -646,6 +623,17 @@ async def _serve_http(options: Options, host: str, port: int, token: str | None)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, serving.cancel)
+    # Listening and stoppable before the URL is shown (the last line: a launcher waits for it): a client
+    # that connects at once is queued until uvicorn accepts, and a stop at once is a clean one.
+    sock.listen(2048)
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{sock.getsockname()[1]}/mcp"
+    if made is not None:
+        print(f"jailbox mcp: made a token in {token_path} (shown only now): {made}", file=sys.stderr)
+    bearer = f"Bearer {made or f'<a token from {token_path}>'}"
+    entry = {"mcpServers": {"jailbox": {"url": url, "headers": {"Authorization": bearer}}}}
+    print(f"jailbox mcp: client config: {json.dumps(entry)}", file=sys.stderr)
+    print(f"jailbox mcp: streamable HTTP at {url}", file=sys.stderr, flush=True)
     reaper = asyncio.ensure_future(held.reap_idle(options.idle_timeout))
     try:
         await uvicorn.Server(config).serve(sockets=[sock])
@@ -672,6 +660,8 @@ def main(
             raise BadFlag("--http", "--host, --port and --token-file are for HTTP: add --http, e.g. jailbox mcp --http")
         asyncio.run(_serve_stdio(options))
     else:
-        token = read_token(token_file, host)
+        # A token even on loopback: any local user can connect there, and would run commands as this one.
+        path, made = keys.given_or_made(Path(token_file) if token_file is not None else None, keys.MCP_TOKENS)
+        tokens = keys.Keys(keys.load(path, "--token-file"))
         with contextlib.suppress(asyncio.CancelledError):
-            asyncio.run(_serve_http(options, host, port, token))
+            asyncio.run(_serve_http(options, host, port, tokens, path, made))
