@@ -715,7 +715,7 @@ def test_an_address_that_cannot_be_listened_on_is_one_line_naming_the_flag(tmp_p
     """A port another program holds (the usual case: a second server), an address not of this machine,
     and a name that does not resolve: each is refused before anything is served, in one line that names
     the flag to change and a valid use of it."""
-    token = tmp_path / "token"  # jailbox mcp serves beyond loopback only to clients that send one
+    token = tmp_path / "token"  # else jailbox mcp would make its token in this user's config directory
     token.write_text("t" * 32)
     token.chmod(0o600)
     extra = ["--api-key-file", str(key_file(tmp_path, KEY_A))] if command == ["serve"] else ["--token-file", str(token)]
