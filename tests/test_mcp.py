@@ -11,6 +11,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -459,6 +460,16 @@ def test_first_start_makes_a_private_token_and_shows_it_once(tmp_path):
         assert _hello(second.url, _bearer(second.token)) == 200
     finally:
         assert second.stop() == 0
+    busy = tmp_path / "busy"  # a first start that cannot listen still shows the token it made
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        argv = [*SERVER, "--http", "--port", str(held.getsockname()[1])]
+        r = subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, env={**os.environ, "XDG_CONFIG_HOME": str(busy)}
+        )
+    made = busy / "jailbox" / "mcp-token"
+    assert r.returncode == 2 and f"{made} (shown only now): {made.read_text().strip()}\n" in r.stderr, r.stderr
 
 
 def test_a_token_file_must_be_private_and_hold_tokens(tmp_path):

@@ -628,8 +628,6 @@ async def _serve_http(
     sock.listen(2048)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{sock.getsockname()[1]}/mcp"
-    if made is not None:
-        print(f"jailbox mcp: made a token in {token_path} (shown only now): {made}", file=sys.stderr)
     bearer = f"Bearer {made or f'<a token from {token_path}>'}"
     entry = {"mcpServers": {"jailbox": {"url": url, "headers": {"Authorization": bearer}}}}
     print(f"jailbox mcp: client config: {json.dumps(entry)}", file=sys.stderr)
@@ -662,6 +660,8 @@ def main(
     else:
         # A token even on loopback: any local user can connect there, and would run commands as this one.
         path, made = keys.given_or_made(Path(token_file) if token_file is not None else None, keys.MCP_TOKENS)
+        if made is not None:  # now, not once listening: a start that cannot listen must not hide it
+            print(f"jailbox mcp: made a token in {path} (shown only now): {made}", file=sys.stderr)
         tokens = keys.Keys(keys.load(path, "--token-file"))
         with contextlib.suppress(asyncio.CancelledError):
             asyncio.run(_serve_http(options, host, port, tokens, path, made))
