@@ -1485,7 +1485,9 @@ def serve_cmd(
         run(host, port, keys, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose)
     except BadFlag as exc:
         _flag_error(exc.flag, str(exc))
-    except (KeyFileError, OSError) as exc:
+    except KeyFileError as exc:  # its text names the flag and the file: --api-key-file PATH: ...
+        _flag_error("", str(exc))
+    except OSError as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -1528,7 +1530,9 @@ def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeo
         )
     except BadFlag as exc:
         _flag_error(exc.flag, str(exc))
-    except (KeyFileError, OSError) as exc:
+    except KeyFileError as exc:  # its text names the flag and the file: --api-key-file PATH: ...
+        _flag_error("", str(exc))
+    except OSError as exc:
         raise click.ClickException(str(exc)) from None
 
 

@@ -496,7 +496,8 @@ def test_a_token_file_must_be_private_and_hold_tokens(tmp_path):
     for text in ("short\n", "", "\n\n"):
         weak = _private(tmp_path / "weak", text)
         assert "--token-file" in refused("--http", "--port", "0", "--token-file", str(weak))
-    assert "--token-file" in refused("--http", "--port", "0", "--token-file", str(tmp_path / "absent"))
+    absent = tmp_path / "absent"
+    assert refused("--http", "--port", "0", "--token-file", str(absent)).startswith(f"jailbox: --token-file {absent}: ")
     assert refused("--port", "9").startswith("jailbox: --http:")  # stdio takes no HTTP flags
     assert refused("--token-file", str(given)).startswith("jailbox: --http:")
 

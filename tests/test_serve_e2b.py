@@ -587,7 +587,8 @@ def test_key_file_must_be_private(tmp_path: Path) -> None:
             text=True,
             timeout=60,
         )
-        assert r.returncode != 0 and "chmod 600" in r.stderr, r.stderr
+        assert r.returncode == 2 and r.stderr.startswith(f"jailbox: --api-key-file {keys}: "), r.stderr
+        assert "chmod 600" in r.stderr, r.stderr
     link = tmp_path / "link"
     keys.chmod(0o600)
     link.symlink_to(keys)
