@@ -20,6 +20,7 @@ import click
 
 from . import __version__
 from .sandbox.errors import SandboxError  # stdlib only, and every command catches it
+from .sandbox.limits import DEFAULT_DISK, DEFAULT_INODES, DEFAULT_MEMORY, DEFAULT_PIDS  # constants only
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -66,6 +67,10 @@ FLAGS: dict[tuple[str, str], tuple[str, str]] = {
     ("SandboxConfig", "cap_drop"): ("--cap-drop", "--cap-drop NET_RAW"),
     ("SandboxConfig", "ca_certs"): ("--ca-cert", "--ca-cert /usr/local/share/ca-certificates/proxy.crt"),
     ("Limits", "memory"): ("--memory", "--memory 4G"),
+    ("Limits", "cpus"): ("--cpus", "--cpus 1.5"),
+    ("Limits", "pids"): ("--pids", "--pids 1024"),
+    ("Limits", "disk"): ("--disk", "--disk 10G"),
+    ("Limits", "inodes"): ("--inodes", "--inodes 100000"),
     ("LLMConfig", ""): ("--llm-base-url", "--llm-base-url http://localhost:8000/v1"),  # none given, none in $ENV
     ("LLMConfig", "model"): ("--llm-name", "--llm-name qwen3"),
     ("LLMConfig", "base_url"): ("--llm-base-url", "--llm-base-url http://localhost:8000/v1"),
@@ -186,14 +191,73 @@ CA_CERT_HELP = (
 )
 
 
+def _size_text(size: int) -> str:
+    """``2G`` for 2 GiB: a default as the size flags take it."""
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if size % (1 << shift) == 0:
+            return f"{size >> shift}{unit}"
+    return str(size)
+
+
+BOUNDS = (  # the library's bounds (``Limits``) as ``docker run`` and ``podman run`` spell them
+    click.option(
+        "--memory",
+        "-m",
+        metavar="SIZE",
+        help=f"Memory of all the jail's processes together, e.g. 512m or 4G [default: {_size_text(DEFAULT_MEMORY)}].",
+    ),
+    click.option("--cpus", type=float, metavar="N", help="CPU time per wall second, e.g. 1.5 [default: unbounded]."),
+    click.option(
+        "--pids",
+        "--pids-limit",
+        "pids",
+        type=int,
+        metavar="N",
+        help=f"Processes and threads at once [default: {DEFAULT_PIDS}].",
+    ),
+    click.option(
+        "--disk",
+        metavar="SIZE",
+        help=f"Bytes the jail's writable layer and tmpfs hold, e.g. 10G [default: {_size_text(DEFAULT_DISK)}].",
+    ),
+    click.option(
+        "--inodes",
+        type=int,
+        metavar="N",
+        help=f"Files, directories and links the writable layer and tmpfs hold [default: {DEFAULT_INODES}].",
+    ),
+)
+
+
 def _shaping_options(func: Any) -> Any:
-    """The flags every command that makes a jail shares, however it declares the rest: capabilities and
-    extra CA certificates."""
+    """The flags every command that makes a jail shares, however it declares the rest: its bounds,
+    capabilities and extra CA certificates (``_shaped`` reads them)."""
+    for option in reversed(BOUNDS):
+        func = option(func)
     func = click.option(
         "--ca-cert", "ca_certs", multiple=True, metavar="FILE", type=click.Path(dir_okay=False), help=CA_CERT_HELP
     )(func)
     func = click.option("--cap-drop", "cap_drop", multiple=True, metavar="NAME", help=CAP_HELP.format("loses"))(func)
     return click.option("--cap-add", "cap_add", multiple=True, metavar="NAME", help=CAP_HELP.format("gains"))(func)
+
+
+def _shaped(
+    memory: str | None,
+    cpus: float | None,
+    pids: int | None,
+    disk: str | None,
+    inodes: int | None,
+    cap_add: tuple[str, ...],
+    cap_drop: tuple[str, ...],
+    ca_certs: tuple[str, ...],
+) -> dict[str, Any]:
+    """``SandboxConfig`` fields from ``_shaping_options``' flags; a bound not given keeps ``Limits``' default."""
+    from .sandbox import Limits
+
+    given = {"memory": memory, "cpus": cpus, "pids": pids, "disk": disk, "inodes": inodes}
+    with _fed_by():  # apart from the SandboxConfig, so that an error names the bound's own flag (FLAGS)
+        limits = Limits(**{name: value for name, value in given.items() if value is not None})
+    return {"limits": limits, "cap_add": cap_add, "cap_drop": cap_drop, "ca_certs": list(ca_certs)}
 
 
 def _llm_retries_option(func: Any) -> Any:
@@ -207,6 +271,19 @@ def _llm_retries_option(func: Any) -> Any:
         show_default=True,
         help="Times a failed LLM request (dropped connection, 408, 409, 429, 5xx) is sent again, with backoff.",
     )(func)
+
+
+def _time_limit_option(what: str) -> Any:
+    """The wall time of an agent's run: `run` and `bench` share it (--timeout, as `exec` spells a lifetime)."""
+    return click.option(
+        "--time-limit",
+        "--time_limit",
+        "--timeout",
+        "time_limit",
+        type=float,
+        default=None,
+        help=f"Seconds of wall time for {what}.",
+    )
 
 
 def _agent_jail_options(func: Any) -> Any:
@@ -269,9 +346,7 @@ def _config(
     publishes: tuple[str, ...],
     hostname: str,
     upper: str,
-    cap_add: tuple[str, ...],
-    cap_drop: tuple[str, ...],
-    ca_certs: tuple[str, ...],
+    **shaping: Any,
 ) -> SandboxConfig:
     from .sandbox import Mount, NetworkPolicy, SandboxConfig
 
@@ -284,19 +359,11 @@ def _config(
     with _fed_by("--publish"):
         if publishes:
             policy = NetworkPolicy(mode=policy.mode, publish=publishes)
+    shaped = _shaped(**shaping)
     with _fed_by():
         extra = {"workdir": workdir} if workdir else {}
         return SandboxConfig(
-            rootfs=rootfs,
-            mounts=mounts,
-            env=env,
-            network=policy,
-            hostname=hostname,
-            upper=upper,
-            cap_add=cap_add,
-            cap_drop=cap_drop,
-            ca_certs=list(ca_certs),
-            **extra,
+            rootfs=rootfs, mounts=mounts, env=env, network=policy, hostname=hostname, upper=upper, **shaped, **extra
         )
 
 
@@ -424,7 +491,9 @@ def main(ctx: click.Context) -> None:
         )
 
 
-@main.command("exec", context_settings={"ignore_unknown_options": True})
+# Options stop at the first word that is not one, as with docker run: that word and all after it are the
+# command's, its own options too. An unknown option before it is click's usage error, never a command.
+@main.command("exec", context_settings={"allow_interspersed_args": False})
 @_jail_options
 @click.option("--timeout", type=float, default=None, help="Kill the command's whole tree after S seconds.")
 @click.option("--id", "sandbox_id", default=None, metavar="ID", help="Run in a sandbox from jailbox create instead.")
@@ -432,10 +501,12 @@ def main(ctx: click.Context) -> None:
 def exec_cmd(command: tuple[str, ...], timeout: float | None, sandbox_id: str | None, **jail: Any) -> None:
     """Run COMMAND in a fresh sandbox (or, with --id, in one from jailbox create); exit with its exit code
     (124 on timeout, 125 when no jail could be made, 127 and 126 when COMMAND is not found or cannot run).
+    Options go before COMMAND (or before --): from COMMAND's first word on, the line is COMMAND's.
 
     \b
     Example:
       jailbox exec --rootfs python:3.11-slim --network allow:pypi -- pip install requests
+      jailbox exec -m 512m --cpus 1.5 --pids 256 -- python3 -c 'print(6*7)'
     """
     if sandbox_id is not None:
         _service_exec(sandbox_id, command, timeout, jail)
@@ -570,7 +641,7 @@ def _trim(text: str, limit: int = 600) -> str:
     help="JSON (or a Python literal, as the reference takes it) merged into each request body, e.g. "
     '\'{"chat_template_kwargs": {"thinking": true}}\'.',
 )
-@click.option("--time-limit", "--time_limit", type=float, default=None, help="Seconds of wall time for the run.")
+@_time_limit_option("the run")
 @click.option("--text-mode", is_flag=True, help="For models without tool calling: one fenced action per reply.")
 @click.option("--rootfs", default=None, help=ROOTFS_DEFAULT_HELP)
 @click.option(
@@ -589,7 +660,6 @@ def _trim(text: str, limit: int = 600) -> str:
     help="Accepted for the reference's command lines; trajectory.json already holds every reply.",
 )
 @click.option("--network", default="full", show_default=True, metavar="MODE", help=RUN_NETWORK_HELP)
-@click.option("--memory", default=None, help="Memory cap for the jail, e.g. 4G.")
 @_shaping_options
 @click.option("--copy-out", "--copy_out", "copy_out", multiple=True, metavar="PATH", help=COPY_OUT_HELP)
 @click.option("--quiet", is_flag=True, help="No per-step output.")
@@ -616,13 +686,10 @@ def run_cmd(
     settings: str | None,
     save_litellm_response: bool,
     network: str,
-    memory: str | None,
-    cap_add: tuple[str, ...],
-    cap_drop: tuple[str, ...],
-    ca_certs: tuple[str, ...],
     copy_out: tuple[str, ...],
     quiet: bool,
     as_json: bool,
+    **shaping: Any,
 ) -> None:
     """Give a model a fresh sandbox and let it work on QUERY until it submits.
 
@@ -636,7 +703,7 @@ def run_cmd(
     from .agent.llm import LLMConfig, Retry
     from .agent.loop import AgentConfig
     from .agent.run import FILES, check_copy_out, fresh_dir, run_task
-    from .sandbox import Limits, SandboxConfig
+    from .sandbox import SandboxConfig
 
     with _fed_by("--query"):
         if query.startswith("@"):
@@ -657,6 +724,7 @@ def run_cmd(
         extra = _extra_body(extra_body) if extra_body else {}
     with _fed_by("--llm-base-url"):
         _check_url(llm_base_url)
+    shaped = _shaped(**shaping)
     with _fed_by():
         llm_fields: dict[str, Any] = {
             "model": model,
@@ -670,15 +738,7 @@ def run_cmd(
         if api_key:
             llm_fields["api_key"] = api_key
         llm = LLMConfig(**llm_fields)
-        limits = Limits(memory=memory) if memory else Limits()
-        sandbox = SandboxConfig(
-            rootfs=rootfs or default_rootfs(),
-            network=network,
-            limits=limits,
-            cap_add=cap_add,
-            cap_drop=cap_drop,
-            ca_certs=list(ca_certs),
-        )
+        sandbox = SandboxConfig(rootfs=rootfs or default_rootfs(), network=network, **shaped)
         agent = AgentConfig(
             max_steps=max_steps,
             max_token_limit=max_token_limit,
@@ -892,6 +952,7 @@ def _docker_image(ref: str, quiet: bool) -> str:
 )
 @click.option("--overwrite", is_flag=True, help="Move an earlier run in OUTPUT_DIR aside (to OUTPUT_DIR.DATE) first.")
 @click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
+@_time_limit_option("each task (a task's own time_limit wins)")
 @click.option("--rootfs", default=None, help=ROOTFS_DEFAULT_HELP)
 @click.option("--network", default="full", show_default=True, metavar="MODE", help=RUN_NETWORK_HELP)
 @_shaping_options
@@ -933,11 +994,9 @@ def bench_cmd(
     resume: bool,
     overwrite: bool,
     max_steps: int,
+    time_limit: float | None,
     rootfs: str | None,
     network: str,
-    cap_add: tuple[str, ...],
-    cap_drop: tuple[str, ...],
-    ca_certs: tuple[str, ...],
     scorer_modules: tuple[str, ...],
     inputs_root: str | None,
     copy_out: tuple[str, ...],
@@ -945,6 +1004,7 @@ def bench_cmd(
     judge_base_url: str | None,
     judge_api_key: str | None,
     judge_repeats: int,
+    **shaping: Any,
 ) -> None:
     """Run every task of TASKS (JSONL) in its own sandbox, N at once, and score the answers.
     Ctrl-C once: running tasks finish, no new one starts; twice: they are killed. TASKS is data: its
@@ -986,6 +1046,7 @@ def bench_cmd(
         _flag_error("", str(exc))
     with _fed_by("--copy-out"):
         copy_out = tuple(check_copy_out(rel) for rel in copy_out)
+    shaped = _shaped(**shaping)
     out = Path(output_dir)
     if not resume and out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -1022,14 +1083,8 @@ def bench_cmd(
             LLMConfig(**fields),
             out,
             config,
-            SandboxConfig(
-                rootfs=rootfs or default_rootfs(),
-                network=network,
-                cap_add=cap_add,
-                cap_drop=cap_drop,
-                ca_certs=list(ca_certs),
-            ),
-            AgentConfig(max_steps=max_steps),
+            SandboxConfig(rootfs=rootfs or default_rootfs(), network=network, **shaped),
+            AgentConfig(max_steps=max_steps, time_limit=time_limit),
             executor=executor_factory,
             scorers=scorers,
         )
@@ -1070,8 +1125,8 @@ def bench_cmd(
 @_agent_jail_options
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Per-command timeout.")
 @click.option(
-    "--input_dir",
     "--input-dir",
+    "--input_dir",
     "input_dir",
     type=click.Path(exists=True, file_okay=False),
     help="The task's input files, copied to /testbed/input first, e.g. examples/09_long_context/input.",
@@ -1316,8 +1371,8 @@ def _server_call(call: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_server_options
 def ps(as_json: bool, server: str | None, api_key_file: str | None) -> None:
-    """List the sandboxes jailbox create made (ID, name, rootfs, created, state), or with --server those
-    a jailbox serve holds for your key (and when each expires).
+    """List the sandboxes jailbox create made (ID, name, rootfs, created, state; --json adds their bounds), or
+    with --server those a jailbox serve holds for your key (and when each expires).
 
     \b
     Example:
@@ -1572,7 +1627,8 @@ def settings_reference(group: click.Group, ctx: click.Context, indent: str = "")
             elif not isinstance(default, str | int | float | bool):  # click's "no default" marker, or a callable
                 default = [] if param.multiple else False if param.is_flag else None
             value = json.dumps(default)
-            what = f"{max(param.opts, key=len)}{' (repeatable: a list)' if param.multiple else ''}"
+            flag = next(opt for opt in param.opts if opt.startswith("--"))  # its name; aliases come after it
+            what = f"{flag}{' (repeatable: a list)' if param.multiple else ''}"
             help_text = " ".join((param.help or "").split())
             lines.append(f"{indent}  {key}: {value}  # {what}{': ' + help_text if help_text else ''}")
     return lines

@@ -12,12 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from . import cacerts
 from .floor.linux import CAPABILITIES
+from .limits import DEFAULT_DISK, DEFAULT_INODES, DEFAULT_MEMORY, DEFAULT_PIDS
 from .net.policy import NetworkPolicy, fields_of
 from .seccomp.policy import SeccompPolicy
 
-DEFAULT_MEMORY = 2 << 30  # what a laptop next to a few sandboxes survives
-DEFAULT_DISK = 4 << 30
-DEFAULT_INODES = 1_000_000
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -147,7 +145,7 @@ class Limits(BaseModel):
         DEFAULT_MEMORY, description="bytes of memory for all processes together (None: unbounded)"
     )
     swap: int | None = Field(None, description="swap on top of memory (default none)")
-    pids: int | None = Field(512, ge=1, description="processes and threads at once")
+    pids: int | None = Field(DEFAULT_PIDS, ge=1, description="processes and threads at once")
     cpus: float | None = Field(None, gt=0, description="CPU time per wall second, e.g. 1.5")
     disk: int | None = Field(DEFAULT_DISK, description="bytes the writable layer holds (None: unbounded)")
     inodes: int | None = Field(

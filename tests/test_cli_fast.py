@@ -199,15 +199,23 @@ def test_fast_and_in_process_give_the_same_bytes_and_exit_code(fast, argv, stdin
         assert r_fast.stdout == BINARY
 
 
-def test_the_form_without_dashes_is_fast_too_and_the_same(fast):
+@pytest.mark.parametrize(
+    "argv, stdout",
+    [
+        (["echo", "hi", "there"], b"hi there\n"),
+        (["sh", "-c", "echo hi; exit 7"], b"hi\n"),  # from CMD on, dashes are the command's, as with docker run
+        (["echo", "hi", "--hostname", "x", "--", "-m"], b"hi --hostname x -- -m\n"),
+    ],
+    ids=["words", "dashes", "jailbox-options"],
+)
+def test_the_form_without_dashes_is_fast_too_and_the_same(fast, argv, stdout):
     fast.warm()
-    r_fast, took = fast.run("exec", "sh", "-c", "echo hi; exit 7")
-    assert took == "full"  # "-c" is an option click would read: the full CLI takes it
-    r_fast, took = fast.run("exec", "echo", "hi", "there")
-    r_full, _ = fast.run("exec", "echo", "hi", "there", in_process=True)
+    r_fast, took = fast.run("exec", *argv)
     assert took == "fast"
+    r_full, took = fast.run("exec", *argv, in_process=True)
+    assert took == "full"
     assert (r_fast.returncode, r_fast.stdout, r_fast.stderr) == (r_full.returncode, r_full.stdout, r_full.stderr)
-    assert r_fast.stdout == b"hi there\n"
+    assert r_fast.stdout == stdout
 
 
 def test_the_service_runs_the_default_configuration_exec_builds():
@@ -510,16 +518,35 @@ def test_a_jail_shown_the_socket_is_refused_all_the_same(fast):
     [
         ("exec", "--network", "none", "--", "echo", "hi"),
         ("exec", "--timeout", "60", "--", "echo", "hi"),
-        ("exec", "echo", "hi", "--hostname", "x"),
+        ("exec", "-m", "1g", "--cpus", "1.5", "--pids-limit", "100", "--", "echo", "hi"),
         ("--version",),
         ("exec", "--help"),
     ],
-    ids=["network", "timeout", "option-after", "version", "help"],
+    ids=["network", "timeout", "bounds", "version", "help"],
 )
 def test_any_option_goes_to_the_full_cli(fast, args):
     fast.warm()
     r, took = fast.run(*args)
     assert (r.returncode, took) == (0, "full"), r.stderr
+    r_off, _ = fast.run(*args, in_process=True)
+    assert (r.returncode, r.stdout, r.stderr) == (r_off.returncode, r_off.stdout, r_off.stderr)
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (("exec", "--xyzzy", "--", "true"), "No such option '--xyzzy'."),
+        (("exec", "--memroy", "1g", "--", "true"), "No such option '--memroy'. Did you mean '--memory'?"),
+        (("exec", "-x", "true"), "No such option '-x'."),
+    ],
+    ids=["unknown", "misspelt", "short"],
+)
+def test_an_unknown_option_is_refused_on_both_paths(fast, args, error):
+    """Not run as the command (exit 127, "command not found"): click's usage error, whichever path."""
+    fast.warm()
+    r, took = fast.run(*args)
+    assert (r.returncode, took, r.stdout) == (2, "full", b""), r.stderr
+    assert r.stderr.decode().rstrip().splitlines()[-1] == f"Error: {error}", r.stderr
     r_off, _ = fast.run(*args, in_process=True)
     assert (r.returncode, r.stdout, r.stderr) == (r_off.returncode, r_off.stdout, r_off.stderr)
 

@@ -91,6 +91,13 @@ EXEC_ERRORS = [
     (["--hostname", "a/b"], "--hostname", "--hostname sandbox"),
     (["--publish", "8080:80"], "--publish", "--network full --publish 8080:80"),
     (["--timeout", "soon"], "--timeout", "--timeout 60"),  # click's own refusals: one line too
+    (["-m", "4Q"], "--memory", "--memory 4G"),
+    (["--memory", "0"], "--memory", "--memory 4G"),
+    (["--cpus", "0"], "--cpus", "--cpus 1.5"),
+    (["--cpus", "half"], "--cpus", "--cpus 1.5"),
+    (["--pids-limit", "0"], "--pids", "--pids 1024"),
+    (["--disk", "lots"], "--disk", "--disk 10G"),
+    (["--inodes", "10"], "--inodes", "--inodes 100000"),
 ]
 RUN_ERRORS = [
     (["--memory", "4Q"], "--memory", "--memory 4G"),
@@ -184,6 +191,8 @@ def test_no_endpoint_at_all_names_the_flag() -> None:
         ("exec:\n  binds: [just-a-path]\n", "--bind", "--bind ./data"),
         ("run:\n  temperature: hot\n", "--temperature", "--temperature 0.7"),  # refused by click itself
         ("exec:\n  timeout: soon\n", "--timeout", "--timeout 60"),
+        ("exec:\n  cpus: 0\n", "--cpus", "--cpus 1.5"),
+        ("exec:\n  disk: 4Q\n", "--disk", "--disk 10G"),
     ],
 )
 def test_a_bad_config_file_value_names_the_flag_and_the_key(
@@ -408,6 +417,34 @@ def test_every_command_help_has_an_example(command: list[str]) -> None:
     lines = r.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.strip() == "Example:")
     assert lines[at + 1].strip().startswith("jailbox ") or "jailbox " in lines[at + 1], r.stdout
+
+
+JAIL_COMMANDS = [["exec", "--", "true"], ["shell"], ["create"], ["run", "--query", "q"], ["bench", "tasks.jsonl"]]
+
+
+@pytest.mark.parametrize("command", JAIL_COMMANDS, ids=lambda c: c[0])
+def test_a_misspelt_option_is_refused_with_the_closest_one(command: list[str], tmp_path: Path) -> None:
+    """Placed before ``--``, an option the command does not know is click's usage error naming it, never
+    the command to run: on every command that makes a jail, each of which takes --memory."""
+    (tmp_path / "tasks.jsonl").write_text("")
+    r = jailbox(command[0], "--memroy", "1g", *command[1:], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("Error: No such option '--memroy'. ") and "'--memory'" in last, r.stderr
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("command", all_commands(), ids=lambda c: " ".join(c) or "jailbox")
+def test_help_lists_each_option_once_with_its_aliases_beside_it(command: list[str]) -> None:
+    r = jailbox(*command, "--help")
+    assert r.returncode == 0, r.stderr
+    listed = r.stdout.split("\nOptions:\n", 1)[1]
+    entries = [sorted(m.group(1).split(", ")) for m in re.finditer(r"^  (-[\w-]+(?:, -[\w-]+)*)", listed, re.M)]
+    obj = cli.main
+    for name in command:
+        obj = obj.commands[name]
+    options = [p for p in obj.params if isinstance(p, cli.click.Option) and not p.hidden]
+    assert sorted(entries) == sorted([sorted(p.opts) for p in options] + [["--help", "-h"]]), r.stdout
 
 
 def test_the_config_reference_has_every_option_of_every_command() -> None:

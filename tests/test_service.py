@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from bound_probe import BOUNDS, PROBE_LINE, held
 from conftest import snapshot
 from service_probe import ended, listener_pid
 
@@ -135,6 +136,27 @@ def test_a_sandbox_outlives_each_command_and_keeps_its_state(svc, tmp_path):
     assert svc.run("stop", "--all").stdout == f"{other}\n"
     assert json.loads(svc.run("ps", "--json").stdout) == []
     assert svc.sandbox_dirs() == []
+
+
+@pytest.mark.cgroup
+def test_create_takes_the_bounds_ps_shows_them_and_they_hold(svc):
+    sid, other = svc.create(*BOUNDS), svc.create()
+    listed = {b["id"]: b["limits"] for b in json.loads(svc.run("ps", "--json").stdout)}
+    bounds = {"memory": 64 << 20, "cpus": 0.1, "pids": 16, "disk": 8 << 20, "inodes": 200}
+    assert listed[sid] == {"swap": None, "file_size": None, "open_files": 65536, **bounds}
+    assert listed[other] == {
+        **listed[sid],
+        "memory": 2 << 30,
+        "cpus": None,
+        "pids": 512,
+        "disk": 4 << 30,
+        "inodes": 1_000_000,
+    }
+    r = svc.run("exec", "--id", sid, "--", "sh", "-c", PROBE_LINE)
+    assert r.returncode == 0, r.stderr
+    held(r.stdout)
+    r = svc.run("exec", "--id", sid, "-m", "1g", "--", "true")  # a running sandbox's bounds are create's
+    assert r.returncode == 2 and "--memory cannot change a running sandbox" in r.stderr, r.stderr
 
 
 def test_an_unknown_id_is_one_line_naming_it_and_ps(svc, tmp_path):

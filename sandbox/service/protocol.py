@@ -105,6 +105,7 @@ class Info(_Msg):
     rootfs: Annotated[str, Field(max_length=4096)]
     created: float
     state: Literal["running", "dead"]
+    limits: dict[Annotated[str, Field(max_length=32)], int | float | None] = Field(max_length=32)  # Limits' fields
 
 
 class Ok(_Msg):

@@ -1,4 +1,4 @@
-"""The fast path of ``jailbox exec [--] CMD...`` with no option at all, in the user's process (the
+"""The fast path of ``jailbox exec [--] CMD...`` with no option before CMD, in the user's process (the
 ``jailbox`` console script, ``console.py``, calls it first): the command runs through the per-user
 service, which keeps default sandboxes warm; anything else is handed back to the full CLI untouched.
 
@@ -75,13 +75,14 @@ def main(argv: list[str], fallback: Callable[[], NoReturn]) -> None:
 
 
 def fast_command(argv: list[str]) -> list[str] | None:
-    """The command of ``exec -- CMD...`` or ``exec CMD...`` when nothing else is on the line (click would
-    read an option anywhere after ``exec`` unless ``--`` came first), else None."""
+    """The command of ``exec -- CMD...`` or ``exec CMD...`` when no option comes before it, else None. As
+    the full CLI reads the line (options stop at the first word that is not one), everything from CMD on
+    is the command's, dashes and all; an option before it, known or not, is the full CLI's to read."""
     if len(argv) < 2 or argv[0] != "exec":
         return None
     if argv[1] == "--":
         command = argv[2:]
-    elif any(arg.startswith("-") for arg in argv[1:]):
+    elif argv[1].startswith("-"):
         return None
     else:
         command = argv[1:]

@@ -60,6 +60,7 @@ class Held:
             rootfs=self.sandbox.config.rootfs,
             created=self.created,
             state="running" if alive else "dead",
+            limits=self.sandbox.config.limits.model_dump(),
         )
 
 
