@@ -115,3 +115,23 @@ def test_bench_takes_every_bound(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     [result] = read_results(tmp_path / "out" / "results.jsonl")
     held(result.answer or "")
+
+
+# --- --timeout, where a command has a lifetime: exec's command (test_cli.py), an agent's run ----------
+
+
+def test_run_and_bench_take_timeout_as_the_time_limit(tmp_path: Path) -> None:
+    """The model's one command takes a second, past the half second given: the run ends before step 2."""
+    with ScriptedServer(responder=obeying) as server:
+        r = jailbox_run(
+            server, tmp_path / "run", "sleep 1", "--network", "none", "--rootfs", "host", "--timeout", "0.5"
+        )
+        tasks = tmp_path / "tasks.jsonl"
+        tasks.write_text(json.dumps({"id": "t0", "query": "RUN: sleep 1", "answer": "-"}) + "\n")
+        command = bench_command(tasks, server.url, tmp_path / "bench", "--rootfs", "host", "--timeout", "0.5")
+        b = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=HANG)
+    assert r.returncode == 1, r.stderr
+    assert (json.loads(r.stdout)["exit_status"], json.loads(r.stdout)["steps"]) == ("time_limit", 1)
+    assert b.returncode == 0, b.stderr
+    [result] = read_results(tmp_path / "bench" / "results.jsonl")
+    assert (result.exit_status, result.steps) == ("time_limit", 1)
