@@ -25,7 +25,7 @@ from .sandbox.limits import DEFAULT_DISK, DEFAULT_INODES, DEFAULT_MEMORY, DEFAUL
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from .sandbox import SandboxConfig
+    from .sandbox import Limits, SandboxConfig
     from .sandbox.execution import ExecRun
 
 TIMEOUT_EXIT = 124
@@ -199,7 +199,15 @@ def _size_text(size: int) -> str:
     return str(size)
 
 
-BOUNDS = (  # the library's bounds (``Limits``) as ``docker run`` and ``podman run`` spell them
+def _bound_options(func: Any) -> Any:
+    """The library's bounds (``Limits``) as ``docker run`` and ``podman run`` spell them: every command that
+    makes a jail, and ``serve`` for the sandboxes it makes (``_limits`` reads them)."""
+    for option in reversed(BOUNDS):
+        func = option(func)
+    return func
+
+
+BOUNDS = (
     click.option(
         "--memory",
         "-m",
@@ -232,8 +240,7 @@ BOUNDS = (  # the library's bounds (``Limits``) as ``docker run`` and ``podman r
 def _shaping_options(func: Any) -> Any:
     """The flags every command that makes a jail shares, however it declares the rest: its bounds,
     capabilities and extra CA certificates (``_shaped`` reads them)."""
-    for option in reversed(BOUNDS):
-        func = option(func)
+    func = _bound_options(func)
     func = click.option(
         "--ca-cert", "ca_certs", multiple=True, metavar="FILE", type=click.Path(dir_okay=False), help=CA_CERT_HELP
     )(func)
@@ -242,22 +249,20 @@ def _shaping_options(func: Any) -> Any:
 
 
 def _shaped(
-    memory: str | None,
-    cpus: float | None,
-    pids: int | None,
-    disk: str | None,
-    inodes: int | None,
-    cap_add: tuple[str, ...],
-    cap_drop: tuple[str, ...],
-    ca_certs: tuple[str, ...],
+    cap_add: tuple[str, ...], cap_drop: tuple[str, ...], ca_certs: tuple[str, ...], **bounds: Any
 ) -> dict[str, Any]:
-    """``SandboxConfig`` fields from ``_shaping_options``' flags; a bound not given keeps ``Limits``' default."""
+    """``SandboxConfig`` fields from ``_shaping_options``' flags."""
+    return {"limits": _limits(**bounds), "cap_add": cap_add, "cap_drop": cap_drop, "ca_certs": list(ca_certs)}
+
+
+def _limits(memory: str | None, cpus: float | None, pids: int | None, disk: str | None, inodes: int | None) -> Limits:
+    """``Limits`` from ``_bound_options``' flags; a bound not given keeps its default. Built apart from any
+    ``SandboxConfig``, so that an error names the bound's own flag (``FLAGS``)."""
     from .sandbox import Limits
 
     given = {"memory": memory, "cpus": cpus, "pids": pids, "disk": disk, "inodes": inodes}
-    with _fed_by():  # apart from the SandboxConfig, so that an error names the bound's own flag (FLAGS)
-        limits = Limits(**{name: value for name, value in given.items() if value is not None})
-    return {"limits": limits, "cap_add": cap_add, "cap_drop": cap_drop, "ca_certs": list(ca_certs)}
+    with _fed_by():
+        return Limits(**{name: value for name, value in given.items() if value is not None})
 
 
 def _llm_retries_option(func: Any) -> Any:
@@ -1509,6 +1514,7 @@ def cp(src: str, dst: str) -> None:
 @click.option("--max-timeout", type=click.IntRange(min=1), default=86400, show_default=True)
 @click.option("--warm", type=click.IntRange(0, 64), default=2, show_default=True, help="jails kept ready per template")
 @click.option("-v", "--verbose", is_flag=True, help="log every request")
+@_bound_options
 def serve_cmd(
     host: str,
     port: int,
@@ -1519,13 +1525,16 @@ def serve_cmd(
     max_timeout: int,
     warm: int,
     verbose: bool,
+    **bounds: Any,
 ) -> None:
     """Serve sandboxes over the E2B API, for the E2B SDKs (see README: Use jailbox from the E2B SDK).
+    Each sandbox gets the bounds given here (the API has no way to ask for others).
 
     \b
     Example:
-      jailbox serve --port 49982
+      jailbox serve --port 49982 --memory 1g --cpus 1
     """
+    limits = _limits(**bounds)  # a bad bound is named before anything else is loaded or started
     from pathlib import Path
 
     from .sandbox.serve.keys import KeyFileError
@@ -1537,7 +1546,7 @@ def serve_cmd(
         _missing_extra("serve", exc)
     try:
         keys = Path(api_key_file) if api_key_file is not None else None
-        run(host, port, keys, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose)
+        run(host, port, keys, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose, limits)
     except BadFlag as exc:
         _flag_error(exc.flag, str(exc))
     except KeyFileError as exc:  # its text names the flag and the file: --api-key-file PATH: ...

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bound_probe import BOUNDS, PROBE_LINE, held
 from conftest import require
 
 KEY_A = "jbx_" + "a" * 40
@@ -558,6 +559,29 @@ def test_max_per_key(server: Served, tmp_path: Path) -> None:
         Sandbox.create(template="host").kill()  # a slot freed is a slot usable again
         """,
     )
+
+
+@pytest.mark.cgroup
+def test_the_bound_flags_bound_every_served_sandbox(tmp_path: Path) -> None:
+    _sdk()
+    served = start_server(tmp_path, "--api-key-file", str(key_file(tmp_path, KEY_A)), *BOUNDS)
+    try:
+        code = f"""
+            from e2b import Sandbox
+
+            for _ in range(2):  # the first made for the call, the second from the warm pool it starts
+                sb = Sandbox.create(template="host")
+                print(sb.sandbox_id)
+                print(sb.commands.run({PROBE_LINE!r}).stdout, end="=====\\n")
+        """
+        first, second, _ = sdk(served, tmp_path, code).split("=====\n")
+        for output in (first, second):
+            sid, probed = output.split("\n", 1)
+            held(probed)
+            status, detail = api(served, "GET", f"/sandboxes/{sid}", KEY_A)
+            assert status == 200 and (detail["memoryMB"], detail["diskSizeMB"]) == (64, 8), detail  # type: ignore[index]
+    finally:
+        served.stop()
 
 
 def test_first_start_makes_a_private_key_once(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ..config import Limits
 from . import keys
 from .e2b.control import ControlPlane
 from .listen import refused
@@ -29,13 +30,14 @@ def run(
     default_timeout: int,
     max_timeout: int,
     warm: int,
-    verbose: bool = False,
+    verbose: bool,
+    bounds: Limits,
 ) -> None:
     path, key = keys.given_or_made(api_key_file, keys.SERVE_KEYS)
     if key is not None:
         print(f"jailbox serve: made an API key in {path} (shown only now): {key}", file=sys.stderr)
     loaded = keys.load(path)
-    registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm)
+    registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm, bounds)
     try:
         server = Server((host, port), ControlPlane(keys.Keys(loaded), registry), verbose)
     except OSError as exc:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from ..config import check_env
+from ..config import Limits, check_env
 from ..errors import SandboxError
 from ..pool import SandboxPool
 from ..rootfs.store import Store
@@ -74,10 +74,14 @@ def _strings(value: object, what: str, limit: int) -> dict[str, str]:
 
 class Registry:
     """Every served sandbox, with the limits: ``max_total`` in all, ``max_per_key`` per key; ``warm``
-    jails kept ready for each template in use (0: none), which do not count against the limits."""
+    jails kept ready for each template in use (0: none), which do not count against the limits. Each
+    sandbox is bounded by ``bounds`` (``jailbox serve``'s flags: the E2B API has no way to ask)."""
 
-    def __init__(self, max_total: int, max_per_key: int, default_timeout: int, max_timeout: int, warm: int) -> None:
+    def __init__(
+        self, max_total: int, max_per_key: int, default_timeout: int, max_timeout: int, warm: int, bounds: Limits
+    ) -> None:
         self.max_total = max_total
+        self.bounds = bounds
         self.warm = warm
         self.pools: dict[str, SandboxPool] = {}
         self.max_per_key = max_per_key
@@ -161,11 +165,11 @@ class Registry:
             pool = self.pools.get(template)
         if pool is not None:
             return pool.acquire()
-        sandbox = Sandbox(rootfs=template)
+        sandbox = Sandbox(rootfs=template, limits=self.bounds)
         if self.warm:
             with self.lock:
                 if template not in self.pools and len(self.pools) < MAX_POOLS and not self.closed:
-                    self.pools[template] = SandboxPool(self.warm, rootfs=template)
+                    self.pools[template] = SandboxPool(self.warm, rootfs=template, limits=self.bounds)
         return sandbox
 
     def get(self, owner: str, sandbox_id: str) -> Served:
