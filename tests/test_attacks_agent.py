@@ -194,6 +194,7 @@ FORGED = json.dumps({"version": 1, "problem_statement": "forged", "exit_status":
 
 def jailbox_run(server: ScriptedServer, out: Path, command: str, *options: str):
     flags = ["--query", f"RUN: {command}", "--llm_name", "m", "--llm_base_url", server.url, "--api_key", "k"]
+    flags += ["--network", "none"]  # run's default, full, needs /dev/net/tun; these attacks need no network
     return subprocess.run(
         [*JAILBOX_RUN, *flags, "--output_dir", str(out), "--json", *options],
         cwd=ROOT,
