@@ -20,6 +20,7 @@ import click
 
 from . import __version__
 from .sandbox.errors import SandboxError  # stdlib only, and every command catches it
+from .sandbox.escapes import printable  # stdlib only: what others chose is printed through it
 from .sandbox.limits import DEFAULT_DISK, DEFAULT_INODES, DEFAULT_MEMORY, DEFAULT_PIDS  # constants only
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def _flag_error(flag: str, text: str, example: str | None = None, ctx: click.Con
                     source = f" (from {_settings_path()}, key {ctx.info_name}.{param.name})"
     example = EXAMPLES.get(flag, example)
     where = f"{flag}{source}: " if flag else ""
-    click.echo(f"jailbox: {where}{text}" + (f"; e.g. {example}" if example else ""), err=True)
+    click.echo(printable(f"jailbox: {where}{text}" + (f"; e.g. {example}" if example else "")), err=True)
     sys.exit(2)
 
 
@@ -546,7 +547,7 @@ def exec_cmd(command: tuple[str, ...], timeout: float | None, sandbox_id: str | 
             run = sb.begin_exec(list(command), stdin=stdin, on_stdout=write(out), on_stderr=write(err))
             result = run_sync(run, timeout)
     except SandboxError as exc:
-        click.echo(f"jailbox: {exc}", err=True)
+        click.echo(printable(f"jailbox: {exc}"), err=True)
         sys.exit(125)
     if closed:
         sys.exit(128 + signal.SIGPIPE)
@@ -574,7 +575,7 @@ def shell(**jail: Any) -> None:
             command = sb.exec_tty(["/bin/sh", "-c", SHELL], env={"TERM": os.environ.get("TERM", "xterm")})
             code = attach(command, sys.stdin.fileno(), sys.stdout.fileno())
     except SandboxError as exc:
-        click.echo(f"jailbox: {exc}", err=True)
+        click.echo(printable(f"jailbox: {exc}"), err=True)
         sys.exit(125)
     sys.exit(code)
 
@@ -771,12 +772,13 @@ def run_cmd(
         steps.append(step.index)
         tokens[0] += step.prompt_tokens + step.completion_tokens
         if step.reasoning:
-            click.echo(click.style(_trim(step.reasoning, 400), dim=True))
+            click.echo(click.style(printable(_trim(step.reasoning, 400)), dim=True))
         for action, observation in zip(step.actions, step.observations, strict=False):
-            click.echo(click.style(f"> {action.function} {_trim(json.dumps(action.parameters), 300)}", fg="cyan"))
-            click.echo(_trim(observation))
+            line = f"> {action.function} {_trim(json.dumps(action.parameters), 300)}"
+            click.echo(click.style(printable(line), fg="cyan"))
+            click.echo(printable(_trim(observation)))
         if step.note:
-            click.echo(click.style(step.note, fg="yellow"))
+            click.echo(click.style(printable(step.note), fg="yellow"))
         status = f"[step {step.index}/{max_steps} | {tokens[0]} tokens | {time.monotonic() - started:.0f}s]"
         click.echo(click.style(status, bold=True))
 
@@ -792,7 +794,7 @@ def run_cmd(
             f"[LLM request failed: {retry.cause} | {again} | step {len(steps) + 1}/{max_steps} | "
             f"{time.monotonic() - started:.0f}s]"
         )
-        click.echo(click.style(status, fg="yellow", bold=True), err=True)
+        click.echo(click.style(printable(status), fg="yellow", bold=True), err=True)
 
     try:
         trajectory = run_task(
@@ -814,7 +816,7 @@ def run_cmd(
     except SandboxError as exc:
         _drop_if_empty(run_dir)
         hint = " (or --network none: run's default is full)" if str(exc).startswith("network 'full'") else ""
-        click.echo(f"jailbox: {exc}{hint}", err=True)
+        click.echo(printable(f"jailbox: {exc}{hint}"), err=True)
         sys.exit(125)
     summary = {
         "exit_status": trajectory.exit_status,
@@ -828,11 +830,14 @@ def run_cmd(
         click.echo(json.dumps(summary))
     else:
         click.echo(
-            f"{trajectory.exit_status}: answer={trajectory.answer!r} in {summary['steps']} steps, "
-            f"{summary['tokens']} tokens; output in {summary['output_dir']}"
+            printable(
+                f"{trajectory.exit_status}: answer={trajectory.answer!r} in {summary['steps']} steps, "
+                f"{summary['tokens']} tokens; output in {summary['output_dir']}"
+            )
         )
     if trajectory.exit_status == "llm_error":
-        click.echo(f"jailbox: {trajectory.error}; {llm_advice(trajectory.error or '', llm.base_url)}", err=True)
+        advice = llm_advice(trajectory.error or "", llm.base_url)
+        click.echo(printable(f"jailbox: {trajectory.error}; {advice}"), err=True)
     sys.exit(0 if trajectory.exit_status == "submitted" else 1)
 
 
@@ -1110,18 +1115,18 @@ def bench_cmd(
         with progress:
             finished = batch.run()
     except ExecutorError as exc:
-        click.echo(f"jailbox: {exc}", err=True)
+        click.echo(printable(f"jailbox: {exc}"), err=True)
         sys.exit(2)
     finally:
         signal.signal(signal.SIGINT, previous)
-    click.echo(write_summary(read_results(batch.results_path), Path(output_dir)))
+    click.echo(printable(write_summary(read_results(batch.results_path), Path(output_dir))))
     if batch.stopping.is_set():
         sys.exit(130)  # interrupted: the results file has what finished, --resume does the rest
     cause = common_failure(finished)
     if cause is not None:
-        click.echo(f"jailbox: every task failed alike, so nothing was measured: {cause}", err=True)
+        click.echo(printable(f"jailbox: every task failed alike, so nothing was measured: {cause}"), err=True)
         if cause.startswith("llm_error"):
-            click.echo(f"jailbox: {llm_advice(cause, batch.job.llm.base_url)}", err=True)
+            click.echo(printable(f"jailbox: {llm_advice(cause, batch.job.llm.base_url)}"), err=True)
         sys.exit(1)
 
 
@@ -1161,7 +1166,7 @@ def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None,
         except InputDirError as exc:
             _flag_error("--input_dir", str(exc))
         except SandboxError as exc:
-            click.echo(f"jailbox: {exc}", err=True)
+            click.echo(printable(f"jailbox: {exc}"), err=True)
             sys.exit(125)
     if as_json:
         payload = [{"trajectory": t, "steps": [s.model_dump() for s in steps]} for t, steps in runs]
@@ -1169,16 +1174,18 @@ def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None,
     else:
         for trajectory, steps in runs:
             if len(runs) > 1:
-                click.echo(f"== {trajectory}")
+                click.echo(printable(f"== {trajectory}", line=True))
             for s in steps:
-                click.echo(f"step {s.index:3} {s.verdict:16} {s.action[:90]}" + (f"  ({s.cause})" if s.cause else ""))
+                line = f"step {s.index:3} {s.verdict:16} {s.action[:90]}" + (f"  ({s.cause})" if s.cause else "")
+                click.echo(printable(line, line=True))
                 if s.verdict == "differs":
-                    click.echo(_trim(s.diff, 1200))
-        width = max(len("trajectory"), *(len(Path(t).stem) for t, _ in runs))
+                    click.echo(printable(_trim(s.diff, 1200)))
+        names = [printable(Path(t).stem, line=True) for t, _ in runs]
+        width = max(len("trajectory"), *map(len, names))
         click.echo(f"{'trajectory':{width}}  steps  " + "  ".join(VERDICTS))
-        for trajectory, steps in runs:
+        for name, (_, steps) in zip(names, runs, strict=True):
             cells = "  ".join(f"{sum(s.verdict == v for s in steps):{len(v)}}" for v in VERDICTS)
-            click.echo(f"{Path(trajectory).stem:{width}}  {len(steps):5}  {cells}")
+            click.echo(f"{name:{width}}  {len(steps):5}  {cells}")
         every = [s for _, steps in runs for s in steps]
         counts = {v: sum(s.verdict == v for s in every) for v in VERDICTS}
         click.echo(
@@ -1207,9 +1214,9 @@ def doctor(as_json: bool) -> None:
     else:
         width = max(len(p.name) for p in probes)
         for p in probes:
-            click.echo(f"{p.status.upper():9} {p.name:{width}}  {p.detail}")
+            click.echo(printable(f"{p.status.upper():9} {p.name:{width}}  {p.detail}"))
             if p.fix:
-                click.echo(f"{'':9} {'':{width}}  fix: {p.fix}")
+                click.echo(printable(f"{'':9} {'':{width}}  fix: {p.fix}"))
     sys.exit(1 if any(p.status == "failing" for p in probes) else 0)
 
 
@@ -1244,7 +1251,7 @@ def cleanup(force: bool) -> None:
 
 
 def _service_fail(exc: Exception, code: int = 1) -> NoReturn:
-    click.echo(f"jailbox: {exc}", err=True)
+    click.echo(printable(f"jailbox: {exc}"), err=True)
     sys.exit(code)
 
 
@@ -1368,7 +1375,7 @@ def _server_call(call: Any) -> None:
     try:
         call()
     except ClientError as exc:
-        click.echo(f"jailbox: {exc}", err=True)
+        click.echo(printable(f"jailbox: {exc}", line=True), err=True)  # one line, whatever the server sent
         sys.exit(exc.code)
 
 
@@ -1406,7 +1413,7 @@ def ps(as_json: bool, server: str | None, api_key_file: str | None) -> None:
     click.echo(f"{'ID':12}  {'NAME':20}  {'ROOTFS':24}  {'CREATED':19}  STATE")
     for b in boxes:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b.created))
-        click.echo(f"{b.id:12}  {b.name or '-':20}  {b.rootfs:24}  {created:19}  {b.state}")
+        click.echo(printable(f"{b.id:12}  {b.name or '-':20}  {b.rootfs:24}  {created:19}  {b.state}", line=True))
 
 
 @main.command()
@@ -1677,7 +1684,7 @@ def rootfs_group() -> None:
 
 
 def _rootfs_fail(exc: Exception) -> NoReturn:
-    click.echo(f"jailbox: {exc}", err=True)
+    click.echo(printable(f"jailbox: {exc}"), err=True)
     sys.exit(1)
 
 
@@ -1742,12 +1749,13 @@ def _build_display(tty: bool) -> Any:
     shown = {"transient": False}
 
     def show(update: Any) -> None:
+        text = printable(update.text, line=True)  # mmdebstrap's lines name what the mirror sent
         if tty and update.transient:
-            click.echo(f"\r\x1b[2K{update.text}", nl=False, err=True)
+            click.echo(f"\r\x1b[2K{text}", nl=False, err=True)
         elif update.transient and update.count % PIPED_EVERY and update.count != update.total:
             return
         else:
-            click.echo(("\r\x1b[2K" if tty and shown["transient"] else "") + update.text, err=True)
+            click.echo(("\r\x1b[2K" if tty and shown["transient"] else "") + text, err=True)
         shown["transient"] = tty and update.transient
 
     return show

@@ -4,8 +4,9 @@ On a terminal: an overall bar with the ETA, one line per running task (id, step,
 exit status and the tokens so far, redrawn with ANSI cursor moves at most every ``REDRAW`` seconds by a
 small thread (so the clocks tick even when nothing happens), finished tasks and notes scrolling above it.
 Anywhere else (a pipe, a file, CI logs): one line per finished task and a summary line every
-``summary_every`` seconds, never an escape sequence. Plain ANSI, no dependency: the display is a few
-lines and must not fight the worker threads for the terminal.
+``summary_every`` seconds, never an escape sequence. A task's id is the tasks file's: it is shown
+escaped, on one line (the region moves up as many lines as it drew). Plain ANSI, no dependency: the
+display is a few lines and must not fight the worker threads for the terminal.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections import Counter
 from typing import TextIO
 
+from ..sandbox import printable
 from .batch import Observer
 from .tasks import Task, TaskResult
 
@@ -87,7 +89,7 @@ class Progress(Observer):
             self._counts[result.exit_status] += 1
             self._tokens += result.tokens - self._task_tokens.pop(result.id, 0)
             line = (
-                f"{result.id}: {result.exit_status} score={result.score:g} steps={result.steps} "
+                f"{printable(result.id, line=True)}: {result.exit_status} score={result.score:g} steps={result.steps} "
                 f"tokens={result.tokens} {result.wall_seconds:.1f}s"
             )
             if result.error:
@@ -174,7 +176,7 @@ class Progress(Observer):
             shown = sorted(self._running.items(), key=lambda item: item[1][0])
             room = max(1, height - 4)
             for task_id, (started, step) in shown[:room]:
-                lines.append(f"  {task_id}  step {step}  {_clock(now - started)}")
+                lines.append(f"  {printable(task_id, line=True)}  step {step}  {_clock(now - started)}")
             if len(shown) > room:
                 lines.append(f"  ... and {len(shown) - room} more running")
         lines.append(self._counts_text() + (f"; {self.already} done earlier" if self.already else ""))

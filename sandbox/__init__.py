@@ -22,6 +22,7 @@ __all__ = [
     "SeccompPolicy",
     "errors",
     "hostfs",
+    "printable",
 ]
 
 _LAZY = {  # public name -> the module (relative to this package) that defines it
@@ -35,12 +36,14 @@ _LAZY = {  # public name -> the module (relative to this package) that defines i
     "SandboxConfig": ".config",
     "SandboxPool": ".pool",
     "SeccompPolicy": ".seccomp.policy",
+    "printable": ".escapes",
 }
 
 if TYPE_CHECKING:
     from . import errors, hostfs
     from .aio import AsyncSandbox
     from .config import Limits, Mount, SandboxConfig
+    from .escapes import printable
     from .net.policy import NetworkPolicy
     from .net.proxy import NetworkLogEntry
     from .pool import SandboxPool

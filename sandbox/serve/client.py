@@ -3,7 +3,7 @@
 Runs in the CLI's host process. It makes the E2B control-plane calls the SDK makes (list, kill) with
 the standard library's HTTP client, so it works against ``jailbox serve`` and anything else that
 speaks that API. The server is a network peer: every reply is read up to ``MAX_REPLY`` bytes, at most
-``MAX_PAGES`` pages are followed, and nothing it names reaches the terminal unless it is plain text.
+``MAX_PAGES`` pages are followed, and what it names is escaped as it is read (``escapes.printable``).
 The API key is sent only where the user pointed it: the key file a local server made is used by
 default only for a loopback URL.
 """
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import click
 
+from ..escapes import printable
 from . import keys
 
 MAX_REPLY = 16 << 20
@@ -33,7 +34,7 @@ PAGE = 100
 MAX_PAGES = 1000
 TIMEOUT = 30.0
 SANDBOX_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the control plane routes (and the SDK makes)
-PRINTABLE = re.compile(r"^[\x21-\x7e]{1,128}$")
+MAX_NAME = 128
 EXAMPLE = "--server http://127.0.0.1:49982"
 
 
@@ -121,9 +122,9 @@ def _first_key(path: Path) -> str:
 
 
 def _text(value: object, fallback: str = "?") -> str:
-    """What the server named, if it is short plain text; ``fallback`` for anything else (a terminal
-    must not receive escape sequences from a peer)."""
-    return value if isinstance(value, str) and PRINTABLE.match(value) else fallback
+    """What the server named, if it is a short string, escaped as one line (a terminal must not receive
+    escape sequences from a peer, nor a consumer of ``--json`` that prints it); ``fallback`` for anything else."""
+    return printable(value, line=True) if isinstance(value, str) and 0 < len(value) <= MAX_NAME else fallback
 
 
 def _when(value: object) -> float | None:
@@ -188,7 +189,7 @@ class Client:
             raise ClientError(f"--server {self.url}: no answer within {self.timeout:g} s") from None
         except urllib.error.URLError as exc:
             raise ClientError(self._unreachable(exc.reason)) from None
-        except (OSError, ValueError) as exc:  # a reset connection, a malformed status line
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # a reset connection, a malformed status line
             raise ClientError(f"--server {self.url}: {exc} (is it a jailbox serve URL? e.g. {EXAMPLE})") from None
 
     def _unreachable(self, reason: object) -> str:
