@@ -783,7 +783,29 @@ class AsyncLLMClient(_ChatCore):
         await self.aclose()
 
 
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w.-]*)[ \t]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
+_FENCE_OPENING = re.compile(r"[ \t]*```[ \t]*([\w.-]*)[ \t]*")
+_FENCE_CLOSING = re.compile(r"[ \t]*```[ \t]*")
+
+
+def _fenced_blocks(content: str) -> list[tuple[str, str]]:
+    """(label, text) of each fenced block: a line of three backticks and a label opens one, the next line of
+    three backticks alone closes it, and an opening never closed is not a block. One pass over the lines: a
+    pattern searching from each opening for its closing (the last one did) read the rest of the reply for
+    every line such as "```x", quadratic in a hostile reply's length."""
+    blocks: list[tuple[str, str]] = []
+    lines = content.split("\n")
+    label: str | None = None  # the open block's, None outside one
+    inner: list[str] = []
+    for number, line in enumerate(lines):
+        if label is not None:
+            if _FENCE_CLOSING.fullmatch(line):
+                blocks.append((label, "".join(f"{text}\n" for text in inner)))
+                label = None
+            else:
+                inner.append(line)
+        elif number < len(lines) - 1 and (opening := _FENCE_OPENING.fullmatch(line)) is not None:
+            label, inner = opening.group(1), []  # an opening line ends in a newline
+    return blocks
 
 
 def _json_object(text: str, what: str) -> dict[str, Any]:
@@ -805,7 +827,7 @@ def parse_text_action(content: str, tool_names: set[str]) -> tuple[str, dict[str
     cannot be read.
     """
     actions: list[tuple[str, dict[str, Any]]] = []
-    for label, inner in _FENCE.findall(content):
+    for label, inner in _fenced_blocks(content):
         if label in tool_names:
             actions.append((label, _json_object(inner, f"```{label} block")))
         elif label == "json":

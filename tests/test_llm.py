@@ -443,6 +443,25 @@ def test_parse_text_action_rejects(content, complaint):
 
 
 @pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("```x\n" * 20_000, None),  # 100 kB of openings never closed: each searched the rest, 20 s and more
+        ("```x\n```\n" * 10_000 + '```bash\n{"command": "ls"}\n```', ("bash", {"command": "ls"})),
+        ("```bash\n" + "  ```x\n" * 20_000 + "```", "invalid JSON"),
+    ],
+)
+def test_text_actions_are_read_in_linear_time(content, expected):
+    """Text mode reads a hostile reply's fences in one pass over its lines."""
+    started = time.monotonic()
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=expected):
+            parse_text_action(content, TOOL_NAMES)
+    else:
+        assert parse_text_action(content, TOOL_NAMES) == expected
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
     ("content", "calls"),
     [
         ("<tool_call>x" + " " * 200_000 + "y", []),  # `\s*(.*?)\s*` backtracked over the spaces: minutes
