@@ -26,6 +26,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from .text import MAX_DEPTH, nests_deeper
+
 
 class LLMError(Exception):
     """Base of every error this module raises."""
@@ -356,6 +358,9 @@ def _parse_choice(response: httpx.Response) -> tuple[dict[str, Any], Usage]:
         raise LLMResponseError(f"response is not JSON ({_excerpt(status, text)})", status, text) from None
     if not isinstance(data, dict) or "choices" not in data:
         raise LLMResponseError(f"response has no 'choices' ({_excerpt(status, text)})", status, text)
+    if nests_deeper(data, MAX_DEPTH):  # the message is kept in the record, which cannot be written so deep
+        shown = _excerpt(status, text)
+        raise LLMResponseError(f"response nests deeper than {MAX_DEPTH} levels ({shown})", status, text)
     choices = data["choices"]
     if not isinstance(choices, list) or not choices:
         raise LLMResponseError(f"response has no choices ({_excerpt(status, text)})", status, text)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from ..sandbox import Sandbox
 from ..sandbox.errors import SandboxError, SandboxFileError
+from . import text
 from .llm import Completion, LLMError, parse_text_action
 from .prompts import PromptConfig
 from .schemas import TOOL_SCHEMAS
@@ -265,10 +266,16 @@ def read_answer(sb: Sandbox, output_dir: str) -> tuple[bytes | None, str | None]
 
 
 def _as_dict(arguments: Any) -> dict[str, Any]:
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        parsed = json.loads(arguments)
-    except (TypeError, ValueError):
-        return {"_raw": str(arguments)[:2000]}
-    return parsed if isinstance(parsed, dict) else {"_raw": str(arguments)[:2000]}
+    """The call's arguments as the record keeps them: the object, or ``{"_raw": ...}`` when they are not one or
+    nest deeper than the record can be written (the tool refused them, and said so to the model)."""
+    parsed = arguments
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser recurses
+            parsed = None
+    if isinstance(parsed, dict) and not text.nests_deeper(parsed, text.MAX_DEPTH):
+        return parsed
+    if isinstance(arguments, str):
+        return {"_raw": arguments[:2000]}
+    return {"_raw": f"arguments that are not a JSON object of at most {text.MAX_DEPTH} levels"}

@@ -28,6 +28,10 @@ MAX_LISTED_LINES = 20
 VIEW_CHARS = 10_000
 CLIPPED = "\n<response clipped>"
 STREAM_LINES = 40
+MAX_DEPTH = 64
+"""Levels of arrays and objects a model's reply, and the arguments of a call in it, may nest. The tools' arguments
+take two (an array of integers) and a chat completion about eight; the record cannot be written past about 250
+(pydantic's serialiser refuses) and ``json.loads`` raises RecursionError past about 1000."""
 _ESCAPES = re.compile(r"\x1b\[[0-9;]*m|\r")  # colour codes and carriage returns, as the reference strips them
 _TRUNCATED = "-" * 50 + "\n<Observation truncated in middle for saving context>\n" + "-" * 50
 _JSON_TYPES: dict[str, type] = {"string": str, "integer": int, "array": list}
@@ -61,6 +65,11 @@ def parse_arguments(name: str, arguments: str | Mapping[str, Any] | None) -> dic
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
+        except RecursionError:  # no ValueError: nested deeper than the parser recurses
+            raise ToolError(
+                f"The arguments of `{name}` nest deeper than {MAX_DEPTH} levels. Pass a JSON object, "
+                f"e.g. {EXAMPLES[name]}."
+            ) from None
         except json.JSONDecodeError as exc:
             raise ToolError(
                 f"The arguments of `{name}` are not valid JSON ({exc}). Pass a JSON object, e.g. {EXAMPLES[name]}."
@@ -69,7 +78,27 @@ def parse_arguments(name: str, arguments: str | Mapping[str, Any] | None) -> dic
         raise ToolError(
             f"The arguments of `{name}` must be a JSON object, e.g. {EXAMPLES[name]}, not {_json_type(arguments)}."
         )
+    for key, value in arguments.items():
+        if nests_deeper(value, MAX_DEPTH - 1):
+            raise ToolError(
+                f"Parameter `{key}` of `{name}` nests deeper than {MAX_DEPTH} levels. Pass e.g. {EXAMPLES[name]}."
+            )
     return {key: value for key, value in arguments.items() if value is not None}
+
+
+def nests_deeper(value: Any, levels: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests lists and dicts more than ``levels`` deep; walked with a stack, not recursion,
+    so any depth the parser made is measured."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, Mapping) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > levels:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def check_arguments(name: str, args: dict[str, Any], schema: dict[str, Any]) -> None:

@@ -243,3 +243,33 @@ def test_time_limit_ends_the_run(server, tmp_path):
     server.add(slow, slow)
     traj = run(server, tmp_path, time_limit=1.0)
     assert traj.exit_status == "time_limit" and len(traj.steps) == 1
+
+
+DEEP = "[" * 300 + "]" * 300  # parses, but the record cannot be written past about 250 levels
+
+
+def test_arguments_too_deep_to_parse_or_record_are_a_malformed_call(server, tmp_path):
+    """Issue 37: nesting past the parser's recursion raised RecursionError out of the run, and nesting the
+    parser took but the record's serialiser refused ended it when the trajectory was saved. Both are calls the
+    tool refuses, in words naming what is wrong, and the run goes on to submit."""
+    server.add(
+        tool_reply(call("execute_bash", "[" * 100_000, "c1"), call("execute_bash", '{"command": ' + DEEP + "}", "c2")),
+        tool_reply(call("str_replace_editor", '{"command": "view", "path": "/testbed", "view_range": ' + DEEP + "}")),
+        *SOLVE,
+    )
+    traj = run(server, tmp_path / "native")
+    assert (traj.exit_status, traj.answer) == ("submitted", "42")
+    first, second = traj.steps[0].observations, traj.steps[1].observations
+    assert "The arguments of `execute_bash` nest deeper than 64 levels" in first[0]
+    assert "Parameter `command` of `execute_bash` nests deeper than 64 levels" in first[1]
+    assert "Parameter `view_range` of `str_replace_editor` nests deeper than 64 levels" in second[0]
+    saved = load_trajectory(tmp_path / "native" / "out" / "trajectory.json")
+    assert saved.steps[0].actions[0].parameters == {"_raw": "[" * 2000}
+    assert saved.steps[1].actions[0].parameters["_raw"].startswith('{"command": "view"')
+    fence = "```"
+    server.add(reply(f'{fence}execute_bash\n{{"command": {DEEP}}}\n{fence}'), reply(f"{fence}submit\n{{}}\n{fence}"))
+    traj = run(server, tmp_path / "text", text_mode=True)
+    assert traj.exit_status == "submitted"
+    assert "Parameter `command` of `execute_bash` nests deeper than 64 levels" in traj.steps[0].observations[0]
+    recorded = load_trajectory(tmp_path / "text" / "out" / "trajectory.json").steps[0].actions[0].parameters
+    assert recorded == {"_raw": "arguments that are not a JSON object of at most 64 levels"}

@@ -289,6 +289,7 @@ def test_extra_body_and_headers_reach_the_server(server, sleeps):
     [
         (Step(raw=b"this is not json"), "not JSON"),
         (Step(raw=b"[" * 100_000), "not JSON"),  # deeper than the parser recurses: RecursionError, not ValueError
+        (reply("x", extra=json.loads("[" * 300 + "]" * 300)), "nests deeper than 64 levels"),  # kept, unrecordable
         (Step(json={"object": "chat.completion"}), "no 'choices'"),
         (Step(json={"choices": []}), "no choices"),
         (Step(json={"choices": [{"index": 0, "finish_reason": "stop"}]}), "no 'message'"),
