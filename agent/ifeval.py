@@ -111,7 +111,7 @@ def _json_format(text: str) -> bool:
         body = body.removeprefix(prefix)
     try:
         json.loads(body.removesuffix("```").strip())
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser can tell
         return False
     return True
 
@@ -254,7 +254,7 @@ def instructions(answer: str, expected: str) -> float:
     """
     try:
         spec = json.loads(expected)
-    except ValueError:
+    except (ValueError, RecursionError):
         return 0.0
     if not isinstance(spec, dict):
         raise InstructionError('expected {"instruction_id_list": [...], "kwargs": [...]}')

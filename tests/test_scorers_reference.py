@@ -177,6 +177,14 @@ def test_an_instruction_without_a_check_is_an_error_naming_it_not_a_zero():
     with pytest.raises(ScoringError, match="relation"):
         score("text", bad_relation, "instructions")
     assert score("text", "not json", "instructions") == 0.0  # as the reference scores a broken ground truth
+    assert score("text", "[" * 100_000, "instructions") == 0.0  # no RecursionError out of a batch's scoring
+
+
+def test_an_answer_too_deep_to_parse_is_not_json_format():
+    """A model's answer nested deeper than the parser recurses raised RecursionError out of the check."""
+    for answer in ("[" * 100_000, "```json\n" + "[" * 100_000 + "\n```"):
+        assert score(answer, _instructions("detectable_format:json_format"), "instructions") == 0.0
+    assert score('```json\n{"a": [1]}\n```', _instructions("detectable_format:json_format"), "instructions") == 1.0
 
 
 # --- the reference's rows, loaded unchanged ----------------------------------------------------------
