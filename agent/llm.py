@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 import weakref
+import zlib
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,12 @@ class LLMCancelled(LLMError):
     """``cancel()`` ended the client: a request in flight was cut off, and no other is sent."""
 
 
+class LLMReplyLimitError(LLMError):
+    """A reply went past a bound the client holds every reply to: ``max_reply_bytes``, or ``timeout.total``
+    for the whole request. Not retried: each attempt could cost the whole bound again, and a server that went
+    past it once is likely to again; the message names the setting that raises it."""
+
+
 _RETRY_STATUSES = frozenset({408, 409, 429})  # besides 5xx; 408 and 409 are transient too, as the OpenAI SDK has it
 _CONTEXT_PHRASES = (
     "maximum context length",
@@ -99,15 +106,31 @@ _CALL_KEYS = frozenset({"type", "name", "arguments", "parameters"})  # all a JSO
 _TEXT_CALL_LIMIT = 1 << 20  # characters; a longer reply is not parsed as a JSON call, which bounds the work
 _REASONING_KEYS = frozenset({"reasoning_content", "reasoning"})
 _BODY_EXCERPT = 500
+MAX_REPLY_BYTES = 16 << 20
+"""The default ``max_reply_bytes``: bytes of a reply's body the client takes, counted as they are decoded (a
+compressed body by what it inflates to). A reply of the default 65536 tokens is about 256 KiB of text and at
+most about 1.5 MiB of JSON with every character escaped, twice that where a server sends the reasoning in two
+fields; 16 MiB leaves room for that several times over. Logprobs asked for through ``extra_body`` can need more."""
+BYTES_PER_VALUE = 64
+"""A reply may hold one byte that opens or separates JSON values (``[``, ``{`` or ``,``, counted in its strings
+too) per this many bytes of ``max_reply_bytes``: 262,144 by default, several times what 65536 tokens of
+comma-separated numbers hold. Parsed and recorded, each value costs the host a few hundred bytes: a 16 MiB reply
+of nothing but ``[],`` would cost it about a GiB. Counting is a scan of the bytes, before anything is parsed."""
+_ENCODINGS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
+_NOT_JSON = object()
 
 
 class Timeouts(BaseModel):
-    """Seconds to connect, and to wait for each read: self-hosted servers queue requests, so reads wait long."""
+    """Seconds to connect, to wait for each read (self-hosted servers queue requests, so reads wait long), and
+    for the whole request, from connecting to the reply's last byte: a server sending a byte within each read's
+    wait would otherwise hold a request for ever. A server answers without streaming once it is done, so a
+    reply starts within one read wait; ``total`` is three read waits, leaving two to send a reply of any size."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    connect: float = 10.0
-    read: float = 600.0
+    connect: float = Field(default=10.0, gt=0)
+    read: float = Field(default=600.0, gt=0)
+    total: float = Field(default=1800.0, gt=0)
 
 
 class LLMConfig(BaseModel):
@@ -131,6 +154,7 @@ class LLMConfig(BaseModel):
     strip_reasoning: bool = False
     backoff_base: float = Field(default=1.0, ge=0)
     backoff_max: float = Field(default=60.0, ge=0)
+    max_reply_bytes: int = Field(default=MAX_REPLY_BYTES, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -207,7 +231,71 @@ class _Sleep:
     seconds: float
 
 
-_Outcome = httpx.Response | httpx.TransportError | None
+@dataclass(frozen=True)
+class _Reply:
+    """A whole reply, read within the client's bounds (its body decoded)."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        """JSON is UTF-8 (RFC 8259); an error page in another charset is only shown, so replacement will do."""
+        return self.body.decode("utf-8", errors="replace")
+
+
+class _Body:
+    """Takes a reply's body as it comes, decoding gzip or deflate itself with a cap on each step's output:
+    httpx inflates a whole read at once (64 KiB can inflate to 64 MiB, and "gzip, gzip" to 64 GiB), before
+    anything could be counted. Raises LLMReplyLimitError past ``limit`` decoded bytes."""
+
+    def __init__(self, url: str, response: httpx.Response, limit: int) -> None:
+        self.url, self.status, self.limit = url, response.status_code, limit
+        codings = [c.strip().lower() for c in response.headers.get_list("content-encoding", split_commas=True)]
+        codings = [c for c in codings if c and c != "identity"]
+        if len(codings) > 1 or (codings and codings[0] not in _ENCODINGS):
+            shown = ", ".join(codings)[:100]
+            raise LLMResponseError(f"{url}: the reply is encoded {shown!r}; asked for gzip or deflate", self.status, "")
+        self._inflate = zlib.decompressobj(_ENCODINGS[codings[0]]) if codings else None
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def feed(self, raw: bytes) -> None:
+        if self._inflate is None:
+            self._take(raw)
+            return
+        try:
+            self._take(self._inflate.decompress(raw, self.limit - self._size + 1))
+            while self._inflate.unconsumed_tail and not self._inflate.eof:
+                self._take(self._inflate.decompress(self._inflate.unconsumed_tail, self.limit - self._size + 1))
+        except zlib.error as exc:
+            raise LLMResponseError(f"{self.url}: the reply does not decode ({exc})", self.status, "") from None
+
+    def _take(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > self.limit:
+            raise LLMReplyLimitError(
+                f"{self.url}: the reply (HTTP {self.status}) is larger than max_reply_bytes ({self.limit} bytes)"
+            )
+        self._chunks.append(data)
+
+    def reply(self, response: httpx.Response) -> _Reply:
+        """The whole body, once it holds no more values than ``BYTES_PER_VALUE`` allows (counted before it is
+        parsed, which is where a reply of many small values would cost the host)."""
+        if self._inflate is not None:
+            self._take(self._inflate.flush())
+        body = b"".join(self._chunks)
+        values = body.count(b"[") + body.count(b"{") + body.count(b",")
+        if values > self.limit // BYTES_PER_VALUE:
+            raise LLMReplyLimitError(
+                f"{self.url}: the reply (HTTP {self.status}) holds {values} JSON values, more than one per "
+                f"{BYTES_PER_VALUE} bytes of max_reply_bytes ({self.limit} bytes) allows"
+            )
+        return _Reply(self.status, response.headers, body)
+
+
+_Outcome = _Reply | httpx.TransportError | LLMError | None
 _Flow = Generator[_Send | _Sleep, _Outcome, Completion]
 
 
@@ -217,8 +305,8 @@ def _excerpt(status: int, text: str) -> str:
 
 def _failure(outcome: _Outcome) -> str:
     """A failed attempt in one line: the transport error, or the status and the start of the body."""
-    if isinstance(outcome, httpx.Response):
-        return " ".join(_excerpt(outcome.status_code, outcome.text)[:200].split())
+    if isinstance(outcome, _Reply):
+        return " ".join(_excerpt(outcome.status, outcome.text)[:200].split())
     return f"{type(outcome).__name__}: {str(outcome) or 'no detail'}"
 
 
@@ -304,7 +392,7 @@ def _within_output_cap(body: dict[str, Any], text: str) -> tuple[dict[str, Any],
     return {**body, key: int(cap.group(1))}, f"{key} {cap.group(1)}"
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(response: _Reply) -> float | None:
     """Retry-After in seconds, or as an HTTP date (RFC 9110 allows both; proxies and CDNs send dates)."""
     value = response.headers.get("retry-after", "").strip()
     if not value:
@@ -349,13 +437,19 @@ def _error_in_body(data: Any) -> tuple[int, str] | None:
     return status, str(message)
 
 
-def _parse_choice(response: httpx.Response) -> tuple[dict[str, Any], Usage]:
-    """The first choice of a 2xx body and its usage, or LLMResponseError saying what is wrong with the body."""
-    status, text = response.status_code, response.text
+def _parsed(body: bytes) -> Any:
+    """``body`` as JSON, or ``_NOT_JSON``; nesting deeper than the parser recurses (RecursionError) is not JSON."""
     try:
-        data = response.json()
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser recurses
-        raise LLMResponseError(f"response is not JSON ({_excerpt(status, text)})", status, text) from None
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
+def _parse_choice(status: int, text: str, data: Any) -> tuple[dict[str, Any], Usage]:
+    """The first choice of a 2xx body (``data``, parsed from ``text``) and its usage, or LLMResponseError saying
+    what is wrong with the body."""
+    if data is _NOT_JSON:
+        raise LLMResponseError(f"response is not JSON ({_excerpt(status, text)})", status, text)
     if not isinstance(data, dict) or "choices" not in data:
         raise LLMResponseError(f"response has no 'choices' ({_excerpt(status, text)})", status, text)
     if nests_deeper(data, MAX_DEPTH):  # the message is kept in the record, which cannot be written so deep
@@ -537,8 +631,13 @@ class _ChatCore:
         self.usage = UsageTotals()
         self._usage_lock = threading.Lock()
         key = config.api_key.get_secret_value()
-        self._headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **config.headers}
+        # the codings _Body decodes, not httpx's default (which names br and zstd where their packages are)
+        auth = {"Authorization": f"Bearer {key}"} if key else {}
+        self._headers = {"Accept-Encoding": "gzip, deflate", **auth, **config.headers}
         self._timeout = httpx.Timeout(config.timeout.read, connect=config.timeout.connect)
+
+    def _past_deadline(self) -> LLMReplyLimitError:
+        return LLMReplyLimitError(f"{self.url}: no whole reply within timeout.total ({self.config.timeout.total:g} s)")
 
     def _outgoing(self, message: Mapping[str, Any]) -> dict[str, Any]:
         """Reasoning stays in assistant messages unless asked: DeepSeek and Kimi reject turns without it."""
@@ -559,18 +658,18 @@ class _ChatCore:
 
     def _check(self, outcome: _Outcome, attempts: int) -> tuple[dict[str, Any], Usage]:
         """The choice and usage of a good reply; otherwise the error it amounts to."""
-        if not isinstance(outcome, httpx.Response):
+        if isinstance(outcome, LLMError):  # the reply broke a bound, or cannot be decoded
+            raise outcome
+        if not isinstance(outcome, _Reply):
             raise LLMConnectionError(
                 f"{self.url}: {type(outcome).__name__}: {str(outcome) or 'no detail'} (attempt {attempts})"
             ) from outcome
-        status, text = outcome.status_code, outcome.text
+        status, text = outcome.status, outcome.text
         if 200 <= status < 300:
-            try:
-                carried = _error_in_body(outcome.json())
-            except (ValueError, RecursionError):
-                carried = None
+            data = _parsed(outcome.body)
+            carried = None if data is _NOT_JSON else _error_in_body(data)
             if carried is None:
-                return _parse_choice(outcome)
+                return _parse_choice(status, text, data)
             code, message = carried
             shown = f"HTTP {status} carrying error {code}: {message[:_BODY_EXCERPT]}"
             if _is_context_error(message):
@@ -583,7 +682,7 @@ class _ChatCore:
     def _backoff(self, failures: int, outcome: _Outcome) -> tuple[float, bool]:
         """Full jitter over an exponential cap, or the server's Retry-After (the flag says which); never more
         than backoff_max."""
-        hinted = _retry_after(outcome) if isinstance(outcome, httpx.Response) else None
+        hinted = _retry_after(outcome) if isinstance(outcome, _Reply) else None
         if hinted is not None:
             return min(hinted, self.config.backoff_max), True
         return random.uniform(0, min(self.config.backoff_max, self.config.backoff_base * 2 ** (failures - 1))), False
@@ -628,7 +727,7 @@ class _ChatCore:
                     raise
                 failures += 1
                 wait, hinted = self._backoff(failures, outcome)
-                cause = _cause(exc) if isinstance(outcome, httpx.Response) else _failure(outcome)
+                cause = _cause(exc) if isinstance(outcome, _Reply) else _failure(outcome)
                 self._retrying(Retry(failures, self.config.max_retries, wait, cause, hinted=hinted))
                 yield _Sleep(wait)
                 continue
@@ -661,11 +760,43 @@ class _ChatCore:
         )
 
 
+class _Deadline:
+    """Shuts one request's sockets when its ``timeout.total`` is up: httpx has no deadline for a whole request,
+    and a read blocked on a socket returns only when the socket is shut."""
+
+    def __init__(self, seconds: float) -> None:
+        self.passed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def keep(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.passed:
+                _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.passed = True
+            for sock in self._sockets:
+                _shut(sock)
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._timer.cancel()
+
+
 class LLMClient(_ChatCore):
-    """Blocking client; safe to share between threads (httpx pools the connections).
+    """Blocking client; safe to share between threads.
 
     ``cancel()``, from any thread, cuts off a request in flight: a read may otherwise wait the whole read
-    timeout (ten minutes by default) on a stalled server, and a batch being killed must not.
+    timeout (ten minutes by default) on a stalled server, and a batch being killed must not. Each request has a
+    connection of its own: httpcore names a socket only as it connects, and the request's deadline shuts it.
     """
 
     def __init__(
@@ -680,7 +811,8 @@ class LLMClient(_ChatCore):
         self._sleep = sleep or self._cancelled.wait
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._sockets_lock = threading.Lock()
-        self._http = httpx.Client(headers=self._headers, timeout=self._timeout)
+        one_each = httpx.Limits(max_keepalive_connections=0)
+        self._http = httpx.Client(headers=self._headers, timeout=self._timeout, limits=one_each)
 
     def complete(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
@@ -701,18 +833,31 @@ class LLMClient(_ChatCore):
             raise LLMCancelled(f"{self.url}: the request was cancelled")
         if isinstance(step, _Sleep):
             return None
+        deadline = _Deadline(self.config.timeout.total)
+
+        def trace(event: str, info: dict[str, Any]) -> None:
+            """httpcore's hook: the request's socket, for cancel() and for its deadline to shut."""
+            if event == "connection.connect_tcp.complete":
+                sock = info["return_value"].get_extra_info("socket")
+                self._keep(sock)
+                deadline.keep(sock)
+
         try:
-            return self._http.post(self.url, json=step.body, extensions={"trace": self._trace})
+            with deadline, self._http.stream("POST", self.url, json=step.body, extensions={"trace": trace}) as response:
+                body = _Body(self.url, response, self.config.max_reply_bytes)
+                for raw in response.iter_raw():
+                    body.feed(raw)
+            # a body that ends with its connection ends early, not as a whole reply, when the deadline shut it
+            return self._past_deadline() if deadline.passed else body.reply(response)
         except httpx.TransportError as exc:
             if self._cancelled.is_set():
                 raise LLMCancelled(f"{self.url}: the request was cancelled") from None
+            return self._past_deadline() if deadline.passed else exc
+        except LLMError as exc:
             return exc
 
-    def _trace(self, event: str, info: dict[str, Any]) -> None:
-        """httpcore's trace hook: keep each new connection's socket, so cancel() can shut it down."""
-        if event != "connection.connect_tcp.complete":
-            return
-        sock = info["return_value"].get_extra_info("socket")
+    def _keep(self, sock: socket.socket) -> None:
+        """Keep a new connection's socket, so cancel() can shut it down."""
         with self._sockets_lock:
             self._sockets.add(sock)
             if self._cancelled.is_set():
@@ -774,9 +919,20 @@ class AsyncLLMClient(_ChatCore):
             await self._sleep(step.seconds)
             return None
         try:
-            return await self._http.post(self.url, json=step.body)
+            return await asyncio.wait_for(self._request(step.body), self.config.timeout.total)
+        except asyncio.TimeoutError:
+            return self._past_deadline()
         except httpx.TransportError as exc:
             return exc
+        except LLMError as exc:
+            return exc
+
+    async def _request(self, body: dict[str, Any]) -> _Reply:
+        async with self._http.stream("POST", self.url, json=body) as response:
+            reader = _Body(self.url, response, self.config.max_reply_bytes)
+            async for raw in response.aiter_raw():
+                reader.feed(raw)
+        return reader.reply(response)
 
     async def aclose(self) -> None:
         await self._http.aclose()

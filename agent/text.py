@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .schemas import EXAMPLES
@@ -87,17 +87,19 @@ def parse_arguments(name: str, arguments: str | Mapping[str, Any] | None) -> dic
 
 
 def nests_deeper(value: Any, levels: int = MAX_DEPTH) -> bool:
-    """Whether ``value`` nests lists and dicts more than ``levels`` deep; walked with a stack, not recursion,
-    so any depth the parser made is measured."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, Mapping) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth > levels:
-            return True
-        stack.extend((child, depth + 1) for child in children)
+    """Whether ``value`` nests lists and dicts more than ``levels`` deep: walked depth first with a stack of
+    iterators, not recursion, so any depth the parser made is measured, holding one iterator a level."""
+    iterators: list[Iterator[Any]] = [iter((value,))]
+    while iterators:
+        for item in iterators[-1]:
+            children = item.values() if isinstance(item, Mapping) else item if isinstance(item, list) else None
+            if children is not None:
+                if len(iterators) > levels:
+                    return True
+                iterators.append(iter(children))
+                break
+        else:
+            iterators.pop()
     return False
 
 
