@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -80,6 +80,8 @@ FLAGS: dict[tuple[str, str], tuple[str, str]] = {
     ("LLMConfig", "max_tokens"): ("--max-tokens-per-call", "--max-tokens-per-call 4096"),
     ("LLMConfig", "extra_body"): ("--extra-body", """--extra-body '{"top_p": 0.9}'"""),
     ("LLMConfig", "max_retries"): ("--llm-max-retries", "--llm-max-retries 6"),
+    ("LLMConfig", "max_reply_bytes"): ("--llm-max-reply", "--llm-max-reply 64M"),
+    ("LLMConfig", "timeout"): ("--llm-timeout", "--llm-timeout 3600"),
     ("AgentConfig", "max_steps"): ("--max-steps", "--max-steps 100"),
     ("AgentConfig", "max_token_limit"): ("--max-token-limit", "--max-token-limit 65536"),
     ("AgentConfig", "max_format_errors"): ("--max-format-errors", "--max-format-errors 3"),
@@ -172,6 +174,10 @@ def _check_url(url: str | None) -> None:
 
 def llm_advice(error: str, url: str) -> str:
     """What to do about an LLM error, from its text (the trajectory's ``error``, or a result's)."""
+    if "max_reply_bytes" in error:
+        return "the reply was larger than --llm-max-reply allows: raise it (--llm-max-reply 64M) for a server you trust"
+    if "timeout.total" in error:
+        return "the reply took longer than --llm-timeout allows: raise it (--llm-timeout 3600) for a server you trust"
     if "HTTP 401" in error or "HTTP 403" in error:
         return "the endpoint refused the key: check --api-key (or $OPENAI_API_KEY)"
     if "HTTP 404" in error:
@@ -290,6 +296,43 @@ def _time_limit_option(what: str) -> Any:
         default=None,
         help=f"Seconds of wall time for {what}.",
     )
+
+
+def _llm_bound_options(what: str) -> Callable[[Any], Any]:
+    """How much of a reply, and how long a request, is taken from the LLM endpoint (``what``): `run` and `bench`
+    share them. The defaults are ``LLMConfig``'s (MAX_REPLY_BYTES, ``Timeouts.total``)."""
+
+    def add(func: Any) -> Any:
+        func = click.option(
+            "--llm-timeout",
+            "--llm_timeout",
+            "llm_timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            default=1800.0,
+            show_default=True,
+            metavar="SECONDS",
+            help=f"Seconds a request to {what} may take, its whole reply included; past them it fails, not retried.",
+        )(func)
+        return click.option(
+            "--llm-max-reply",
+            "--llm_max_reply",
+            "llm_max_reply",
+            default="16M",
+            show_default=True,
+            metavar="SIZE",
+            help=f"Bytes of a reply from {what} taken, counted decoded, and a JSON value per 64 of them; past that "
+            "it fails, not retried.",
+        )(func)
+
+    return add
+
+
+def _llm_bounds(max_reply: str, timeout: float) -> dict[str, Any]:
+    """The ``LLMConfig`` fields ``_llm_bound_options``' flags give."""
+    from .sandbox.config import parse_size
+
+    with _fed_by("--llm-max-reply"):
+        return {"max_reply_bytes": parse_size(max_reply), "timeout": {"total": timeout}}
 
 
 def _agent_jail_options(func: Any) -> Any:
@@ -604,6 +647,7 @@ def _trim(text: str, limit: int = 600) -> str:
 )
 @click.option("--api-key", "--api_key", default=None, help="Default $OPENAI_API_KEY.")
 @_llm_retries_option
+@_llm_bound_options("the model")
 @click.option(
     "--input-dir",
     "--input_dir",
@@ -676,6 +720,8 @@ def run_cmd(
     llm_base_url: str | None,
     api_key: str | None,
     llm_max_retries: int,
+    llm_timeout: float,
+    llm_max_reply: str,
     input_dir: str | None,
     output_dir: str,
     prompt_config: str | None,
@@ -738,6 +784,7 @@ def run_cmd(
             "max_tokens": max_tokens_per_call,
             "extra_body": extra,
             "max_retries": llm_max_retries,
+            **_llm_bounds(llm_max_reply, llm_timeout),
         }
         if llm_base_url or provider_url:
             llm_fields["base_url"] = llm_base_url or provider_url
@@ -950,6 +997,7 @@ def _docker_image(ref: str, quiet: bool) -> str:
 @click.option("--llm-base-url", "--llm_base_url", "llm_base_url", default=None, help="Default $OPENAI_BASE_URL.")
 @click.option("--api-key", "--api_key", default=None, help="Default $OPENAI_API_KEY.")
 @_llm_retries_option
+@_llm_bound_options("the model or the judge")
 @click.option(
     "--output-dir", "--output_dir", type=click.Path(file_okay=False), default="./bench-out", show_default=True
 )
@@ -996,6 +1044,8 @@ def bench_cmd(
     llm_base_url: str | None,
     api_key: str | None,
     llm_max_retries: int,
+    llm_timeout: float,
+    llm_max_reply: str,
     output_dir: str,
     workers: int,
     executor: str,
@@ -1046,8 +1096,9 @@ def bench_cmd(
         _check_url(llm_base_url)
     from .agent.judge import from_flags
 
+    bounds = _llm_bounds(llm_max_reply, llm_timeout)
     with _fed_by("--judge-model"):
-        judge = from_flags(judge_model, judge_base_url, judge_api_key, judge_repeats)
+        judge = from_flags(judge_model, judge_base_url, judge_api_key, judge_repeats, bounds)
     with _fed_by("--scorer-module"):
         scorers = load_scorers(scorer_modules, judge)
     try:
@@ -1074,7 +1125,7 @@ def bench_cmd(
         out.rename(aside)
         click.echo(f"jailbox: moved the earlier run in {out} to {aside}", err=True)
     with _fed_by():
-        fields: dict[str, Any] = {"model": llm_name, "max_retries": llm_max_retries}
+        fields: dict[str, Any] = {"model": llm_name, "max_retries": llm_max_retries, **bounds}
         if llm_base_url:
             fields["base_url"] = llm_base_url
         if api_key:

@@ -14,6 +14,7 @@ read. A judge that cannot be reached raises ``JudgeError`` (the batch records it
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,14 +75,17 @@ class Judge:
         return sum(v is True for v in verdicts) / len(verdicts)
 
 
-def from_flags(model: str | None, base_url: str | None, api_key: str | None, repeats: int) -> JudgeConfig | None:
+def from_flags(
+    model: str | None, base_url: str | None, api_key: str | None, repeats: int, bounds: Mapping[str, Any] | None = None
+) -> JudgeConfig | None:
     """The judge ``jailbox bench``'s ``--judge-*`` flags name, None without ``--judge-model``. The sampling is the
-    reference judge's (temperature 0.7, at most 16384 tokens a reply)."""
+    reference judge's (temperature 0.7, at most 16384 tokens a reply); ``bounds`` are ``LLMConfig`` fields it
+    shares with the model's endpoint (how large a reply, how long a request)."""
     if model is None:
         if base_url is not None or api_key is not None:
             raise ValueError("--judge-base-url and --judge-api-key need --judge-model, e.g. --judge-model qwen3-235b")
         return None
-    fields: dict[str, Any] = {"model": model, "temperature": 0.7, "max_tokens": 16384}
+    fields: dict[str, Any] = {"model": model, "temperature": 0.7, "max_tokens": 16384, **(bounds or {})}
     if base_url is not None:
         fields["base_url"] = base_url
     if api_key is not None:

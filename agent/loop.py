@@ -28,7 +28,7 @@ from . import text
 from .llm import Completion, LLMError, parse_text_action
 from .prompts import PromptConfig
 from .schemas import TOOL_SCHEMAS
-from .tools import Tools
+from .tools import ToolResult, Tools
 from .trajectory import Action, ExecFacts, ExitStatus, Step, Trajectory
 
 NO_TOOL_CALL = (
@@ -42,6 +42,15 @@ CUT_OFF = (
 LAST_STEP = "This is your last step: write the answer to {output_dir}/answer.txt now and call submit."
 ANSWER_LIMIT = 1 << 20
 """Bytes of ``answer.txt`` the host takes from the jail; a larger answer is refused, and the record says so."""
+MAX_CALLS = 64
+"""Tool calls of one reply that are run; each one past them is answered that it was not. Models make a few at
+once; what one reply's calls may leave in the record (observations of up to ``observation_chars`` each) is
+held to this many."""
+NOT_RUN = "Not run: a reply may make at most {limit} tool calls, and this was call {n} of {total}. Make fewer at once."
+MOST_CHARS_PER_TOKEN = 16
+"""No tokenizer puts more characters than this in a token on average: the conversation counts at least its
+characters (all of every message) over this, whatever a server says it counted. A server saying it counted one
+token would otherwise grow the conversation, and the record rewritten after every step, without bound."""
 TEXT_MODE_HELP = "Call a tool with one fenced block: ```<tool_name>\\n{{json arguments}}\\n```. Tools: {names}."
 
 
@@ -172,7 +181,12 @@ class Agent:
         submitted, usable = False, False
         for position, (call_id, name, arguments) in enumerate(calls):
             started = time.monotonic()
-            result = self.tools.call(name, arguments)
+            if position < MAX_CALLS:
+                result = self.tools.call(name, arguments)
+            else:
+                result = ToolResult(
+                    observation=NOT_RUN.format(limit=MAX_CALLS, n=position + 1, total=len(calls)), error=True
+                )
             step.sandbox_seconds += time.monotonic() - started
             step.actions.append(Action(function=name, parameters=_as_dict(arguments), tool_call_id=call_id))
             observation = result.observation
@@ -240,7 +254,8 @@ class Agent:
 def conversation_tokens(messages: list[dict[str, Any]], counted: tuple[int, int] = (0, 0)) -> int:
     """The conversation's size in tokens, as the reference checks it before each call: what the server counted
     for the first ``counted[0]`` messages (its last reply's prompt and completion tokens), plus about one token
-    per four characters for the messages after them (all of them when the server never said)."""
+    per four characters for the messages after them (all of them when the server never said); never less than
+    the whole conversation's characters over ``MOST_CHARS_PER_TOKEN``."""
     known, tokens = counted if 0 < counted[0] <= len(messages) else (0, 0)
     chars = 0
     for message in messages[known:]:
@@ -249,7 +264,8 @@ def conversation_tokens(messages: list[dict[str, Any]], counted: tuple[int, int]
         chars += len(str(message.get("reasoning_content") or message.get("reasoning") or ""))
         if message.get("tool_calls"):
             chars += len(json.dumps(message["tool_calls"], ensure_ascii=False))
-    return tokens + chars // 4
+    whole = sum(len(json.dumps(message, ensure_ascii=False)) for message in messages)
+    return max(tokens + chars // 4, whole // MOST_CHARS_PER_TOKEN)
 
 
 def read_answer(sb: Sandbox, output_dir: str) -> tuple[bytes | None, str | None]:

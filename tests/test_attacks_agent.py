@@ -1,10 +1,13 @@
-"""The attack battery, agent side: a tasks file is data, and the jail cannot forge or reach past its record.
+"""The attack battery, agent side: a tasks file is data, the jail cannot forge or reach past its record, and
+an LLM endpoint cannot take the host's memory, disk or time.
 
 A tasks file comes from anywhere: it may name scorers only by name (built-ins, ``--scorer-module``, the
 ``jailbox.scorers`` entry points) and input files only beneath its inputs root, never through ``..``, an
 absolute path or a symlink. A jailed command controls everything in the jail's output directory; the host's
 output directory is the host's alone, and whatever links an earlier run left there, every host path outside
-it stays untouched (content, mode, listing). Each class is tried several ways, through ``jailbox run`` and
+it stays untouched (content, mode, listing). The model's endpoint (and the judge's) is a peer like any other:
+whatever it sends, and however slowly, the jailbox process holds a bounded amount of it, records a bounded
+amount and waits a bounded time. Each class is tried several ways, through ``jailbox run`` and
 ``jailbox bench`` as a user types them, against the scripted model server and real jails.
 """
 
@@ -22,7 +25,7 @@ from pathlib import Path
 import pytest
 from batch_tasks import ROOT, bench_command
 from conftest import snapshot
-from llm_server import ScriptedServer, Step, reply
+from llm_server import MiB, ScriptedServer, Step, filled, filler, gzipped, reply
 
 from jailbox.agent.environment import Environment
 from jailbox.agent.tasks import Task, read_results
@@ -387,3 +390,159 @@ def test_ray_reads_inputs_by_the_same_rules_and_writes_back_through_the_same_gua
     assert (out / "tasks" / "t0" / "output" / "answer.txt").read_text() == "6 7\n"
     assert not (out / "tasks" / "t0" / "output").is_symlink() and not (out / "tasks" / "t1").is_symlink()
     assert not (out / "tasks" / "t0" / "output" / "k" / "l").exists()  # links are not sent back
+
+
+# --- 5. a hostile LLM endpoint -------------------------------------------------------------------
+
+# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across execve, so a child's starts at its parent's (pytest's)
+RSS_PROBE = (
+    "import atexit, re, sys\n"
+    "def peak():\n"
+    "    status = open('/proc/self/status').read()\n"
+    "    sys.stderr.write('peak %s\\n' % re.search(r'VmHWM:\\s*(\\d+) kB', status).group(1))\n"
+    "atexit.register(peak)\n"
+    "from jailbox.cli import main\n"
+    "main()\n"
+)
+GiB = 1 << 30
+LIMIT = 16 * MiB  # the default --llm-max-reply
+
+
+def measured(*args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, int]:
+    """``jailbox ARGS`` as a user types it, and the most memory its process held (its resident set's peak)."""
+    r = subprocess.run(
+        [sys.executable, "-c", RSS_PROBE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    found = re.search(r"^peak (\d+)$", r.stderr, re.M)
+    assert found, r.stderr
+    return r, int(found.group(1)) * 1024
+
+
+def run_against(server: ScriptedServer, out: Path, *options: str) -> tuple[dict, subprocess.CompletedProcess, int]:
+    """``jailbox run --network none`` against ``server``: its JSON summary, the process and its peak memory."""
+    flags = ["--llm_name", "m", "--llm_base_url", server.url, "--api_key", "k", "--network", "none"]
+    r, rss = measured("run", "--query", "6*7?", *flags, "--output_dir", str(out), "--json", *options)
+    return json.loads(r.stdout.splitlines()[-1]), r, rss
+
+
+def written(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def quiet_rss(tmp_path_factory) -> int:
+    """The peak memory of a run whose one step is a short reply: what every run costs anyway."""
+    with ScriptedServer([reply("I am done.")]) as server:
+        summary, _, rss = run_against(server, tmp_path_factory.mktemp("quiet"), "--max-steps", "1")
+    assert summary["exit_status"] == "max_steps"
+    return rss
+
+
+HUGE = [
+    pytest.param(Step(stream=filler(GiB), length=filled(GiB)), id="content-length"),
+    pytest.param(Step(stream=filler(GiB), close=True), id="no-length-until-close"),
+    pytest.param(Step(stream=filler(GiB)), id="chunked"),
+    pytest.param(Step(stream=lambda: [gzipped(GiB)], headers={"Content-Encoding": "gzip"}), id="gzip-bomb"),
+    pytest.param(Step(status=502, stream=filler(GiB)), id="error-page"),
+    pytest.param(
+        Step(stream=filler(14 * MiB, tail=b'", "x": [' + b"[]," * (MiB // 3) + b"[]]}}]}")), id="small-values"
+    ),
+]
+
+
+@pytest.mark.parametrize("step", HUGE)
+def test_a_huge_reply_costs_the_host_no_more_than_the_reply_limit(tmp_path, quiet_rss, step):
+    """A GiB of reply, one string of a chat completion's content however it is framed or compressed (gzip
+    inflating 1000:1), took `jailbox run` to 8.3 GB of memory and 3.2 GB of record; 16 MiB of small values,
+    parsed, to about a GiB. The reply is read to 16 MiB, decoded, its values counted before it is parsed, and
+    the run ends llm_error in one line naming the flag that raises the bound; it is not asked again."""
+    with ScriptedServer([step]) as server:
+        summary, r, rss = run_against(server, tmp_path / "out")
+        assert len(server.requests) == 1
+    assert summary["exit_status"] == "llm_error" and summary["steps"] == 0
+    assert "max_reply_bytes (16777216 bytes)" in summary["error"]
+    assert "--llm-max-reply" in error_line(r.stderr)
+    assert rss - quiet_rss < 3 * LIMIT, f"{(rss - quiet_rss) / MiB:.0f} MiB over a quiet run"
+    assert written(tmp_path / "out") < 64 * 1024
+
+
+def test_replies_within_the_limit_leave_a_bounded_record_whatever_usage_says(tmp_path, quiet_rss):
+    """Replies just under the limit, of a content string or of unknown fields, each saying it used one token:
+    the conversation counts at least a token per 16 characters whatever a server says it counted, so no second
+    request goes out, and the record holds the one reply (a run of three such steps wrote about 0.5 GB)."""
+    content = "a" * (LIMIT - 4096)
+    lying = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    for n, step in enumerate([reply(content, usage=lying), reply("hi", usage=lying, extra=[content])]):
+        with ScriptedServer([step] * 3) as server:
+            summary, _, rss = run_against(server, tmp_path / f"out{n}", "--max-steps", "3")
+            assert len(server.requests) == 1
+        assert summary["exit_status"] == "token_limit" and summary["steps"] == 1
+        assert rss - quiet_rss < 8 * LIMIT, f"{(rss - quiet_rss) / MiB:.0f} MiB over a quiet run"
+        assert written(tmp_path / f"out{n}") < 4 * LIMIT
+
+
+def test_thousands_of_tool_calls_in_a_reply_run_at_most_64(tmp_path):
+    """Each call's observation is bounded, their number was not: 3000 calls printing 40 kB each ran 3000
+    commands and recorded 90 MB. The first 64 run; every other one is answered that it was not."""
+    command = json.dumps({"command": "yes | head -c 40000"})
+    call = {"type": "function", "function": {"name": "execute_bash", "arguments": command}}
+    calls = [{"id": f"c{n}", **call} for n in range(3000)]
+    with ScriptedServer([reply(None, tool_calls=calls, finish_reason="tool_calls")]) as server:
+        summary, _, _ = run_against(server, tmp_path / "out", "--max-steps", "2")
+    assert summary["exit_status"] == "token_limit" and summary["steps"] == 1
+    [step] = load_trajectory(Path(summary["output_dir"]) / "trajectory.json").steps
+    assert len(step.actions) == len(step.observations) == 3000
+    assert sum(facts is not None for facts in step.exec) == 64
+    assert all(o.startswith("Not run: a reply may make at most 64 tool calls") for o in step.observations[64:])
+    assert "this was call 3000 of 3000" in step.observations[-1]
+    assert written(tmp_path / "out") < 16 * MiB
+
+
+TRICKLES = [
+    pytest.param(Step(stream=lambda: iter([b" "] * 100_000), close=True, gap=0.2), id="body"),
+    pytest.param(Step(stream=lambda: [b"{}"], length=2, trickle_head=True, gap=0.2), id="status-line-and-headers"),
+]
+
+
+@pytest.mark.parametrize("step", TRICKLES)
+def test_a_trickling_endpoint_holds_a_run_no_longer_than_the_deadline(tmp_path, step):
+    """A byte every 0.2 s keeps every read within its ten minutes: the run waited for ever. The whole request
+    has a deadline (--llm-timeout), past which the run ends llm_error, naming the flag; not asked again."""
+    with ScriptedServer([step]) as server:
+        summary, r, _ = run_against(server, tmp_path / "out", "--llm-timeout", "3")
+        assert len(server.requests) == 1
+    assert summary["exit_status"] == "llm_error"
+    assert "no whole reply within timeout.total (3 s)" in summary["error"]
+    assert "--llm-timeout" in error_line(r.stderr)
+
+
+def test_bench_bounds_the_models_and_the_judges_replies(tmp_path):
+    """`jailbox bench` holds its model's endpoint and its judge's to the same bounds: a gzip bomb from the
+    model is every task's llm_error, one from the judge is the task's error, and neither costs the bench's
+    process more than the limit allows over the same bench with quiet endpoints."""
+    in_jail = write_tasks(tmp_path / "jail.jsonl", {"id": "t0", "query": "RUN: echo x > /testbed/output/answer.txt"})
+    judged = write_tasks(tmp_path / "judged.jsonl", {"id": "p", "query": "q", "answer": "d", "scorer": "judge"})
+    bomb = Step(raw=gzipped(GiB), headers={"Content-Encoding": "gzip"})
+
+    def measured_bench(tasks: Path, model: ScriptedServer, judge: ScriptedServer, out: Path, *options: str):
+        flags = ["--judge-model", "j", "--judge-base-url", judge.url, "--judge-repeats", "1", *options]
+        return measured(*bench_command(tasks, model.url, out, *flags)[3:])
+
+    with ScriptedServer(responder=obeying) as model:
+        _, quiet = measured_bench(in_jail, model, model, tmp_path / "quiet")
+    with ScriptedServer([bomb]) as model:
+        r, rss = measured_bench(in_jail, model, model, tmp_path / "a")
+        assert len(model.requests) == 1
+    assert r.returncode == 1 and "every task failed alike" in r.stderr and "--llm-max-reply 64M" in r.stderr
+    assert "larger than max_reply_bytes" in (results(tmp_path / "a")["t0"].error or "")
+    assert rss - quiet < 3 * LIMIT, f"{(rss - quiet) / MiB:.0f} MiB over a quiet bench"
+
+    with ScriptedServer(responder=lambda _: reply("d")) as model, ScriptedServer([reply("CORRECT")]) as judge:
+        _, quiet = measured_bench(judged, model, judge, tmp_path / "quiet-judge", "--mode", "llm")
+    with ScriptedServer(responder=lambda _: reply("d")) as model, ScriptedServer([bomb]) as judge:
+        r, rss = measured_bench(judged, model, judge, tmp_path / "b", "--mode", "llm")
+        assert len(judge.requests) == 1
+    result = results(tmp_path / "b")["p"]
+    assert result.score == 0.0 and "scorer 'judge'" in (result.error or "")
+    assert "larger than max_reply_bytes" in (result.error or "")
+    assert rss - quiet < 3 * LIMIT, f"{(rss - quiet) / MiB:.0f} MiB over a quiet bench"

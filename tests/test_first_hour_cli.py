@@ -111,6 +111,8 @@ RUN_ERRORS = [
     (["--copy-out", "../x"], "--copy-out", "--copy-out results.csv"),
     (["--query", "@/no/such/file"], "--query", "--query @task.txt"),
     (["--llm-max-retries", "-1"], "--llm-max-retries", "--llm-max-retries 6"),
+    (["--llm-max-reply", "lots"], "--llm-max-reply", "--llm-max-reply 64M"),
+    (["--llm-timeout", "0"], "--llm-timeout", "--llm-timeout 3600"),
     (["--temperature", "hot"], "--temperature", "--temperature 0.7"),
     (["--max-tokens-per-call", "0"], "--max-tokens-per-call", "--max-tokens-per-call 4096"),
 ]
@@ -120,6 +122,7 @@ BENCH_ERRORS = [
     (["--llm-base-url", "ftp://x"], "--llm-base-url", "--llm-base-url http://"),
     (["--copy-out", "/abs"], "--copy-out", "--copy-out results.csv"),
     (["--llm-max-retries", "many"], "--llm-max-retries", "--llm-max-retries 6"),
+    (["--llm-max-reply", "0"], "--llm-max-reply", "--llm-max-reply 64M"),
     (["--executor", "fibers"], "--executor", "--executor threads"),
     (["--mode", "both"], "--mode", "--mode sandbox"),
 ]

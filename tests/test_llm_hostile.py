@@ -163,3 +163,14 @@ def test_the_async_client_holds_the_same_deadline(server, step):
     with pytest.raises(LLMReplyLimitError, match=r"timeout\.total \(1\.5 s\)"):
         asyncio.run(main())
     assert len(server.requests) == 1
+
+
+def test_the_flags_defaults_are_the_clients():
+    """`run`'s and `bench`'s --llm-max-reply and --llm-timeout default to what LLMConfig does."""
+    from jailbox.cli import bench_cmd, run_cmd
+    from jailbox.sandbox.config import parse_size
+
+    for command in (run_cmd, bench_cmd):
+        defaults = {param.name: param.default for param in command.params}
+        assert parse_size(defaults["llm_max_reply"]) == MAX_REPLY_BYTES
+        assert defaults["llm_timeout"] == Timeouts().total
