@@ -17,7 +17,12 @@ the target, whatever symlinks earlier members (or layers) created:
 - setuid/setgid bits are kept: commands in a jail run with ``no_new_privs`` (the kernel ignores
   the bits), and the store directory is 0700 so no other host user can reach those files;
 - a member larger than ``max_member`` bytes, an archive of more than ``max_entries`` members or
-  ``max_total`` bytes, or a name longer than ``PATH_MAX`` is refused, as is a truncated member.
+  ``max_total`` bytes, or a name longer than ``PATH_MAX`` is refused, as is a truncated member;
+- the headers before a member are judged by their declared size before tarfile reads them (it
+  reads each whole): a GNU long name or link ('L', 'K') longer than ``PATH_MAX``, a PAX header
+  ('x', 'g') over ``PAX_HEADER_MAX``, global PAX records over ``PAX_GLOBAL_MAX`` in all, more than
+  ``MAX_HEADERS`` such headers before one member, a malformed PAX record, and sparse members (their
+  maps are headers no field bounds) are refused.
 
 Layers (``layer=True``) also apply OCI whiteouts: ``.wh.NAME`` deletes NAME from the layers below,
 ``.wh..wh..opq`` empties its directory of everything the layers below put there.
@@ -44,6 +49,18 @@ CHUNK = 1 << 20
 MAX_HOPS = 40  # symbolic links followed for one path, the kernel's own limit
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY
 NOBODY = 65534
+# What tarfile reads whole before the member they describe: GNU 'L'/'K' headers hold a name and its
+# NUL, refused anyway past PATH_MAX; one PAX header may take what Go's archive/tar (which writes
+# and reads most images) allows; global PAX records stay in memory for the rest of the stream, so
+# they share one such budget; tarfile reads a chain of these headers recursively, holding each
+# until the member, and real archives put at most 'g', 'x', 'L' and 'K' before one.
+NAME_HEADER_MAX = PATH_MAX + 1
+PAX_HEADER_MAX = 1 << 20
+PAX_GLOBAL_MAX = 1 << 20
+MAX_HEADERS = 4
+_NAME_HEADERS = {tarfile.GNUTYPE_LONGNAME: "GNU long-name", tarfile.GNUTYPE_LONGLINK: "GNU long-link"}
+_PAX_HEADERS = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+_SPARSE = "sparse files are refused: their maps are unbounded"
 
 _MEMBER, _RELATIVE, _ABSOLUTE = range(3)  # where a path component came from: the name or a link
 
@@ -54,6 +71,63 @@ class Failed(Exception):
 
 class Unsafe(Failed):
     """A member the extraction refuses; the message starts with the member's name."""
+
+
+class HeaderRefused(Exception):
+    """A header refused before it is read; ``member`` names the member when it is known."""
+
+    def __init__(self, what: str, member: str | None = None) -> None:
+        super().__init__(what)
+        self.member = member
+
+
+class _Header(tarfile.TarInfo):
+    """A header whose extension headers are refused by their declared size before being read.
+
+    ``_proc_member`` is tarfile's documented hook for subclasses; the ``_proc_gnusparse_*``
+    methods are where it would read a PAX sparse map (1.0: from the member's data, unbounded)."""
+
+    def _proc_member(self, tf: _Tar) -> tarfile.TarInfo:
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise HeaderRefused(f"a GNU sparse header ({_SPARSE})")
+        kind = _NAME_HEADERS.get(self.type)
+        if kind is None and self.type not in _PAX_HEADERS:
+            return super()._proc_member(tf)  # type: ignore[misc]  # typeshed lacks the hook
+        kind = kind or ("global PAX" if self.type == tarfile.XGLTYPE else "PAX")
+        bound = NAME_HEADER_MAX if self.type in _NAME_HEADERS else PAX_HEADER_MAX
+        if self.size > bound:
+            raise HeaderRefused(f"a {kind} header claims {self.size} bytes, more than the {bound} it may take")
+        if self.type == tarfile.XGLTYPE:
+            tf.global_pax += self.size
+            if tf.global_pax > PAX_GLOBAL_MAX:
+                raise HeaderRefused(f"global PAX headers take more than {PAX_GLOBAL_MAX} bytes in all")
+        tf.chain += 1
+        try:
+            if tf.chain > MAX_HEADERS:
+                raise HeaderRefused(f"more than {MAX_HEADERS} extension headers before one member")
+            return super()._proc_member(tf)  # type: ignore[misc]
+        # its own records (the next header's errors come wrapped); typeshed lacks the class
+        except tarfile.InvalidHeaderError as exc:  # type: ignore[attr-defined]
+            raise HeaderRefused(f"a malformed {kind} header ({exc})") from None
+        finally:
+            tf.chain -= 1
+
+    def _proc_gnusparse_00(self, next: tarfile.TarInfo, raw_headers: object) -> None:
+        raise HeaderRefused(f"a PAX sparse file ({_SPARSE})", next.name)
+
+    def _proc_gnusparse_01(self, next: tarfile.TarInfo, pax_headers: object) -> None:
+        raise HeaderRefused(f"a PAX sparse file ({_SPARSE})", next.name)
+
+    def _proc_gnusparse_10(self, next: tarfile.TarInfo, pax_headers: object, tf: object) -> None:
+        raise HeaderRefused(f"a PAX sparse file ({_SPARSE})", next.name)
+
+
+class _Tar(tarfile.TarFile):
+    """tarfile with bounded headers: what it reads before a member is judged first (``_Header``)."""
+
+    tarinfo = _Header
+    chain = 0  # headers ('L', 'K', 'x', 'g') read so far before the coming member
+    global_pax = 0  # bytes of global PAX headers in the stream
 
 
 class ArchiveBounds:
@@ -86,6 +160,7 @@ class Extractor:
         self.limits = limits
         self.entries = 0
         self.bytes = 0
+        self.last = ""  # the member before the coming one, to place a refused header
         self.skipped: list[str] = []
         self._dir_times: list[tuple[list[str], int]] = []
         self._touched: set[str] = set()
@@ -98,7 +173,20 @@ class Extractor:
     def extract(self, stream: IO[bytes]) -> None:
         self._touched = set()
         try:
-            tf = tarfile.open(fileobj=stream, mode="r|*", errorlevel=2)
+            self._members(stream)
+        except HeaderRefused as exc:
+            raise Unsafe(f"{exc.member or self._coming()}: {exc}") from None
+        except MemoryError:  # the worker's own bound (worker.MEMORY_MAX) held a parse these bounds missed
+            raise Unsafe(f"{self._coming()}: needs more memory than the unpack worker may take") from None
+        self._apply_dir_times()
+
+    def _coming(self) -> str:
+        """Where a header refused before its member's name is known sits."""
+        return f"(the member after {self.last})" if self.last else "(the first member)"
+
+    def _members(self, stream: IO[bytes]) -> None:
+        try:
+            tf = _Tar.open(fileobj=stream, mode="r|*", errorlevel=2)
         except tarfile.ReadError as exc:
             raise Unsafe(f"(archive): not a readable tar stream: {exc}") from None
         while True:
@@ -119,7 +207,7 @@ class Extractor:
                 raise Failed(f"{member.name}: {exc.strerror or exc}") from None
             except (tarfile.TarError, EOFError) as exc:
                 raise Unsafe(f"{member.name}: the archive ends inside its data or is corrupt ({exc})") from None
-        self._apply_dir_times()
+            self.last = member.name
 
     def _member(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         parts = clean(m.name, m.name)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import stat
 import subprocess
@@ -30,6 +31,11 @@ from . import untar
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CLONE_NEWUSER = 0x10000000
+# The worker's own memory bound (RLIMIT_DATA: its heap and private mappings, zstd's too, which
+# inherits it), so a parse that escapes untar's bounds fails with MemoryError instead of taking
+# the host. Room for what it legitimately holds: xz's dictionary (64 MiB at -9), zstd's default
+# 128 MiB window, and untar's per-layer path sets for millions of members.
+MEMORY_MAX = 1 << 30
 
 
 def _say(obj: dict) -> None:
@@ -121,6 +127,9 @@ def du(path: str) -> dict:
 
 def main(argv: list[str]) -> None:
     req = json.loads(argv[0])
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    bound = MEMORY_MAX if hard == resource.RLIM_INFINITY else min(MEMORY_MAX, hard)  # may only lower
+    resource.setrlimit(resource.RLIMIT_DATA, (bound, bound))
     try:
         os.umask(0o022)
         raws: list[IO[bytes]] = []
