@@ -85,6 +85,31 @@ def _patch_size(raw: bytes, name: str, size: int) -> bytes:
     raise AssertionError(f"{name} not found")
 
 
+def raw_header(name: str, kind: bytes, size: int, patch: dict[int, bytes] | None = None) -> bytes:
+    """One raw 512-byte tar header, ``patch`` written over it at byte offsets, checksum redone."""
+    ti = tarfile.TarInfo(name)
+    ti.type, ti.size, ti.mtime = kind, size, 1700000000
+    raw = bytearray(ti.tobuf(format=tarfile.GNU_FORMAT))
+    for offset, value in (patch or {}).items():
+        raw[offset : offset + len(value)] = value
+    raw[148:156] = b" " * 8
+    raw[148:156] = b"%06o\0 " % sum(raw)
+    return bytes(raw)
+
+
+def raw_tar_gz(path: Path, *parts: bytes | tuple[bytes, int]) -> Path:
+    """A gzip'd tar of raw ``parts``: bytes, or (chunk, count) streamed ``count`` times; each part
+    padded to the 512-byte block. A few MiB of gzip stand for hundreds of MiB of tar."""
+    with gzip.open(path, "wb", compresslevel=1) as out:
+        for part in parts:
+            chunk, count = (part, 1) if isinstance(part, bytes) else part
+            for _ in range(count):
+                out.write(chunk)
+            out.write(bytes(-(len(chunk) * count) % 512))
+        out.write(bytes(1024))
+    return path
+
+
 def sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 

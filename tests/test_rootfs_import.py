@@ -9,11 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
 import pytest
-from oci_images import E, Layout, content, tar_bytes, tree_of
+from oci_images import E, Layout, content, raw_header, raw_tar_gz, tar_bytes, tree_of
 
 from jailbox.sandbox import Sandbox, idmap
 from jailbox.sandbox.errors import RootfsError, UnsafeArchive
@@ -164,3 +165,26 @@ def test_a_hostile_image_archive_is_refused(tmp_path: Path, store: Store) -> Non
     with pytest.raises(UnsafeArchive, match=r"\.\./escaped: '\.\.' in its path"):
         import_rootfs(archive, "evil", store=store)
     assert not (tmp_path.parent / "escaped").exists() and store.list() == []
+
+
+def test_the_cli_refuses_a_huge_long_name_header_in_one_line_with_bounded_memory(tmp_path: Path, store: Store) -> None:
+    """1 MiB of gzip whose GNU long-name header claims 256 MiB: the unbounded parse held twice
+    that in the unpack worker; now `rootfs import` (and `pull`, the same worker) refuses it unread."""
+    src = raw_tar_gz(
+        tmp_path / "evil.tar.gz",
+        raw_header("././@LongLink", tarfile.GNUTYPE_LONGNAME, 256 << 20),
+        (bytes(1 << 20), 256),
+        raw_header("after", tarfile.REGTYPE, 0),
+    )
+    measure = (
+        "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+        "print(r.returncode); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.stdout.write(r.stderr)"
+    )
+    env = {**os.environ, "JAILBOX_CACHE_DIR": str(store.root)}
+    argv = [sys.executable, "-c", measure, *JAILBOX, "rootfs", "import", str(src), "evil"]
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env, check=True)
+    code, peak, err = out.stdout.split("\n", 2)
+    assert code != "0" and err.count("\n") == 1, err
+    assert "(the first member): a GNU long-name header claims 268435456 bytes, more than the 4097" in err
+    assert int(peak) < 150 << 10, f"the CLI or its worker peaked at {peak} KiB"  # the CLI: about 40 MiB
+    assert store.list() == []

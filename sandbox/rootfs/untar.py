@@ -37,6 +37,7 @@ import errno
 import os
 import stat
 import tarfile
+from collections.abc import Iterator
 from typing import IO
 
 from ..floor.linux import RESOLVE_NO_SYMLINKS, open_beneath
@@ -139,6 +140,41 @@ class ArchiveBounds:
         self.max_entries = max_entries
 
 
+def members(stream: IO[bytes]) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]:
+    """The members of a tar stream (compressed or not) in order, none kept, each header judged
+    before it is read (``_Header``); what is refused raises ``Unsafe`` naming the member, or the one
+    before it when the refused header would have named it."""
+    tf: tarfile.TarFile | None = None
+    last = ""
+    count = 0
+    while True:
+        try:
+            if tf is None:  # opening reads the first header: judged as the others
+                tf = _Tar.open(fileobj=stream, mode="r|*", errorlevel=2)
+            member = tf.next()
+        except HeaderRefused as exc:
+            raise Unsafe(f"{exc.member or _after(last)}: {exc}") from None
+        except MemoryError:  # the worker's own bound (worker.MEMORY_MAX) held a parse these bounds missed
+            raise Unsafe(f"{_after(last)}: its header needs more memory than the unpack worker may take") from None
+        except tarfile.ReadError as exc:
+            if count == 0:
+                raise Unsafe(f"(archive): not a readable tar stream: {exc}") from None
+            raise Unsafe(f"(archive after {count} members): corrupt header: {exc}") from None
+        except tarfile.TarError as exc:
+            raise Unsafe(f"(archive after {count} members): corrupt header: {exc}") from None
+        if member is None:
+            return
+        # a stream can hold millions of members: keep none (typeshed lacks the attribute)
+        tf.members.clear()  # type: ignore[attr-defined]
+        count += 1
+        yield tf, member
+        last = member.name
+
+
+def _after(last: str) -> str:
+    return f"(the member after {last})" if last else "(the first member)"
+
+
 def clean(member: str, name: str) -> list[str]:
     """The components of an archive path, refusing what could point outside the tree."""
     if len(name.encode(errors="surrogateescape")) > PATH_MAX:
@@ -160,7 +196,6 @@ class Extractor:
         self.limits = limits
         self.entries = 0
         self.bytes = 0
-        self.last = ""  # the member before the coming one, to place a refused header
         self.skipped: list[str] = []
         self._dir_times: list[tuple[list[str], int]] = []
         self._touched: set[str] = set()
@@ -172,32 +207,7 @@ class Extractor:
 
     def extract(self, stream: IO[bytes]) -> None:
         self._touched = set()
-        try:
-            self._members(stream)
-        except HeaderRefused as exc:
-            raise Unsafe(f"{exc.member or self._coming()}: {exc}") from None
-        except MemoryError:  # the worker's own bound (worker.MEMORY_MAX) held a parse these bounds missed
-            raise Unsafe(f"{self._coming()}: needs more memory than the unpack worker may take") from None
-        self._apply_dir_times()
-
-    def _coming(self) -> str:
-        """Where a header refused before its member's name is known sits."""
-        return f"(the member after {self.last})" if self.last else "(the first member)"
-
-    def _members(self, stream: IO[bytes]) -> None:
-        try:
-            tf = _Tar.open(fileobj=stream, mode="r|*", errorlevel=2)
-        except tarfile.ReadError as exc:
-            raise Unsafe(f"(archive): not a readable tar stream: {exc}") from None
-        while True:
-            try:
-                member = tf.next()
-            except tarfile.TarError as exc:
-                raise Unsafe(f"(archive after {self.entries} members): corrupt header: {exc}") from None
-            if member is None:
-                break
-            # a stream can hold millions of members: keep none (typeshed lacks the attribute)
-            tf.members.clear()  # type: ignore[attr-defined]
+        for tf, member in members(stream):
             self.entries += 1
             if self.entries > self.limits.max_entries:
                 raise Unsafe(f"{member.name}: more than {self.limits.max_entries} members in the archive")
@@ -207,7 +217,7 @@ class Extractor:
                 raise Failed(f"{member.name}: {exc.strerror or exc}") from None
             except (tarfile.TarError, EOFError) as exc:
                 raise Unsafe(f"{member.name}: the archive ends inside its data or is corrupt ({exc})") from None
-            self.last = member.name
+        self._apply_dir_times()
 
     def _member(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         parts = clean(m.name, m.name)
