@@ -408,6 +408,15 @@ def test_a_pax_record_longer_than_its_header_is_refused_not_taken_for_the_end(ar
         unpack.extract_tar(io.BytesIO(data), tree)
 
 
+@pytest.mark.parametrize("mtime", ["1e999", "nan"])
+def test_a_pax_time_out_of_range_is_refused_naming_the_member(area, mtime: str) -> None:
+    tree, _ = area
+    pax = _records(("mtime", mtime))
+    data = raw_header("PaxHeader/t", tarfile.XHDTYPE, len(pax)) + pax + bytes(-len(pax) % 512)
+    with pytest.raises(UnsafeArchive, match=r"^t: a header field out of range \(cannot convert float"):
+        unpack.extract_tar(io.BytesIO(data + _file("t", b"1") + bytes(1024)), tree)
+
+
 def test_a_chain_of_extension_headers_is_refused(area) -> None:
     """tarfile reads such a chain recursively, holding every header until the member."""
     tree, _ = area

@@ -155,7 +155,7 @@ def members(stream: IO[bytes]) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInf
         except HeaderRefused as exc:
             raise Unsafe(f"{exc.member or _after(last)}: {exc}") from None
         except MemoryError:  # the worker's own bound (worker.MEMORY_MAX) held a parse these bounds missed
-            raise Unsafe(f"{_after(last)}: its header needs more memory than the unpack worker may take") from None
+            raise Unsafe(f"{_after(last)}: its header needs more memory than this process may take") from None
         except tarfile.ReadError as exc:
             if count == 0:
                 raise Unsafe(f"(archive): not a readable tar stream: {exc}") from None
@@ -217,6 +217,8 @@ class Extractor:
                 raise Failed(f"{member.name}: {exc.strerror or exc}") from None
             except (tarfile.TarError, EOFError) as exc:
                 raise Unsafe(f"{member.name}: the archive ends inside its data or is corrupt ({exc})") from None
+            except (OverflowError, ValueError) as exc:  # a PAX time of inf or nan, which no call takes
+                raise Unsafe(f"{member.name}: a header field out of range ({exc})") from None
         self._apply_dir_times()
 
     def _member(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
