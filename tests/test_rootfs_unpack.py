@@ -478,10 +478,10 @@ def test_the_unpack_worker_has_a_memory_bound_of_its_own(area) -> None:
         t.start()
         try:
             workers: list[psutil.Process] = []
-            while not workers:
+            while not workers and t.is_alive():
                 workers = [p for p in psutil.Process().children() if "sandbox.rootfs.worker" in " ".join(p.cmdline())]
             wchan = Path(f"/proc/{workers[0].pid}/wchan")
-            while "pipe_read" not in wchan.read_text():  # its main() runs before it reads a pipe
+            while t.is_alive() and "pipe_read" not in wchan.read_text():  # main() runs before it reads a pipe
                 pass
             limits = Path(f"/proc/{workers[0].pid}/limits").read_text()
         finally:
