@@ -13,7 +13,7 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from . import hostfs
@@ -113,10 +113,12 @@ def read_file(channel: Channel, path: str, max_bytes: int | None) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def write_file(channel: Channel, path: str, data: bytes, mode: int) -> None:
+def write_file(channel: Channel, path: str, data: bytes | Iterable[bytes], mode: int) -> None:
+    """Write ``data``, or each chunk of it as it comes (a stream is never held whole)."""
     _, fd = _open(channel, path, write=True, mode=mode)
     with os.fdopen(fd, "wb") as f:
-        f.write(data)
+        for chunk in (data,) if isinstance(data, bytes) else data:
+            f.write(chunk)
 
 
 def stat_path(channel: Channel, path: str) -> Stat:

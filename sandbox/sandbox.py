@@ -6,7 +6,7 @@ import itertools
 import os
 import posixpath
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -195,8 +195,9 @@ class Sandbox:
         self._check_open()
         return files.read_file(self._channel, self._abs(path), max_bytes)
 
-    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        """Create or replace a file inside the jail, creating parent directories."""
+    def write_file(self, path: str, data: bytes | str | Iterable[bytes], mode: int = 0o644) -> None:
+        """Create or replace a file inside the jail, creating parent directories. ``data`` may be an
+        iterable of chunks, written as each comes."""
         self._check_open()
         files.write_file(self._channel, self._abs(path), data.encode() if isinstance(data, str) else data, mode)
 

@@ -2,23 +2,34 @@
 
 Runs in the serving host process, on the thread of one HTTP request. Every request body arrives
 already bounded by the HTTP layer; this module bounds what it decodes from it too (one message per
-unary call, one envelope per server-streaming request, gzip inflated to at most ``MAX_MESSAGE``).
+unary call, one envelope per server-streaming request, gzip inflated to at most ``MAX_MESSAGE``, every
+message checked for its depth and element count before it is parsed).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 
 MAX_MESSAGE = 16 << 20
 """Largest message a client may send, after decompression."""
+INFLATE_STEP = 1 << 16
+"""Bytes a gzip message is inflated by at a time, each step checked against ``MAX_MESSAGE``."""
+MAX_DEPTH = 32
+MAX_ELEMENTS = 1 << 16
+"""A message's nesting, and its elements (JSON: strings, brackets, commas and colons; protobuf: fields,
+each element of a repeated one too), checked before it is parsed: parsing builds an object per element,
+and 16 MiB of JSON ``[[],[],...`` built 400 MB. A message big for its data (a long string) has few."""
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]')
 
 FLAG_COMPRESSED = 0x01
 FLAG_END = 0x02
@@ -58,20 +69,29 @@ class RpcError(Exception):
         return {"code": self.code, "message": self.message}
 
 
-def inflate(data: bytes, encoding: str) -> bytes:
-    """``data`` as sent with ``encoding`` (identity or gzip), refusing more than ``MAX_MESSAGE`` inflated."""
+def inflate(data: bytes, encoding: str) -> bytes | bytearray:
+    """``data`` as sent with ``encoding`` (identity or gzip), refusing more than ``MAX_MESSAGE`` inflated.
+
+    Inflated a step at a time into one buffer: zlib's own output for a large ``max_length`` is blocks
+    joined at the end, twice the message at its peak (eight 16 KB bombs at once held 256 MiB)."""
     if encoding in ("", "identity"):
         return data
     if encoding != "gzip":
         raise RpcError("unimplemented", f"compression {encoding!r} is not supported (use gzip or none)")
     out = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    inflated = bytearray()
     try:
-        data = out.decompress(data, MAX_MESSAGE + 1)
+        while data:
+            inflated += out.decompress(data, INFLATE_STEP)
+            if len(inflated) > MAX_MESSAGE:
+                raise RpcError("resource_exhausted", f"message larger than {MAX_MESSAGE} bytes")
+            data = out.unconsumed_tail
+        inflated += out.flush()  # all input is in: what is left is at most zlib's window
     except zlib.error as exc:
         raise RpcError("invalid_argument", f"bad gzip body: {exc}") from None
-    if len(data) > MAX_MESSAGE or out.unconsumed_tail:
+    if len(inflated) > MAX_MESSAGE:
         raise RpcError("resource_exhausted", f"message larger than {MAX_MESSAGE} bytes")
-    return data
+    return inflated
 
 
 @dataclass(frozen=True)
@@ -88,13 +108,15 @@ class Codec:
     def stream_type(self) -> str:
         return f"application/connect+{self.name}"
 
-    def decode(self, kind: type[M], data: bytes) -> M:
+    def decode(self, kind: type[M], data: bytes | bytearray) -> M:
         msg = kind()
         try:
             if self.name == "json":
-                json_format.Parse(data.decode(), msg, ignore_unknown_fields=True, max_recursion_depth=32)
+                _check_json(data)
+                json_format.Parse(data.decode(), msg, ignore_unknown_fields=True, max_recursion_depth=MAX_DEPTH)
             else:
-                msg.ParseFromString(data)
+                _check_proto(cast(Descriptor, kind.DESCRIPTOR), memoryview(data), MAX_ELEMENTS, 0)
+                msg.ParseFromString(cast(bytes, data))  # any buffer: an inflated message is not copied
         except (DecodeError, json_format.ParseError, UnicodeDecodeError) as exc:
             raise RpcError("invalid_argument", f"cannot decode {kind.DESCRIPTOR.full_name}: {exc}") from None
         return msg
@@ -103,6 +125,63 @@ class Codec:
         if self.name == "json":
             return json_format.MessageToJson(msg, indent=None).encode()
         return msg.SerializeToString()
+
+
+def _check_json(data: bytes | bytearray) -> None:
+    """Refuse JSON nested deeper than ``MAX_DEPTH`` or of more than ``MAX_ELEMENTS`` tokens,
+    by a scan that builds nothing (a string is skipped whole; a scalar needs a comma to follow another)."""
+    depth = 0
+    for count, match in enumerate(_JSON_TOKEN.finditer(data)):
+        if count == MAX_ELEMENTS:
+            raise RpcError("resource_exhausted", f"a JSON message holds at most {MAX_ELEMENTS} elements")
+        token = data[match.start()]
+        if token in b"[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise RpcError("invalid_argument", f"a JSON message is nested at most {MAX_DEPTH} deep")
+        elif token in b"]}":
+            depth -= 1
+
+
+def _varint(data: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while pos < len(data) and shift < 64:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    raise RpcError("invalid_argument", "cannot decode the message: a bad varint")
+
+
+def _check_proto(descriptor: Descriptor, data: memoryview, budget: int, depth: int) -> int:
+    """Refuse protobuf nested deeper than ``MAX_DEPTH`` or of more than ``MAX_ELEMENTS`` fields, by
+    walking the wire format against the message's schema (unknown fields count one each, their content
+    is not walked); returns what is left of ``budget``. Malformed input stops the walk: the parser says
+    what is wrong with it."""
+    if depth > MAX_DEPTH:
+        raise RpcError("invalid_argument", f"a message is nested at most {MAX_DEPTH} deep")
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        budget -= 1
+        if budget < 0:
+            raise RpcError("resource_exhausted", f"a message holds at most {MAX_ELEMENTS} elements")
+        wire = key & 7
+        if wire == 0:
+            pos = _varint(data, pos)[1]
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            field = descriptor.fields_by_number.get(key >> 3)
+            if field is not None and field.message_type is not None:
+                budget = _check_proto(field.message_type, data[pos : pos + size], budget, depth + 1)
+            pos += size
+        else:  # groups (deprecated, sent by no client) and invalid wire types
+            raise RpcError("invalid_argument", f"cannot decode the message: wire type {wire} is not served")
+    return budget
 
 
 def codec_for(content_type: str, stream: bool) -> Codec:
@@ -128,9 +207,7 @@ def stream_request(kind: type[M], body: bytes, content_type: str, encoding: str)
     flags, size = struct.unpack(">BI", body[:5])
     if size != len(body) - 5 or flags & ~FLAG_COMPRESSED:
         raise RpcError("invalid_argument", "a server-streaming request holds exactly one message envelope")
-    data = body[5:]
-    if flags & FLAG_COMPRESSED:
-        data = inflate(data, encoding or "gzip")
+    data = inflate(body[5:], encoding or "gzip") if flags & FLAG_COMPRESSED else body[5:]
     return codec.decode(kind, data), codec
 
 

@@ -5,13 +5,15 @@ the jail's API is blocking and thread-safe, so one thread per request maps onto 
 in between and no dependency to audit, and Connect's server streams are plain chunked responses over
 HTTP/1.1. What a client sends is bounded here before any handler sees it: header count and size (the
 standard library's), at most ``MAX_CONNECTIONS`` connections at once, a request body of at most
-``MAX_BODY`` bytes (declared or chunked), ``MAX_TRANSFERS`` large bodies or file transfers at once,
+``MAX_BODY`` bytes (declared or chunked; read whole before the handler runs, but for a file upload,
+which it reads as it arrives), ``MAX_TRANSFERS`` large, compressed or file transfers at once,
 and ``IDLE`` seconds of silence on a connection. A request refused before its body is read is closed
 lingering, so the client reads why (at most ``LINGER_BYTES`` and ``LINGER`` seconds of it are dropped).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import threading
@@ -35,6 +37,96 @@ LINGER_BYTES = MAX_BODY
 LINGER = 5.0
 """After refusing a request whose body is still arriving: at most this many bytes, and seconds, of it
 read and dropped, so the client gets to read the refusal instead of a reset."""
+MAX_PARTS = 1000
+"""Files in one multipart upload. Each costs an open in the jail, and once cost host memory too (9.6
+million empty parts in a 64 MiB body held 1.2 GB): the upload now streams, and this bounds the rest."""
+MAX_PART_HEAD = 8 << 10
+"""Bytes of one multipart part's headers: the only part of an upload held whole, so a header without
+end is refused here rather than read to the end of the body."""
+STREAMED = frozenset({("POST", "/files")})
+"""Requests whose body the handler reads as it arrives (``Request.stream``) instead of whole: a file
+upload is written to the jail a chunk at a time, so what it holds does not grow with the file."""
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodyCut(Exception):
+    """The client stopped sending its body before the end: it closed, or stayed silent ``IDLE`` seconds."""
+
+
+class Body:
+    """A request body as it arrives, declared (``Content-Length``) or chunked, never past ``MAX_BODY``.
+
+    ``read`` raises ``BodyTooLarge`` past the bound or on bad framing, and ``BodyCut`` when the client
+    stops sending before the end: either way the request ends there."""
+
+    def __init__(self, rfile: io.BufferedIOBase, headers: Message) -> None:
+        self._rfile = rfile
+        self._chunked = "chunked" in (headers.get("Transfer-Encoding") or "").lower()
+        self._total = 0
+        self.done = False
+        if self._chunked:
+            self._left = 0  # of the current chunk; a chunk header is read when it is 0
+            return
+        try:
+            self._left = int(headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BodyTooLarge("bad Content-Length") from None
+        if self._left < 0 or self._left > MAX_BODY:
+            raise BodyTooLarge(f"request body over {MAX_BODY} bytes")
+        self.done = self._left == 0
+
+    def read(self, size: int) -> bytes:
+        """At most ``size`` bytes of the body, ``b""`` at its end."""
+        if self.done:
+            return b""
+        if self._left == 0 and not self._next_chunk():
+            return b""
+        try:
+            data = self._rfile.read(min(size, self._left))
+        except OSError as exc:  # the connection's timeout (IDLE) or a reset
+            raise BodyCut(f"the body stopped arriving: {exc}") from None
+        if not data:
+            raise BodyCut("the client closed before the end of its body")
+        self._left -= len(data)
+        if self._left == 0:
+            if self._chunked:
+                self._rfile.readline(16)  # the chunk's CRLF
+            else:
+                self.done = True
+        return data
+
+    def read_all(self) -> bytes:
+        if not self._chunked:  # one allocation of the declared size, not pieces joined (twice the body)
+            data = self.read(self._left)
+            if not self.done:  # a short read: the client closed
+                raise BodyCut("the client closed before the end of its body")
+            return data
+        parts = []
+        while data := self.read(1 << 20):
+            parts.append(data)
+        return b"".join(parts)
+
+    def _next_chunk(self) -> bool:
+        """Start the next chunk; False (and done) at the last one."""
+        line = self._rfile.readline(1024)
+        try:
+            size = int(line.split(b";")[0].strip(), 16)
+        except ValueError:
+            raise BodyTooLarge("bad chunk header") from None
+        if size == 0:
+            for _ in range(64):  # trailers, read and dropped; a client cannot send them forever
+                if not self._rfile.readline(1024).strip():
+                    self.done = True
+                    return False
+            raise BodyTooLarge("more than 64 trailer lines")
+        self._total += size
+        if size < 0 or self._total > MAX_BODY:
+            raise BodyTooLarge(f"request body over {MAX_BODY} bytes")
+        self._left = size
+        return True
 
 
 @dataclass
@@ -44,6 +136,8 @@ class Request:
     query: dict[str, list[str]]
     headers: Message
     body: bytes
+    stream: Body | None = None
+    """For ``STREAMED`` requests, the body still to read (``body`` is then empty)."""
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -59,10 +153,6 @@ class Response:
     body: bytes | Iterator[bytes] = b""
     content_type: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 App = Callable[[Request], Response]
@@ -97,41 +187,14 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._handle()
 
-    def _body(self) -> bytes:
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            return self._chunked()
-        try:
-            size = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise BodyTooLarge("bad Content-Length") from None
-        if size < 0 or size > MAX_BODY:
-            raise BodyTooLarge(f"request body over {MAX_BODY} bytes")
-        return self.rfile.read(size)
-
-    def _chunked(self) -> bytes:
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            line = self.rfile.readline(1024)
-            try:
-                size = int(line.split(b";")[0].strip(), 16)
-            except ValueError:
-                raise BodyTooLarge("bad chunk header") from None
-            if size == 0:
-                for _ in range(64):  # trailers, read and dropped; a client cannot send them forever
-                    if not self.rfile.readline(1024).strip():
-                        return b"".join(parts)
-                raise BodyTooLarge("more than 64 trailer lines")
-            total += size
-            if size < 0 or total > MAX_BODY:
-                raise BodyTooLarge(f"request body over {MAX_BODY} bytes")
-            parts.append(self.rfile.read(size))
-            self.rfile.readline(16)
-
     def _heavy(self, path: str) -> bool:
-        """Whether this request may hold a large body or reply (a file, or a body over ``SMALL_BODY``)."""
+        """Whether this request may hold a large body or reply (a file, a body over ``SMALL_BODY``, or a
+        compressed one: 16 KB of gzip inflate to 16 MiB, so it costs what its inflated size would)."""
         if path == "/files" or "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
             return True
+        for name in ("Content-Encoding", "Connect-Content-Encoding"):
+            if (self.headers.get(name) or "identity").strip().lower() != "identity":
+                return True
         try:
             return int(self.headers.get("Content-Length") or 0) > SMALL_BODY
         except ValueError:
@@ -145,20 +208,34 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             try:
-                body = self._body()
-                query = urllib.parse.parse_qs(url.query, max_num_fields=64)
+                body = Body(self.rfile, self.headers)
+                streamed = (self.command, url.path) in STREAMED
+                request = Request(
+                    self.command,
+                    url.path,
+                    urllib.parse.parse_qs(url.query, max_num_fields=64),
+                    self.headers,
+                    b"" if streamed else body.read_all(),
+                    body if streamed else None,
+                )
             except BodyTooLarge as exc:
                 self._refuse(_error(413, str(exc)))
                 return
+            except BodyCut:  # nobody is left to answer
+                self.close_connection = True
+                return
             except ValueError as exc:
-                self._send(_error(400, f"bad query string: {exc}"))
+                self._refuse(_error(400, f"bad query string: {exc}"))
                 return
             try:
-                response = self.server.app(Request(self.command, url.path, query, self.headers, body))
+                response = self.server.app(request)
             except Exception:  # a bug here must cost one request, never the server
                 self.log_error("request failed:\n%s", traceback.format_exc())
                 response = _error(500, "internal error (see the server's log)")
-            self._send(response)
+            if body.done:
+                self._send(response)
+            else:  # the handler stopped reading a streamed body (refused it): what is left is not read
+                self._refuse(response)
         finally:
             if heavy:
                 self.server.transfers.release()

@@ -5,7 +5,8 @@ host) and carries that sandbox's access token (``X-Access-Token``); without the 
 answered exactly as a sandbox that does not exist, so ids cannot be probed. Served: the Connect RPC
 process service (start with or without a PTY, connect, list, send input, resize, signal, close
 stdin) and filesystem service (stat, list, make dir, move, remove, polled and streamed directory
-watches), and the HTTP ``/files`` download and upload. The user an SDK names (``user=``) is not
+watches), and the HTTP ``/files`` download and upload (streamed to the jail a chunk at a time; a
+refused upload keeps the files written before the refusal). The user an SDK names (``user=``) is not
 switched to: commands run as the jail's user. The client-streaming ``StreamInput`` answers
 ``unimplemented``.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import posixpath
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,19 +28,20 @@ from ..connect import (
     HTTP_STATUS,
     MAX_MESSAGE,
     RpcError,
-    inflate,
     stream_frames,
     stream_request,
     unary_request,
 )
 from ..registry import Registry, Served
-from ..server import Request, Response
+from ..server import MAX_PART_HEAD, MAX_PARTS, Body, BodyCut, BodyTooLarge, Request, Response
 from . import filesystem_pb2 as fpb
 from . import process_pb2 as ppb
 
 ENVD_VERSION = "0.5.7"
 """The envd version the SDK is told: the features it gates on up to here are served."""
 MAX_FILE = 64 << 20
+UPLOAD_CHUNK = 1 << 16
+"""Bytes read of an upload at a time: what a streamed upload holds, beside one part's headers."""
 KEEPALIVE_DEFAULT = 50.0
 WATCH_POLL = 0.5
 NOT_FOUND = "sandbox {} was not found"
@@ -136,7 +139,8 @@ def _file_path(served: Served, request: Request, fallback: str | None = None) ->
 
 
 def _fs_status(exc: fs.FsError) -> int:
-    return {"not_found": 404, "invalid_argument": 400, "permission_denied": 403}.get(exc.code, 500)
+    codes = {"not_found": 404, "invalid_argument": 400, "permission_denied": 403, "resource_exhausted": 413}
+    return codes.get(exc.code, 500)
 
 
 def _download(served: Served, request: Request) -> Response:
@@ -153,26 +157,63 @@ def _download(served: Served, request: Request) -> Response:
     return Response(200, data, "application/octet-stream")
 
 
-def _multipart(body: bytes, content_type: str) -> list[tuple[str | None, bytes]]:
-    """The file parts of a multipart/form-data body: (filename, data) each."""
-    boundary = None
+def _boundary(content_type: str) -> bytes:
     for item in content_type.split(";")[1:]:
         name, _, value = item.strip().partition("=")
-        if name.lower() == "boundary":
-            boundary = value.strip('"')
-    if not boundary or len(boundary) > 200:
-        raise fs.FsError("invalid_argument", "multipart/form-data without a boundary")
-    delimiter = b"--" + boundary.encode()
-    parts = []
-    for chunk in body.split(delimiter)[1:]:
-        if chunk.startswith(b"--"):
-            break
-        head, sep, data = chunk.partition(b"\r\n\r\n")
-        if not sep:
-            raise fs.FsError("invalid_argument", "a multipart part without headers")
-        if data.endswith(b"\r\n"):
-            data = data[:-2]
-        filename = None
+        if name.lower() == "boundary" and 0 < len(value.strip('"')) <= 200:
+            return value.strip('"').encode()
+    raise fs.FsError("invalid_argument", "multipart/form-data without a boundary")
+
+
+class _Multipart:
+    """A multipart/form-data body read as it arrives: each part's headers (at most ``MAX_PART_HEAD``
+    bytes), then its data in chunks, never a whole part nor the whole body in memory."""
+
+    def __init__(self, body: Body, boundary: bytes) -> None:
+        self._body = body
+        self._delimiter = b"\r\n--" + boundary
+        self._buf = b"\r\n"  # the first delimiter has no CRLF before it: with this one, all read alike
+
+    def _fill(self) -> bool:
+        data = self._body.read(UPLOAD_CHUNK)
+        self._buf += data
+        return bool(data)
+
+    def data(self) -> Iterator[bytes]:
+        """The current part's data, up to the next delimiter (consumed)."""
+        keep = len(self._delimiter) - 1  # a delimiter may straddle two reads
+        while (at := self._buf.find(self._delimiter)) < 0:
+            if len(self._buf) > keep:
+                yield self._buf[:-keep]
+                self._buf = self._buf[-keep:]
+            if not self._fill():
+                raise fs.FsError("invalid_argument", "the multipart body ends inside a part")
+        if at:
+            yield self._buf[:at]
+        self._buf = self._buf[at + len(self._delimiter) :]
+
+    def skip(self) -> None:
+        """Drop what is left of the current part (the preamble, before the first one)."""
+        for _ in self.data():
+            pass
+
+    def next(self) -> str | None:
+        """Start the next part: its filename, or None after the last."""
+        while len(self._buf) < 2 and self._fill():
+            pass
+        if self._buf.startswith(b"--"):
+            while self._body.read(UPLOAD_CHUNK):  # the epilogue, dropped: the connection can serve the next
+                pass
+            return None
+        while (end := self._buf.find(b"\r\n\r\n")) < 0:
+            if len(self._buf) > MAX_PART_HEAD:
+                raise fs.FsError("invalid_argument", f"a multipart part's headers are over {MAX_PART_HEAD} bytes")
+            if not self._fill():
+                raise fs.FsError("invalid_argument", "a multipart part without the end of its headers")
+        if end > MAX_PART_HEAD:
+            raise fs.FsError("invalid_argument", f"a multipart part's headers are over {MAX_PART_HEAD} bytes")
+        head, self._buf = self._buf[:end], self._buf[end + 4 :]
+        filename = ""
         for line in head.split(b"\r\n"):
             name, _, value = line.decode(errors="replace").partition(":")
             if name.strip().lower() == "content-disposition":
@@ -180,39 +221,64 @@ def _multipart(body: bytes, content_type: str) -> list[tuple[str | None, bytes]]
                     key, _, val = param.strip().partition("=")
                     if key == "filename":
                         filename = val.strip('"')
-        parts.append((filename, data))
-    return parts
+        return filename
+
+
+def _inflated(body: Body, encoding: str) -> Iterator[bytes]:
+    """An upload's bytes as sent with ``encoding`` (identity or gzip), inflated a chunk at a time and
+    refused past ``MAX_FILE``: a small gzip body cannot become a large one in memory."""
+    if encoding in ("", "identity"):
+        while data := body.read(UPLOAD_CHUNK):
+            yield data
+        return
+    if encoding != "gzip":
+        raise fs.FsError("invalid_argument", f"compression {encoding!r} is not supported (use gzip or none)")
+    out = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    total = 0
+    try:
+        while data := out.unconsumed_tail or body.read(UPLOAD_CHUNK):
+            chunk = out.decompress(data, UPLOAD_CHUNK)
+            total += len(chunk)
+            if total > MAX_FILE:
+                raise fs.FsError("resource_exhausted", f"the inflated upload is over {MAX_FILE} bytes")
+            yield chunk
+        rest = out.flush()  # all input is in: what is left is at most zlib's window
+        if total + len(rest) > MAX_FILE:
+            raise fs.FsError("resource_exhausted", f"the inflated upload is over {MAX_FILE} bytes")
+        yield rest
+    except zlib.error as exc:
+        raise fs.FsError("invalid_argument", f"bad gzip body: {exc}") from None
 
 
 def _upload(served: Served, request: Request) -> Response:
     content_type = request.header("Content-Type") or ""
+    assert request.stream is not None  # a STREAMED request
+    body = request.stream
+    written: list[str] = []
     try:
         if content_type.startswith("multipart/form-data"):
-            parts = _multipart(request.body, content_type)
-            if not parts:
+            parts = _Multipart(body, _boundary(content_type))
+            parts.skip()
+            # A part is written as it arrives, before the next is read: ``?path=`` names the one file of
+            # an upload (as the SDK sends one), and without it each part names its own by its filename.
+            while (name := parts.next()) is not None:
+                if len(written) == MAX_PARTS or (written and request.arg("path")):
+                    raise fs.FsError("invalid_argument", f"an upload holds at most {MAX_PARTS} files, one with ?path=")
+                path = _file_path(served, request, name)
+                served.sandbox.write_file(path, parts.data())
+                written.append(path)
+            if not written:
                 raise fs.FsError("invalid_argument", "the upload holds no file")
-            files = [
-                (
-                    _file_path(served, request, name)
-                    if len(parts) == 1
-                    else fs.check_path(name or "", served.sandbox.config.workdir),
-                    data,
-                )
-                for name, data in parts
-            ]
         else:
-            data = request.body
-            encoding = request.header("Content-Encoding") or ""
-            if encoding:
-                try:
-                    data = inflate(data, encoding)
-                except RpcError as exc:
-                    raise fs.FsError("invalid_argument", exc.message) from None
-            files = [(_file_path(served, request), data)]
-        for path, data in files:
-            served.sandbox.write_file(path, data)
+            path = _file_path(served, request)
+            served.sandbox.write_file(path, _inflated(body, request.header("Content-Encoding") or ""))
+            written.append(path)
     except fs.FsError as exc:
         return _http_error(_fs_status(exc), str(exc))
+    except BodyTooLarge as exc:
+        return _http_error(413, str(exc))
+    except BodyCut as exc:
+        return _http_error(400, str(exc))
     except OSError as exc:
         status = {2: 404, 21: 400, 20: 400, 13: 403, 28: 507}.get(exc.errno or 0, 500)
         return _http_error(status, f"cannot write: {exc.strerror or exc}")
@@ -220,7 +286,7 @@ def _upload(served: Served, request: Request) -> Response:
         return _http_error(502, str(exc))
     return Response(
         200,
-        json.dumps([{"name": posixpath.basename(p), "type": "file", "path": p} for p, _ in files]).encode(),
+        json.dumps([{"name": posixpath.basename(p), "type": "file", "path": p} for p in written]).encode(),
         "application/json",
     )
 
