@@ -4,10 +4,10 @@ Runs in the serving host process. The standard library's threading server is the
 the jail's API is blocking and thread-safe, so one thread per request maps onto it with no event loop
 in between and no dependency to audit, and Connect's server streams are plain chunked responses over
 HTTP/1.1. What a client sends is bounded here before any handler sees it: header count and size (the
-standard library's), at most ``MAX_CONNECTIONS`` connections at once, a request body of at most
-``MAX_BODY`` bytes (declared or chunked; read whole before the handler runs, but for a file upload,
-which it reads as it arrives), ``MAX_TRANSFERS`` large, compressed or file transfers at once,
-and ``IDLE`` seconds of silence on a connection. A request refused before its body is read is closed
+standard library's), at most ``MAX_CONNECTIONS`` connections at once, a request body (declared or
+chunked) of at most ``MAX_HELD`` bytes read whole before the handler runs, or ``MAX_BODY`` for a file
+upload, which the handler reads as it arrives, ``MAX_TRANSFERS`` large, compressed or file transfers
+at once, and ``IDLE`` seconds of silence on a connection. A request refused before its body is read is closed
 lingering, so the client reads why (at most ``LINGER_BYTES`` and ``LINGER`` seconds of it are dropped).
 """
 
@@ -26,8 +26,13 @@ from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .connect import MAX_MESSAGE
+
 MAX_BODY = 65 << 20
 """Largest request body (a 64 MiB file upload with its multipart framing)."""
+MAX_HELD = MAX_MESSAGE + 5
+"""Largest body read whole (a Connect message in its envelope); only an upload streams up to
+``MAX_BODY``. Eight 65 MiB bodies held at once grew the server by 375 MiB."""
 MAX_CONNECTIONS = 512
 IDLE = 120.0
 SMALL_BODY = 1 << 20
@@ -57,13 +62,14 @@ class BodyCut(Exception):
 
 
 class Body:
-    """A request body as it arrives, declared (``Content-Length``) or chunked, never past ``MAX_BODY``.
+    """A request body as it arrives, declared (``Content-Length``) or chunked, never past ``limit``.
 
     ``read`` raises ``BodyTooLarge`` past the bound or on bad framing, and ``BodyCut`` when the client
     stops sending before the end: either way the request ends there."""
 
-    def __init__(self, rfile: io.BufferedIOBase, headers: Message) -> None:
+    def __init__(self, rfile: io.BufferedIOBase, headers: Message, limit: int) -> None:
         self._rfile = rfile
+        self._limit = limit
         self._chunked = "chunked" in (headers.get("Transfer-Encoding") or "").lower()
         self._total = 0
         self.done = False
@@ -74,8 +80,8 @@ class Body:
             self._left = int(headers.get("Content-Length") or 0)
         except ValueError:
             raise BodyTooLarge("bad Content-Length") from None
-        if self._left < 0 or self._left > MAX_BODY:
-            raise BodyTooLarge(f"request body over {MAX_BODY} bytes")
+        if self._left < 0 or self._left > limit:
+            raise BodyTooLarge(f"request body over {limit} bytes")
         self.done = self._left == 0
 
     def read(self, size: int) -> bytes:
@@ -123,8 +129,8 @@ class Body:
                     return False
             raise BodyTooLarge("more than 64 trailer lines")
         self._total += size
-        if size < 0 or self._total > MAX_BODY:
-            raise BodyTooLarge(f"request body over {MAX_BODY} bytes")
+        if size < 0 or self._total > self._limit:
+            raise BodyTooLarge(f"request body over {self._limit} bytes")
         self._left = size
         return True
 
@@ -208,8 +214,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             try:
-                body = Body(self.rfile, self.headers)
                 streamed = (self.command, url.path) in STREAMED
+                body = Body(self.rfile, self.headers, MAX_BODY if streamed else MAX_HELD)
                 request = Request(
                     self.command,
                     url.path,

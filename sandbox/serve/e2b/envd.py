@@ -26,7 +26,6 @@ from ...errors import SandboxError
 from .. import fs, processes
 from ..connect import (
     HTTP_STATUS,
-    MAX_MESSAGE,
     RpcError,
     stream_frames,
     stream_request,
@@ -71,8 +70,6 @@ def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
         if request.method == "POST":
             return _upload(served, request)
     service, _, method = path.lstrip("/").partition("/")
-    if path.startswith(("/process.", "/filesystem.")) and len(request.body) > MAX_MESSAGE + 5:
-        return _error_response(RpcError("resource_exhausted", f"a message is at most {MAX_MESSAGE} bytes"))
     if request.method == "POST" and (service, method) in UNARY:
         kind, call = UNARY[(service, method)]
         try:
