@@ -253,8 +253,8 @@ class Handler(BaseHTTPRequestHandler):
         connection instead of the reason. What it still sends is read and dropped, bounded in bytes
         and time."""
         self.close_connection = True
-        self._send(response)
         try:
+            self._send(response)
             self.connection.shutdown(socket.SHUT_WR)
             deadline = time.monotonic() + LINGER
             left = LINGER_BYTES
