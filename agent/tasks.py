@@ -69,7 +69,7 @@ class Task(BaseModel):
             if isinstance(files, str):
                 try:
                     files = json.loads(files) if files.strip() else {}
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser recurses
                     raise ValueError(
                         'input_files: a string must be a JSON object, e.g. \'{"notes.txt": "text"}\''
                     ) from None
@@ -117,6 +117,8 @@ def load_tasks(path: str | Path) -> list[Task]:
             raise ValueError(f"{path}:{number}: {'.'.join(map(str, first['loc'])) or 'task'}: {first['msg']}") from None
         except ValueError as exc:
             raise ValueError(f"{path}:{number}: {exc}") from None
+        except RecursionError:  # json.loads recurses once per level; a hostile file nests past Python's limit
+            raise ValueError(f"{path}:{number}: nested too deeply for a task") from None
         if task.id in seen:
             raise ValueError(f"{path}:{number}: duplicate task id {task.id!r}")
         seen.add(task.id)

@@ -100,6 +100,25 @@ def test_a_tasks_file_cannot_name_code_as_its_scorer(tmp_path, server, scorer):
     assert not (tmp_path / "out" / "tasks").exists()
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"id": "t1", "query": "q", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        json.dumps({"id": "t1", "query": "q", "input_files": '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"}),
+        "{" * 100_000,
+    ],
+    ids=["a field", "input_files as a string", "unclosed"],
+)
+def test_a_tasks_file_nested_past_the_parser_is_refused_in_one_line(tmp_path, server, line):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t0", "query": "q", "answer": "x"}) + "\n" + line + "\n")
+    r = bench(tasks, server, tmp_path / "out")
+    assert r.returncode == 2, r.stdout + r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+    assert error_line(r.stderr).startswith(f"jailbox: TASKS: {tasks}:2: ")
+    assert server.requests == []
+
+
 def test_custom_scorers_come_from_the_command_line_or_installed_entry_points(tmp_path, server):
     modules, site = tmp_path / "modules", tmp_path / "site"
     modules.mkdir()
