@@ -1585,7 +1585,7 @@ def serve_cmd(
     verbose: bool,
     **bounds: Any,
 ) -> None:
-    """Serve sandboxes over the E2B API, for the E2B SDKs (see README: Use jailbox from the E2B SDK).
+    """Serve sandboxes over the E2B API, for the E2B SDKs (see docs/e2b.md).
     Each sandbox gets the bounds given here (the API has no way to ask for others).
 
     \b

@@ -1,6 +1,6 @@
-"""Every code block of README.md runs as written, in a fresh directory: shell blocks with bash (the
-installed ``jailbox`` first on PATH, an empty rootfs store, no config file, the servers' default ports
-held by another program), Python blocks with this
+"""Every code block of README.md and of each page in docs/ runs as written, in a fresh directory: shell
+blocks with bash (the installed ``jailbox`` first on PATH, an empty rootfs store, no config file, the
+servers' default ports held by another program), Python blocks with this
 interpreter, YAML blocks load as rootfs recipes. ``text`` blocks are synopses, not commands.
 
 A block is skipped only when the line before it is a marker comment,
@@ -26,6 +26,7 @@ from jailbox.sandbox.rootfs.build import load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))
 FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```\n", re.MULTILINE | re.DOTALL)
 MARKER = re.compile(r"<!-- readme-test: (.*?) -->\n$")
 REASONS = ("needs an LLM endpoint", "needs a registry")
@@ -42,22 +43,26 @@ PREREQUISITES = {  # what a block's text uses -> what conftest.need checks (skip
 
 @dataclass(frozen=True)
 class Block:
+    page: str
     line: int
     language: str
     code: str
     skip: str | None
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}:{self.language}"
+        return f"{self.page}:{self.line}:{self.language}"
 
 
 def blocks() -> list[Block]:
-    text = README.read_text()
     found = []
-    for match in FENCE.finditer(text):
-        before = text[: match.start()]
-        marker = MARKER.search(before)
-        found.append(Block(before.count("\n") + 1, match.group(1), match.group(2), marker.group(1) if marker else None))
+    for page in PAGES:
+        text = page.read_text()
+        name = str(page.relative_to(ROOT))
+        for match in FENCE.finditer(text):
+            before = text[: match.start()]
+            marker = MARKER.search(before)
+            skip = marker.group(1) if marker else None
+            found.append(Block(name, before.count("\n") + 1, match.group(1), match.group(2), skip))
     return found
 
 

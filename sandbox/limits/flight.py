@@ -20,7 +20,7 @@ the jails of that uid looked at. A socket's queue shows how many descriptors are
 most (at least one) loses every process but its init, reported as ``oom_killed``; the next jail of
 that uid is judged ``SETTLE`` later, once what the killed held is freed. Queues go with their
 sockets; what the kernel holds only in cycles of sockets nobody holds is freed by its collector
-(measured: within 0.1 s). Weaknesses, in README: a queue sent in a message and closed shows as
+(measured: within 0.1 s). Weaknesses, in docs/bounds.md: a queue sent in a message and closed shows as
 one descriptor whatever it carries, so a jail that nests its queues may be found after another that
 shows more; what the jail put in flight between two samples refuses the user's processes until it
 is killed; the kernel's count is one for the uid, so the user's own descriptors in flight count

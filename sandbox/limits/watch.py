@@ -50,7 +50,7 @@ is past ``flight.MARK``; if so, the jail whose commands' sockets show the most l
 but its init (``flight.py``).
 
 All are reactive: what a fast allocator or writer gets past the bound before the next sample is
-measured in README ("Resource bounds"). Kills go through a pidfd opened and re-checked against the
+measured in docs/bounds.md. Kills go through a pidfd opened and re-checked against the
 jail's tree, so a recycled pid is never hit; a sample waits at most a ``QUICK_TICK`` for the killed
 to go (a jail can make its processes slow to die), and while they go the jail's memory total leaves
 them out and its other bounds are not judged again.
@@ -1003,7 +1003,7 @@ class _Walk:
             rel = name if parent.rel == b"." else parent.rel + b"/" + name
             try:
                 fd = L.open_beneath(parent.base.fd, rel, os.O_RDONLY | os.O_DIRECTORY, UNDER_LAYER)
-            except OSError:  # gone, a symlink now, or a directory this user may not read (see README)
+            except OSError:  # gone, a symlink now, or a directory this user may not read (see docs/bounds.md)
                 self._done(parent)
                 continue
             try:
