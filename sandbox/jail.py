@@ -29,13 +29,17 @@ from .child.spec import Bind, JailSpec, SeccompSpec
 from .config import Limits, SandboxConfig
 from .errors import ConfigError, ProtocolError, SandboxSetupError, SecurityWarning
 from .floor import linux as L
-from .floor import wire
+from .floor import procstat, wire
 from .floor.idmap import IdMap
 from .launcher import LAUNCHER
 from .limits import budget, cgroups, flight, rlimits
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
+from .limits.disk import DiskBound
+from .limits.memory import MemoryBound
+from .limits.procs import Procs
 from .limits.sockdiag import Sockets
-from .limits.watch import NETLINK_ONLY, PROC_QUEUE_TABLES, WATCHER, Watched
+from .limits.sockets import NETLINK_ONLY, PROC_QUEUE_TABLES, SocketBound
+from .limits.watch import WATCHER, Watched
 from .messages import Ready
 from .net import modes
 from .seccomp import bpf, syscalls
@@ -385,7 +389,7 @@ class Jail:
                 host_pid=os.getpid(),
                 host_start=state.own_start(),
                 init_pid=self.init_pid,
-                init_start=cgroups.start_ticks(self.init_pid),
+                init_start=procstat.start_ticks(self.init_pid),
                 idmap=self._idmap.to_wire(),
                 lower=self.spec.lower,  # `jailbox rootfs rm` will not pull a tree from under a live jail
             )
@@ -409,15 +413,18 @@ class Jail:
                 os.close(diag)
             diag = -1
         watched = Watched(
-            self.init_pid,
-            memory=memory,
-            upper=upper,
-            disk=limits.disk,
-            inodes=limits.inodes,
-            sockets=None if diag < 0 else Sockets(diag),
-            queues=queues,
-            inet=inet,
-            queue_tables=PROC_QUEUE_TABLES if "NET_RAW" in self.config.capabilities() else NETLINK_ONLY,
+            Procs(self.init_pid),
+            memory=None if memory is None else MemoryBound(memory),
+            disk=None if upper is None else DiskBound(upper, limits.disk, limits.inodes),
+            sockets=None
+            if diag < 0 and queues is None and inet is None
+            else SocketBound(
+                None if diag < 0 else Sockets(diag),
+                memory,
+                queues=queues,
+                inet=inet,
+                tables=PROC_QUEUE_TABLES if "NET_RAW" in self.config.capabilities() else NETLINK_ONLY,
+            ),
             flight=self._flight_ids(),
         )
         WATCHER.add(watched)

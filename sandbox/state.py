@@ -15,10 +15,10 @@ from pathlib import Path
 from .child.protocol import Failed, Removed, RmtreeRequest, decode
 from .errors import ConfigError, SandboxSetupError
 from .floor.idmap import IdMap
+from .floor.procstat import start_ticks
 from .floor.tree import remove_tree
 from .floor.wire import WireError
 from .launcher import LAUNCHER, REMOVE_TIMEOUT
-from .limits.cgroups import start_ticks
 
 _READY: set[Path] = set()
 

@@ -24,7 +24,7 @@ import pytest
 from service_probe import ended
 
 from jailbox.sandbox import Sandbox, SandboxConfig
-from jailbox.sandbox.limits.cgroups import start_ticks
+from jailbox.sandbox.floor.procstat import start_ticks
 from jailbox.sandbox.seccomp.syscalls import NEWER, syscall_table
 
 MAIN = "import sys; from jailbox.cli import main; sys.exit(main())"  # the full CLI

@@ -24,6 +24,7 @@ import pytest
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.checks import doctor
 from jailbox.sandbox.errors import ConfigError, SandboxSetupError
+from jailbox.sandbox.floor import procstat
 from jailbox.sandbox.launcher import LAUNCHER
 from jailbox.sandbox.limits import budget, cgroups
 
@@ -232,7 +233,7 @@ def test_a_corrupt_counters_ledger_is_started_afresh_with_what_this_process_hold
     outside = tmp_path / "outside"
     outside.write_text("keep\n")
     share, _ = _instances()
-    live = f"{os.getppid()} {cgroups.start_ticks(os.getppid())}"  # a live owner, not this process
+    live = f"{os.getppid()} {procstat.start_ticks(os.getppid())}"  # a live owner, not this process
     corrupt = {
         "binary junk": lambda: path.write_bytes(secrets.token_bytes(300)),
         "half a line, as a crash mid-write leaves it": lambda: path.write_text(f"0123456789ab {os.getpid()} 17"),
@@ -432,6 +433,7 @@ import json, time
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.checks import doctor
 from jailbox.sandbox.errors import ConfigError, SandboxSetupError
+from jailbox.sandbox.floor import procstat
 from jailbox.sandbox.launcher import LAUNCHER
 sb = Sandbox()
 sb.exec("sleep 1000 &")

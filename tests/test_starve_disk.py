@@ -18,7 +18,7 @@ import pytest
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.config import Limits
-from jailbox.sandbox.limits import watch
+from jailbox.sandbox.limits import disk
 
 MiB = 1 << 20
 MANY_FILES = (
@@ -290,4 +290,4 @@ def test_a_tree_too_big_to_walk_in_bounds_is_judged_over_them(script, count):
             sampler.join()
         assert r.disk_limit_hit is True and r.signal == signal.SIGKILL, (r.exit_code, r.stdout, r.stderr)
         assert seen["rss"] - before["rss"] < 64 * MiB
-        assert seen["fds"] - before["fds"] <= watch.WALK_BASES + 16
+        assert seen["fds"] - before["fds"] <= disk.WALK_BASES + 16

@@ -25,8 +25,8 @@ from jailbox.sandbox.child import spec
 from jailbox.sandbox.child.requests import MAX_REQUEST, ExecRequest
 from jailbox.sandbox.config import DEFAULT_MEMORY, Limits, SandboxConfig
 from jailbox.sandbox.errors import ExecError
-from jailbox.sandbox.floor import wire
-from jailbox.sandbox.limits import watch
+from jailbox.sandbox.floor import procstat, wire
+from jailbox.sandbox.limits import hostfiles, procs
 
 # each process under RLIMIT_AS, together past the limit; each holds its memory until killed
 # the holders sleep long enough for all six to be running at once even on a loaded machine
@@ -226,7 +226,7 @@ time.sleep(120)
 def _fill_open_file_table(share: float) -> list[int]:
     """Host processes (no jail's) holding files until the host's open-file table is ``share`` full."""
     holders = []
-    while watch.host_files()[0] < share * watch.host_files()[1]:
+    while hostfiles.host_files()[0] < share * hostfiles.host_files()[1]:
         pid = os.fork()
         if pid == 0:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard := resource.getrlimit(resource.RLIMIT_NOFILE)[1], hard))
@@ -246,7 +246,7 @@ def _fill_open_file_table(share: float) -> list[int]:
 @pytest.mark.nocgroup
 def test_counting_a_jails_mapped_files_does_not_hold_the_watcher_from_another(tmp_path):
     mounts = _hog_and_allocators(tmp_path, "maps.py", LONG_MAPS)
-    used, table = watch.host_files()
+    used, table = hostfiles.host_files()
     assert used * 8 < table  # the host itself is far from the alarm
     holders: list[int] = []
     with (
@@ -261,7 +261,7 @@ def test_counting_a_jails_mapped_files_does_not_hold_the_watcher_from_another(tm
                 if (tmp_path / "shared" / "maps-ready").exists() or long_maps.done():
                     break
                 time.sleep(0.05)
-            holders = _fill_open_file_table(1 / watch.FILES_ALARM + 0.05)
+            holders = _fill_open_file_table(1 / hostfiles.FILES_ALARM + 0.05)
             (tmp_path / "shared" / "ready").write_text("")
             r = allocating.result()
         finally:
@@ -273,7 +273,7 @@ def test_counting_a_jails_mapped_files_does_not_hold_the_watcher_from_another(tm
         # measured: 48-528 MiB, as when no table is filling; before, 1,920 (all of it)
         assert _allocated(tmp_path) <= 64 + 640
         assert b.exec("echo fine").stdout == "fine\n"
-    assert watch.host_files()[0] * 4 < table
+    assert hostfiles.host_files()[0] * 4 < table
 
 
 # Over its bound in resident memory (pages shared after fork count once per process there), a jail
@@ -488,7 +488,7 @@ def test_the_watcher_kills_only_inside_the_jail_tree():
     with Sandbox(limits=Limits(memory="64M")) as sb:
         outside = subprocess.Popen(["sleep", "30"])
         try:
-            assert watch._kill(outside.pid, sb._jail.init_pid, {sb._jail.init_pid}) == -1
+            assert procs.kill(outside.pid, sb._jail.init_pid, {sb._jail.init_pid}) == -1
             time.sleep(0.2)
             assert outside.poll() is None
         finally:
@@ -527,15 +527,15 @@ def test_the_watcher_reads_each_parent_once_to_kill_a_chain(monkeypatch):
             time.sleep(0.1)  # every one of them, the last fork too: one left out is not killed
         assert len(chain) == CHAIN_DEPTH + 1
         reads = []
-        parent, me = watch._parent, threading.get_ident()
+        parent, me = procstat.parent, threading.get_ident()
 
         def counted(pid: int) -> int:
             if threading.get_ident() == me:  # not the watcher's own samples (rootless: of this jail too)
                 reads.append(pid)
             return parent(pid)
 
-        monkeypatch.setattr(watch, "_parent", counted)
-        watch._kill_all(sorted(chain, reverse=True), init)  # the deepest (the latest pid) first
+        monkeypatch.setattr(procstat, "parent", counted)
+        procs.kill_all(sorted(chain, reverse=True), init)  # the deepest (the latest pid) first
         assert len(reads) <= len(chain) + 1, len(reads)  # one read a process (all the way up: 45,000)
         end = time.monotonic() + 30
         while processes() and time.monotonic() < end:

@@ -30,7 +30,7 @@ import pytest
 
 from jailbox.sandbox import Sandbox, SeccompPolicy
 from jailbox.sandbox.child import spec
-from jailbox.sandbox.limits import budget, rlimits, watch
+from jailbox.sandbox.limits import budget, hostfiles, proc, rlimits
 
 # argv: what to take (signals, mqueue, shm_lock), whether to raise the soft limit first (1/0), the
 # file to write the count to. Takes all the kernel allows, writes the count, then holds it.
@@ -235,25 +235,25 @@ time.sleep(3)
 
 @pytest.mark.parametrize("how", ["mapped", "descriptors"])
 def test_a_jail_cannot_fill_the_hosts_open_file_table(how, tmp_path):
-    used, table = watch.host_files()
+    used, table = hostfiles.host_files()
     assert used * 8 < table  # the host itself is far from its limit
     (tmp_path / "files.py").write_text(FILES_HOG)
     tmp_path.chmod(0o755)
     hog = {"src": str(tmp_path), "dst": "/hog", "readonly": True}
     peak = used
     with Sandbox(mounts=[hog]) as sb, ThreadPoolExecutor(1) as pool:
-        assert sb.enforcement["host_files"].startswith(f"host watcher: past 1/{watch.FILES_ALARM} of the host's")
+        assert sb.enforcement["host_files"].startswith(f"host watcher: past 1/{hostfiles.FILES_ALARM} of the host's")
         running = pool.submit(sb.exec, f"python3 /hog/files.py {how} 0.9", timeout=300)
         while not running.done():  # the host's use, as often as this loop goes
-            peak = max(peak, watch.host_files()[0])
+            peak = max(peak, hostfiles.host_files()[0])
             time.sleep(0.002)
         result = running.result()
         assert "reached" not in result.stdout
         assert result.oom_killed  # what filled the table was killed, and said so
         assert sb.exec("echo up").stdout == "up\n"  # the sandbox itself lives on
     # the watcher acts past 1/FILES_ALARM (measured: 0.23-0.33 of the table at the worst)
-    assert peak < table * (1 / watch.FILES_ALARM + 0.2)
-    assert watch.host_files()[0] * 4 < table
+    assert peak < table * (1 / hostfiles.FILES_ALARM + 0.2)
+    assert hostfiles.host_files()[0] * 4 < table
     assert _opens_as_a_user()
 
 
@@ -334,13 +334,13 @@ def test_a_jail_holds_only_its_share_of_the_hosts_tcp_and_udp_memory(kind, decoy
     (tmp_path / "inet.py").write_text(INET_HOG)
     tmp_path.chmod(0o755)
     hog = {"src": str(tmp_path), "dst": "/hog", "readonly": True}
-    before = _inet_pages(kind) * watch.PAGE
+    before = _inet_pages(kind) * proc.PAGE
     peak = before
     with Sandbox(mounts=[hog]) as sb, ThreadPoolExecutor(1) as pool:
         assert f"{bound} " in sb.enforcement["socket_buffers"] or f"={bound} " in sb.enforcement["socket_buffers"]
         running = pool.submit(sb.exec, f"python3 /hog/inet.py {kind} {low} {decoys}", timeout=300)  # up to the mark
         while not running.done():
-            peak = max(peak, _inet_pages(kind) * watch.PAGE)
+            peak = max(peak, _inet_pages(kind) * proc.PAGE)
             time.sleep(0.005)
         result = running.result()
         # TCP sends stall where the kernel holds the bound (cgroup v1), or the holder is killed (the
@@ -352,7 +352,7 @@ def test_a_jail_holds_only_its_share_of_the_hosts_tcp_and_udp_memory(kind, decoy
     # descriptors not read through) takes longer; before, 1 GiB, to the mark
     assert peak - before < bound + ((640 if decoys else 384) << 20)
     # and the host stayed under the mark where the kernel starts pressing every socket's buffers
-    pressure = int(Path(f"/proc/sys/net/ipv4/{kind}_mem").read_text().split()[1]) * watch.PAGE
+    pressure = int(Path(f"/proc/sys/net/ipv4/{kind}_mem").read_text().split()[1]) * proc.PAGE
     assert peak < pressure
 
 

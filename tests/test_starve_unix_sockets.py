@@ -214,6 +214,6 @@ def test_a_jail_without_a_cgroup_hands_its_diag_socket_to_the_watcher_only():
     """The descriptor is the watcher's while it watches memory, and closed with the sandbox."""
     with Sandbox(limits=Limits(memory="96M")) as sb:
         watched = sb._jail.watched
-        assert watched is not None and watched.sockets is not None
-        assert os.readlink(f"/proc/self/fd/{watched.sockets.sock.fileno()}").startswith("socket:")
-    assert watched.sockets.sock.fileno() == -1
+        assert watched is not None and watched.sockets is not None and watched.sockets.diag is not None
+        assert os.readlink(f"/proc/self/fd/{watched.sockets.diag.sock.fileno()}").startswith("socket:")
+    assert watched.sockets.diag.sock.fileno() == -1

@@ -25,7 +25,7 @@ from ..child.spec import DEV_INODES, DEV_SIZE, PTYS
 from ..errors import ConfigError
 from ..floor import linux as L
 from ..idmap import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
-from ..limits import budget, cgroups, flight, rlimits, watch
+from ..limits import budget, cgroups, flight, hostfiles, memory, rlimits
 
 Status = Literal["ok", "degraded", "failing"]
 
@@ -307,7 +307,7 @@ def bounds(cgroup_probe: Probe) -> Probe:
         status="degraded",
         detail="memory: host watcher over the total (reactive, sampled) and RLIMIT_AS per process; socket buffers: "
         f"in that total in a jail's own network namespace (TCP/UDP queues, UNIX sockets), else per socket; "
-        f"descriptors: {_descriptor_charge()}; mappings: {watch.MAPPING_CHARGE} bytes each in that total; "
+        f"descriptors: {_descriptor_charge()}; mappings: {memory.MAPPING_CHARGE} bytes each in that total; "
         f"memfd_create: ENOSYS; {disk}",
         fix=cgroup_probe.fix,
     )
@@ -316,7 +316,7 @@ def bounds(cgroup_probe: Probe) -> Probe:
 def _descriptor_charge() -> str:
     """Whether this kernel gives the watcher a process's descriptor count in one call (Linux 6.2)."""
     if os.stat("/proc/self/fd").st_size > 0:
-        return f"{watch.DESCRIPTOR_CHARGE >> 10} KiB each in that total (pipe buffers, files)"
+        return f"{memory.DESCRIPTOR_CHARGE >> 10} KiB each in that total (pipe buffers, files)"
     return "not charged (this kernel gives /proc/PID/fd no size: Linux 6.2 or later does)"
 
 
@@ -363,7 +363,7 @@ def shared_bounds(host: Host) -> Probe:
         "bytes and locked shm: a share of the user's rlimits (user namespace caps, Linux 5.14 or later); "
         "SysV IPC: bounded in each jail's own namespace; "
         f"TCP and UDP buffers: {rlimits.inet_bound(None)} bytes each (1/{rlimits.INET_SHARE} of the host's low mark); "
-        f"open files: the watcher acts past 1/{watch.FILES_ALARM} of fs.file-max; AIO: io_setup ENOSYS; "
+        f"open files: the watcher acts past 1/{hostfiles.FILES_ALARM} of fs.file-max; AIO: io_setup ENOSYS; "
         + _per_uid_counts(host.uid)
     )
     if host.uid == 0 and not cgroups.v1_usable() and not (cgroups.v2_mounted() and cgroups.v2_parent()[0]):

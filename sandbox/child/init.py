@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..floor import linux as L
-from ..floor import wire
+from ..floor import procstat, wire
 from . import mounts, netns
 from .epoll import EpollMaker
 from .protocol import InitReady, Step, failure, step
@@ -530,7 +530,7 @@ class Init:
                 break
             if current in self.execs:
                 exec_id = self.execs[current][1]
-            current = _parent_of(current)
+            current = procstat.parent(current)
         if not exec_id and len(self.execs) == 1:
             exec_id = next(iter(self.execs.values()))[1]
         return exec_id
@@ -674,14 +674,6 @@ def _proc_int(pid: int, name: str, otherwise: int) -> int:
             return int(f.read(32))
     except (OSError, ValueError):
         return otherwise
-
-
-def _parent_of(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _kind(mode: int) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..config import Limits
+from ..floor import procstat
 
 CPU_PERIOD_US = 100_000
 # what counters() reports on v1: (name, controller, file, key in the file)
@@ -308,24 +309,11 @@ OLD_IDLE = 60.0  # seconds an empty group of the old naming stays untouched (its
 def _owner() -> str:
     """This process as group names record it: pid, start time (clock ticks since boot), pid namespace.
     Not cached: a forked child is another owner."""
-    return f"{os.getpid()}-{start_ticks(os.getpid())}-{os.stat('/proc/self/ns/pid').st_ino}"
+    return f"{os.getpid()}-{procstat.start_ticks(os.getpid())}-{os.stat('/proc/self/ns/pid').st_ino}"
 
 
 def group_name(sandbox_id: str) -> str:
     return f"{sandbox_id}-{_owner()}"
-
-
-def start_ticks(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (field 22 of /proc/PID/stat, counted from the last
-    ``)``: the name before it is the process's own choice); None when no such process is visible, or
-    when it has ended and only waits for its parent to reap it (state Z or X): a zombie owner's jails
-    are already dead, and its sandboxes are leftovers, however late its parent calls wait()."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        return None if fields[0] in (b"Z", b"X") else int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _stale(name: str) -> bool:
@@ -337,7 +325,7 @@ def _stale(name: str) -> bool:
     pid, start, pidns = (int(p) for p in parts[1:])
     if pidns != os.stat("/proc/self/ns/pid").st_ino:
         return False
-    return start_ticks(pid) != start
+    return procstat.start_ticks(pid) != start
 
 
 def _stale_groups(parent: Path) -> list[Path]:

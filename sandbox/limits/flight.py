@@ -34,7 +34,10 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+from . import proc
+from .procs import Procs
 
 FDINFO_KERNEL = (5, 6)  # a socket's fdinfo shows its queue's descriptors in flight (scm_fds)
 MARK = 512  # descriptors in flight a probed uid may have: half the usual soft RLIMIT_NOFILE of 1,024
@@ -197,3 +200,37 @@ def _in_queues(pid: int, most: int) -> tuple[int, int]:
                 with contextlib.suppress(ValueError, IndexError):
                     count += int(info[at + 8 :].split()[0])
     return count, looked
+
+
+_settled: dict[tuple[int, int], float] = {}  # host ids -> when what their last kill freed is gone
+
+
+def due(key: tuple[int, int], now: float) -> bool:
+    """Whether what the last kill for ids ``key`` freed is gone, so another jail of theirs may be judged."""
+    return now >= _settled.get(key, 0.0)
+
+
+def check(key: tuple[int, int], jails: Sequence[Procs], tree: dict[int, list[int]], now: float) -> None:
+    """Host ids ``key`` have more than ``MARK`` descriptors in flight: the jail (of ``jails``, whose
+    root they are) whose commands' sockets show the most in their queues loses every process but its
+    init. Processes are read fewest descriptors first, at most ``LOOKS`` descriptors in all; if those
+    read show none, the jail with the most descriptors left unread is taken instead: a queue may hide
+    behind a hundred thousand other descriptors. Another jail of these ids is judged ``SETTLE`` later."""
+    owner: dict[int, Procs] = {}
+    for p in jails:
+        owner.update(dict.fromkeys(proc.descendants(tree, p.init_pid), p))
+    sizes = {pid: proc.descriptors(pid) for pid in owner}
+    found = shown(sorted(owner, key=sizes.__getitem__), LOOKS)
+    in_queues: dict[Procs, int] = {}
+    unread: dict[Procs, int] = {}
+    for pid, p in owner.items():
+        count, looked = found.get(pid, (0, 0))
+        in_queues[p] = in_queues.get(p, 0) + count
+        unread[p] = unread.get(p, 0) + max(0, sizes[pid] - looked)
+    culprit = max((p for p in in_queues if in_queues[p] > 0), key=in_queues.__getitem__, default=None)
+    if culprit is None:
+        culprit = max((p for p in unread if unread[p] > 0), key=unread.__getitem__, default=None)
+    if culprit is not None:
+        # all its processes but the init: a queue is handed from process to process in a message
+        culprit.kill_trees(tree, tree.get(culprit.init_pid, []))
+        _settled[key] = now + SETTLE

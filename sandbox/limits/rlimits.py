@@ -22,8 +22,10 @@ from ..config import Limits, SandboxConfig
 from ..errors import LimitNotEnforced
 from ..files import READ_LIMIT
 from ..seccomp.policy import SeccompPolicy
-from . import budget, watch
-from .watch import DESCRIPTOR_CHARGE, MAPPING_CHARGE, MAPPINGS_HOG, PAGE, QUICK_TICK, TICK
+from . import budget, hostfiles
+from .memory import DESCRIPTOR_CHARGE, MAPPING_CHARGE, MAPPINGS_HOG
+from .proc import PAGE
+from .watch import QUICK_TICK, TICK
 
 Enforcement = dict[str, str]
 # TCP and UDP buffers are one count for the whole host (net.ipv4.tcp_mem, udp_mem: low, pressure,
@@ -149,7 +151,7 @@ def describe_ipc(values: dict[str, str]) -> str:
 
 
 def describe_queues(memory: int | None, own_netns: bool) -> str:
-    """How the queues of netlink, packet and raw sockets are held (``watch.py``): no cgroup counts them."""
+    """How the queues of netlink, packet and raw sockets are held (``sockets.py``): no cgroup counts them."""
     if memory is None:
         return "unbounded: Limits.memory=None"
     if not own_netns:
@@ -186,11 +188,11 @@ def inet_budget() -> int:
 
 
 def describe_host_files() -> str:
-    """How ``Sandbox.enforcement`` states the bound on the host's open-file table (``watch.py``)."""
-    table = watch.host_files()[1]
+    """How ``Sandbox.enforcement`` states the bound on the host's open-file table (``hostfiles.py``)."""
+    table = hostfiles.host_files()[1]
     return (
-        f"host watcher: past 1/{watch.FILES_ALARM} of the host's open-file table (fs.file-max={table}, one count "
-        f"for all its processes but root's), a jail holding {table // watch.FILES_CULPRIT} files (descriptors, and "
+        f"host watcher: past 1/{hostfiles.FILES_ALARM} of the host's open-file table (fs.file-max={table}, one count "
+        f"for all its processes but root's), a jail holding {table // hostfiles.FILES_CULPRIT} files (descriptors, and "
         "files held only by a mapping) loses every process but its init, reported as oom_killed"
     )
 

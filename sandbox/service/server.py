@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from ..config import SandboxConfig
 from ..errors import SandboxError
 from ..execution import ExecRun
-from ..limits.cgroups import start_ticks
+from ..floor.procstat import start_ticks
 from ..pool import SandboxPool
 from ..sandbox import Sandbox
 from ..state import state_dir

@@ -1,0 +1,131 @@
+"""Host side: the sockets of a jail's own network namespace, held by the watcher (``watch.py``).
+
+Runs in the host process (the watcher's thread). Socket buffers are kernel memory no rlimit holds,
+and a reader that never reads makes a writer fill them. Their figures (UNIX, TCP, UDP) are the
+kernel's own, read through a sock_diag socket the jail's init made in that namespace before any
+untrusted code ran (``sockdiag.py``: bounded, never blocking, and spaced so that counts take at most
+a ``COUNT_SHARE``-th of the thread's time, all sandboxes together); the netlink, packet and raw
+sockets' queues come from ``/proc/INIT/net`` tables, each read to at most ``PROC_TABLE_MAX`` bytes.
+Without a cgroup, what they hold is in the jail's memory total (``memory.py``). They are also held on
+their own: the netlink, packet and raw queues, which no cgroup counts, to the memory limit; and the
+TCP and UDP part, with or without a cgroup (v1's ``kmem.tcp`` holds it in the kernel instead), to the
+jail's share of the host's ``tcp_mem``/``udp_mem``, one count for every network namespace
+(``rlimits.inet_bound``). Past either, the process holding the most sockets is killed. A jail on the
+host's network has no such count (its sockets are among all of the host's).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from . import proc
+from .procs import Procs, socket_holders
+from .sockdiag import Sockets
+
+COUNT_SHARE = 5  # socket counts take at most a fifth of the thread's time, all sandboxes together
+# /proc/PID/net tables of the sockets sock_diag's dumps leave out: (name, queue columns, base). Their
+# queues are the kernel's sk_rmem_alloc (and sk_wmem_alloc): buffer memory, not payload. Netlink
+# queues take no cgroup's memory either: 3,000 pairs of NETLINK_USERSOCK sockets held 1.1 GiB past a
+# 256M limit, as root with a cgroup too.
+# Packet and raw sockets need CAP_NET_RAW: their tables are read only for a jail whose commands hold it.
+PROC_QUEUE_TABLES = (("netlink", (4, 5), 10), ("packet", (6,), 10), ("raw", (4,), 16), ("raw6", (4,), 16))
+NETLINK_ONLY = PROC_QUEUE_TABLES[:1]
+PROC_TABLE_MAX = 16 << 20  # bytes of one table read (about 100,000 sockets)
+
+Tables = tuple[tuple[str, tuple[int, ...], int], ...]
+
+
+@dataclass(eq=False)
+class SocketBound:
+    """What a jail's sockets are held to, and the watcher's last figures for them."""
+
+    diag: Sockets | None  # of the jail's own network namespace: their memory counts
+    memory: int | None  # the memory bound the watcher holds (None: a cgroup holds memory, or none is set)
+    queues: int | None = None  # bound on the netlink, packet and raw sockets' queues of its own namespace
+    inet: int | None = None  # bound on its TCP and UDP buffers (a share of the host's tcp_mem/udp_mem)
+    tables: Tables = NETLINK_ONLY  # the /proc/INIT/net tables read
+    queued: int = 0  # the last figure for its sockets, kept until the next count
+    diagnosed: int = 0  # of which what sock_diag reported (UNIX, TCP, UDP), kept while a dump is read out
+    inet_held: int = 0  # of which TCP and UDP buffers
+    next_count: float = 0.0
+    counted: float = 0.0  # when the last figure was counted
+
+    def close(self) -> None:
+        if self.diag is not None:
+            self.diag.close()
+
+
+def check(p: Procs, s: SocketBound, counters: int) -> None:
+    """Socket queues held on their own: with a cgroup, which counts none of them, the netlink, packet
+    and raw sockets' queues of the jail's own namespace, to the memory limit; and the TCP and UDP
+    buffers, to the jail's share of the host's. Past either, the process holding the most sockets is
+    killed with its descendants."""
+    netlink = queued(p, s, counters) - s.diagnosed  # without a cgroup, all of it is in the memory total
+    over_queues = s.queues is not None and s.memory is None and netlink > s.queues
+    if not (over_queues or (s.inet is not None and s.inet_held > s.inet)):
+        return
+    tree = proc.children()
+    holders = socket_holders(proc.descendants(tree, p.init_pid))
+    if holders:
+        p.kill_trees(tree, holders)
+
+
+def queued(p: Procs, s: SocketBound, counters: int) -> int:
+    """What the sockets of the jail's own network namespace hold; counted again once the last count
+    has been paid for (``COUNT_SHARE``, shared by the ``counters`` sandboxes) or something was killed
+    since, else the last figure."""
+    bound = max((b for b in (s.memory, s.queues, s.inet) if b is not None), default=None)
+    if bound is None or (s.diag is None and s.queues is None):
+        return 0
+    now = time.monotonic()
+    if now < s.next_count and p.killed < s.counted:  # what the killed held is freed: the last figure is stale
+        return s.queued
+    if s.diag is not None:
+        counted = s.diag.measure(bound)  # a count stops once past the bound: the total is over either way
+        if counted is not None:  # else the rest of an earlier dump is still being read out: the last figure holds
+            s.diagnosed, s.inet_held = counted.total(), counted.inet
+    s.queued = s.diagnosed + (proc_queues(p.init_pid, s.tables, bound) if s.queues is not None else 0)
+    s.counted = now
+    s.next_count = now + (time.monotonic() - now) * COUNT_SHARE * counters
+    return s.queued
+
+
+def proc_queues(pid: int, tables: Tables, bound: int) -> int:
+    """Bytes the netlink, packet and raw sockets of ``pid``'s network namespace hold (the kernel's
+    ``sk_rmem_alloc`` and, for netlink, ``sk_wmem_alloc``, from its ``/proc/PID/net`` tables, which
+    sock_diag's UNIX/TCP/UDP dumps leave out). The jail decides how many lines there are: each
+    table is read at most ``PROC_TABLE_MAX`` bytes, and reading stops once the total is past ``bound``."""
+    total = 0
+    for table, columns, base in tables:
+        try:
+            fd = os.open(f"/proc/{pid}/net/{table}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            read, rest = 0, b""
+            while total <= bound and read < PROC_TABLE_MAX:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                read += len(chunk)
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                total += sum(_queue_of(line, columns, base) for line in lines)
+            if read >= PROC_TABLE_MAX:
+                return bound + 1  # more sockets than a table we read whole: over, whatever they hold
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return total
+
+
+def _queue_of(line: bytes, columns: tuple[int, ...], base: int) -> int:
+    """The sum of a table line's queue columns (a ``tx:rx`` pair in hex counts both); 0 for a header."""
+    fields = line.split()
+    try:
+        return sum(int(part, base) for column in columns for part in fields[column].split(b":"))
+    except (IndexError, ValueError):
+        return 0
