@@ -32,13 +32,9 @@ from .floor import linux as L
 from .floor import procstat, wire
 from .floor.idmap import IdMap
 from .launcher import LAUNCHER
-from .limits import budget, cgroups, flight, rlimits
+from .limits import budget, cgroups, plan, sockets, uids
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
-from .limits.disk import DiskBound
-from .limits.memory import MemoryBound
-from .limits.procs import Procs
-from .limits.sockdiag import Sockets
-from .limits.sockets import NETLINK_ONLY, PROC_QUEUE_TABLES, SocketBound
+from .limits.enforcement import Enforcement
 from .limits.watch import WATCHER, Watched
 from .messages import Ready
 from .net import modes
@@ -170,16 +166,7 @@ class Jail:
         cfg = self.config
         if os.getuid() == 0 and cfg.userns:
             _give_binds(cfg, self._disk_ids)  # on disk, binds keep root's range (shown idmapped if ids are own)
-        kind = None if self.cgroup is None else self.cgroup.kind
-        planned, self.enforcement = rlimits.plan(
-            cfg.limits, cfg.upper, kind, self._pids_budget, self._counters, cfg.userns
-        )
-        tmpfs_size, tmpfs_inodes = rlimits.scratch(cfg)
         caps = cfg.capabilities()
-        ipc = rlimits.ipc(tmpfs_size)
-        self.enforcement["ipc"] = rlimits.describe_ipc(ipc)
-        self.enforcement["aio"] = rlimits.describe_aio(cfg.seccomp)
-        self.enforcement["host_files"] = rlimits.describe_host_files()
         seccomp = _seccomp_spec(
             cfg.seccomp,
             any(not m.readonly for m in cfg.mounts),
@@ -187,17 +174,21 @@ class Jail:
             no_memfd=cfg.limits.memory is not None and self.cgroup is None,  # the watcher holds memory
             epoll_maker=-1 if self._maker is None else self._maker.id,
         )
-        made = seccomp is not None and seccomp.epoll_maker >= 0
-        self.enforcement["host_ids"] = self._describe_host_ids(made)
-        self.enforcement["in_flight"] = self._describe_in_flight()
-        self.enforcement["epoll"] = self._describe_epoll(self._maker if made else None)
         net = self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps)
-        self.enforcement["socket_queues"] = rlimits.describe_queues(cfg.limits.memory, net.new_netns)
-        self.enforcement.update(rlimits.describe_jail_own(cfg.output_limit, net.proxy_port != 0))
-        self.enforcement["tmpfs"] = (
-            f"/tmp, /dev/shm{' and the writable layer' if cfg.upper == 'tmpfs' else ''}: one tmpfs of "
-            f"{tmpfs_size} bytes" + (f", {tmpfs_inodes} inodes" if tmpfs_inodes else "")
+        self._bounds = plan.Jail(
+            config=cfg,
+            cgroup=None if self.cgroup is None else self.cgroup.kind,
+            pids_budget=self._pids_budget,
+            counters=self._counters,
+            id_map=self._idmap,
+            own_ids=self._shown_as is not None,
+            maker=self._maker,
+            made=seccomp is not None and seccomp.epoll_maker >= 0,
+            own_netns=net.new_netns,
+            proxied=net.proxy_port != 0,
         )
+        planned = plan.plan(self._bounds)
+        self.enforcement: dict[str, Enforcement] = planned.enforcement
         return JailSpec(
             id=self.id,
             dir=None if self.dir is None else str(self.dir),
@@ -212,9 +203,9 @@ class Jail:
             generated=generated,
             ca_certs=self._ca_certs(),
             upper=cfg.upper,
-            tmpfs_size=tmpfs_size,
-            tmpfs_inodes=tmpfs_inodes,
-            rlimits=planned,
+            tmpfs_size=planned.tmpfs_size,
+            tmpfs_inodes=planned.tmpfs_inodes,
+            rlimits=planned.rlimits,
             hostname=cfg.hostname,
             net=net,
             workdir=cfg.workdir,
@@ -223,92 +214,12 @@ class Jail:
             userns=cfg.userns,
             idmap=self._idmap,
             shown_as=self._shown_as,
-            pids_budget=rlimits.nproc_budget(self._pids_budget, cfg.userns),
+            pids_budget=planned.nproc_budget,
             creator=idmap.namespace_creator() if cfg.userns else None,
             counters=self._counters,
             counter_budget=budget.rlimit_budget(),
-            ipc=ipc,
+            ipc=planned.ipc,
         )
-
-    def _describe_host_ids(self, epoll_made: bool) -> str:
-        """Whose host uid the jail's root is: what the kernel counts per host uid (descriptors in
-        flight, pipe buffers past the user's soft limit, epoll watches unless ``epoll_made`` by the
-        maker) is shared with whoever else it is."""
-        uid = self._idmap.host_root()[0]
-        counted = "descriptors in flight and pipe buffers are counted per host uid"
-        if not epoll_made:
-            counted = f"epoll watches, {counted}"
-        if not self.config.userns:
-            return f"no user namespace: the jail's root is host root; {counted}, root's unbounded"
-        if self._shown_as is not None:
-            return f"its own: host uid {uid} and the ids after it, no other jail's; {counted}, so per jail"
-        if os.getuid() == 0:
-            return (
-                f"shared: host uid {uid} and the ids after it, every root jail's that has no range of its own "
-                f"(a filesystem without idmapped mounts, a kernel before 6.3, {idmap.RANGE_ENV} set, no "
-                f"{idmap.SLOTS} for the locks, or all {idmap.POOL_SLOTS} ranges in use); {counted}, so with those jails"
-            )
-        return f"yours: the jail's root is host uid {uid}; {counted}, so with your own processes"
-
-    def _flight_ids(self) -> tuple[int, int] | None:
-        """The host uid and gid of the jail's root where the kernel's count of descriptors in flight
-        for them is shared (rootless: yours; as root, root's shared range), which the watcher then
-        probes (``limits/flight.py``); None where the root is host root (whom the kernel never
-        refuses) or ids of the jail's own."""
-        uid, gid = self._idmap.host_root() if self.config.userns else (os.getuid(), os.getgid())
-        if uid == 0 or self._shown_as is not None or not idmap.kernel_at_least(flight.FDINFO_KERNEL):
-            return None
-        return uid, gid
-
-    def _describe_in_flight(self) -> str:
-        """How the descriptors the jail sends in UNIX messages are bounded (``limits/flight.py``)."""
-        ids = self._flight_ids()
-        if ids is None and self._shown_as is not None:
-            uid = self._idmap.host_root()[0]
-            return f"per jail: its root is host uid {uid}, no other jail's, so what it holds refuses only itself"
-        if ids is None and not idmap.kernel_at_least(flight.FDINFO_KERNEL):
-            return f"not bounded: Linux {os.uname().release} is older than 5.6, whose sockets show what is in flight"
-        if ids is None:
-            return "none needed: the jail's root is host root, whom the kernel never refuses, counted as no other user"
-        whose = "yours" if ids[0] == os.getuid() else "root's shared range, with other root jails"
-        return (
-            f"host watcher: a probe as host uid {ids[0]} ({whose}) with a soft RLIMIT_NOFILE of {flight.MARK} passes "
-            f"a descriptor every sample; once refused, the uid's jail whose commands' sockets show the most in flight "
-            f"loses every process but its init, reported as oom_killed"
-        )
-
-    def _describe_epoll(self, maker: idmap.Maker | None) -> str:
-        """Whose count the jail's epoll watches take (``child/epoll.py``)."""
-        limit = _epoll_limit()
-        if maker is not None:
-            if self._shown_as is not None:
-                whose = "this jail's own"
-            elif maker.own:
-                whose = f"no other live jail's maker's: a slot of {idmap.MAKER_DIR} in the state directory"
-            else:
-                whose = (
-                    f"shared with other jails: all {idmap.MAKER_SLOTS} slots in the state directory held, "
-                    "or no place there"
-                )
-            return (
-                f"held: every epoll instance of the jail is made by the init's maker as jail id {maker.id}, "
-                f"host uid {maker.host} ({whose}), so the jail's watches together stay within its "
-                f"fs.epoll.max_user_watches ({limit}), and never count against its root's"
-            )
-        root = self._idmap.host_root()[0]
-        if not self.config.userns:
-            why = "no user namespace"
-        elif self.config.seccomp is None:
-            why = "seccomp is off, and with it the init's listener"
-        elif self._maker is None:
-            why = (
-                f"Linux {os.uname().release} is older than 5.14"
-                if not idmap.kernel_at_least(idmap.EPOLL_KERNEL)
-                else "the jail maps no id but its root (idmap='single', or rootless without a subordinate range)"
-            )
-        else:
-            why = "the seccomp policy leaves the init no listener, or refuses what the maker calls"
-        return f"not held: {why}; each id's watches count against its host uid (the root's: {root}), up to {limit} each"
 
     def _ca_certs(self) -> str:
         """The config's CA files, read again now (they may have changed since it was validated)."""
@@ -364,10 +275,11 @@ class Jail:
             raise explain(Failed(ready.step or Step.PROTOCOL, ready.errno, ready.error or "jail setup failed"))
         if len(fds) != self.spec.net.handed:
             raise ProtocolError(f"the jail's init handed over {len(fds)} network descriptors")
-        if not ready.seccomp_notify and self.enforcement["epoll"].startswith("held"):
+        if not ready.seccomp_notify and self.enforcement["epoll"].held:
             # the kernel refused the init a listener (a supervisor above already holds one): the
             # filter without one lets epoll_create through, made by the caller
-            self.enforcement["epoll"] = "not held: the init got no seccomp listener (a supervisor above holds one)"
+            why = "the init got no seccomp listener (a supervisor above holds one)"
+            self.enforcement["epoll"] = uids.not_held_epoll(why)
         return fds
 
     def _attach_cgroup(self, sock: socket.socket, undo: contextlib.ExitStack) -> None:
@@ -396,37 +308,10 @@ class Jail:
 
     def _watch(self, net_fds: list[int], undo: contextlib.ExitStack) -> Watched:
         """Hand the bounds no cgroup holds to the host's watcher (``limits/watch.py``), with the
-        jail's sock_diag socket (the first of ``net_fds`` when the jail has its own namespace).
-        Every jail is watched: the host's open-file table is held for all of them."""
+        jail's sock_diag socket (the first of ``net_fds`` when the jail has its own namespace)."""
         diag = net_fds.pop(0) if self.spec.net.new_netns else -1
-        limits = self.config.limits
-        memory = limits.memory if self.cgroup is None else None
-        # netlink, packet and raw sockets' queues: no cgroup counts them, so they are watched either way
-        queues = limits.memory if self.spec.net.new_netns else None
-        # TCP and UDP buffers: a share of the host's one count, held by cgroup v1's kmem.tcp where there is one
-        v1 = self.cgroup is not None and self.cgroup.kind == "cgroup v1" and limits.memory is not None
-        inet = rlimits.inet_bound(limits.memory) if self.spec.net.new_netns and not v1 else None
-        disk_bound = limits.disk is not None or limits.inodes is not None
-        upper = self.dir / "upper" if self.dir is not None and disk_bound else None
-        if memory is None and inet is None:  # cgroup v1 counts UNIX, TCP and UDP socket memory
-            if diag >= 0:
-                os.close(diag)
-            diag = -1
-        watched = Watched(
-            Procs(self.init_pid),
-            memory=None if memory is None else MemoryBound(memory),
-            disk=None if upper is None else DiskBound(upper, limits.disk, limits.inodes),
-            sockets=None
-            if diag < 0 and queues is None and inet is None
-            else SocketBound(
-                None if diag < 0 else Sockets(diag),
-                memory,
-                queues=queues,
-                inet=inet,
-                tables=PROC_QUEUE_TABLES if "NET_RAW" in self.config.capabilities() else NETLINK_ONLY,
-            ),
-            flight=self._flight_ids(),
-        )
+        upper = self.dir / "upper" if self.dir is not None else None
+        watched = plan.watched(self._bounds, self.init_pid, upper, diag)
         WATCHER.add(watched)
         undo.callback(WATCHER.remove, watched)
         return watched
@@ -499,15 +384,6 @@ def _compiled(policy: SeccompPolicy, guard_modes: bool, chroot: bool, no_memfd: 
     )
 
 
-def _epoll_limit() -> str:
-    """The host's ``fs.epoll.max_user_watches``, as read (or why not)."""
-    try:
-        with open("/proc/sys/fs/epoll/max_user_watches") as f:
-            return f.read(64).strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def _make_cgroup(sandbox_id: str, wanted: Limits, pids_budget: int) -> Cgroup | None:
     """Per-sandbox cgroups where this host lets us make them, else None (rlimits then)."""
     try:
@@ -515,7 +391,7 @@ def _make_cgroup(sandbox_id: str, wanted: Limits, pids_budget: int) -> Cgroup | 
             parent = _v2_parent()
             return None if parent is None else CgroupV2(parent, sandbox_id, wanted, pids_budget)
         needed = wanted.memory is not None or wanted.pids is not None or wanted.cpus is not None
-        inet = (rlimits.inet_bound(wanted.memory), rlimits.inet_budget())
+        inet = (sockets.inet_bound(wanted.memory), sockets.inet_budget())
         return CgroupV1(sandbox_id, wanted, pids_budget, inet) if needed and cgroups.v1_usable() else None
     except OSError:
         return None

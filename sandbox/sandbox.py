@@ -17,6 +17,7 @@ from .config import SandboxConfig, check_env, jail_path
 from .errors import ExecError, SandboxClosed
 from .execution import ExecRun, Stdin, TtyCommand, run_sync
 from .jail import Jail
+from .limits.enforcement import render
 from .results import ExecResult, SandboxStats
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class Sandbox:
     @property
     def enforcement(self) -> dict[str, str]:
         """How each resource limit is enforced on this host (or "not enforced: why")."""
-        return dict(self._jail.enforcement)
+        return render(self._jail.enforcement.values())
 
     @property
     def _channel(self) -> Channel:

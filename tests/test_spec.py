@@ -16,7 +16,7 @@ from jailbox.sandbox.child.spec import Bind, JailSpec, NetSpec, SeccompSpec
 from jailbox.sandbox.errors import KernelRefused, SandboxSetupError
 from jailbox.sandbox.floor.idmap import IdMap
 from jailbox.sandbox.floor.wire import WireError
-from jailbox.sandbox.limits import rlimits
+from jailbox.sandbox.limits import rlimits, scratch
 from jailbox.sandbox.net import modes
 from jailbox.sandbox.net.policy import NetworkPolicy
 
@@ -57,7 +57,7 @@ def _spec(**changes: object) -> JailSpec:
         "creator": 100000,
         "counters": {"max_inotify_instances": 16, "RLIMIT_SIGPENDING": 376},
         "counter_budget": {"RLIMIT_SIGPENDING": 48182},
-        "ipc": rlimits.ipc(1 << 20),
+        "ipc": scratch.ipc(1 << 20),
     }
     fields.update(changes)
     return JailSpec(**fields)

@@ -20,7 +20,7 @@ from host_memory import MiB, host_keeps_its_memory, mem_available  # noqa: F401 
 
 from jailbox.sandbox import ExecResult, Sandbox
 from jailbox.sandbox.config import Limits
-from jailbox.sandbox.limits import rlimits
+from jailbox.sandbox.limits import scratch
 
 LIMIT = 128 * MiB
 # What the host may lose beyond the limit: the pipes the kernel gives full buffers before the per-user
@@ -172,7 +172,7 @@ print("MiB", made)
 def test_sysv_shared_memory_is_bounded_to_the_tmpfs_size():
     with Sandbox(limits=Limits(memory=LIMIT)) as sb:
         out = _held_to_the_bound(sb, SHM).stdout
-        tmpfs_size = rlimits.scratch(sb.config)[0]
+        tmpfs_size = scratch.tmpfs(sb.config)[0]
         assert "refused: No space left on device" in out, out
         assert int(out.split()[-1]) * MiB <= tmpfs_size, out
         assert f"shared memory {tmpfs_size} bytes" in sb.enforcement["ipc"]
@@ -195,8 +195,8 @@ print(queues, queue_errno, sets, ctypes.get_errno())
 def test_sysv_message_queues_and_semaphores_are_bounded():
     with Sandbox(limits=Limits(memory=LIMIT)) as sb:
         queues, queue_errno, sets, set_errno = (int(v) for v in sb.exec(["python3", "-c", IPC_COUNTS]).stdout.split())
-        assert (queues, queue_errno) == (rlimits.IPC_MESSAGE_QUEUES, errno.ENOSPC)
-        assert (sets, set_errno) == (int(rlimits.IPC_SEMAPHORES.split()[3]), errno.ENOSPC)
+        assert (queues, queue_errno) == (scratch.IPC_MESSAGE_QUEUES, errno.ENOSPC)
+        assert (sets, set_errno) == (int(scratch.IPC_SEMAPHORES.split()[3]), errno.ENOSPC)
 
 
 @pytest.mark.parametrize(
@@ -214,7 +214,7 @@ def test_the_jail_cannot_raise_its_ipc_bounds(how):
         r = sb.exec(how)
         assert r.exit_code != 0, (r.stdout, r.stderr)
         values = sb.exec("cat /proc/sys/kernel/shmall /proc/sys/kernel/msgmni").stdout.split()
-        assert values == [rlimits.ipc(rlimits.scratch(sb.config)[0])[k] for k in ("shmall", "msgmni")]
+        assert values == [scratch.ipc(scratch.tmpfs(sb.config)[0])[k] for k in ("shmall", "msgmni")]
 
 
 # memfds: written with write(), their pages are in no process's memory and on no tmpfs with a size

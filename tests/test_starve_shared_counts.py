@@ -30,7 +30,7 @@ import pytest
 
 from jailbox.sandbox import Sandbox, SeccompPolicy
 from jailbox.sandbox.child import spec
-from jailbox.sandbox.limits import budget, hostfiles, proc, rlimits
+from jailbox.sandbox.limits import budget, hostfiles, proc, sockets
 
 # argv: what to take (signals, mqueue, shm_lock), whether to raise the soft limit first (1/0), the
 # file to write the count to. Takes all the kernel allows, writes the count, then holds it.
@@ -328,9 +328,9 @@ def _inet_pages(kind: str) -> int:
 # here (half a second, during which no sandbox was sampled, and the fill went on to the mark)
 @pytest.mark.parametrize(("kind", "decoys"), [("tcp", 0), ("udp", 0), ("tcp", 8)])
 def test_a_jail_holds_only_its_share_of_the_hosts_tcp_and_udp_memory(kind, decoys, tmp_path):
-    low = rlimits.inet_low_mark()
-    bound = rlimits.inet_bound(None)
-    assert bound == low // rlimits.INET_SHARE
+    low = sockets.inet_low_mark()
+    bound = sockets.inet_bound(None)
+    assert bound == low // sockets.INET_SHARE
     (tmp_path / "inet.py").write_text(INET_HOG)
     tmp_path.chmod(0o755)
     hog = {"src": str(tmp_path), "dst": "/hog", "readonly": True}

@@ -25,7 +25,7 @@ from ..child.spec import DEV_INODES, DEV_SIZE, PTYS
 from ..errors import ConfigError
 from ..floor import linux as L
 from ..idmap import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
-from ..limits import budget, cgroups, flight, hostfiles, memory, rlimits
+from ..limits import budget, cgroups, flight, hostfiles, memory, sockets
 
 Status = Literal["ok", "degraded", "failing"]
 
@@ -362,7 +362,7 @@ def shared_bounds(host: Host) -> Probe:
         f"1/{budget.USER_SHARE}) and 1/{budget.COUNTER_SHARE} of its namespace counts; pending signals, message-queue "
         "bytes and locked shm: a share of the user's rlimits (user namespace caps, Linux 5.14 or later); "
         "SysV IPC: bounded in each jail's own namespace; "
-        f"TCP and UDP buffers: {rlimits.inet_bound(None)} bytes each (1/{rlimits.INET_SHARE} of the host's low mark); "
+        f"TCP and UDP buffers: {sockets.inet_bound(None)} bytes each (1/{sockets.INET_SHARE} of the host's low mark); "
         f"open files: the watcher acts past 1/{hostfiles.FILES_ALARM} of fs.file-max; AIO: io_setup ENOSYS; "
         + _per_uid_counts(host.uid)
     )

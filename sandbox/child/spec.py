@@ -126,7 +126,7 @@ class JailSpec:
     generated: dict[str, str]  # files written into the writable layer: jail-relative path -> content
     ca_certs: str  # PEM certificates appended to the tree's CA bundles in the writable layer ("" for none)
     upper: Upper  # where the writable layer lives: a tmpfs, or ``dir`` on disk
-    tmpfs_size: int  # bytes of the one tmpfs: /tmp, /dev/shm, a tmpfs writable layer (limits/rlimits.scratch)
+    tmpfs_size: int  # bytes of the one tmpfs: /tmp, /dev/shm, a tmpfs writable layer (limits/scratch.tmpfs)
     tmpfs_inodes: int  # its inode count (0: the kernel's default)
     rlimits: dict[str, int]  # RLIMIT_* name -> soft and hard value, planned by limits/rlimits.py
     hostname: str  # the jail's UTS hostname
@@ -145,7 +145,7 @@ class JailSpec:
     creator: int | None
     counters: dict[str, int]  # /proc/sys/user/NAME or RLIMIT_NAME -> the jail's share (limits/budget.py)
     counter_budget: dict[str, int]  # RLIMIT_NAME -> soft limit of the user namespace's creator: all jails' share
-    ipc: dict[str, str]  # /proc/sys/kernel/NAME -> value in the jail's own IPC namespace (limits/rlimits.ipc)
+    ipc: dict[str, str]  # /proc/sys/kernel/NAME -> value in the jail's own IPC namespace (limits/scratch.ipc)
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

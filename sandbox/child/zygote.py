@@ -401,7 +401,7 @@ def _in_bounded_userns(chan: socket.socket, spec: JailSpec, then: Body) -> None:
     that read them.
 
     The nested namespace also keeps A2's soft rlimits as its caps on the counts of all the jail's
-    uids together: RLIMIT_NPROC, when the plan has one (``rlimits.plan``), and the jail's share of
+    uids together: RLIMIT_NPROC, when the plan has one (``limits/plan.py``), and the jail's share of
     pending signals, message-queue bytes and locked shm, which ``_write_counters`` set in A."""
     with step(Step.RLIMITS):
         _write_counters(spec.counters)

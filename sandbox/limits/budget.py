@@ -54,6 +54,7 @@ from pathlib import Path
 
 from .. import state
 from ..errors import ConfigError
+from .enforcement import Enforcement, Verdict, held
 
 BUDGET_ENV = "JAILBOX_PIDS_BUDGET"
 BUDGET_DEFAULT = "50%"
@@ -300,21 +301,24 @@ def _parse(line: str, most: tuple[int, ...]) -> tuple[str, _Entry]:
     return sandbox_id, _Entry(int(pid), when, values)
 
 
-def describe_counters(limits: dict[str, int], userns: bool) -> str:
-    """How ``Sandbox.enforcement`` states the counters' bound."""
+def plan_counters(limits: dict[str, int], userns: bool) -> Enforcement:
+    """How the per-user kernel counters are held for a jail granted ``limits`` (``claim_counters``)."""
     if not userns:
-        return "not bounded: userns=False, the jail's processes count as host root's"
+        return Enforcement(
+            "kernel_counters", Verdict.NOT_BOUNDED, "userns=False, the jail's processes count as host root's"
+        )
     inotify = f"{limits.get('max_inotify_instances', '-')}/{limits.get('max_inotify_watches', '-')}"
     fanotify = f"{limits.get('max_fanotify_groups', '-')}/{limits.get('max_fanotify_marks', '-')}"
     queued = (
         f"{limits.get('RLIMIT_SIGPENDING', '-')} pending signals, {limits.get('RLIMIT_MSGQUEUE', '-')} bytes of "
         f"POSIX message queues, {limits.get('RLIMIT_MEMLOCK', '-')} bytes of SysV shm locked"
     )
-    return (
+    return held(
+        "kernel_counters",
         f"limits of the user namespace the jail's is nested in, for all its uids together: inotify {inotify} "
         f"instances/watches, fanotify {fanotify} groups/marks (at most 1/{SANDBOX_SHARE} of the caller's limit "
         f"each, out of 1/{USER_SHARE} that all sandboxes of this user share, across processes), namespaces "
         f"<= {NAMESPACES_MAX} each (1/{COUNTER_SHARE} of the caller's); the soft rlimits the jail's namespace was "
         f"created with: {queued} (a share of the caller's, out of 1/{USER_SHARE} that all sandboxes of this user "
-        "share, across processes); nothing in the jail can change them"
+        "share, across processes); nothing in the jail can change them",
     )

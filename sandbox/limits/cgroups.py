@@ -19,7 +19,7 @@ Counters read around each command give ``oom_killed`` (``oom_kill`` in memory.ev
 memory.oom_control, never ``failcnt``) and ``pids_limit_hit`` (``max`` in pids.events).
 
 Both back ends implement ``Cgroup`` (an interface, as libcgroups' ``CgroupManager``), which is all
-the jail holds. Where no cgroup is usable, ``rlimits.plan`` says what the init enforces with
+the jail holds. Where no cgroup is usable, ``plan.py`` says what the init enforces with
 rlimits instead and records, limit by limit, how (or whether) each is enforced.
 """
 
@@ -103,7 +103,7 @@ class CgroupV1(Cgroup):
 
     def __init__(self, sandbox_id: str, limits: Limits, pids_budget: int, inet: tuple[int, int]) -> None:
         """``inet``: (bytes of TCP and UDP buffers this sandbox may hold, all sandboxes of the
-        ``jailbox`` group together), shares of the host's one count (``rlimits.inet_bound``)."""
+        ``jailbox`` group together), shares of the host's one count (``sockets.inet_bound``)."""
         mounts, own = _v1_mounts(), _own_paths()
         self.dirs: dict[str, Path] = {}
         # Only the hierarchies a limit needs: attaching a process to a v1 group costs about 0.2 ms each.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..floor import linux as L
+from .enforcement import Enforcement, held, unbounded
 from .procs import Procs
 
 WALK_TIME = 0.01  # seconds a sample spends walking writable layers, all sandboxes together
@@ -43,6 +44,26 @@ class DiskBound:
         if self.walk is not None:
             self.walk.close()
             self.walk = None
+
+
+def plan(disk: int | None, inodes: int | None, upper: str) -> list[Enforcement]:
+    """How the writable layer's bytes and inodes are held: by its tmpfs's size and inode count, or
+    by the watcher's walk of a layer on disk."""
+    if disk is None:
+        by_size = unbounded("disk", "disk")
+    elif upper == "tmpfs":
+        by_size = held("disk", "tmpfs size of the writable layer")
+    else:
+        by_size = held(
+            "disk",
+            "host watcher: a bounded walk of the writable layer, the jail's processes killed when it grows "
+            "past the limit (no RLIMIT_FSIZE: a sparse file costs only what it holds)",
+        )
+    if inodes is None:
+        by_count = unbounded("inodes", "inodes")
+    else:
+        by_count = held("inodes", "tmpfs nr_inodes" if upper == "tmpfs" else "host watcher (with disk)")
+    return [by_size, by_count]
 
 
 def check(p: Procs, d: DiskBound, now: float, until: float) -> None:

@@ -36,7 +36,10 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 
+from .. import idmap
+from ..floor.idmap import IdMap
 from . import proc
+from .enforcement import Enforcement, Verdict, held
 from .procs import Procs
 
 FDINFO_KERNEL = (5, 6)  # a socket's fdinfo shows its queue's descriptors in flight (scm_fds)
@@ -203,6 +206,39 @@ def _in_queues(pid: int, most: int) -> tuple[int, int]:
 
 
 _settled: dict[tuple[int, int], float] = {}  # host ids -> when what their last kill freed is gone
+
+
+def probed_ids(id_map: IdMap, own: bool, userns: bool) -> tuple[int, int] | None:
+    """The host uid and gid of the jail's root where the kernel's count of descriptors in flight for
+    them is shared (rootless: yours; as root, root's shared range), which the watcher then probes;
+    None where the root is host root (whom the kernel never refuses) or ids of the jail's own."""
+    uid, gid = id_map.host_root() if userns else (os.getuid(), os.getgid())
+    if uid == 0 or own or not idmap.kernel_at_least(FDINFO_KERNEL):
+        return None
+    return uid, gid
+
+
+def plan(id_map: IdMap, own: bool, userns: bool) -> Enforcement:
+    """How the descriptors the jail sends in UNIX messages are bounded."""
+    ids = probed_ids(id_map, own, userns)
+    if ids is None and own:
+        uid = id_map.host_root()[0]
+        return held(
+            "in_flight", f"per jail: its root is host uid {uid}, no other jail's, so what it holds refuses only itself"
+        )
+    if ids is None and not idmap.kernel_at_least(FDINFO_KERNEL):
+        why = f"Linux {os.uname().release} is older than 5.6, whose sockets show what is in flight"
+        return Enforcement("in_flight", Verdict.NOT_BOUNDED, why)
+    if ids is None:
+        why = "the jail's root is host root, whom the kernel never refuses, counted as no other user"
+        return Enforcement("in_flight", Verdict.NONE_NEEDED, why)
+    whose = "yours" if ids[0] == os.getuid() else "root's shared range, with other root jails"
+    return held(
+        "in_flight",
+        f"host watcher: a probe as host uid {ids[0]} ({whose}) with a soft RLIMIT_NOFILE of {MARK} passes "
+        f"a descriptor every sample; once refused, the uid's jail whose commands' sockets show the most in flight "
+        f"loses every process but its init, reported as oom_killed",
+    )
 
 
 def due(key: tuple[int, int], now: float) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import proc
+from .enforcement import Enforcement, held
 from .procs import Procs
 
 HOST_FILES = "/proc/sys/fs/file-nr"  # the host's open files, 0, fs.file-max
@@ -45,6 +46,17 @@ def host_files() -> tuple[int, int]:
         return int(fields[0]), max(1, int(fields[2]))
     except (OSError, ValueError, IndexError):
         return 0, 1
+
+
+def plan() -> Enforcement:
+    """How the host's open-file table is held: for every jail, by the watcher."""
+    table = host_files()[1]
+    return held(
+        "host_files",
+        f"host watcher: past 1/{FILES_ALARM} of the host's open-file table (fs.file-max={table}, one count "
+        f"for all its processes but root's), a jail holding {table // FILES_CULPRIT} files (descriptors, and "
+        "files held only by a mapping) loses every process but its init, reported as oom_killed",
+    )
 
 
 def filling(used: int, table: int) -> bool:

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import proc
-from .procs import KILL_WAIT, Procs, biggest_until_under, socket_holders
+from .enforcement import Enforcement, held, unbounded
+from .procs import KILL_WAIT, QUICK_TICK, TICK, Procs, biggest_until_under, socket_holders
 
 NEAR = 2  # past 1/NEAR of its bound, a jail's memory is sampled between two samples too
 # What each open descriptor is charged against ``memory``: a pipe past the per-user soft limit
@@ -65,6 +66,23 @@ class MemoryBound:
     undecided: int = 0  # samples in a row it may have been over only by shares not read yet
     near: bool = False  # its memory total at the last sample passed 1/NEAR of its bound: sampled quickly too
     reader: _Reader = field(default_factory=lambda: _Reader())  # reads its processes' maps and shares
+
+
+def plan(limit: int | None, cgroup: str | None) -> tuple[dict[str, int], Enforcement]:
+    """(the rlimits memory needs, how it is held): by the cgroup, else by the watcher and a
+    per-process ``RLIMIT_AS`` (which stops a single allocator at once)."""
+    if limit is None:
+        return {}, unbounded("memory", "memory")
+    if cgroup:
+        return {}, held("memory", f"{cgroup} memory (no swap beyond Limits.swap)")
+    return {"RLIMIT_AS": limit}, held(
+        "memory",
+        f"host watcher: total proportional memory of the jail's processes, sampled every {TICK * 1000:.0f} ms "
+        f"(every {QUICK_TICK * 1000:.0f} ms past half the limit), "
+        f"each open descriptor charged {DESCRIPTOR_CHARGE >> 10} KiB (pipe buffers, files) and each mapping "
+        f"{MAPPING_CHARGE} bytes (a process with {MAPPINGS_HOG} or more: as many as its address space could "
+        "hold), biggest process killed past it; rlimit RLIMIT_AS per process; memfd_create ENOSYS (no cgroup)",
+    )
 
 
 def check(p: Procs, m: MemoryBound, queued: int, tree: dict[int, list[int]], maps: Maps, quick: bool) -> None:

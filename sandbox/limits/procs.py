@@ -1,4 +1,4 @@
-"""Host side: a watched jail's processes, and how the watcher kills them.
+"""Host side: a watched jail's processes, how the watcher kills them, and when it samples.
 
 Runs in the host process (the watcher's thread). Every bound the watcher holds ends, past its
 mark, in killing some of a jail's processes; ``Procs`` is what the bounds share of a jail for that:
@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from ..floor import procstat
 from . import proc
 
+TICK = 0.05  # seconds between two samples of every watched jail
+QUICK_TICK = 0.01  # seconds between quick samples of a jail near its memory bound (``watch.quick``)
+QUICK_SHARE = 4  # a quick sample is followed by a rest this many times as long as it took
 KILL_POLL = 0.01  # seconds a kill waits for the killed to be gone
 KILL_WAIT = 1.0  # seconds a killed process still going is left out, and its jail not judged again
 HOLDER_LOOKS = 1024  # descriptors one search for the top socket holder reads, all processes together (6 ms)

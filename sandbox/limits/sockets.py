@@ -10,7 +10,7 @@ Without a cgroup, what they hold is in the jail's memory total (``memory.py``). 
 their own: the netlink, packet and raw queues, which no cgroup counts, to the memory limit; and the
 TCP and UDP part, with or without a cgroup (v1's ``kmem.tcp`` holds it in the kernel instead), to the
 jail's share of the host's ``tcp_mem``/``udp_mem``, one count for every network namespace
-(``rlimits.inet_bound``). Past either, the process holding the most sockets is killed. A jail on the
+(``inet_bound``). Past either, the process holding the most sockets is killed. A jail on the
 host's network has no such count (its sockets are among all of the host's).
 """
 
@@ -19,8 +19,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import proc
+from .enforcement import Enforcement, held, unbounded
 from .procs import Procs, socket_holders
 from .sockdiag import Sockets
 
@@ -33,6 +35,13 @@ COUNT_SHARE = 5  # socket counts take at most a fifth of the thread's time, all 
 PROC_QUEUE_TABLES = (("netlink", (4, 5), 10), ("packet", (6,), 10), ("raw", (4,), 16), ("raw6", (4,), 16))
 NETLINK_ONLY = PROC_QUEUE_TABLES[:1]
 PROC_TABLE_MAX = 16 << 20  # bytes of one table read (about 100,000 sockets)
+# TCP and UDP buffers are one count for the whole host (net.ipv4.tcp_mem, udp_mem: low, pressure,
+# high, in pages, about 4.5/6/9% of memory): past the low mark the kernel shrinks every socket's
+# buffers, past the high one every TCP send waits and every UDP datagram is dropped, root's too
+# (DNS). A cgroup counts them against its memory limit, which can be above the high mark (750 MB
+# with 8 GiB). One sandbox gets 1/INET_SHARE of the low mark, all of a cgroup v1 group 1/INET_ALL.
+INET_SHARE = 8
+INET_ALL = 2
 
 Tables = tuple[tuple[str, tuple[int, ...], int], ...]
 
@@ -55,6 +64,66 @@ class SocketBound:
     def close(self) -> None:
         if self.diag is not None:
             self.diag.close()
+
+
+def inet_low_mark() -> int:
+    """Bytes of TCP and UDP buffers the host holds before the kernel presses them: the lower of
+    tcp_mem's and udp_mem's low mark."""
+    marks = []
+    for name in ("tcp_mem", "udp_mem"):
+        try:
+            marks.append(int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[0]) * proc.PAGE)
+        except (OSError, ValueError, IndexError):
+            continue
+    return min(marks, default=1 << 30)
+
+
+def inet_bound(memory: int | None) -> int:
+    """Bytes of TCP and UDP buffers one sandbox may hold: its share of the host's low mark, and no
+    more than its memory limit."""
+    share = inet_low_mark() // INET_SHARE
+    return share if memory is None else min(memory, share)
+
+
+def inet_budget() -> int:
+    """Bytes of TCP and UDP buffers all sandboxes of a cgroup v1 ``jailbox`` group may hold."""
+    return inet_low_mark() // INET_ALL
+
+
+def plan_buffers(memory: int | None, cgroup: str | None) -> Enforcement:
+    """How the jail's socket buffers are held: UNIX in its memory, TCP and UDP to ``inet_bound``."""
+    inet = inet_bound(memory)
+    if cgroup == "cgroup v1" and memory is not None:
+        return held(
+            "socket_buffers",
+            f"cgroup v1 memory.kmem.tcp.limit_in_bytes={inet} (TCP and UDP: 1/{INET_SHARE} of the host's low mark "
+            f"of tcp_mem/udp_mem, at most the memory limit; all sandboxes of the group {inet_budget()}); UNIX in "
+            "memory.limit_in_bytes",
+        )
+    counted = {
+        "cgroup v2": "UNIX, TCP and UDP counted in memory.current; ",
+        None: "UNIX, TCP and UDP in the watcher's memory total; " if memory is not None else "",
+    }.get(cgroup, "")
+    return held(
+        "socket_buffers",
+        f"{counted}host watcher: the TCP and UDP buffers of the jail's own network namespace held to {inet} "
+        f"bytes (1/{INET_SHARE} of the host's low mark of tcp_mem/udp_mem, at most the memory limit), the "
+        "process holding the most sockets killed past it (on the host's network: per socket only)",
+    )
+
+
+def plan_queues(memory: int | None, own_netns: bool) -> Enforcement:
+    """How the queues of netlink, packet and raw sockets are held: no cgroup counts them."""
+    if memory is None:
+        return unbounded("socket_queues", "memory")
+    if not own_netns:
+        return held("socket_queues", "per socket only (its receive buffer): the jail is on the host's network")
+    return held(
+        "socket_queues",
+        f"host watcher: the queues of the netlink, packet and raw sockets of the jail's own network namespace "
+        f"(/proc/INIT/net), held to the memory limit ({memory} bytes; in the total without a cgroup, on their "
+        "own with one, which does not count them); past it the process holding the most sockets is killed",
+    )
 
 
 def check(p: Procs, s: SocketBound, counters: int) -> None:

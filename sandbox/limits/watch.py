@@ -30,12 +30,8 @@ from . import disk, flight, hostfiles, memory, proc, sockets
 from .disk import DiskBound
 from .hostfiles import MappedFiles
 from .memory import MemoryBound
-from .procs import Procs
+from .procs import QUICK_SHARE, QUICK_TICK, TICK, Procs
 from .sockets import SocketBound
-
-TICK = 0.05
-QUICK_TICK = 0.01
-QUICK_SHARE = 4
 
 
 @dataclass(eq=False)
