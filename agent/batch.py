@@ -20,12 +20,12 @@ from pydantic import Field
 
 from ..extras import missing
 from ..sandbox import SandboxConfig
-from .execution import Job
 from .executors import Executor, ExecutorConfig, ExecutorError, ExecutorFactory, ThreadExecutor
 from .llm import LLMConfig
 from .loop import AgentConfig
 from .scoring import Scorer, ScoringError, load_scorers, score
 from .tasks import Mode, Task, TaskResult, check_task, read_results
+from .worker import Job
 
 EXECUTORS: dict[str, tuple[str, str]] = {
     "threads": (".executors", "ThreadExecutor"),

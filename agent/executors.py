@@ -16,8 +16,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
-from .execution import Guard, Job, Stepped, execute
 from .tasks import Task, TaskResult, make_task_dir
+from .worker import Guard, Job, Stepped, execute
 
 
 class ExecutorConfig(BaseModel):

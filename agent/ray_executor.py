@@ -28,9 +28,9 @@ from pydantic import BaseModel
 
 from ..sandbox import Sandbox, SandboxConfig, hostfs
 from ..sandbox.errors import SandboxError
-from .execution import Guard, Job, Stepped, execute
 from .executors import Executor, ExecutorConfig, ExecutorError
 from .tasks import Task, TaskResult, make_task_dir
+from .worker import Guard, Job, Stepped, execute
 
 
 def _token_auth_if_available() -> None:

@@ -1,7 +1,7 @@
 """Extra CA certificates a jail trusts (``SandboxConfig.ca_certs``), read and checked in the user's process.
 
 Only the user's own files are read here; the tree's bundles are extended inside the jail, at setup
-(``child/cacerts.py``). Each file is bounded, must hold at least one PEM certificate that OpenSSL
+(``child/trust.py``). Each file is bounded, must hold at least one PEM certificate that OpenSSL
 accepts, and only its ``CERTIFICATE`` blocks travel on: a private key that shares the file never
 reaches the jail.
 """

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..floor import linux as L
-from . import cacerts
+from . import trust
 from .protocol import Step, step
 from .spec import DEV_INODES, DEV_SIZE, PTYS, Bind, JailSpec
 
@@ -193,7 +193,7 @@ def _assemble(spec: JailSpec, root: str, rw: str, trees: set[str]) -> None:
         if spec.ca_certs:
             # before anything is mounted inside the root: a bundle's path reaches the tree and nothing else
             with step(Step.CA_CERTS):
-                cacerts.append(root_fd, spec.ca_certs)
+                trust.append(root_fd, spec.ca_certs)
         for op in plan(spec, trees):
             with step(op.step):
                 # a hostile image's symlinks are resolved inside the new root, never on the host
