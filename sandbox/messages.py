@@ -1,8 +1,8 @@
 """Messages that come out of a jail, validated before the host acts on them.
 
-The init runs inside the jail and untrusted code may have taken it over, so every field is
-typed and bounded here, and so is the size of the message itself: ``Reply.WIRE_LIMIT`` bytes (a
-listing ``LISTING_LIMIT``), refused before it is parsed.
+The init builds them as ``child/replies.py``'s dataclasses, but it runs inside the jail and untrusted
+code may have taken it over, so every field is typed and bounded here, and so is the size of the
+message itself: ``Reply.WIRE_LIMIT`` bytes (a listing ``LISTING_LIMIT``), refused before it is parsed.
 """
 
 from __future__ import annotations

@@ -3,14 +3,16 @@ step is explained by its step and errno, wherever it failed (launcher, child A o
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 from typing import Any
 
 import pytest
 
-from jailbox.sandbox import Sandbox, idmap
+from jailbox.sandbox import Sandbox, idmap, messages
 from jailbox.sandbox.checks import diagnose
+from jailbox.sandbox.child import replies
 from jailbox.sandbox.child.protocol import Created, CreateRequest, Failed, InitPid, Step, decode
 from jailbox.sandbox.child.spec import Bind, JailSpec, NetSpec, SeccompSpec
 from jailbox.sandbox.errors import KernelRefused, SandboxSetupError
@@ -97,6 +99,36 @@ def test_messages_are_decoded_only_where_expected():
         decode(InitPid(7).to_wire(), Created)
     with pytest.raises(WireError, match="step"):
         decode({**failed.to_wire(), "step": "mount overlay"}, InitPid)
+
+
+SAMPLE_REPLIES = [
+    replies.ExitReply(0, None, refused={"mount": 2}, utime=0.5, stime=0.25, maxrss_kb=1024),
+    replies.ExitReply(137, 9),
+    replies.ExitReply(127, None, error="no such command"),
+    replies.PtyOpenedReply(),
+    replies.FailureReply(2, "No such file or directory"),
+    replies.DoneReply(),
+    replies.OpenedReply(12, 0o644),
+    replies.StatReply("dir", 4096, 0o755),
+    replies.WalkReply([("a", "file", 0o600, 3, None), ("b", "link", 0o777, 1, "a")]),
+]
+
+
+def test_the_inits_replies_are_what_the_host_reads():
+    """Each reply the init builds has the fields of the host's bounded model of it, and reads back
+    as it was sent (the host's models are the check; the init's dataclasses, its contract)."""
+    assert {type(r) for r in SAMPLE_REPLIES} == set(replies.REPLIES)
+    for cls in replies.REPLIES:
+        model = getattr(messages, cls.MODEL)
+        assert set(model.model_fields) == {f.name for f in dataclasses.fields(cls)}, cls.__name__
+    for reply in SAMPLE_REPLIES:
+        wired = json.loads(json.dumps(reply.to_wire()))  # as it travels
+        read = getattr(messages, reply.MODEL).model_validate(wired)
+        assert {k: getattr(read, k) for k in wired} == {k: _tupled(v) for k, v in reply.to_wire().items()}
+
+
+def _tupled(value: Any) -> Any:
+    return [tuple(entry) for entry in value] if isinstance(value, list) else value
 
 
 def test_each_network_mode_owns_its_descriptors():

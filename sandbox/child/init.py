@@ -47,6 +47,18 @@ from ..floor import procstat, wire
 from . import mounts, netns
 from .epoll import EpollMaker
 from .protocol import InitReady, Step, failure, step
+from .replies import (
+    DoneReply,
+    Entry,
+    ExitReply,
+    FailureReply,
+    Kind,
+    OpenedReply,
+    PtyOpenedReply,
+    Reply,
+    StatReply,
+    WalkReply,
+)
 from .requests import (
     MAX_REQUEST,
     MAX_WALK_ENTRIES,
@@ -276,9 +288,9 @@ class Init:
             req = decode_request(obj)  # a malformed request is answered below, like any failure
             handlers[type(req)](req, fds, reply)
         except OSError as exc:
-            self._answer(reply, {"ok": False, "errno": exc.errno or 0, "error": exc.strerror or str(exc)})
+            self._answer(reply, FailureReply(exc.errno or 0, exc.strerror or str(exc)))
         except Exception as exc:  # a bug here must not take the jail down
-            self._answer(reply, {"ok": False, "errno": 0, "error": f"{type(exc).__name__}: {exc}"})
+            self._answer(reply, FailureReply(0, f"{type(exc).__name__}: {exc}"))
         finally:
             for fd in fds:
                 os.close(fd)
@@ -286,11 +298,11 @@ class Init:
                 reply.close()
 
     @staticmethod
-    def _answer(reply: socket.socket | None, obj: dict, fds: Sequence[int] = ()) -> None:
+    def _answer(reply: socket.socket | None, answer: Reply, fds: Sequence[int] = ()) -> None:
         if reply is None:
             return
         try:
-            wire.send(reply, obj, fds)
+            wire.send(reply, answer.to_wire(), fds)
         except OSError:
             pass
 
@@ -373,7 +385,7 @@ class Init:
                     self._reap()
                     time.sleep(0.01)
                     continue
-                self._answer(reply, {"exit": exc.code, "signal": None, "error": str(exc)})
+                self._answer(reply, ExitReply(exc.code, None, error=str(exc)))
                 reply.close()
                 return None
         return pid
@@ -401,7 +413,7 @@ class Init:
         master, slave = os.openpty()
         try:
             pid = self._fork_exec(argv, req, [slave] * 3, tty=True)
-            self._answer(reply, {"pty": True}, [master])
+            self._answer(reply, PtyOpenedReply(), [master])
             return pid
         finally:
             os.close(master)
@@ -461,7 +473,7 @@ class Init:
             for _ in range(100):
                 if not self._kill_tagged(tag):
                     break
-        self._answer(reply, {"ok": True})
+        self._answer(reply, DoneReply())
 
     @staticmethod
     def _kill_tagged(tag: int) -> int:
@@ -544,17 +556,13 @@ class Init:
                 continue
             reply, exec_id = entry
             self.by_tag.pop(self.tags.pop(exec_id, 0), None)
-            report = {
-                "refused": self.refused.pop(exec_id, {}),
-                "utime": usage.ru_utime,
-                "stime": usage.ru_stime,
-                "maxrss_kb": usage.ru_maxrss,
-            }
-            if os.WIFSIGNALED(status):
-                sig = os.WTERMSIG(status)
-                self._answer(reply, {"exit": 128 + sig, "signal": sig, **report})
-            else:
-                self._answer(reply, {"exit": os.waitstatus_to_exitcode(status), "signal": None, **report})
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            code = 128 + sig if sig is not None else os.waitstatus_to_exitcode(status)
+            refused = self.refused.pop(exec_id, {})
+            self._answer(
+                reply,
+                ExitReply(code, sig, None, refused, usage.ru_utime, usage.ru_stime, usage.ru_maxrss),
+            )
             reply.close()
 
     # --- files --------------------------------------------------------------------------------
@@ -578,7 +586,7 @@ class Init:
                 os.ftruncate(fd, 0)
                 if req.mode is not None:
                     os.fchmod(fd, req.mode)
-            self._answer(reply, {"ok": True, "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)}, [fd])
+            self._answer(reply, OpenedReply(st.st_size, stat.S_IMODE(st.st_mode)), [fd])
         finally:
             os.close(fd)
 
@@ -588,9 +596,7 @@ class Init:
             st = os.fstat(fd)
         finally:
             os.close(fd)
-        self._answer(
-            reply, {"ok": True, "type": _kind(st.st_mode), "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)}
-        )
+        self._answer(reply, StatReply(_kind(st.st_mode), st.st_size, stat.S_IMODE(st.st_mode)))
 
     def _open(self, path: str, flags: int, mode: int = 0, within: int | None = None) -> int:
         """Open ``path`` for the host's file API: never through a magic link (``/proc/*/fd``,
@@ -609,17 +615,17 @@ class Init:
     def op_mkdir(self, req: MkdirRequest, fds: list[int], reply: socket.socket | None) -> None:
         os.makedirs(req.path, exist_ok=True)
         os.chmod(req.path, req.mode)
-        self._answer(reply, {"ok": True})
+        self._answer(reply, DoneReply())
 
     def op_symlink(self, req: SymlinkRequest, fds: list[int], reply: socket.socket | None) -> None:
         if os.path.lexists(req.path) and not os.path.isdir(req.path):
             os.unlink(req.path)
         os.symlink(req.target, req.path)
-        self._answer(reply, {"ok": True})
+        self._answer(reply, DoneReply())
 
     def op_walk(self, req: WalkRequest, fds: list[int], reply: socket.socket | None) -> None:
         """List a tree without following symlinks: [relpath, kind, mode, size, link target]."""
-        entries: list[list] = []
+        entries: list[Entry] = []
         stack = [""]
         top = self._open(req.path, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -634,7 +640,7 @@ class Init:
                             sub = f"{rel}/{entry.name}" if rel else entry.name
                             kind = _kind(st.st_mode)
                             target = os.readlink(entry.name, dir_fd=fd) if kind == "link" else None
-                            entries.append([sub, kind, stat.S_IMODE(st.st_mode), st.st_size, target])
+                            entries.append((sub, kind, stat.S_IMODE(st.st_mode), st.st_size, target))
                             if kind == "dir" and st.st_dev != self.proc_dev:  # a /proc is listed, not entered
                                 stack.append(sub)
                             if len(entries) > MAX_WALK_ENTRIES:
@@ -643,7 +649,7 @@ class Init:
                     os.close(fd)
         finally:
             os.close(top)
-        self._answer(reply, {"ok": True, "entries": entries})
+        self._answer(reply, WalkReply(entries))
 
 
 def _has_children(pid: int) -> bool:
@@ -676,7 +682,7 @@ def _proc_int(pid: int, name: str, otherwise: int) -> int:
         return otherwise
 
 
-def _kind(mode: int) -> str:
+def _kind(mode: int) -> Kind:
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):

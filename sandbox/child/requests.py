@@ -5,8 +5,8 @@ the jail's control socket; decoded once by the init (``child/init.py``) with ``d
 Decoding is strict (an unknown op, an unknown or missing key or a wrong type is a ``WireError``),
 and the init answers such a request with an error instead of acting on a guess. Descriptors ride
 along outside these objects: stdio pipes and the reply socket of an exec, pipes to drain, and the
-reply socket, always last, of every request but the one-way ``kill`` and ``drain``.
-Stdlib only.
+reply socket, always last, of every request but the one-way ``kill`` and ``drain``. The answers
+are ``child/replies.py``'s. Stdlib only.
 """
 
 from __future__ import annotations
