@@ -1,7 +1,7 @@
 """jailbox: rootless Linux sandboxes for LLM agents and untrusted code, without Docker.
 
 The installed package: this file is ``jailbox/__init__.py``, ``sandbox/`` is ``jailbox.sandbox`` (the
-jail), ``agent/`` is ``jailbox.agent`` (the agent loop, over the jail's public API) and ``cli.py`` is
+jail), ``agent/`` is ``jailbox.agent`` (the agent loop, over the jail's public API) and ``cli/`` is
 ``jailbox.cli``. The names below are the public face, pinned by ``tests/test_exported_members.py``.
 
 They are imported lazily: the launcher and the jail's init import ``jailbox.sandbox.child`` with

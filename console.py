@@ -1,6 +1,6 @@
 """The ``jailbox`` console script, in the user's process: ``jailbox exec [--] CMD...`` with no option
 goes through the per-user service's fast path (``sandbox/service/quick.py``, stdlib only); every other
-command line, and any call that path declines, goes to the full CLI (``cli.py``) with argv untouched.
+command line, and any call that path declines, goes to the full CLI (``cli/``) with argv untouched.
 
 Here rather than in ``sandbox/``, which never imports the CLI. Nothing at this module's top level may
 import click or pydantic: ``tests/test_cli_imports.py`` holds the fast path to the standard library.

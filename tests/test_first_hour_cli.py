@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from batch_tasks import ROOT, bench_command, responder, tasks_file
 from llm_server import ScriptedServer, error
@@ -446,7 +447,7 @@ def test_help_lists_each_option_once_with_its_aliases_beside_it(command: list[st
     obj = cli.main
     for name in command:
         obj = obj.commands[name]
-    options = [p for p in obj.params if isinstance(p, cli.click.Option) and not p.hidden]
+    options = [p for p in obj.params if isinstance(p, click.Option) and not p.hidden]
     assert sorted(entries) == sorted([sorted(p.opts) for p in options] + [["--help", "-h"]]), r.stdout
 
 
@@ -459,7 +460,7 @@ def test_the_config_reference_has_every_option_of_every_command() -> None:
         obj = cli.main
         for name in command:
             obj = obj.commands[name]
-        options = [p.name for p in obj.params if isinstance(p, cli.click.Option) and p.name]
+        options = [p.name for p in obj.params if isinstance(p, click.Option) and p.name]
         if not options:
             continue  # nothing to set (rootfs path NAME): no section
         section = data

@@ -1,8 +1,8 @@
 """The package's layering, read from the source (nothing is imported):
 
-- the import graph of the top-level modules (``__init__.py``, ``cli.py``, ...), ``sandbox/`` and ``agent/``
-  has no cycle, counting imports inside functions and ``TYPE_CHECKING`` blocks (a circle hidden in a
-  function is still one);
+- the import graph of the top-level modules (``__init__.py``, ``console.py``, ...), ``sandbox/``,
+  ``agent/`` and ``cli/`` has no cycle, counting imports inside functions and ``TYPE_CHECKING``
+  blocks (a circle hidden in a function is still one);
 - the child side (``sandbox/child``, ``sandbox/floor``), which runs under ``python -I -S`` in the
   launcher and as the jail's init, imports only the standard library and the floor (child also
   itself);
@@ -38,8 +38,8 @@ def _module_name(path: Path) -> str:
 
 
 def _sources() -> dict[str, Path]:
-    files = sorted(ROOT.glob("*.py"))  # the package's own modules: __init__, cli, console, extras
-    for package in ("sandbox", "agent"):
+    files = sorted(ROOT.glob("*.py"))  # the package's own modules: __init__, console, extras
+    for package in ("sandbox", "agent", "cli"):
         files += sorted((ROOT / package).rglob("*.py"))
     return {_module_name(f): f for f in files}
 

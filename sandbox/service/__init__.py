@@ -2,5 +2,5 @@
 ``jailbox`` side that talks to it (``client.py``), the wire protocol between them (``protocol.py``),
 and the console script's stdlib-only fast path for ``jailbox exec -- CMD`` through it (``quick.py``).
 
-Only ``cli.py`` (in the commands that use it) and the console script import this.
+Only ``cli/`` (in the commands that use it) and the console script import this.
 """

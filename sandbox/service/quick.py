@@ -46,7 +46,7 @@ OFF_ENV = "JAILBOX_NO_SERVICE"
 IDLE_ENV = "JAILBOX_SERVICE_IDLE"
 DEFAULT_IDLE = 300.0
 LOCAL_ENV = (OFF_ENV, IDLE_ENV, "JAILBOX_STATE_DIR")  # how a client finds the service: not what a jail gets
-SETTINGS_NAMES = ("config.yaml", "config.yml", "config.toml")  # cli.py's _settings_path() reads the first
+SETTINGS_NAMES = ("config.yaml", "config.yml", "config.toml")  # cli/settings.py's _settings_path() reads the first
 INTERRUPTED_EXIT = 1  # what click does on Ctrl-C: "Aborted!" and 1
 
 

@@ -1,0 +1,5 @@
+"""``python -m jailbox.cli``: the ``jailbox`` command."""
+
+from . import main
+
+main()

@@ -1,0 +1,140 @@
+"""``jailbox serve`` (the E2B API), ``jailbox mcp`` (an MCP server) and the hidden ``_service`` (the
+per-user service behind ``jailbox create``).
+
+Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    pass
+
+from .app import main
+from .errors import _flag_error, _missing_extra
+from .options import _bound_options, _limits
+
+
+@main.command("serve")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="address to bind (loopback unless exposed on purpose)"
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=49982, show_default=True)
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False),
+    help="keys, one a line (default: made on first start)",
+)
+@click.option("--max-sandboxes", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--max-per-key", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--timeout",
+    type=click.IntRange(min=1),
+    default=300,
+    show_default=True,
+    help="a sandbox's default lifetime, seconds",
+)
+@click.option("--max-timeout", type=click.IntRange(min=1), default=86400, show_default=True)
+@click.option("--warm", type=click.IntRange(0, 64), default=2, show_default=True, help="jails kept ready per template")
+@click.option("-v", "--verbose", is_flag=True, help="log every request")
+@_bound_options
+def serve_cmd(
+    host: str,
+    port: int,
+    api_key_file: str | None,
+    max_sandboxes: int,
+    max_per_key: int,
+    timeout: int,
+    max_timeout: int,
+    warm: int,
+    verbose: bool,
+    **bounds: Any,
+) -> None:
+    """Serve sandboxes over the E2B API, for the E2B SDKs (see docs/e2b.md).
+    Each sandbox gets the bounds given here (the API has no way to ask for others).
+
+    \b
+    Example:
+      jailbox serve --port 49982 --memory 1g --cpus 1
+    """
+    limits = _limits(**bounds)  # a bad bound is named before anything else is loaded or started
+    from pathlib import Path
+
+    from ..sandbox.serve.keys import KeyFileError
+    from ..sandbox.serve.listen import BadFlag
+
+    try:
+        from ..sandbox.serve.main import run
+    except ImportError as exc:
+        _missing_extra("serve", exc)
+    try:
+        keys = Path(api_key_file) if api_key_file is not None else None
+        run(host, port, keys, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose, limits)
+    except BadFlag as exc:
+        _flag_error(exc.flag, str(exc))
+    except KeyFileError as exc:  # its text names the flag and the file: --api-key-file PATH: ...
+        _flag_error("", str(exc))
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command("mcp")
+@click.option("--http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --http: the address to bind.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="With --http (0: any).")
+@click.option(
+    "--token-file",
+    default=None,
+    metavar="FILE",
+    help="With --http: tokens, one a line, that clients send as Authorization: Bearer TOKEN (default: made on "
+    "first start).",
+)
+@click.option("--max-sandboxes", type=click.IntRange(1, 1024), default=8, show_default=True, help="Per session.")
+@click.option("--allow-host-network", is_flag=True, help="Let clients ask for network 'host' (unconfined).")
+@click.option("--idle-timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True, help="With --http.")
+def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeout: float, **limits: Any) -> None:
+    """Serve sandboxes to an MCP client: tools to create, run, read, write, list and kill; they end with the session.
+
+    \b
+    Example:
+      jailbox mcp                      # what a client's mcpServers entry runs (stdio)
+      jailbox mcp --http --port 8765   # http://127.0.0.1:8765/mcp
+    """
+    from ..sandbox.serve.keys import KeyFileError
+    from ..sandbox.serve.listen import BadFlag
+
+    try:
+        from ..sandbox.serve import mcp
+    except ImportError as exc:
+        _missing_extra("mcp", exc)
+    try:
+        mcp.main(
+            http,
+            host,
+            port,
+            token_file,
+            mcp.Options(idle_timeout=idle_timeout, **limits),
+        )
+    except BadFlag as exc:
+        _flag_error(exc.flag, str(exc))
+    except KeyFileError as exc:  # its text names the flag and the file: --api-key-file PATH: ...
+        _flag_error("", str(exc))
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command("_service", hidden=True)
+@click.option("--idle", type=click.FloatRange(min=0, min_open=True), default=300.0)
+@click.option("--warm", is_flag=True, help="Make the fast path's default sandboxes at once.")
+def service_cmd(idle: float, warm: bool) -> None:
+    """The per-user service that holds jailbox create's sandboxes (started by the first create).
+
+    \b
+    Example:
+      jailbox _service --idle 60
+    """
+    from ..sandbox.service.server import main as serve
+
+    serve(idle, warm)
