@@ -8,7 +8,10 @@ As root: never host root. Jails map ``0 R 65536`` (``single``: ``0 R 1``), where
 subordinate range named ``jailbox`` in ``/etc/subuid`` and ``/etc/subgid`` (as Docker's
 ``dockremap`` and rootful Podman's ``containers``), so a file a jail makes on a read-write bind
 belongs to R.. on the host, never to uid 0. The first use as root allocates the range if it is
-missing (``root_range``); ``JAILBOX_ROOT_RANGE=START:COUNT`` names one managed elsewhere.
+missing (``root_range``), under shadow's own locks and written as shadow writes the files, so a
+useradd or usermod at the same moment neither loses our line nor gives a user ids in it; each
+jail first checks the files still give its range to jailbox alone (``check_given``).
+``JAILBOX_ROOT_RANGE=START:COUNT`` names one managed elsewhere.
 
 As root, each jail also gets host ids of its own where it can (``claim_own_ids``): a slot of the
 ``jailbox-jails`` pool (4,096 ranges of 65,536), held by a lock for the jail's life, so what the
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import functools
 import getpass
@@ -29,7 +33,10 @@ import pwd
 import re
 import shutil
 import stat
-from collections.abc import Sequence
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .errors import ConfigError
@@ -44,6 +51,9 @@ SUBUID = Path("/etc/subuid")  # module-level so tests can point them at copies
 SUBGID = Path("/etc/subgid")
 RANGE_ENV = "JAILBOX_ROOT_RANGE"
 MAX_SUBID_FILE = 1 << 20
+LOCK_WAIT = 15.0  # seconds to wait for shadow's locks: as long as its tools wait for each other
+LOCK_POLL = 0.01
+_ALLOCATING = threading.Lock()  # lckpwdf's lock is the process's: one thread of ours at a time takes it
 POOL_ENTRY = "jailbox-jails"  # root's per-jail ranges in /etc/subuid and /etc/subgid
 POOL_SLOTS = 4096  # jails of their own ids at once; past them, jails share root's range
 SLOTS = Path("/run/jailbox/ids")  # one lock file a slot: held (flock) while a jail has its ids
@@ -161,31 +171,25 @@ def _file_range(subuid: str, subgid: str) -> tuple[int, int]:
 
 
 def _allocated(subuid: str, subgid: str, entry: str, count: int) -> tuple[int, int]:
-    """(first uid, first gid) of ``entry``'s ranges of ``count`` ids, allocated where missing."""
+    """(first uid, first gid) of ``entry``'s ranges of ``count`` ids, allocated where missing, under
+    the locks shadow's own tools take (``_shadow_locked``): useradd and usermod never write the files
+    between our read and our write, and we never pick ids they are giving a user."""
     found = _find(subuid, subgid, entry, count)
     if found is not None:
         return found
-    try:  # the lock is the file itself: no lock file of ours is left in /etc
-        fd = os.open(subuid, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with _shadow_locked((subuid, subgid)):
+            found = _find(subuid, subgid, entry, count)  # read again under the lock: another may have added it
+            if found is not None:
+                return found
+            start = free_range(count, (subuid, subgid), align=ROOT_RANGE)
+            for path in (subuid, subgid):
+                if _range_in(path, entry, count) is None:
+                    _rewrite(path, f"{entry}:{start}:{count}\n".encode())
     except OSError as exc:
         raise _refusal(subuid, subgid, exc) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        found = _find(subuid, subgid, entry, count)  # another process may have allocated it meanwhile
-        if found is not None:
-            return found
-        start = free_range(count, (subuid, subgid), align=ROOT_RANGE)
-        line = f"{entry}:{start}:{count}\n".encode()
-        for path in (subuid, subgid):
-            if _range_in(path, entry, count) is None:
-                try:
-                    _append(path, line)
-                except OSError as exc:
-                    raise _refusal(subuid, subgid, exc) from None
-        log.warning("jailbox: allocated ids %d-%d for root's jails (%r in %s and %s)",
-                    start, start + count - 1, entry, subuid, subgid)  # fmt: skip
-    finally:
-        os.close(fd)
+    log.warning("jailbox: allocated ids %d-%d for root's jails (%r in %s and %s)",
+                start, start + count - 1, entry, subuid, subgid)  # fmt: skip
     found = _find(subuid, subgid, entry, count)
     if found is None:
         raise ConfigError(f"{subuid} and {subgid} do not hold the {entry!r} entry just written")
@@ -209,23 +213,150 @@ def _find(subuid: str, subgid: str, entry: str, count: int) -> tuple[int, int] |
     return None if uid is None or gid is None else (uid, gid)
 
 
-def _append(path: str, line: bytes) -> None:
-    """One complete line, appended in one write (the file keeps its owner and mode; a missing
-    file is made 0644 root:root, as shadow's tools make it). A file that does not end in a
-    newline gets one first, so the entry is a line of its own."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+def check_given(subuid: str, subgid: str, entry: str, count: int, first: tuple[int, int]) -> None:
+    """Refuse (ConfigError) to run jails in ``count`` ids from ``first`` (uid, gid) unless the files
+    still give them to ``entry`` and to no one else: a line lost to a tool that rewrote the file
+    without our lock, or a user given ids in it since, would make the jails' files that user's."""
+    for path, start in ((subuid, first[0]), (subgid, first[1])):
+        entries = _entries(path)
+        ours = [s for name, s, _ in entries if name == entry]
+        clash = [f"{n}:{s}:{c}" for n, s, c in entries if n != entry and s < start + count and start < s + c]
+        if ours == [start] and not clash:
+            continue
+        why = f"{clash[0]} overlaps them" if clash else f"its {entry!r} line is {'gone' if not ours else 'changed'}"
+        raise ConfigError(
+            f"root's jails run in ids {start}-{start + count - 1}, which {path} no longer gives {entry!r} alone "
+            f"({why}); fix: restore the line '{entry}:{start}:{count}' to {path} and give any other entry "
+            f"there other ids (usermod --del-subuids/--add-subuids), or set {RANGE_ENV}=START:COUNT"
+        )
+
+
+@contextlib.contextmanager
+def _shadow_locked(paths: Sequence[str]) -> Iterator[None]:
+    """Hold ``paths`` (subuid, subgid) the way shadow's tools hold them to change them: glibc's
+    ``lckpwdf`` (a write lock on ``.pwd.lock`` beside them: ``/etc/.pwd.lock`` for the host's own
+    files, which useradd and usermod wait on for 15 s), then each file's ``NAME.lock`` made as
+    shadow's commonio makes it (``_link_lock``). A tool working with ``--prefix`` takes only the
+    latter, retrying for 15 s; so do we, for as long."""
+    deadline = time.monotonic() + LOCK_WAIT
+    with _ALLOCATING, contextlib.ExitStack() as held:
+        pwd = os.open(Path(paths[0]).parent / ".pwd.lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o600)  # fmt: skip
+        held.callback(os.close, pwd)  # closing it drops the lock
+        _retry(functools.partial(_try_lockf, pwd), deadline, f"{Path(paths[0]).parent / '.pwd.lock'} (lckpwdf)")
+        for path in paths:
+            _retry(functools.partial(_link_lock, path), deadline, f"{path}.lock")
+            held.callback(_unlink_quietly, f"{path}.lock")
+        yield
+
+
+def _retry(attempt: Callable[[], bool], deadline: float, what: str) -> None:
+    while not attempt():
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"{what} stayed locked for {LOCK_WAIT:g} s (a useradd, usermod or vipw at work, or a lock file "
+                f"left behind); fix: let it finish and try again, or remove {what.split()[0]} if nothing holds it"
+            )
+        time.sleep(LOCK_POLL)
+
+
+def _try_lockf(fd: int) -> bool:
     try:
-        size = os.fstat(fd).st_size
-        if size:
-            with open(path, "rb") as f:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    line = b"\n" + line
-        if os.write(fd, line) != len(line):
-            raise OSError(0, f"short write to {path}")
-        os.fsync(fd)
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
+def _link_lock(path: str) -> bool:
+    """One try at shadow's lock of ``path``: our pid written to ``PATH.PID``, hard-linked as
+    ``PATH.lock`` (link() fails if it exists, atomically, on every filesystem); a lock whose process
+    is gone is stale, removed and taken. False: a live process (or a lock file without a pid) holds it."""
+    lock, mine = f"{path}.lock", f"{path}.{os.getpid()}"
+    fd = os.open(mine, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(f"{os.getpid()}\0".encode())  # as shadow writes it: the digits and their NUL
+            f.flush()
+            os.fdatasync(f.fileno())
+        with contextlib.suppress(FileExistsError):
+            os.link(mine, lock)
+            return os.stat(mine).st_nlink == 2
+        holder = _lock_holder(lock)
+        if holder is None or _alive(holder):
+            return False
+        _unlink_quietly(lock)  # its process is gone
+        with contextlib.suppress(FileExistsError):
+            os.link(mine, lock)
+            return os.stat(mine).st_nlink == 2
+        return False
     finally:
-        os.close(fd)
+        _unlink_quietly(mine)
+
+
+def _lock_holder(lock: str) -> int | None:
+    """The pid a shadow lock file names; None if it names none (then it is never taken over)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return 0  # gone meanwhile: no process holds it
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        text = f.read(32).split(b"\0")[0].strip()
+    return int(text) if text.isdigit() and 0 <= int(text) < 1 << 31 else None
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _rewrite(path: str, line: bytes) -> None:
+    """``path`` with ``line`` added, written as shadow's tools write it (under ``_shadow_locked``): a
+    temporary file beside it with its owner and mode (a missing file is made 0644 root:root, as
+    shadow makes it), synced, renamed over it. A file that does not end in a newline gets one
+    first, so the entry is a line of its own; one past ``MAX_SUBID_FILE`` is refused, not cut."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            old = f.read(MAX_SUBID_FILE + 1)
+        uid, gid, mode = st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o664
+    except FileNotFoundError:
+        old, uid, gid, mode = b"", 0, 0, 0o644
+    if len(old) > MAX_SUBID_FILE:
+        raise OSError(errno.EFBIG, f"{path} is over {MAX_SUBID_FILE} bytes")
+    if old and not old.endswith(b"\n"):
+        old += b"\n"
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".cio", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchown(f.fileno(), uid, gid)
+            os.fchmod(f.fileno(), mode)
+            f.write(old + line)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
 
 
 def _refusal(subuid: str, subgid: str, exc: OSError) -> ConfigError:
@@ -245,6 +376,8 @@ def plan(mode: str) -> IdMap:
         return IdMap(uid_map="0 0 1\n", gid_map="0 0 1\n", helper=False, deny_setgroups=True)
     if os.getuid() == 0:
         first = root_range()
+        if RANGE_ENV not in os.environ:
+            check_given(str(SUBUID), str(SUBGID), ROOT_ENTRY, ROOT_RANGE, first)
         _check_mapped(first)
         return _root_plan(first, mode)
     return _plan(os.getuid(), mode)
@@ -359,13 +492,14 @@ def claim_own_ids(mode: str, paths: Sequence[str]) -> OwnIds | None:
     None where jails share root's range: not root of the host's own user namespace, a range named
     by ``JAILBOX_ROOT_RANGE``, a kernel before 6.3, one of ``paths`` (the lower and the binds'
     sources) on a filesystem whose mounts cannot be idmapped, no ``SLOTS`` directory to be had,
-    or every slot taken."""
+    or every slot taken. Raises ConfigError where the files no longer give the pool to jailbox alone."""
     if own_ids_refused(paths) is not None:
         return None
     try:
         pool = _pool_range(str(SUBUID), str(SUBGID))
     except ConfigError:
         return None
+    check_given(str(SUBUID), str(SUBGID), POOL_ENTRY, POOL_SLOTS * ROOT_RANGE, pool)
     try:
         found = _lock_slot(SLOTS, POOL_SLOTS)
     except OSError:  # no /run to hold the locks in (a container without one, a read-only /run)

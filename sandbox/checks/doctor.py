@@ -191,6 +191,12 @@ def root_range(host: Host) -> Probe:
     uids = subordinate_range(host.subuid, -1, ROOT_ENTRY)
     gids = subordinate_range(host.subgid, -1, ROOT_ENTRY)
     if uids and gids:
+        try:  # as each jail checks: another entry with ids inside it would share the jails' files
+            idmap.check_given(str(host.subuid), str(host.subgid), ROOT_ENTRY, ROOT_RANGE, (uids[0], gids[0]))
+        except ConfigError as exc:
+            message = str(exc)
+            return Probe(name=name, status="failing", detail=message.split("; fix: ")[0],
+                         fix=message.split("; fix: ")[-1])  # fmt: skip
         return Probe(
             name=name,
             status="ok",
