@@ -75,13 +75,13 @@ def subordinate_range(path: str | os.PathLike[str], uid: int, user: str | None =
             user = pwd.getpwuid(uid).pw_name
         except KeyError:
             user = getpass.getuser()
-    for name, start, count in _entries(path):
+    for name, start, count in entries(path):
         if name in (user, str(uid)):
             return start, count
     return None
 
 
-def _entries(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
+def entries(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
     """The well-formed ``name:start:count`` lines of a subordinate-id file (none if unreadable)."""
     try:
         with open(path) as f:
@@ -103,7 +103,7 @@ def free_range(count: int, paths: Sequence[str | os.PathLike[str]] = SUBID_FILES
     """The lowest first id, at or above ``FIRST_ID`` and a multiple of ``align``, of ``count`` ids that no
     range in any of ``paths`` (subuid/subgid files) overlaps; unreadable files and malformed lines take
     nothing."""
-    taken = [entry for path in paths for entry in _entries(path)]
+    taken = [entry for path in paths for entry in entries(path)]
     start = -(-FIRST_ID // align) * align
     while start + count <= MAX_ID:
         end = start + count
@@ -197,7 +197,7 @@ def _allocated(subuid: str, subgid: str, entry: str, count: int) -> tuple[int, i
 
 
 def _range_in(path: str, entry: str, count: int) -> int | None:
-    for name, start, have in _entries(path):
+    for name, start, have in entries(path):
         if name == entry:
             if have < count or start < 1:
                 raise ConfigError(
@@ -218,9 +218,9 @@ def check_given(subuid: str, subgid: str, entry: str, count: int, first: tuple[i
     still give them to ``entry`` and to no one else: a line lost to a tool that rewrote the file
     without our lock, or a user given ids in it since, would make the jails' files that user's."""
     for path, start in ((subuid, first[0]), (subgid, first[1])):
-        entries = _entries(path)
-        ours = [s for name, s, _ in entries if name == entry]
-        clash = [f"{n}:{s}:{c}" for n, s, c in entries if n != entry and s < start + count and start < s + c]
+        found = entries(path)
+        ours = [s for name, s, _ in found if name == entry]
+        clash = [f"{n}:{s}:{c}" for n, s, c in found if n != entry and s < start + count and start < s + c]
         if ours == [start] and not clash:
             continue
         why = f"{clash[0]} overlaps them" if clash else f"its {entry!r} line is {'gone' if not ours else 'changed'}"

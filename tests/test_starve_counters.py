@@ -277,7 +277,9 @@ elif own.startswith("+"):  # rootless, the budget counts all of this user's proc
     mine = (lambda uid: uid >= 100000) if os.getuid() == 0 else (lambda uid: uid == os.getuid())
     tasks = sum(len(os.listdir(f"/proc/{p}/task")) for p in os.listdir("/proc")
                 if p.isdigit() and os.path.exists(f"/proc/{p}") and mine(os.stat(f"/proc/{p}").st_uid))
-    os.environ["JAILBOX_PIDS_BUDGET"] = str(tasks + int(own[1:]))
+    from jailbox.sandbox.limits import budget  # the host's budget whose part for this user is that
+    parts = 1 if os.getuid() == 0 else budget.sharers(os.getuid())
+    os.environ["JAILBOX_PIDS_BUDGET"] = str(budget.ROOT_SHARE * parts * (tasks + int(own[1:])))
 from jailbox.sandbox import Sandbox
 FORK = '''python3 -c "
 import os, time
@@ -353,7 +355,7 @@ def test_sandboxes_together_stay_within_the_pids_budget_of_their_cgroup(tmp_path
     budget is pids.max of their jailbox group."""
     # each sandbox: its init, the python that forks, 15 sleepers; 40 leave the third a few forks
     with _pids_groups(1) as (groups, parent):
-        result = _budget_run(f"cg:{groups[0]},{parent}", {"JAILBOX_PIDS_BUDGET": "40"})
+        result = _budget_run(f"cg:{groups[0]},{parent}", {"JAILBOX_PIDS_BUDGET": str(40 * budget.ROOT_SHARE)})
         assert "pids.max=40" in result["enforcement"] and "RLIMIT_NPROC" not in result["enforcement"]
         _check_budget(result)
 
@@ -420,7 +422,7 @@ def test_the_pids_budget_is_a_share_of_threads_max_where_pid_max_is_higher():
     try:
         assert budget.pids_budget() == min(4194304, threads) // 2
         with Sandbox() as sb:
-            assert f"pids.max={min(4194304, threads) // 2}" in sb.enforcement["pids_budget"]
+            assert f"pids.max={min(4194304, threads) // 2 // budget.ROOT_SHARE}" in sb.enforcement["pids_budget"]
     finally:
         pid_max.write_text(before)
     assert budget.pids_budget() == min(int(before), threads) // 2

@@ -362,8 +362,9 @@ def shared_bounds(host: Host) -> Probe:
             fix="Linux 4.11 or later",
         )
     detail = (
-        f"all sandboxes together: {pids} processes of the host's {budget.pid_max()} (the lower of kernel.pid_max "
-        f"{host.sysctl('kernel/pid_max')} and kernel.threads-max {host.sysctl('kernel/threads-max')}); "
+        f"pids: {budget.describe_share(pids, host.uid)}; that budget is out of the host's {budget.pid_max()} (the "
+        f"lower of kernel.pid_max {host.sysctl('kernel/pid_max')} and kernel.threads-max "
+        f"{host.sysctl('kernel/threads-max')}); "
         f"each takes at most 1/{budget.SANDBOX_SHARE} of the user's inotify and fanotify counts (all together "
         f"1/{budget.USER_SHARE}) and 1/{budget.COUNTER_SHARE} of its namespace counts; pending signals, message-queue "
         "bytes and locked shm: a share of the user's rlimits (user namespace caps, Linux 5.14 or later); "
@@ -375,6 +376,14 @@ def shared_bounds(host: Host) -> Probe:
     if host.uid == 0 and not cgroups.v1_usable() and not (cgroups.v2_mounted() and cgroups.v2_parent()[0]):
         held = f"{detail}; no pids cgroup: the budget is not held"
         return Probe(name=name, status="degraded", detail=held, fix="mount the cgroup v1 pids hierarchy, or cgroup v2")
+    if host.uid != 0 and str(host.uid) not in budget.accounts():
+        return Probe(
+            name=name,
+            status="degraded",
+            detail=f"{detail}; {host.user} has neither, so the other users do not count it: its sandboxes' part "
+            "comes on top of the budget",
+            fix=subuid_fix(host.user, (host.subuid, host.subgid)),
+        )
     return Probe(name=name, status="ok", detail=detail)
 
 

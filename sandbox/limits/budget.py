@@ -4,14 +4,20 @@ Runs in the host process, before each jail is built; the launcher applies what i
 (``child/zygote.py``), the kernel holds it.
 
 Pids: every sandbox has its own cap (``Limits.pids``), but a host has one ``kernel.pid_max`` and
-one ``kernel.threads-max`` for everyone, so all sandboxes together get at most a share of the lower
-(``pid_max()``): ``$JAILBOX_PIDS_BUDGET``, a count (``8000``) or a share (``25%``), by default
-half. With cgroups it is ``pids.max`` of the ``jailbox`` group every sandbox's group is created
-in. With a user namespace it is also the ``RLIMIT_NPROC`` the launcher sets before it creates the
-jail's outer user namespace: the kernel then refuses a fork inside the jail while the creating user
-has that many processes, jails and host together (ucounts charge every process of a user namespace
-to its creator, up the chain). The kernel sets no such cap on a namespace host root creates, so root
-creates it as one host uid (``JailSpec.creator``): all root's jails on the host are counted there.
+one ``kernel.threads-max`` for everyone, so all sandboxes on the host, of every user, get at most a
+share of the lower (``pid_max()``): ``$JAILBOX_PIDS_BUDGET``, a count (``8000``) or a share
+(``25%``), by default half. The kernel keeps no count across users that an unprivileged user could
+cap, so the budget is split into parts that sum to it (``pids_share``): root's sandboxes hold
+1/``ROOT_SHARE`` of it, and each other account that may run them (a login shell listed in
+/etc/shells, or a subordinate range in /etc/subuid: ``sharers``) an equal part of the rest. Every
+user reads the same world-readable files, so every user computes the same parts; nothing one user
+writes changes another's. A user's part is held where the kernel counts that user: with cgroups,
+``pids.max`` of the ``jailbox`` group every sandbox's group is created in; with a user namespace,
+the ``RLIMIT_NPROC`` the launcher sets before it creates the jail's outer user namespace: the kernel
+then refuses a fork inside the jail while the creating user has that many processes, jails and host
+together (ucounts charge every process of a user namespace to its creator, up the chain). The
+kernel sets no such cap on a namespace host root creates, so root creates it as one host uid
+(``JailSpec.creator``): all root's jails on the host are counted there.
 
 Kernel counters: inotify, fanotify and namespaces are counted per user (``/proc/sys/user/*``).
 A jail's processes are charged to the host user that created its user namespace (root too), so
@@ -52,12 +58,16 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import state
+from .. import idmap, state
 from ..errors import ConfigError
 from .enforcement import Enforcement, Verdict, held
 
 BUDGET_ENV = "JAILBOX_PIDS_BUDGET"
 BUDGET_DEFAULT = "50%"
+ROOT_SHARE = 2  # root's sandboxes (a service's, as `jailbox serve`) hold 1/2 of the budget; the accounts the rest
+PASSWD = Path("/etc/passwd")  # module-level so tests can point them at copies
+SHELLS = Path("/etc/shells")
+ACCOUNTS_MAX = 4 << 20  # bytes read of /etc/passwd and /etc/shells: tens of thousands of accounts
 USER_SYSCTLS = Path("/proc/sys/user")
 COUNTER_SHARE = 8  # each sandbox may take 1/COUNTER_SHARE of the caller's limit of each namespace kind
 NAMESPACES_MAX = 128  # nested namespaces of one kind in one sandbox (the host's limits are in the tens of thousands)
@@ -132,6 +142,58 @@ def pids_budget() -> int:
             f"kernel.threads-max) or a share of it; e.g. {BUDGET_ENV}=8000 or {BUDGET_ENV}=25%"
         )
     return value
+
+
+def pids_share(total: int, uid: int) -> int:
+    """The part of the host's budget ``total`` all sandboxes of ``uid`` hold together: root's
+    1/``ROOT_SHARE``, each other account an equal part of the rest (``sharers``), at least one."""
+    if uid == 0:
+        return max(1, total // ROOT_SHARE)
+    return max(1, (total - total // ROOT_SHARE) // sharers(uid))
+
+
+def sharers(uid: int) -> int:
+    """How many accounts besides root split their part of the budget: those ``accounts()`` names,
+    and ``uid`` whatever it has (root aside)."""
+    return max(1, len((accounts() | {str(uid)}) - {"0"}))
+
+
+def accounts() -> set[str]:
+    """The accounts besides root that may run sandboxes, as uids (or names /etc/passwd does not
+    hold): a login shell listed in /etc/shells, or a range in /etc/subuid (by name or uid; jailbox's
+    own entries aside). Local files every user reads alike, read bounded."""
+    shells = {line.strip() for line in _text(SHELLS).splitlines() if line.strip() and not line.startswith("#")}
+    uids: dict[str, str] = {}
+    found = set()
+    for line in _text(PASSWD).splitlines():
+        fields = line.split(":")
+        if len(fields) != 7 or not fields[2].isdigit():
+            continue
+        uids[fields[0]] = fields[2]
+        if fields[6].strip() in shells:
+            found.add(fields[2])
+    for name, _, _ in idmap.entries(idmap.SUBUID):
+        if name not in (idmap.ROOT_ENTRY, idmap.POOL_ENTRY):
+            found.add(uids.get(name, name))
+    return found - {"0"}
+
+
+def _text(path: Path) -> str:
+    try:
+        with open(path, "rb") as file:
+            return file.read(ACCOUNTS_MAX).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def describe_share(total: int, uid: int) -> str:
+    """How ``Sandbox.enforcement`` and ``jailbox doctor`` state the part ``uid`` holds."""
+    whose = "root's" if uid == 0 else "this user's"
+    return (
+        f"{pids_share(total, uid)} is {whose} part of the {total} processes all sandboxes on this host share, of every "
+        f"user ({BUDGET_ENV}): root's sandboxes hold 1/{ROOT_SHARE} of it, each of the {sharers(uid)} accounts besides "
+        "root that may run them (a login shell in /etc/shells or a range in /etc/subuid) an equal part of the rest"
+    )
 
 
 def _own_limits() -> dict[str, int]:

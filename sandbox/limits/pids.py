@@ -2,14 +2,18 @@
 
 Runs in the host process, as a jail is planned (``plan.py``). Per sandbox: the pids cgroup where
 there is one, else ``RLIMIT_NPROC`` of the sandbox's user namespace, which the kernel counts over all
-the sandbox's uids together. All sandboxes together (``budget.pids_budget``): ``pids.max`` of the
-``jailbox`` group every sandbox's group is made in, and the ``RLIMIT_NPROC`` the launcher sets before
-it creates each jail's user namespace, which the kernel keeps as that namespace's cap.
+the sandbox's uids together. All sandboxes on the host together (``budget.pids_budget``), in parts
+per user (``budget.pids_share``), each part: ``pids.max`` of the ``jailbox`` group every sandbox's
+group is made in, and the ``RLIMIT_NPROC`` the launcher sets before it creates each jail's user
+namespace, which the kernel keeps as that namespace's cap.
 """
 
 from __future__ import annotations
 
+import os
+
 from .. import idmap
+from . import budget
 from .enforcement import Enforcement, Verdict, held, unbounded
 
 
@@ -36,19 +40,21 @@ def nproc_budget(pids_budget: int, userns: bool) -> int | None:
 
 
 def plan_budget(pids_budget: int, cgroup: str | None, userns: bool) -> Enforcement:
-    """How all sandboxes together are held to ``pids_budget``."""
+    """How this user's sandboxes together are held to ``pids_budget``, their part of the host's budget."""
     by = []
     if cgroup:
         by.append(f"{cgroup} pids.max={pids_budget} on the jailbox group all sandboxes are created in")
     if nproc_budget(pids_budget, userns) is not None:
         by.append(
-            f"RLIMIT_NPROC={pids_budget} of the user namespace's creator: forks fail while this user has that many"
+            f"RLIMIT_NPROC={pids_budget} of the user namespace's creator: forks fail while this user has that many, "
+            "its own processes on the host included"
             if idmap.namespace_creator() is None
             else f"RLIMIT_NPROC={pids_budget} of the host uid every root jail's user namespace is created as: forks "
             "fail while all root's sandboxes on this host together have that many, whichever process or cgroup made "
             "them"
         )
+    part = budget.describe_share(budget.pids_budget(), os.getuid())
     if not by:
-        why = "no pids cgroup, and without a user namespace its processes are root's"
+        why = f"no pids cgroup, and without a user namespace its processes are root's ({part})"
         return Enforcement("pids_budget", Verdict.NOT_ENFORCED, why)
-    return held("pids_budget", "; ".join(by))
+    return held("pids_budget", f"{'; '.join(by)} ({part})")

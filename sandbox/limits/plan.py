@@ -32,7 +32,7 @@ class Jail:
 
     config: SandboxConfig
     cgroup: str | None  # the kind of its cgroup ("cgroup v1", "cgroup v2"), None without one
-    pids_budget: int  # processes and threads all sandboxes may hold (``budget.pids_budget``)
+    pids_budget: int  # processes and threads this user's sandboxes may hold: its part of the host's budget
     counters: dict[str, int]  # its share of the per-user kernel counters (``budget.claim_counters``)
     id_map: IdMap
     own_ids: bool  # host ids of its own (as root, a slot of the jails' range)
