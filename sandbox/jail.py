@@ -60,7 +60,7 @@ class Jail:
         self._shown_as: IdMap | None = None
         self._ids_lock: int | None = None  # the lock of this jail's own host ids, while it holds them
         base = state.state_dir(self.config.state_dir)
-        self._pids_budget = budget.pids_share(budget.pids_budget(), os.getuid())  # this user's part of it
+        self._pids_budget = budget.pids_share(budget.pids_budget(), budget.caller())  # this user's part of it
         lower, system_binds, generated = self._layout(base)
         # each step that leaves something behind registers its undo; closing runs them in reverse
         with contextlib.ExitStack() as undo:

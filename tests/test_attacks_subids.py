@@ -5,7 +5,8 @@ jail is refused when the files no longer give its range to jailbox alone.
 
 The races run the real useradd and usermod with ``--prefix DIR``: they use DIR/etc's files and
 their locks (not lckpwdf, which a prefix skips), the host's own files are never touched, and the
-users they make are gone with the directory.
+users they make are gone with the directory. One test takes the host's own locks (not its files'
+content) to show a real useradd waits on lckpwdf, and removes the user it makes.
 """
 
 from __future__ import annotations
@@ -146,6 +147,28 @@ def test_useradd_waits_while_the_lines_are_added(prefix: Path) -> None:
     assert [n for n, _, _ in lines(etc / "subuid")] == ["waiter"]
     left = [n for n in os.listdir(etc) if n.endswith(".lock") or ".cio" in n or n[-1].isdigit()]
     assert left == [".pwd.lock"]  # lckpwdf's file stays, as glibc leaves it; the locks it held are gone
+
+
+@pytest.mark.root
+def test_useradd_on_the_hosts_own_files_waits_on_lckpwdf_while_we_hold_them() -> None:
+    """On the host's files useradd takes lckpwdf, then each NAME.lock without waiting: had we held
+    only /etc/subuid.lock it would fail ("cannot lock /etc/subuid"). We take lckpwdf first, so it
+    waits and then succeeds. The user it makes (no home, no login shell) is removed after, and with
+    it the ranges useradd gave it."""
+    require(SHADOW is not None, "shadow's useradd and userdel", "apt-get install passwd")
+    user = f"jbxlck{os.getpid()}"
+    try:
+        with idmap._shadow_locked(("/etc/subuid", "/etc/subgid")):
+            tool = subprocess.Popen(["useradd", "-M", "-s", "/usr/sbin/nologin", user], stderr=subprocess.PIPE)
+            time.sleep(1.5)
+            assert tool.poll() is None and f"\n{user}:" not in Path("/etc/passwd").read_text()
+        assert tool.wait(timeout=20) == 0, tool.stderr.read() if tool.stderr else ""
+        assert f"\n{user}:" in Path("/etc/passwd").read_text()
+        assert [n for n, _, _ in lines(Path("/etc/subuid"))].count(user) == 1
+    finally:
+        subprocess.run(["userdel", user], capture_output=True, timeout=60)
+    assert f"{user}:" not in Path("/etc/passwd").read_text() + Path("/etc/subuid").read_text()
+    assert not Path("/etc/subuid.lock").exists() and not Path("/etc/subgid.lock").exists()
 
 
 @pytest.mark.root

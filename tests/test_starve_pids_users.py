@@ -237,3 +237,19 @@ def test_every_account_computes_parts_that_sum_to_the_budget(tmp_path: Path, mon
     passwd.write_text("")
     subuid.write_text("")
     assert budget.pids_share(600, 1000) == 300 and budget.pids_share(600, 0) == 300
+
+
+@pytest.mark.root
+def test_root_of_a_namespace_another_user_made_takes_that_users_part(homes: dict[str, Path]) -> None:
+    """``unshare -r`` makes the user root of a namespace of its own; the kernel still counts its
+    sandboxes as that user's, so they take that user's part, not root's."""
+    users_present()
+    require(shutil.which("unshare") is not None, "unshare (util-linux)", "apt-get install util-linux")
+    probe = "from jailbox.sandbox.limits import budget; print(budget.caller())"
+    r = subprocess.run(
+        [*as_user("jailbox-ci", homes["jailbox-ci"]), "unshare", "-r", sys.executable, "-c", probe],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) == pwd.getpwnam("jailbox-ci").pw_uid
+    assert budget.caller() == 0

@@ -144,6 +144,21 @@ def pids_budget() -> int:
     return value
 
 
+def caller() -> int:
+    """The host uid whose part this process's sandboxes take: its own, but as root of a user
+    namespace another user made (``unshare -r``), the id its root is outside, whose count the kernel
+    charges."""
+    uid = os.getuid()
+    if uid != 0:
+        return uid
+    try:
+        with open("/proc/self/uid_map") as f:
+            lines = f.read(idmap.MAX_SUBID_FILE).splitlines()
+    except OSError:
+        return uid
+    return next((int(f[1]) for f in (line.split() for line in lines) if len(f) == 3 and f[0] == "0"), uid)
+
+
 def pids_share(total: int, uid: int) -> int:
     """The part of the host's budget ``total`` all sandboxes of ``uid`` hold together: root's
     1/``ROOT_SHARE``, each other account an equal part of the rest (``sharers``), at least one."""

@@ -10,8 +10,6 @@ namespace, which the kernel keeps as that namespace's cap.
 
 from __future__ import annotations
 
-import os
-
 from .. import idmap
 from . import budget
 from .enforcement import Enforcement, Verdict, held, unbounded
@@ -53,7 +51,7 @@ def plan_budget(pids_budget: int, cgroup: str | None, userns: bool) -> Enforceme
             "fail while all root's sandboxes on this host together have that many, whichever process or cgroup made "
             "them"
         )
-    part = budget.describe_share(budget.pids_budget(), os.getuid())
+    part = budget.describe_share(budget.pids_budget(), budget.caller())
     if not by:
         why = f"no pids cgroup, and without a user namespace its processes are root's ({part})"
         return Enforcement("pids_budget", Verdict.NOT_ENFORCED, why)
