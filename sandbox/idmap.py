@@ -297,11 +297,10 @@ def _link_lock(path: str) -> bool:
 
 
 def _lock_holder(lock: str) -> int | None:
-    """The pid a shadow lock file names; None if it names none (then it is never taken over)."""
+    """The pid a shadow lock file names; None if it names none (then it is never taken over) or is
+    gone meanwhile (then the next try links it: removing it now could remove a newer holder's)."""
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return 0  # gone meanwhile: no process holds it
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:

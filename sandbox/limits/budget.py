@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import resource
@@ -173,24 +174,41 @@ def sharers(uid: int) -> int:
     return max(1, len((accounts() | {str(uid)}) - {"0"}))
 
 
-def accounts() -> set[str]:
+def accounts() -> frozenset[str]:
     """The accounts besides root that may run sandboxes, as uids (or names /etc/passwd does not
     hold): a login shell listed in /etc/shells, or a range in /etc/subuid (by name or uid; jailbox's
-    own entries aside). Local files every user reads alike, read bounded."""
-    shells = {line.strip() for line in _text(SHELLS).splitlines() if line.strip() and not line.startswith("#")}
+    own entries aside). Local files every user reads alike, read bounded; read again only once one
+    of them changed (each jail asks)."""
+    files = (PASSWD, SHELLS, Path(idmap.SUBUID))
+    return _accounts(files, tuple(_signature(path) for path in files))
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+@functools.lru_cache(maxsize=4)
+def _accounts(files: tuple[Path, Path, Path], _signatures: tuple[tuple[int, int, int] | None, ...]) -> frozenset[str]:
+    """``accounts()`` of ``files`` (passwd, shells, subuid) as they are now (``_signatures``)."""
+    passwd, shells_file, subuid = files
+    shells = {line.strip() for line in _text(shells_file).splitlines() if line.strip() and not line.startswith("#")}
     uids: dict[str, str] = {}
     found = set()
-    for line in _text(PASSWD).splitlines():
+    for line in _text(passwd).splitlines():
         fields = line.split(":")
         if len(fields) != 7 or not fields[2].isdigit():
             continue
         uids[fields[0]] = fields[2]
         if fields[6].strip() in shells:
             found.add(fields[2])
-    for name, _, _ in idmap.entries(idmap.SUBUID):
+    for name, _, _ in idmap.entries(subuid):
         if name not in (idmap.ROOT_ENTRY, idmap.POOL_ENTRY):
             found.add(uids.get(name, name))
-    return found - {"0"}
+    return frozenset(found - {"0"})
 
 
 def _text(path: Path) -> str:
