@@ -264,3 +264,10 @@ def test_doctor_says_when_another_entry_has_ids_in_roots_range(tmp_path: Path, m
     probe = doctor.root_range(host)
     assert probe.status == "failing" and "alice:100000:65536 overlaps them" in probe.detail, probe
     assert probe.fix is not None and probe.fix.startswith("restore the line 'jailbox:131072:65536'")
+    pool = f"jailbox-jails:196608:{POOL}\n"
+    subuid.write_text(f"jailbox:131072:65536\n{pool}bob:300000:65536\n")  # a user given ids in the pool
+    subgid.write_text(f"jailbox:131072:65536\n{pool}")
+    probe = doctor.root_range(host)
+    assert probe.status == "failing" and "no longer gives 'jailbox-jails' alone (bob:300000:65536" in probe.detail
+    subuid.write_text(f"jailbox:131072:65536\n{pool}bob:{196608 + POOL}:65536\n")
+    assert doctor.root_range(host).status == "ok"

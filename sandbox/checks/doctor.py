@@ -191,8 +191,12 @@ def root_range(host: Host) -> Probe:
     uids = subordinate_range(host.subuid, -1, ROOT_ENTRY)
     gids = subordinate_range(host.subgid, -1, ROOT_ENTRY)
     if uids and gids:
-        try:  # as each jail checks: another entry with ids inside it would share the jails' files
+        pool = [subordinate_range(path, -1, idmap.POOL_ENTRY) for path in (host.subuid, host.subgid)]
+        try:  # as each jail checks: another entry with ids inside them would share the jails' files
             idmap.check_given(str(host.subuid), str(host.subgid), ROOT_ENTRY, ROOT_RANGE, (uids[0], gids[0]))
+            if pool[0] and pool[1]:
+                first = (pool[0][0], pool[1][0])
+                idmap.check_given(str(host.subuid), str(host.subgid), idmap.POOL_ENTRY, pool[0][1], first)
         except ConfigError as exc:
             message = str(exc)
             return Probe(name=name, status="failing", detail=message.split("; fix: ")[0],
