@@ -44,6 +44,8 @@ SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 SECCOMP_IOCTL_NOTIF_RECV = 0xC0502100
 SECCOMP_IOCTL_NOTIF_SEND = 0xC0182101
+SECCOMP_IOCTL_NOTIF_ID_VALID = 0x40082102
+SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
 SECBIT_NOROOT = 1 << 0
 SECBIT_NOROOT_LOCKED = 1 << 1
 PR_CAP_AMBIENT = 47
@@ -74,6 +76,8 @@ _SYSCALLS = {
         "mount_setattr": 442,
         "open_tree": 428,
         "move_mount": 429,
+        "pidfd_getfd": 438,
+        "process_vm_readv": 310,
     },
     "aarch64": {
         "pivot_root": 41,
@@ -85,6 +89,8 @@ _SYSCALLS = {
         "mount_setattr": 442,
         "open_tree": 428,
         "move_mount": 429,
+        "pidfd_getfd": 438,
+        "process_vm_readv": 270,
     },
 }
 _NR = _SYSCALLS.get(platform.machine(), _SYSCALLS["x86_64"])
@@ -356,6 +362,22 @@ def install_seccomp(program: bytes, listener: bool) -> int:
     fprog = ctypes.create_string_buffer(struct.pack("HxxxxxxQ", len(program) // 8, ctypes.addressof(filters)), 16)
     flags = SECCOMP_FILTER_FLAG_NEW_LISTENER if listener else 0
     return _check(_libc.syscall(_NR["seccomp"], SECCOMP_SET_MODE_FILTER, flags, fprog), "seccomp")
+
+
+def pidfd_getfd(pidfd: int, fd: int) -> int:
+    """A duplicate (close-on-exec) of descriptor ``fd`` of the process ``pidfd`` refers to: the same
+    open file, as ``SCM_RIGHTS`` would pass it. Needs ptrace access to that process."""
+    return _check(_libc.syscall(_NR["pidfd_getfd"], pidfd, fd, 0), "pidfd_getfd")
+
+
+def read_memory(pid: int, address: int, size: int) -> bytes:
+    """``size`` bytes at ``address`` of process ``pid`` (``process_vm_readv``; fewer if the range ends
+    in unmapped memory). Needs ptrace access to that process."""
+    buf = ctypes.create_string_buffer(size)
+    local = struct.pack("QQ", ctypes.addressof(buf), size)
+    remote = struct.pack("QQ", address, size)
+    got = _check(_libc.syscall(_NR["process_vm_readv"], pid, local, 1, remote, 1, 0), "process_vm_readv")
+    return buf.raw[:got]
 
 
 def reaped(wake_fd: int) -> Iterator[tuple[int, int, resource.struct_rusage]]:

@@ -126,7 +126,7 @@ class FullNetwork(Mode):
         }
 
     def attach(self, sandbox_id: str, fds: list[int], timeout: float) -> Network:
-        return Network(slirp=Slirp(fds, self.policy.publish, timeout))
+        return Network(slirp=Slirp(fds, self.policy.publish, self.policy.lan, timeout))
 
 
 MODES: dict[str, type[Mode]] = {"none": NoNetwork, "host": HostNetwork, "allow": AllowNetwork, "full": FullNetwork}

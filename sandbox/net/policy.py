@@ -38,6 +38,9 @@ LOCAL_RANGES = tuple(
     )
 )  # fmt: skip
 LAN_RECHECK = 5.0
+RESOLV_CONF = "/etc/resolv.conf"
+RESOLV_CONF_MAX = 64 << 10
+DNS_PORT = 53
 
 
 def normalize_host(name: str) -> str:
@@ -332,6 +335,41 @@ def _lan_networks(_epoch: int) -> tuple[IPNetwork, ...]:
             except ValueError:
                 continue
     return tuple(found)
+
+
+def full_refuses(addr: IPAddress, port: int, allowed: tuple[IPNetwork, ...]) -> bool:
+    """Whether a ``full`` jail's traffic may not go to ``addr``:``port`` on the host's side: the host's
+    loopback always; the LAN (``lan_networks``) unless ``allowed`` lists it; except port 53 of the
+    host's own resolvers, which slirp4netns forwards the jail's DNS (10.0.2.3) to."""
+    mapped = addr.ipv4_mapped if isinstance(addr, ipaddress.IPv6Address) else None
+    if mapped is not None:  # an IPv6 socket reaches IPv4 through these
+        addr = mapped
+    if not addr.is_loopback and (not is_local(addr) or any(addr.version == n.version and addr in n for n in allowed)):
+        return False
+    return port != DNS_PORT or addr not in host_resolvers()
+
+
+def host_resolvers() -> frozenset[IPAddress]:
+    """The nameservers of the host's resolv.conf (what slirp4netns forwards the jail's DNS to)."""
+    return _host_resolvers(int(time.monotonic() / LAN_RECHECK))
+
+
+@functools.lru_cache(maxsize=1)
+def _host_resolvers(_epoch: int) -> frozenset[IPAddress]:
+    try:
+        with open(RESOLV_CONF, "rb") as f:
+            text = f.read(RESOLV_CONF_MAX).decode(errors="replace")
+    except OSError:
+        return frozenset()
+    found: set[IPAddress] = set()
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            try:
+                found.add(ipaddress.ip_address(words[1].split("%")[0]))
+            except ValueError:
+                continue
+    return frozenset(found)
 
 
 def blocked_routes(allowed: tuple[IPNetwork, ...], keep: IPNetwork) -> list[str]:

@@ -4,9 +4,12 @@ slirp4netns runs as the calling user and joins the jail's user and network names
 descriptors the init handed over (``/proc/self/fd/N``: the init is not dumpable, so its
 ``/proc/PID/ns`` links are out of reach of an unprivileged host process). It creates ``tap0``
 (10.0.2.100/24, gateway 10.0.2.2, DNS 10.0.2.3) and refuses connections to the host's loopback
-(``--disable-host-loopback``); the init's unreachable routes keep the host's LAN out. It parses
-the jail's packets, so it runs under its own seccomp filter (as root also in its own mount
-namespace without capabilities: ``--enable-sandbox`` fails rootless at ``setegid``).
+(``--disable-host-loopback``); the init's unreachable routes keep the host's LAN out of the jail's
+own calls. Frames the jail writes past its routes (packet and raw sockets) are held where they
+meet the host: every destination slirp4netns opens a host socket for is checked by ``egress.py``,
+under whose seccomp filter it starts (``slirp_exec.py``). It parses the jail's packets, so it also
+runs under its own seccomp filter (as root also in its own mount namespace without capabilities:
+``--enable-sandbox`` fails rootless at ``setegid``).
 
 Its lifetime follows the sandbox through ``--exit-fd``: a pipe whose write end only this process
 holds, so slirp4netns exits on ``close()`` and when this process dies, however it dies.
@@ -25,8 +28,10 @@ import tempfile
 import time
 
 from ..errors import SandboxSetupError
-from ..floor import wire
-from .policy import PortMapping
+from ..floor import boot, wire
+from ..floor import linux as L
+from .egress import EgressGuard, slirp_filter
+from .policy import IPNetwork, PortMapping
 
 TUN = "/dev/net/tun"
 MTU = 65520
@@ -35,7 +40,9 @@ API_ATTEMPTS = 50
 
 
 class Slirp:
-    def __init__(self, ns_fds: list[int], publish: tuple[PortMapping, ...], timeout: float) -> None:
+    def __init__(
+        self, ns_fds: list[int], publish: tuple[PortMapping, ...], lan: tuple[IPNetwork, ...], timeout: float
+    ) -> None:
         binary = shutil.which("slirp4netns")
         if binary is None:
             for fd in ns_fds:
@@ -63,10 +70,12 @@ class Slirp:
         if len(ns_fds) == 2:
             args.append(f"--userns-path=/proc/self/fd/{ns_fds[1]}")
         args += [f"/proc/self/fd/{ns_fds[0]}", "tap0"]
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.guard: EgressGuard | None = None
         try:
             self.proc = subprocess.Popen(
-                args,
-                pass_fds=[ready_w, exit_r, *ns_fds],
+                boot.command("sandbox.net.slirp_exec", str(theirs.fileno()), slirp_filter().hex(), *args),
+                pass_fds=[ready_w, exit_r, theirs.fileno(), *ns_fds],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -75,13 +84,16 @@ class Slirp:
         except OSError as exc:
             for fd in (ready_r, ready_w, exit_r, self._exit_w, log):
                 os.close(fd)
+            ours.close()
             raise SandboxSetupError(f"could not start slirp4netns: {exc}") from exc
         finally:
+            theirs.close()
             for fd in ns_fds:
                 os.close(fd)
         os.close(ready_w)
         os.close(exit_r)
         try:
+            self.guard = EgressGuard(_listener(ours, self.proc.pid, timeout), lan)
             ready = wire.wait_readable(ready_r, timeout) and os.read(ready_r, 1) == b"1"
             if not ready:
                 raise SandboxSetupError(f"slirp4netns did not come up: {_tail(log) or 'no output'}")
@@ -106,6 +118,26 @@ class Slirp:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.guard is not None:
+            self.guard.close()
+
+
+def _listener(sock: socket.socket, pid: int, timeout: float) -> int:
+    """A copy of the seccomp listener of ``slirp_exec`` (``pid``), taken before it becomes slirp4netns."""
+    with sock:
+        message = sock.recv(512) if wire.wait_readable(sock, timeout) else b"0not loaded in time"
+        if not message.startswith(b"1") or not message[1:].isdigit():
+            reason = message[1:].decode(errors="replace") or "it ended first"
+            raise SandboxSetupError(f"could not put slirp4netns under jailbox's egress filter: {reason}")
+        pidfd = os.pidfd_open(pid)
+        try:
+            listener = L.pidfd_getfd(pidfd, int(message[1:]))
+        except OSError as exc:
+            raise SandboxSetupError(f"could not take slirp4netns's filter listener: {exc}") from exc
+        finally:
+            os.close(pidfd)
+        sock.sendall(b"1")
+        return listener
 
 
 def _add_hostfwd(path: str, mapping: PortMapping) -> None:
