@@ -174,7 +174,7 @@ class Jail:
             no_memfd=cfg.limits.memory is not None and self.cgroup is None,  # the watcher holds memory
             epoll_maker=-1 if self._maker is None else self._maker.id,
         )
-        net = self.mode.child_spec(cfg.userns, "NET_ADMIN" in caps)
+        net = self.mode.child_spec(cfg.userns)
         self._bounds = plan.Jail(
             config=cfg,
             cgroup=None if self.cgroup is None else self.cgroup.kind,

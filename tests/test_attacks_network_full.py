@@ -165,6 +165,25 @@ def test_crafted_frames_reach_neither_the_hosts_loopback_nor_its_lan(listeners):
 
 
 @pytest.mark.skipif(LAN is None, reason="this host has no non-loopback IPv4 address")
+def test_deleted_routes_do_not_open_the_lan(listeners):
+    """A root holding CAP_NET_ADMIN deletes the routes that keep the LAN out; its own connects and
+    datagrams still stop where slirp4netns meets the host."""
+    with Sandbox(network="full", cap_add=["NET_ADMIN"]) as sb:
+        r = sb.exec("ip route flush type unreachable && ip route show type unreachable | wc -l")
+        assert r.stdout == "0\n", r.stderr
+        script = (
+            "import socket, sys; lan, tcp, udp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); "
+            "s = socket.socket(); s.settimeout(5); print(s.connect_ex((lan, tcp))); "
+            "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', (lan, udp))"
+        )
+        r = sb.exec(["python3", "-c", script, LAN, str(listeners.ports["tcp"]), str(listeners.ports["udp"])])
+        assert r.stdout.strip() not in ("", "0"), r.stderr
+        time.sleep(1)
+        assert listeners.hits == []
+        assert _guard_refused(sb).get(LAN, 0) >= 2
+
+
+@pytest.mark.skipif(LAN is None, reason="this host has no non-loopback IPv4 address")
 def test_listed_lan_addresses_still_work_and_loopback_never_opens(listeners):
     """``lan`` opens the listed address, by the jail's own calls and by crafted frames alike; listing
     the loopback opens nothing (the jail's own calls never reach it either)."""

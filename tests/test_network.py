@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from standin import CA_ENV, NAMES, StandIn, host_address, make_ca
 
 from jailbox.sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
-from jailbox.sandbox.errors import SandboxSetupError, SecurityWarning
+from jailbox.sandbox.errors import SandboxSetupError
 from jailbox.sandbox.net import proxy as proxy_mod
 from jailbox.sandbox.net.proxy import PROXY
 
@@ -551,16 +551,6 @@ def test_cli_network_and_publish_flags(web):
     r = _jailbox("exec", "--publish", "8080:80", "--", "true")
     assert r.returncode == 2 and "need mode 'full'" in r.stderr
     assert "allow:RULES" in _jailbox("exec", "--help").stdout
-
-
-@needs_full
-def test_full_with_net_admin_warns_that_routes_can_be_changed():
-    warns = pytest.warns(SecurityWarning, match="may delete the routes")
-    with warns, Sandbox(network="full", cap_add=["NET_ADMIN"]) as sb:
-        assert sb.exec("ip route del 10.0.0.0/23").exit_code == 0
-    with Sandbox(network="full") as sb:
-        r = sb.exec("ip route del 10.0.0.0/23")
-        assert r.exit_code != 0 and "Operation not permitted" in r.stderr
 
 
 def test_host_mode_uses_the_hosts_resolvers_not_the_rootfs_copy(mini_rootfs, tmp_path):

@@ -376,7 +376,8 @@ def read_memory(pid: int, address: int, size: int) -> bytes:
     buf = ctypes.create_string_buffer(size)
     local = struct.pack("QQ", ctypes.addressof(buf), size)
     remote = struct.pack("QQ", address, size)
-    got = _check(_libc.syscall(_NR["process_vm_readv"], pid, local, 1, remote, 1, 0), "process_vm_readv")
+    one, none = ctypes.c_ulong(1), ctypes.c_ulong(0)  # whole registers: a bare int leaves the upper half unset
+    got = _check(_libc.syscall(_NR["process_vm_readv"], pid, local, one, remote, one, none), "process_vm_readv")
     return buf.raw[:got]
 
 

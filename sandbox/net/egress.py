@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import ipaddress
 import os
 import select
@@ -50,8 +51,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.connect.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
 _libc.sendto.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
 _libc.sendto.restype = ctypes.c_ssize_t
+_libc.getsockopt.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
 
 
+@functools.cache
 def slirp_filter() -> bytes:
     """The BPF program slirp4netns runs under (see the module docstring)."""
     machine = arch()
@@ -83,8 +86,10 @@ class EgressGuard:
     """The thread that answers slirp4netns's trapped calls; ``close()`` ends it (slirp4netns's exit
     ends it too). Takes ownership of ``listener``."""
 
-    def __init__(self, listener: int, allowed: tuple[IPNetwork, ...]) -> None:
+    def __init__(self, listener: int, pid: int, allowed: tuple[IPNetwork, ...]) -> None:
         self._listener = listener
+        self._pid = pid  # slirp4netns, whose calls these nearly all are: its pidfd is kept
+        self._pidfd = os.pidfd_open(pid)
         self._allowed = allowed
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         table = syscall_table(arch())
@@ -100,6 +105,7 @@ class EgressGuard:
         self._thread.join()
         os.close(self._stop_w)
         os.close(self._stop_r)
+        os.close(self._pidfd)
         self._stop_w = -1
 
     def _serve(self) -> None:
@@ -131,17 +137,13 @@ class EgressGuard:
     def _answer(self, notif_id: int, pid: int, nr: int, args: list[int]) -> tuple[int, int, int]:
         """(value, -errno, flags) for the response."""
         try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            return 0, -errno.EACCES, 0
-        try:
-            # the pid is the caller's still (not a new process's) while its notification is pending
-            fcntl.ioctl(self._listener, L.SECCOMP_IOCTL_NOTIF_ID_VALID, struct.pack("Q", notif_id))
-            fd = L.pidfd_getfd(pidfd, args[0] & 0xFFFFFFFF)
+            fd = (
+                L.pidfd_getfd(self._pidfd, args[0] & 0xFFFFFFFF)
+                if pid == self._pid
+                else _fd_of(self._listener, notif_id, pid, args[0])
+            )
         except OSError as exc:
             return 0, -(errno.EBADF if exc.errno == errno.EBADF else errno.EACCES), 0
-        finally:
-            os.close(pidfd)
         try:
             if _family(fd) not in (socket.AF_INET, socket.AF_INET6):
                 return 0, 0, L.SECCOMP_USER_NOTIF_FLAG_CONTINUE
@@ -201,10 +203,22 @@ class EgressGuard:
         return sent, 0, 0
 
 
+def _fd_of(listener: int, notif_id: int, pid: int, fd: int) -> int:
+    """A duplicate of descriptor ``fd`` of ``pid``, a process slirp4netns started."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        # the pid is the caller's still (not a new process's) while its notification is pending
+        fcntl.ioctl(listener, L.SECCOMP_IOCTL_NOTIF_ID_VALID, struct.pack("Q", notif_id))
+        return L.pidfd_getfd(pidfd, fd & 0xFFFFFFFF)
+    finally:
+        os.close(pidfd)
+
+
 def _family(fd: int) -> int:
     """The socket's family (OSError ENOTSOCK for anything else)."""
-    sock = socket.socket(fileno=fd)
-    try:
-        return sock.family
-    finally:
-        sock.detach()
+    value = ctypes.c_int()
+    size = ctypes.c_uint(ctypes.sizeof(value))
+    if _libc.getsockopt(fd, socket.SOL_SOCKET, socket.SO_DOMAIN, ctypes.byref(value), ctypes.byref(size)) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return value.value

@@ -5,11 +5,9 @@ proxy attachment or slirp4netns process that lives as long as the jail."""
 from __future__ import annotations
 
 import ipaddress
-import warnings
 from typing import TYPE_CHECKING
 
 from ..child.spec import NetSpec
-from ..errors import SecurityWarning
 from .policy import NetworkPolicy, blocked_routes
 from .slirp import Slirp
 
@@ -32,7 +30,7 @@ class Mode:
     def __init__(self, policy: NetworkPolicy) -> None:
         self.policy = policy
 
-    def child_spec(self, userns: bool, net_admin: bool) -> NetSpec:
+    def child_spec(self, userns: bool) -> NetSpec:
         """What the init does in the jail's namespace (``child/netns.py``), and which descriptors it
         hands back, in order."""
         return NetSpec(new_netns=True, proxy_port=0, namespaces=(), unreachable=())
@@ -58,7 +56,7 @@ class NoNetwork(Mode):
 class HostNetwork(Mode):
     """``host``: the host's own namespace."""
 
-    def child_spec(self, userns: bool, net_admin: bool) -> NetSpec:
+    def child_spec(self, userns: bool) -> NetSpec:
         return NetSpec(new_netns=False, proxy_port=0, namespaces=(), unreachable=())
 
     def files(self, generated: dict[str, str]) -> dict[str, str]:
@@ -73,7 +71,7 @@ class AllowNetwork(Mode):
     """``allow``: an own namespace whose only way out is the host proxy, through a listener on the
     jail's loopback that the proxy accepts on."""
 
-    def child_spec(self, userns: bool, net_admin: bool) -> NetSpec:
+    def child_spec(self, userns: bool) -> NetSpec:
         return NetSpec(new_netns=True, proxy_port=PROXY_PORT, namespaces=(), unreachable=())
 
     def files(self, generated: dict[str, str]) -> dict[str, str]:
@@ -101,15 +99,11 @@ class AllowNetwork(Mode):
 
 class FullNetwork(Mode):
     """``full``: an own namespace with a user-mode stack (slirp4netns, which joins the namespace
-    through the descriptors the init hands over); the host's LAN is routed unreachable."""
+    through the descriptors the init hands over); the host's LAN is routed unreachable, and whatever
+    passes the routes (a root with CAP_NET_RAW or CAP_NET_ADMIN) is checked again where slirp4netns
+    meets the host (``egress.py``)."""
 
-    def child_spec(self, userns: bool, net_admin: bool) -> NetSpec:
-        if net_admin:
-            warnings.warn(
-                "network 'full' with CAP_NET_ADMIN: commands may delete the routes that keep the host's LAN out",
-                SecurityWarning,
-                stacklevel=5,
-            )
+    def child_spec(self, userns: bool) -> NetSpec:
         return NetSpec(
             new_netns=True,
             proxy_port=0,

@@ -93,7 +93,7 @@ class Slirp:
         os.close(ready_w)
         os.close(exit_r)
         try:
-            self.guard = EgressGuard(_listener(ours, self.proc.pid, timeout), lan)
+            self.guard = EgressGuard(_listener(ours, self.proc.pid, timeout), self.proc.pid, lan)
             ready = wire.wait_readable(ready_r, timeout) and os.read(ready_r, 1) == b"1"
             if not ready:
                 raise SandboxSetupError(f"slirp4netns did not come up: {_tail(log) or 'no output'}")
@@ -133,7 +133,10 @@ def _listener(sock: socket.socket, pid: int, timeout: float) -> int:
         try:
             listener = L.pidfd_getfd(pidfd, int(message[1:]))
         except OSError as exc:
-            raise SandboxSetupError(f"could not take slirp4netns's filter listener: {exc}") from exc
+            raise SandboxSetupError(
+                f"could not take slirp4netns's filter listener: {exc} (network 'full' needs Linux 5.6 or later "
+                "and ptrace access to your own children: kernel.yama.ptrace_scope at most 1)"
+            ) from exc
         finally:
             os.close(pidfd)
         sock.sendall(b"1")
