@@ -5,6 +5,7 @@ on every host address and count what arrives. Runs as root and rootless alike.""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import threading
@@ -14,6 +15,7 @@ import pytest
 from standin import host_address
 
 from jailbox.sandbox import Sandbox
+from jailbox.sandbox.net.policy import full_refuses, host_resolvers, is_local
 
 LAN = host_address()
 pytestmark = [pytest.mark.needs("slirp4netns", "tun")]
@@ -147,10 +149,11 @@ HOST_TARGETS = ["127.0.0.1", "127.3.2.1", "0.0.0.0", *([LAN] if LAN else [])]
 
 
 def test_crafted_frames_reach_neither_the_hosts_loopback_nor_its_lan(listeners):
-    """Every way a frame can name the host: loopback (any 127/8 address, 0.0.0.0), the LAN address,
-    by TCP SYN, UDP, fragmented UDP and ICMP, from packet and raw sockets, and IPv6's ::1."""
+    """Every way a frame can name the host: loopback (any 127/8 address, 0.0.0.0, slirp4netns's
+    10.0.2.2), the LAN address, by TCP SYN, UDP, fragmented UDP and ICMP, from packet and raw sockets,
+    and IPv6's ::1 and a v4-mapped loopback."""
     with Sandbox(network="full", cap_add=["NET_RAW"]) as sb:
-        for dst in HOST_TARGETS:
+        for dst in (*HOST_TARGETS, "10.0.2.2"):  # slirp4netns's alias of the host's loopback refuses itself
             for mode in ("packet", "raw"):
                 for proto, port in (("tcp", "tcp"), ("udp", "udp"), ("udpfrag", "udp"), ("icmp", "udp")):
                     _send(sb, mode, proto, dst, listeners.ports[port])
@@ -236,3 +239,18 @@ def test_without_its_supervisor_slirp_reaches_nothing(listeners):
             _send(sb, "packet", "udp", dst, listeners.ports["udp"])
         time.sleep(1)
     assert listeners.hits == []
+
+
+def test_what_full_refuses_where_slirp_meets_the_host():
+    """The one rule the check applies, by address family and form: loopback in every spelling,
+    never opened by ``lan``; the LAN unless listed; the host's resolvers on port 53 only."""
+    ip, net = ipaddress.ip_address, ipaddress.ip_network
+    for addr in ("127.0.0.1", "127.255.0.9", "::1", "::ffff:127.0.0.1", "0.0.0.0", "::", "fe80::1", "10.0.2.2"):
+        assert full_refuses(ip(addr), 80, ()), addr
+    assert full_refuses(ip("127.0.0.1"), 80, (net("127.0.0.0/8"), net("::ffff:0:0/96")))
+    assert full_refuses(ip("192.168.1.7"), 443, ()) and full_refuses(ip("::ffff:192.168.1.7"), 443, ())
+    assert not full_refuses(ip("192.168.1.7"), 443, (net("192.168.1.0/24"),))
+    assert not full_refuses(ip("93.184.215.14"), 443, ()) and not full_refuses(ip("2606:2800:21f::1"), 443, ())
+    for resolver in host_resolvers():
+        assert not full_refuses(resolver, 53, ())
+        assert full_refuses(resolver, 54, ()) == is_local(resolver)

@@ -8,7 +8,7 @@ import ipaddress
 from typing import TYPE_CHECKING
 
 from ..child.spec import NetSpec
-from .policy import NetworkPolicy, blocked_routes
+from .policy import NetworkPolicy, blocked_routes, host_resolv_conf
 from .slirp import Slirp
 
 if TYPE_CHECKING:  # the proxy is imported by the modes that use it: exec with --network none never loads it
@@ -19,7 +19,6 @@ PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
 SLIRP_NET = ipaddress.IPv4Network("10.0.2.0/24")
 SLIRP_DNS = "10.0.2.3"
 NO_PROXY = "localhost,127.0.0.1,::1"
-RESOLV_CONF_MAX = 64 << 10
 
 
 class Mode:
@@ -61,7 +60,7 @@ class HostNetwork(Mode):
 
     def files(self, generated: dict[str, str]) -> dict[str, str]:
         out = dict(generated)
-        host = _host_resolv_conf()  # the host's resolvers, as Docker does, not whatever the rootfs was built with
+        host = host_resolv_conf()  # the host's resolvers, as Docker does, not whatever the rootfs was built with
         if host is not None:
             out["etc/resolv.conf"] = host
         return out
@@ -129,14 +128,6 @@ MODES: dict[str, type[Mode]] = {"none": NoNetwork, "host": HostNetwork, "allow":
 def for_policy(policy: NetworkPolicy) -> Mode:
     """The one place the mode name is looked at."""
     return MODES[policy.mode](policy)
-
-
-def _host_resolv_conf() -> str | None:
-    try:
-        with open("/etc/resolv.conf", "rb") as f:
-            return f.read(RESOLV_CONF_MAX).decode(errors="replace")
-    except OSError:
-        return None
 
 
 class Network:

@@ -356,13 +356,8 @@ def host_resolvers() -> frozenset[IPAddress]:
 
 @functools.lru_cache(maxsize=1)
 def _host_resolvers(_epoch: int) -> frozenset[IPAddress]:
-    try:
-        with open(RESOLV_CONF, "rb") as f:
-            text = f.read(RESOLV_CONF_MAX).decode(errors="replace")
-    except OSError:
-        return frozenset()
     found: set[IPAddress] = set()
-    for line in text.splitlines():
+    for line in (host_resolv_conf() or "").splitlines():
         words = line.split()
         if len(words) >= 2 and words[0] == "nameserver":
             try:
@@ -370,6 +365,15 @@ def _host_resolvers(_epoch: int) -> frozenset[IPAddress]:
             except ValueError:
                 continue
     return frozenset(found)
+
+
+def host_resolv_conf() -> str | None:
+    """The host's resolv.conf (its first ``RESOLV_CONF_MAX`` bytes), None if unreadable."""
+    try:
+        with open(RESOLV_CONF, "rb") as f:
+            return f.read(RESOLV_CONF_MAX).decode(errors="replace")
+    except OSError:
+        return None
 
 
 def blocked_routes(allowed: tuple[IPNetwork, ...], keep: IPNetwork) -> list[str]:
