@@ -209,6 +209,7 @@ def test_listed_lan_addresses_still_work_and_loopback_never_opens(listeners):
         time.sleep(0.5)
         assert {peer for _, peer in listeners.hits} == {LAN}, listeners.hits
         assert ("tcp", LAN) in listeners.hits and ("udp", LAN) in listeners.hits
+    assert not [t for t in threading.enumerate() if t.name == "jailbox-slirp-egress"]  # the guard went with it
 
 
 def test_the_jails_dns_still_goes_to_the_hosts_resolver():
