@@ -11,8 +11,10 @@ an input directory are copied into the jail as links, never read through (that i
 ``copy_dir`` is ``jailbox run``'s and ``jailbox replay``'s ``--input_dir``: the whole directory copied into the
 jail's writable layer, as the reference copies it, so the model may change or add files there. It is the
 user's data, not the jail's, but the copy is still bounded: the tree is first walked by descriptor without
-following any link, and one holding a FIFO, socket or device (a copy would block on it or read forever), more
-than ``INPUT_LIMIT`` bytes or more than ``INPUT_ENTRIES`` entries is refused before anything is copied.
+following any link (``hostfs.read_source``), and one holding a FIFO, socket or device (a copy would block on it
+or read forever), more than ``INPUT_LIMIT`` bytes or more than ``INPUT_ENTRIES`` entries is refused before
+anything is copied. Another jail may be writing the directory meanwhile (a read-write bind of it): the copy
+walks it the same way and is held to the same bounds, so it never reads through a link swapped in.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import os
 import stat
 from pathlib import Path
 
-from ..sandbox import Sandbox
+from ..sandbox import Sandbox, hostfs
+from ..sandbox.errors import SandboxFileError
 
 PREFIX = "@"
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -98,53 +101,43 @@ class InputDirError(ValueError):
 def copy_dir(sb: Sandbox, src: Path, dst: str, limit: int = INPUT_LIMIT) -> None:
     """The tree ``src`` copied to ``dst`` in the jail, writable there, links kept as links; InputDirError
     (before anything is copied) for a tree over ``limit`` bytes or ``INPUT_ENTRIES`` entries, or one holding
-    anything but files, directories and links. ``src`` itself is the user's choice and is opened as given."""
+    anything but files, directories and links. ``src`` itself is the user's choice and is opened as given;
+    below it both walks (the measure, then the copy, held to the same bounds) follow no link."""
     try:
         fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise InputDirError(f"input directory {str(src)!r}: {exc.strerror}") from None
+    held = f"/proc/self/fd/{fd}"  # the directory opened, not its path resolved again
     try:
-        if _measure(fd, str(src), limit) > limit:
+        if _measure(held, str(src), limit) > limit:
             raise InputDirError(
-                f"input directory {str(src)!r} holds more than {limit} bytes, which are copied into the jail; "
-                "give a directory with only the task's files, e.g. --input_dir ./task/input"
+                f"input directory {str(src)!r} holds more than {limit} bytes, which are copied into the jail; {_ADVICE}"
             )
-        sb.put(f"/proc/self/fd/{fd}", dst)  # the directory walked, not its path resolved again
+        try:
+            sb.put(held, dst, INPUT_ENTRIES, limit)  # a tree changed since it was measured is held to it too
+        except SandboxFileError as exc:
+            raise _refused(exc, held, str(src)) from None
     finally:
         os.close(fd)
 
 
-def _measure(top: int, shown: str, limit: int) -> int:
-    """Bytes of regular files beneath the directory ``top``, walked by descriptor without following
-    a link; stops counting bytes once past ``limit``."""
-    size, entries = 0, 0
-    pending = [(os.dup(top), shown)]
+_ADVICE = "give a directory with only the task's files, e.g. --input_dir ./task/input"
+
+
+def _measure(held: str, shown: str, limit: int) -> int:
+    """Bytes of regular files beneath the directory ``held`` (``hostfs.read_source``: no link followed,
+    at most ``INPUT_ENTRIES`` entries, a FIFO, socket or device refused); stops counting once past ``limit``."""
+    size = 0
     try:
-        while pending:
-            fd, where = pending.pop()
-            try:
-                for entry in os.scandir(fd):
-                    entries += 1
-                    if entries > INPUT_ENTRIES:
-                        raise InputDirError(
-                            f"input directory {shown!r} holds more than {INPUT_ENTRIES} files and directories; "
-                            "give a directory with only the task's files, e.g. --input_dir ./task/input"
-                        )
-                    info = entry.stat(follow_symlinks=False)
-                    if stat.S_ISDIR(info.st_mode):
-                        pending.append((os.open(entry.name, _DIR, dir_fd=fd), f"{where}/{entry.name}"))
-                    elif stat.S_ISREG(info.st_mode):
-                        size += info.st_size
-                        if size > limit:
-                            return size
-                    elif not stat.S_ISLNK(info.st_mode):
-                        raise InputDirError(
-                            f"input directory {shown!r}: {where}/{entry.name} is not a file, directory or link "
-                            "(a FIFO, socket or device cannot be copied); move it out of the directory"
-                        )
-            finally:
-                os.close(fd)
-    finally:
-        for fd, _ in pending:
-            os.close(fd)
+        for entry in hostfs.read_source(held, INPUT_ENTRIES):
+            size += entry.size if entry.kind == "file" else 0
+            if size > limit:
+                break
+    except SandboxFileError as exc:
+        raise _refused(exc, held, shown) from None
     return size
+
+
+def _refused(exc: SandboxFileError, held: str, shown: str) -> InputDirError:
+    where = str(exc.filename or held).replace(held, shown, 1)
+    return InputDirError(f"input directory {shown!r}: {where}: {exc.strerror}; {_ADVICE}")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import hostfs
 from .channel import Channel
-from .child.requests import MkdirRequest, OpenRequest, StatRequest, SymlinkRequest, WalkRequest
+from .child.requests import MAX_WALK_ENTRIES, MkdirRequest, OpenRequest, StatRequest, SymlinkRequest, WalkRequest
 from .errors import ProtocolError, SandboxFileError
 from .messages import Done, Opened, Stat, Walk
 
@@ -27,10 +27,11 @@ READ_LIMIT = 64 << 20
 """What ``read_file`` takes of a file when the caller names no ``max_bytes``."""
 
 
-def copy_data(src_fd: int, dst_fd: int) -> int:
+def copy_data(src_fd: int, dst_fd: int, size: int | None = None) -> int:
     """Copy a regular file's bytes keeping its holes: a sparse file costs the destination what it costs
-    the source (the jail's disk), not its apparent size. Returns the apparent size."""
-    size = os.fstat(src_fd).st_size
+    the source (the jail's disk), not its apparent size. Copies ``size`` bytes at most (the file's size
+    now if None: a file still growing is cut there). Returns the apparent size."""
+    size = os.fstat(src_fd).st_size if size is None else size
     end = 0
     for start, stop in _data_extents(src_fd, size):
         end = start + _copy_range(src_fd, dst_fd, start, stop - start)
@@ -125,43 +126,29 @@ def stat_path(channel: Channel, path: str) -> Stat:
     return channel.call(StatRequest(path), Stat, path=path)[0]
 
 
-def put(channel: Channel, src: Path, dst: str) -> None:
-    if not src.exists():
-        raise SandboxFileError(2, "No such file or directory", str(src))
-    if src.is_dir():
-        _mkdir(channel, dst, stat.S_IMODE(src.stat().st_mode))
-        for dirpath, dirnames, filenames in os.walk(src):
-            rel = os.path.relpath(dirpath, src)
-            base = dst if rel == "." else posixpath.join(dst, rel)
-            for name in dirnames + filenames:
-                host = os.path.join(dirpath, name)
-                if os.path.islink(host):
-                    link = posixpath.join(base, name)
-                    channel.call(SymlinkRequest(path=link, target=os.readlink(host)), Done, path=link)
-            for name in dirnames:
-                host = os.path.join(dirpath, name)
-                if not os.path.islink(host):
-                    _mkdir(channel, posixpath.join(base, name), stat.S_IMODE(os.stat(host).st_mode))
-            for name in filenames:
-                host = os.path.join(dirpath, name)
-                if not os.path.islink(host):
-                    _put_file(channel, Path(host), posixpath.join(base, name))
-            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-    else:
-        _put_file(channel, src, dst)
+def put(
+    channel: Channel, src: Path, dst: str, max_entries: int = MAX_WALK_ENTRIES, max_bytes: int | None = None
+) -> None:
+    """Copy the host file or tree ``src`` to ``dst`` in the jail. ``src`` is followed as given; below it
+    nothing is (``hostfs.read_source``): links are copied as links, files are read through the descriptors
+    the walk opened, so a jail that rewrites the source while it is copied cannot swap a host directory in.
+    Bounded by ``max_entries`` entries (and ``max_bytes`` bytes of files, if given)."""
+    for entry in hostfs.read_source(src, max_entries, max_bytes):
+        target = posixpath.join(dst, os.fsdecode(entry.rel)) if entry.rel else dst
+        if entry.kind == "dir":
+            _mkdir(channel, target, entry.mode)
+        elif entry.kind == "link":
+            channel.call(SymlinkRequest(path=target, target=os.fsdecode(entry.target)), Done, path=target)
+        else:
+            _, fd = _open(channel, target, write=True, mode=entry.mode)
+            try:
+                copy_data(entry.fd, fd, entry.size)  # the size counted against the bounds
+            finally:
+                os.close(fd)
 
 
 def _mkdir(channel: Channel, path: str, mode: int) -> None:
     channel.call(MkdirRequest(path, mode), Done, path=path)
-
-
-def _put_file(channel: Channel, src: Path, dst: str) -> None:
-    with open(src, "rb") as f:
-        _, fd = _open(channel, dst, write=True, mode=stat.S_IMODE(os.fstat(f.fileno()).st_mode))
-        try:
-            copy_data(f.fileno(), fd)
-        finally:
-            os.close(fd)
 
 
 def get(channel: Channel, src: str, dst: Path) -> None:

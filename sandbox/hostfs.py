@@ -11,6 +11,14 @@ through descriptors of entries made or checked here), nothing is chowned, and on
 directories and symlinks are made, with permission bits only (no setuid, setgid or sticky bit). Names are
 bytes or ``str`` (``os.fsencode``'s surrogate escapes carry names that are not UTF-8), so a jail cannot block
 a copy with an odd name.
+
+``read_source`` is the other direction, a host tree copied into a jail (``Sandbox.put``, ``jailbox cp HOST
+ID:PATH``, ``--input_dir``): the source may be a read-write bind a jail rewrites while it is read, so it is
+walked the same way. The top path is the caller's and is followed as given; below it each name is opened
+from its parent's held descriptor with ``O_NOFOLLOW``, files are read through the descriptor opened, and a
+symlink met there is handed back as a link (its target, never followed). A directory swapped for a link
+while the walk is in it, or above it, changes nothing: the walk holds the directories themselves, not
+their paths. What it reads is bounded: entries, depth, and (if asked) bytes of files.
 """
 
 from __future__ import annotations
@@ -19,14 +27,24 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
+from .child.requests import MAX_WALK_ENTRIES
 from .errors import SandboxFileError
+from .floor import linux
 
 PERMISSION_BITS = 0o777
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# a source entry: never through a link, never blocking on a FIFO, never taking a terminal
+_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+SOURCE_DEPTH = 256
+"""Directories deep a tree copied into a jail may go: the walk holds one descriptor per level (a path in the
+jail stops at PATH_MAX, about 2,000 levels, anyway)."""
 
 
 def components(rel: str | bytes) -> list[bytes]:
@@ -205,3 +223,119 @@ class Destination:
 
 def _show(rel: str | bytes) -> str:
     return os.fsdecode(rel) if isinstance(rel, bytes) else rel
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """One entry of a host tree being copied into a jail. ``fd`` (a file's or directory's, read-only) is the
+    walk's and stays open only until the walk moves on; a link has ``fd`` -1 and its ``target``."""
+
+    rel: bytes  # below the top, b"" for the top itself
+    kind: Literal["file", "dir", "link"]
+    mode: int  # permission bits
+    size: int
+    fd: int
+    target: bytes = b""
+
+
+def read_source(
+    path: str | os.PathLike[str], max_entries: int = MAX_WALK_ENTRIES, max_bytes: int | None = None
+) -> Iterator[SourceEntry]:
+    """The file or tree at ``path``, the top first, each directory before what it holds, walked from held
+    descriptors: ``path`` is followed as given, nothing below it (a link there is an entry of kind "link");
+    an entry gone between the listing and its open is left out.
+    SandboxFileError (one line, naming the host path) for a FIFO, socket or device, an entry that will not
+    open, more than ``max_entries`` entries below the top, a tree deeper than ``SOURCE_DEPTH``, or (if
+    given) more than ``max_bytes`` bytes of files, counted as each is opened."""
+    shown = os.fspath(path)
+    try:
+        top = os.open(path, _READ)
+    except OSError as exc:
+        raise _source_error(exc.errno or 0, exc.strerror or str(exc), shown, b"") from None
+    frames: list[tuple[int, bytes, Iterator[tuple[bytes, int, int]]]] = []  # the directories the walk is in
+    try:
+        first = _entry(top, b"", shown)
+        if first.kind == "file" and max_bytes is not None and first.size > max_bytes:
+            raise _source_error(errno.EFBIG, f"more than {max_bytes} bytes of files", shown, b"")
+        yield first
+        if first.kind == "file":
+            return
+        frames.append((top, b"", linux.entries_from(top, 0)))
+        top = -1  # the frame holds it now
+        entries, size = 0, 0
+        while frames:
+            fd, rel, names = frames[-1]
+            try:
+                name = next(names, (None,))[0]
+            except OSError as exc:
+                raise _source_error(exc.errno or 0, os.strerror(exc.errno or 0), shown, rel) from None
+            if name is None:
+                os.close(frames.pop()[0])
+                continue
+            sub = name if not rel else rel + b"/" + name
+            entries += 1
+            if entries > max_entries:
+                raise _source_error(errno.EFBIG, f"more than {max_entries} files, directories and links", shown, b"")
+            child = _open_child(fd, name, shown, sub)
+            if child is None:
+                continue
+            if isinstance(child, SourceEntry):
+                yield child
+                continue
+            try:
+                entry = _entry(child, sub, shown)
+                size += entry.size if entry.kind == "file" else 0
+                if max_bytes is not None and size > max_bytes:
+                    raise _source_error(errno.EFBIG, f"more than {max_bytes} bytes of files", shown, b"")
+                yield entry
+                if entry.kind == "dir":
+                    if len(frames) >= SOURCE_DEPTH:
+                        raise _source_error(errno.ELOOP, f"deeper than {SOURCE_DEPTH} directories", shown, sub)
+                    frames.append((child, sub, linux.entries_from(child, 0)))
+                    child = -1  # the frame holds it now
+            finally:
+                if child >= 0:
+                    os.close(child)
+    finally:
+        if top >= 0:
+            os.close(top)
+        for fd, _rel, _names in frames:
+            os.close(fd)
+
+
+def _open_child(parent: int, name: bytes, shown: str, rel: bytes) -> int | SourceEntry | None:
+    """``name`` in the directory ``parent``: an open descriptor, the link found in its place, or None if it
+    is gone (removed or renamed since it was listed: the copy is of the tree as the walk found it)."""
+    for _ in range(2):  # a link swapped for something else between the open and the readlink: once more
+        try:
+            return os.open(name, _READ | os.O_NOFOLLOW, dir_fd=parent)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                why = "a socket, not a file, directory or link" if exc.errno == errno.ENXIO else exc.strerror
+                raise _source_error(exc.errno or 0, why or str(exc), shown, rel) from None
+        try:
+            target = os.readlink(name, dir_fd=parent)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise _source_error(exc.errno or 0, exc.strerror or str(exc), shown, rel) from None
+            continue
+        return SourceEntry(rel, "link", 0o777, len(target), -1, target)
+    raise _source_error(errno.EAGAIN, "it kept changing while it was copied", shown, rel)
+
+
+def _entry(fd: int, rel: bytes, shown: str) -> SourceEntry:
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode):
+        os.set_blocking(fd, True)
+        return SourceEntry(rel, "file", stat.S_IMODE(st.st_mode), st.st_size, fd)
+    if stat.S_ISDIR(st.st_mode):
+        return SourceEntry(rel, "dir", stat.S_IMODE(st.st_mode), st.st_size, fd)
+    raise _source_error(errno.EINVAL, "a FIFO, socket or device, not a file, directory or link", shown, rel)
+
+
+def _source_error(code: int, why: str, shown: str, rel: bytes) -> SandboxFileError:
+    return SandboxFileError(code, why, os.path.join(shown, os.fsdecode(rel)) if rel else shown)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import files
 from .channel import Channel
-from .child.requests import ExecRequest, RunAs
+from .child.requests import MAX_WALK_ENTRIES, ExecRequest, RunAs
 from .config import SandboxConfig, check_env, jail_path
 from .errors import ExecError, SandboxClosed
 from .execution import ExecRun, Stdin, TtyCommand, run_sync
@@ -202,10 +202,15 @@ class Sandbox:
         self._check_open()
         files.write_file(self._channel, self._abs(path), data.encode() if isinstance(data, str) else data, mode)
 
-    def put(self, src: str | os.PathLike[str], dst: str) -> None:
-        """Copy a host file or directory tree to ``dst`` (the path the copy gets) in the jail."""
+    def put(
+        self, src: str | os.PathLike[str], dst: str, max_entries: int = MAX_WALK_ENTRIES, max_bytes: int | None = None
+    ) -> None:
+        """Copy a host file or directory tree to ``dst`` (the path the copy gets) in the jail. ``src`` is
+        followed as given, nothing below it: a link in the tree is copied as a link, and the tree is read
+        from held descriptors, so a jail rewriting it meanwhile cannot swap a host directory in. At most
+        ``max_entries`` entries and (if given) ``max_bytes`` bytes of files; over either, SandboxFileError."""
         self._check_open()
-        files.put(self._channel, Path(src), self._abs(dst))
+        files.put(self._channel, Path(src), self._abs(dst), max_entries, max_bytes)
 
     def get(self, src: str, dst: str | os.PathLike[str]) -> None:
         """Copy a jail file or directory tree to ``dst`` (the path the copy gets) on the host."""

@@ -1,0 +1,184 @@
+"""The attack battery, copies into a jail: a source tree the jail can rewrite never hands it a host file.
+
+``Sandbox.put``, ``jailbox cp HOST ID:PATH`` and ``--input_dir`` read a host tree that may be a read-write
+bind of a jail (or of another jail). A racer in that jail swaps components of the tree for symlinks to a host
+directory holding a secret, at every depth: the directory the copy is walking, a parent of it, the last
+component. The host copies many times meanwhile. Not one byte of the secret may reach the jail: each copy
+either lands, the jail's links copied as links (never followed), or stops with a one-line error. As root the
+secret is a root-only file; rootless it is a file of the user's outside the source.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from service_probe import ended, listener_pid
+
+from jailbox.agent import inputs
+from jailbox.sandbox import Mount, Sandbox, SandboxConfig
+
+HANG = 120  # seconds: a hang guard only, never a measure
+COPIES = 100  # copies the host makes while the racer swaps (the unfixed walk leaked within a few dozen)
+LEVELS = ("a", "a/b", "a/b/c")  # directories of the source, each swapped, its files too
+FILES = ("f0", "f1", "f2")
+JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
+
+
+class Source:
+    """A source tree beside a vault of the same shape whose files hold the secret, and the racer's script."""
+
+    def __init__(self, base: Path) -> None:
+        self.mark = f"SECRET-{secrets.token_hex(8)}"
+        self.src, self.vault = base / "src", base / "vault"
+        for top, text in ((self.src, "benign\n"), (self.vault, f"{self.mark}\n")):
+            for level in LEVELS:
+                (top / level).mkdir(parents=True, exist_ok=True)
+                for name in FILES:
+                    (top / level / name).write_text(text)
+        (self.vault / "secret").write_text(f"{self.mark}\n")
+        for here, _dirs, files in os.walk(self.vault):  # root's private files as root; the user's rootless
+            os.chmod(here, 0o700)
+            for name in files:
+                os.chmod(Path(here, name), 0o600)
+
+    def racer(self, jail_src: str) -> str:
+        """A shell loop swapping each directory and a file at each depth for a link into the vault, and
+        back, until the host makes ``.stop``."""
+        swaps = [*LEVELS, *(f"{level}/{FILES[0]}" for level in LEVELS)]
+        hold = "sleep 0.005"  # the link stays a moment: long enough for a walk by path to read through it
+        steps = "; ".join(f"mv {p} {p}.x && ln -s {self.vault}/{p} {p}; {hold}; rm -f {p}; mv {p}.x {p}" for p in swaps)
+        return f"cd {jail_src} || exit 1; while [ ! -e .stop ]; do {steps}; done"
+
+    def stop(self) -> None:
+        (self.src / ".stop").touch()
+
+
+def mount(src: Path) -> Mount:
+    return Mount(src, "/src", readonly=False, give=os.getuid() == 0)
+
+
+def check_jail(run: Callable[[str], str], mark: str, vault: Path) -> int:
+    """No byte of the secret anywhere in the jail's copies; the links it holds are the racer's, kept as
+    links. Returns how many links the copies hold (the race was met)."""
+    assert run(f"grep -rlF {mark} /dst; true") == ""  # grep -r follows no link
+    links = run("find /dst -type l -exec readlink {} +; true").split()
+    assert all(t.startswith(f"{vault}/") for t in links), links
+    return len(links)
+
+
+def copy_many(copy: Callable[[int], None]) -> tuple[int, list[str]]:
+    """``COPIES`` copies; how many landed and the errors of those that did not (each one line)."""
+    landed, errors = 0, []
+    for n in range(COPIES):
+        try:
+            copy(n)
+        except (OSError, inputs.InputDirError) as exc:  # OSError: a SandboxFileError is one, but not every
+            errors.append(f"{type(exc).__name__}: {exc}")
+        else:
+            landed += 1
+    return landed, errors
+
+
+def assert_outcome(landed: int, errors: list[str], links: int) -> None:
+    assert all(e.startswith(("SandboxFileError: ", "InputDirError: ")) and "\n" not in e for e in errors), errors
+    assert landed > 0, errors[:5]
+    assert links > 0  # the racer was met: its links arrived, as links
+
+
+def race(racer_box: Sandbox, source: Source, body: Callable[[], None]) -> None:
+    racing = threading.Thread(target=racer_box.exec, args=(source.racer("/src"),), kwargs={"timeout": HANG})
+    racing.start()
+    try:
+        body()
+    finally:
+        source.stop()
+        racing.join(HANG)
+    assert not racing.is_alive()
+
+
+def test_put_of_a_tree_the_jail_rewrites_never_reads_through_its_links(tmp_path):
+    source = Source(tmp_path)
+    with Sandbox(SandboxConfig(mounts=[mount(source.src)])) as sb:
+        outcome: list[tuple[int, list[str]]] = []
+        race(sb, source, lambda: outcome.append(copy_many(lambda n: sb.put(source.src, f"/dst/{n}"))))
+        links = check_jail(lambda cmd: sb.exec(cmd).stdout, source.mark, source.vault)
+    assert_outcome(*outcome[0], links)
+
+
+def test_put_follows_the_callers_own_link_and_nothing_beneath_it(tmp_path):
+    """The path the caller names is theirs and is followed as given (here a link of the user's to the bind);
+    everything below it is the jail's."""
+    source = Source(tmp_path)
+    given = tmp_path / "given"
+    given.symlink_to(source.src)
+    with Sandbox(SandboxConfig(mounts=[mount(source.src)])) as sb:
+        outcome: list[tuple[int, list[str]]] = []
+        race(sb, source, lambda: outcome.append(copy_many(lambda n: sb.put(given, f"/dst/{n}"))))
+        links = check_jail(lambda cmd: sb.exec(cmd).stdout, source.mark, source.vault)
+        assert sb.exec("cat /dst/0/a.x/f1 /dst/0/a/f1 2>/dev/null; true").stdout.startswith("benign\n")
+    assert_outcome(*outcome[0], links)
+
+
+def test_input_dir_another_jail_rewrites_never_hands_over_host_files(tmp_path):
+    source = Source(tmp_path)
+    with Sandbox(SandboxConfig(mounts=[mount(source.src)])) as racer, Sandbox(SandboxConfig()) as sb:
+        outcome: list[tuple[int, list[str]]] = []
+        race(racer, source, lambda: outcome.append(copy_many(lambda n: inputs.copy_dir(sb, source.src, f"/dst/{n}"))))
+        links = check_jail(lambda cmd: sb.exec(cmd).stdout, source.mark, source.vault)
+    assert_outcome(*outcome[0], links)
+
+
+@pytest.fixture
+def cli() -> Iterator[dict[str, str]]:
+    """The environment of a state directory of the test's own; its service stopped after."""
+    base = Path(tempfile.mkdtemp(prefix="jbc-", dir="/tmp"))  # short: a UNIX socket's path has at most 107 bytes
+    env = {**os.environ, "JAILBOX_STATE_DIR": str(base), "JAILBOX_SERVICE_IDLE": "600"}
+    try:
+        yield env
+    finally:
+        pid = listener_pid(base / "service.sock")
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            assert ended(pid, HANG)
+        subprocess.run([*JAILBOX, "cleanup", "--force"], env=env, capture_output=True, timeout=HANG)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_cp_into_a_jail_from_its_own_rw_bind_never_reads_through_its_links(tmp_path, cli):
+    source = Source(tmp_path)
+
+    def jailbox(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*JAILBOX, *args], capture_output=True, text=True, env=cli, timeout=HANG)
+
+    bind = f"{source.src}:/src:{'give' if os.getuid() == 0 else 'rw'}"
+    made = jailbox("create", "--bind", bind)
+    assert made.returncode == 0, made.stderr
+    sid = made.stdout.strip()
+    racer = subprocess.Popen(
+        [*JAILBOX, "exec", "--id", sid, "--", "sh", "-c", source.racer("/src")], env=cli, stdout=subprocess.DEVNULL
+    )
+    landed, errors = 0, []
+    try:
+        for n in range(COPIES // 2):  # each copy is a process of its own
+            r = jailbox("cp", str(source.src), f"{sid}:/dst/{n}")
+            if r.returncode == 0:
+                landed += 1
+            else:
+                errors.append(f"SandboxFileError: {r.stderr.rstrip()}")  # the CLI's own line: one, no traceback
+    finally:
+        source.stop()
+        assert racer.wait(HANG) == 0
+    links = check_jail(
+        lambda cmd: jailbox("exec", "--id", sid, "--", "sh", "-c", cmd).stdout, source.mark, source.vault
+    )
+    assert_outcome(landed, errors, links)
