@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,8 @@ import pytest
 from service_probe import ended, listener_pid
 
 from jailbox.agent import inputs
-from jailbox.sandbox import Mount, Sandbox, SandboxConfig
+from jailbox.sandbox import Mount, Sandbox, SandboxConfig, hostfs
+from jailbox.sandbox.errors import SandboxFileError
 
 HANG = 120  # seconds: a hang guard only, never a measure
 COPIES = 100  # copies the host makes while the racer swaps (the unfixed walk leaked within a few dozen)
@@ -182,3 +184,53 @@ def test_cp_into_a_jail_from_its_own_rw_bind_never_reads_through_its_links(tmp_p
         lambda cmd: jailbox("exec", "--id", sid, "--", "sh", "-c", cmd).stdout, source.mark, source.vault
     )
     assert_outcome(landed, errors, links)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.timeout(HANG)  # the walk by path opened a FIFO and waited on it for ever
+def test_a_fifo_or_socket_in_the_tree_stops_the_copy_with_one_line(sb, tmp_path):
+    for kind in ("fifo", "socket"):
+        src = tmp_path / kind
+        (src / "sub").mkdir(parents=True)
+        (src / "ok").write_text("ok\n")
+        with socket.socket(socket.AF_UNIX) as sock:
+            if kind == "fifo":
+                os.mkfifo(src / "sub" / "special")
+            else:
+                sock.bind(str(src / "sub" / "special"))
+            with pytest.raises(SandboxFileError) as caught:
+                sb.put(src, f"/dst/{kind}")
+        assert "\n" not in str(caught.value) and str(caught.value.filename) == str(src / "sub" / "special")
+
+
+def test_a_tree_past_its_bounds_is_refused_in_one_line_and_holds_no_descriptor(sb, tmp_path):
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for n in range(10):
+        (wide / f"f{n}").write_bytes(b"x" * 100)
+    deep = tmp_path / "deep"
+    os.makedirs(deep / "/".join(["d"] * (hostfs.SOURCE_DEPTH + 1)))
+    before = open_fds()
+    with pytest.raises(SandboxFileError, match="more than 5 files, directories and links"):
+        sb.put(wide, "/dst/wide", max_entries=5)
+    with pytest.raises(SandboxFileError, match="more than 500 bytes of files"):
+        sb.put(wide, "/dst/bytes", max_bytes=500)
+    with pytest.raises(SandboxFileError, match=f"deeper than {hostfs.SOURCE_DEPTH} directories"):
+        sb.put(deep, "/dst/deep")
+    assert open_fds() == before
+    sb.put(wide, "/dst/fits", max_entries=10, max_bytes=1000)
+    assert sb.exec("ls /dst/fits | wc -l").stdout.strip() == "10"
+
+
+def test_a_copy_into_the_tree_it_reads_ends(tmp_path):
+    """The jail's view of the source is the destination: each directory made is one more to walk. The walk
+    ends at its depth bound instead of chasing its own copies."""
+    source = Source(tmp_path)
+    with Sandbox(SandboxConfig(mounts=[mount(source.src)])) as sb:
+        with pytest.raises(SandboxFileError) as caught:
+            sb.put(source.src, "/src/again")
+    assert "\n" not in str(caught.value)
+    assert len(str(caught.value.filename).split("/again")) <= hostfs.SOURCE_DEPTH + 2
