@@ -184,6 +184,9 @@ def test_cp_into_a_jail_from_its_own_rw_bind_never_reads_through_its_links(tmp_p
         lambda cmd: jailbox("exec", "--id", sid, "--", "sh", "-c", cmd).stdout, source.mark, source.vault
     )
     assert_outcome(landed, errors, links)
+    os.mkfifo(source.src / "a" / "fifo")  # the walk by path waited on it for ever, and the service with it
+    r = jailbox("cp", str(source.src), f"{sid}:/dst/fifo")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and f"{source.src}/a/fifo" in r.stderr, r.stderr
 
 
 def open_fds() -> int:
