@@ -4,7 +4,9 @@ No shell, no command line, no tar inside the jail: a path is resolved by the jai
 namespace (so a symlink to ``/etc/shadow`` reads the jail's file), and the bytes move between
 descriptors on the host at full speed, holes kept (a sparse file costs the host what it costs the
 jail's disk). What ``get`` writes on the host goes through ``hostfs.Destination``: the jail's names
-never leave the destination, whatever links the jail or an earlier copy left there.
+never leave the destination, whatever links the jail or an earlier copy left there. What ``put`` reads on
+the host comes through ``hostfs.read_source``: nothing below the source's own path is followed, whatever
+links a jail writing the source swaps in while it is read.
 """
 
 from __future__ import annotations
