@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import stat
+from contextlib import closing
 from pathlib import Path
 
 from ..sandbox import Sandbox, hostfs
@@ -129,10 +130,11 @@ def _measure(held: str, shown: str, limit: int) -> int:
     at most ``INPUT_ENTRIES`` entries, a FIFO, socket or device refused); stops counting once past ``limit``."""
     size = 0
     try:
-        for entry in hostfs.read_source(held, INPUT_ENTRIES):
-            size += entry.size if entry.kind == "file" else 0
-            if size > limit:
-                break
+        with closing(hostfs.read_source(held, INPUT_ENTRIES)) as walk:
+            for entry in walk:
+                size += entry.size if entry.kind == "file" else 0
+                if size > limit:
+                    break
     except SandboxFileError as exc:
         raise _refused(exc, held, shown) from None
     return size

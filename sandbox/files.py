@@ -16,6 +16,7 @@ import os
 import posixpath
 import stat
 from collections.abc import Iterable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 from . import hostfs
@@ -135,18 +136,19 @@ def put(
     nothing is (``hostfs.read_source``): links are copied as links, files are read through the descriptors
     the walk opened, so a jail that rewrites the source while it is copied cannot swap a host directory in.
     Bounded by ``max_entries`` entries (and ``max_bytes`` bytes of files, if given)."""
-    for entry in hostfs.read_source(src, max_entries, max_bytes):
-        target = posixpath.join(dst, os.fsdecode(entry.rel)) if entry.rel else dst
-        if entry.kind == "dir":
-            _mkdir(channel, target, entry.mode)
-        elif entry.kind == "link":
-            channel.call(SymlinkRequest(path=target, target=os.fsdecode(entry.target)), Done, path=target)
-        else:
-            _, fd = _open(channel, target, write=True, mode=entry.mode)
-            try:
-                copy_data(entry.fd, fd, entry.size)  # the size counted against the bounds
-            finally:
-                os.close(fd)
+    with closing(hostfs.read_source(src, max_entries, max_bytes)) as walk:  # its descriptors, even on an error here
+        for entry in walk:
+            target = posixpath.join(dst, os.fsdecode(entry.rel)) if entry.rel else dst
+            if entry.kind == "dir":
+                _mkdir(channel, target, entry.mode)
+            elif entry.kind == "link":
+                channel.call(SymlinkRequest(path=target, target=os.fsdecode(entry.target)), Done, path=target)
+            else:
+                _, fd = _open(channel, target, write=True, mode=entry.mode)
+                try:
+                    copy_data(entry.fd, fd, entry.size)  # the size counted against the bounds
+                finally:
+                    os.close(fd)
 
 
 def _mkdir(channel: Channel, path: str, mode: int) -> None:

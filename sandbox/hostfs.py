@@ -27,7 +27,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -240,7 +240,7 @@ class SourceEntry:
 
 def read_source(
     path: str | os.PathLike[str], max_entries: int = MAX_WALK_ENTRIES, max_bytes: int | None = None
-) -> Iterator[SourceEntry]:
+) -> Generator[SourceEntry, None, None]:
     """The file or tree at ``path``, the top first, each directory before what it holds, walked from held
     descriptors: ``path`` is followed as given, nothing below it (a link there is an entry of kind "link");
     an entry gone between the listing and its open is left out.

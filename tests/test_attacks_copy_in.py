@@ -223,7 +223,10 @@ def test_a_tree_past_its_bounds_is_refused_in_one_line_and_holds_no_descriptor(s
         sb.put(wide, "/dst/bytes", max_bytes=500)
     with pytest.raises(SandboxFileError, match=f"deeper than {hostfs.SOURCE_DEPTH} directories"):
         sb.put(deep, "/dst/deep")
-    assert open_fds() == before
+    sb.exec("mkdir -p /dst/in/d/d/d/d && touch /dst/in/d/d/d/d/d")  # the jail refuses a copy six levels down
+    with pytest.raises(SandboxFileError) as refused:
+        sb.put(deep, "/dst/in")
+    assert open_fds() == before, refused.value  # the walk's descriptors closed though its frames are still held
     sb.put(wide, "/dst/fits", max_entries=10, max_bytes=1000)
     assert sb.exec("ls /dst/fits | wc -l").stdout.strip() == "10"
 
