@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from .child.requests import MAX_WALK_ENTRIES
 from .config import SandboxConfig
 from .errors import SandboxClosed
 from .execution import Stdin, run_async
@@ -64,8 +65,10 @@ class AsyncSandbox:
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         await asyncio.to_thread(self.sandbox.write_file, path, data, mode)
 
-    async def put(self, src: str | os.PathLike[str], dst: str) -> None:
-        await asyncio.to_thread(self.sandbox.put, src, dst)
+    async def put(
+        self, src: str | os.PathLike[str], dst: str, max_entries: int = MAX_WALK_ENTRIES, max_bytes: int | None = None
+    ) -> None:
+        await asyncio.to_thread(self.sandbox.put, src, dst, max_entries, max_bytes)
 
     async def get(self, src: str, dst: str | os.PathLike[str]) -> None:
         await asyncio.to_thread(self.sandbox.get, src, dst)
