@@ -114,6 +114,7 @@ def read_file(channel: Channel, path: str, max_bytes: int | None) -> bytes:
     if got > cap:
         asked = f"max_bytes={cap}" if max_bytes is not None else f"{cap} bytes (the default; pass max_bytes=N)"
         raise SandboxFileError(errno.EFBIG, f"file is larger than {asked}", path)
+    parts = [part for part in parts if part]  # the read that found the end is empty: not joined (a copy)
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
