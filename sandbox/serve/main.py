@@ -39,7 +39,8 @@ def run(
     loaded = keys.load(path)
     registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm, bounds)
     try:
-        server = Server((host, port), ControlPlane(keys.Keys(loaded), registry), verbose)
+        plane = ControlPlane(keys.Keys(loaded), registry)
+        server = Server((host, port), plane, plane.tenant, verbose)
     except OSError as exc:
         registry.close()
         raise refused(host, port, exc) from None

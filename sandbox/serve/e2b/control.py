@@ -13,6 +13,7 @@ import json
 import re
 import urllib.parse
 from datetime import datetime
+from email.message import Message
 
 from ..keys import Keys
 from ..registry import Registry, Served, ServeError
@@ -66,6 +67,15 @@ def detail(served: Served) -> dict:
     }
 
 
+def _sandbox_id(headers: Message) -> str | None:
+    """The sandbox a request names for its daemon (header, or the host the SDK builds), or None."""
+    sandbox_id = headers.get("E2b-Sandbox-Id")
+    if sandbox_id is None:
+        host = ENVD_HOST.match(headers.get("Host") or "")
+        sandbox_id = host.group(1) if host else None
+    return sandbox_id
+
+
 class ControlPlane:
     """The application ``jailbox serve`` hands its HTTP server: routes each request to a plane."""
 
@@ -74,10 +84,7 @@ class ControlPlane:
         self.registry = registry
 
     def __call__(self, request: Request) -> Response:
-        sandbox_id = request.header("E2b-Sandbox-Id")
-        if sandbox_id is None:
-            host = ENVD_HOST.match(request.header("Host") or "")
-            sandbox_id = host.group(1) if host else None
+        sandbox_id = _sandbox_id(request.headers)
         if sandbox_id is not None:
             return envd.handle(self.registry, sandbox_id, request)
         owner = self.keys.owner(request.header("X-API-Key"))
@@ -87,6 +94,16 @@ class ControlPlane:
             return self._route(owner, request)
         except ServeError as exc:
             return error(exc.status, exc.message)
+
+    def tenant(self, headers: Message) -> str | None:
+        """The key a request's headers prove, as its owner: the API key's, or for a sandbox's daemon
+        the owner of the sandbox whose token it carries. The HTTP server asks before it reads a body;
+        the planes check the same again when they handle the request."""
+        sandbox_id = _sandbox_id(headers)
+        if sandbox_id is not None:
+            served = self.registry.by_token(sandbox_id, headers.get("X-Access-Token"))
+            return served.owner if served is not None else None
+        return self.keys.owner(headers.get("X-API-Key"))
 
     def _body(self, request: Request) -> dict:
         if not request.body:
