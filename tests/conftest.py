@@ -4,11 +4,16 @@ What a user's machine may lack (a tool, subordinate ids, /dev/net/tun, the refer
 the checkout) is declared with ``@pytest.mark.needs("slirp4netns", "tun")`` or checked with
 ``require(...)``: without it the test is skipped with a reason that names the fix, and under
 ``JAILBOX_TEST_STRICT=1`` (CI, which installs everything) it fails instead, so CI runs every test.
+Strict mode fails every other skip too (``pytest.skip``, ``skipif``, ``importorskip``, at collection
+or in a fixture). A test deselected by what the host allows (``root``/``rootless``,
+``cgroup``/``nocgroup``) is listed in the file ``JAILBOX_TEST_DESELECTED`` names: ``.ci/run`` fails
+when a test is in the lists of both its passes, i.e. ran in neither.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pwd
 import shutil
@@ -19,8 +24,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -31,6 +37,8 @@ from jailbox.sandbox.rootfs.store import Store
 
 MINI_TOOLS = ("bash", "sh", "cat", "ls", "rm", "echo", "touch", "mkdir", "id", "ln", "readlink", "sleep", "env")
 STRICT = os.environ.get("JAILBOX_TEST_STRICT") == "1"
+REGISTRY = ("registry-1.docker.io", 443)  # what the README's registry blocks pull from
+DESELECTED_LIST = "JAILBOX_TEST_DESELECTED"  # a file this pass appends its deselected tests' ids to
 SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 TOOLS = {  # tool: the Debian package that has it
     "slirp4netns": "slirp4netns",
@@ -82,6 +90,23 @@ def need(thing: str) -> None:
             "a subordinate id range for this user (/etc/subuid, /etc/subgid) and newuidmap",
             SUBIDS_FIX,
         )
+    elif thing == "ray":
+        require(importlib.util.find_spec("ray") is not None, "the jailbox[ray] extra", "pip install 'jailbox[ray]'")
+    elif thing == "registry":
+        require(
+            _reachable(REGISTRY), f"a connection to {REGISTRY[0]}:{REGISTRY[1]}", "connect this host to the Internet"
+        )
+    elif thing == "lan":
+        from standin import host_address  # it imports this module: not at the top
+
+        require(host_address() is not None, "a non-loopback IPv4 address on this host", "connect a network interface")
+    elif thing == "test-user":
+        require(
+            ci_user() is not None,
+            "a user with a /etc/subuid range to run checks as (JAILBOX_TEST_USER picks one)",
+            "sudo useradd -m jailbox-ci && sudo usermod --add-subuids 300000-365535 --add-subgids 300000-365535 "
+            "jailbox-ci",
+        )
     elif thing == "tun":
         require(os.access("/dev/net/tun", os.R_OK | os.W_OK), "read-write /dev/net/tun", "sudo chmod 0666 /dev/net/tun")
     else:
@@ -100,7 +125,54 @@ def pytest_configure(config: pytest.Config) -> None:
     # The tests of that path (test_cli_fast.py, test_cli_imports.py) turn it back on, each with a
     # state directory and a service of its own.
     os.environ["JAILBOX_NO_SERVICE"] = "1"
-    config.addinivalue_line("markers", "needs(*things): tools, 'shared-data', 'subids', 'tun' (see conftest.need)")
+    config.addinivalue_line(
+        "markers",
+        "needs(*things): tools, 'shared-data', 'subids', 'tun', 'ray', 'lan', 'registry', 'test-user' (conftest.need)",
+    )
+
+
+def _reachable(address: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(address, timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
+def ci_user() -> pwd.struct_passwd | None:
+    """An unprivileged user with a subordinate range (``JAILBOX_TEST_USER``, else the first in
+    /etc/subuid), for root's checks that run as a user; None when there is none."""
+    wanted = os.environ.get("JAILBOX_TEST_USER")
+    subuid = Path("/etc/subuid")
+    for line in subuid.read_text().splitlines() if subuid.exists() else []:
+        name = line.split(":")[0]
+        if wanted in (None, name):
+            with contextlib.suppress(KeyError):
+                user = pwd.getpwnam(name)
+                if user.pw_uid != 0:
+                    return user
+    return None
+
+
+def _strict_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Under strict mode a skip, however raised, fails: CI installs everything, so a test that did
+    not run is CI's bug. An expected failure (xfail) stays what it is."""
+    if STRICT and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"{reason} (skipped; JAILBOX_TEST_STRICT=1 runs every test)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    outcome = yield
+    _strict_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, None]:
+    outcome = yield
+    _strict_skip(outcome.get_result())
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -132,9 +204,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``root`` run in the root pass, ``rootless`` in the unprivileged pass, ``cgroup``
     where this user gets per-sandbox cgroups and ``nocgroup`` where it does not (deselected, not
-    skipped: CI runs the suite as root, as a user, and in a cgroup v2 guest, so each runs somewhere)."""
+    skipped: CI runs the suite as root, as a user, and in a cgroup v2 guest, so each runs somewhere;
+    the ids go to the ``JAILBOX_TEST_DESELECTED`` file, where ``.ci/run`` finds any that ran nowhere)."""
     wrong = {"rootless" if os.getuid() == 0 else "root", "nocgroup" if _cgroup_usable() else "cgroup"}
     deselected = [item for item in items if wrong & set(item.keywords)]
+    if os.environ.get(DESELECTED_LIST):
+        with open(os.environ[DESELECTED_LIST], "a") as listed:
+            listed.writelines(f"{item.nodeid}\n" for item in deselected)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if not wrong & set(item.keywords)]

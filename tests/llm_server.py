@@ -110,15 +110,18 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> S
 
 class ScriptedServer:
     """Answers each request with the next step of its script and records it; when the script runs out it
-    answers 410, which the client never retries, so a test that asks too often fails loudly."""
+    answers 410, which the client never retries, so a test that asks too often fails loudly. It listens
+    on ``port`` (default: any free one)."""
 
-    def __init__(self, steps: Iterable[Step] = (), responder: Callable[[Any], Step] | None = None) -> None:
+    def __init__(
+        self, steps: Iterable[Step] = (), responder: Callable[[Any], Step] | None = None, port: int = 0
+    ) -> None:
         self.responder = responder  # answers from the request itself once the script is used up
         self.requests: list[Recorded] = []
         self._steps: deque[Step] = deque(steps)
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
         self._httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,), daemon=True)

@@ -382,8 +382,8 @@ def test_the_environment_holds_tasks_to_the_same_rules(tmp_path, root, outside):
 
 
 @pytest.mark.slow
+@pytest.mark.needs("ray")
 def test_ray_reads_inputs_by_the_same_rules_and_writes_back_through_the_same_guard(tmp_path, server, root, outside):
-    pytest.importorskip("ray", reason="the Ray executor needs the jailbox[ray] extra")
     before = snapshot(outside)
     out = tmp_path / "out"
     (out / "tasks" / "t0").mkdir(parents=True)

@@ -60,14 +60,13 @@ def debian_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
     security = Path("/lib/x86_64-linux-gnu/security")  # where libpam looks (usr-merged or not)
     for tool in TREE_TOOLS:
         path = shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin")
-        if path is None:
-            pytest.skip(f"needs {tool} on the host to build a small root filesystem; fix: sudo apt-get install passwd")
+        require(path is not None, f"{tool} on the host to build a small root filesystem", "sudo apt-get install passwd")
+        assert path is not None
         shutil.copy2(os.path.realpath(path), root / "bin" / tool)
         needed |= _libs(os.path.realpath(path))
     for module in PAM_MODULES:
         src = security / module
-        if not src.exists():
-            pytest.skip(f"needs {src}; fix: sudo apt-get install libpam-modules")
+        require(src.exists(), str(src), "sudo apt-get install libpam-modules")
         target = root / str(src).lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)

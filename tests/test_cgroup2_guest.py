@@ -7,48 +7,30 @@ filesystem shared read-only) has the unified hierarchy that laptops and most CI 
 from __future__ import annotations
 
 import json
-import os
-import pwd
 import sys
 from pathlib import Path
 
 import pytest
 import qemu_guest
-from conftest import require
+from conftest import ci_user, require
 
 ROOT = Path(__file__).resolve().parent.parent
 GUEST_TESTS = "tests/test_limits.py -k 'bomb or quota or ordinary'"
-
-
-def _test_user() -> pwd.struct_passwd:
-    wanted = os.environ.get("JAILBOX_TEST_USER")
-    subuid = Path("/etc/subuid")
-    users = []
-    for line in subuid.read_text().splitlines() if subuid.exists() else []:
-        name = line.split(":")[0]
-        if wanted in (None, name):
-            try:
-                users.append(pwd.getpwnam(name))
-            except KeyError:
-                continue
-    fix = "sudo useradd -m jailbox-ci && "
-    fix += "sudo usermod --add-subuids 300000-365535 --add-subgids 300000-365535 jailbox-ci"
-    require(bool(users), "a user with a /etc/subuid range to run the delegated pass as", fix)
-    return users[0]
 
 
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.guest
 @pytest.mark.timeout(1800)
-@pytest.mark.needs("qemu-system-x86_64", "apt-get", "dpkg-deb", "cpio")
+@pytest.mark.needs("qemu-system-x86_64", "apt-get", "dpkg-deb", "cpio", "test-user")
 def test_cgroup_v2_limits_in_a_qemu_guest():
     require(
         Path(sys.base_prefix).is_relative_to("/usr"),
         f"a venv made from a Python under /usr (the guest runs it from the host's /usr, not {sys.base_prefix})",
         "sudo apt-get install python3-venv && /usr/bin/python3 -m venv .venv",
     )
-    user = _test_user()
+    user = ci_user()
+    assert user is not None
     pytest_cmd = "/tmp/venv/bin/python -m pytest -p no:cacheprovider -q --durations=0 --durations-min=1"
     pytest_cmd += f" -m 'cgroup or not nocgroup' {GUEST_TESTS}"
     script = f"""

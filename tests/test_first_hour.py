@@ -1,8 +1,9 @@
 """A new user's first hour: the suite's guards skip what the machine lacks, naming the fix (and
-fail it under JAILBOX_TEST_STRICT=1); and ``jailbox rootfs build`` through the real CLI: a mistyped
-recipe name is an error that lists the recipes (not a 1.4 GB build of the default), the not-found
-message suggests nothing that would do that, and Ctrl-C (a real SIGINT to the command's process
-group, as a terminal sends it) ends mmdebstrap and everything it started and leaves nothing behind."""
+fail it under JAILBOX_TEST_STRICT=1, as every other skip fails there); and ``jailbox rootfs build``
+through the real CLI: a mistyped recipe name is an error that lists the recipes (not a 1.4 GB build
+of the default), the not-found message suggests nothing that would do that, and Ctrl-C (a real SIGINT
+to the command's process group, as a terminal sends it) ends mmdebstrap and everything it started
+and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -46,6 +47,33 @@ def test_a_missing_prerequisite_skips_naming_the_fix_and_fails_under_strict(
     need("shared-data")
     with pytest.raises(ValueError, match="unknown prerequisite"):
         need("jailbox-no-such-tool-unlisted")
+
+
+SKIPS = {  # every way a test can skip itself, outside conftest.need
+    "test_plain.py": "import pytest\n\ndef test_it():\n    pytest.skip('plain')\n",
+    "test_skipif.py": "import pytest\n\n@pytest.mark.skipif(True, reason='marked')\ndef test_it():\n    pass\n",
+    "test_module.py": "import pytest\n\npytest.importorskip('jailbox_no_such_module')\n\ndef test_it():\n    pass\n",
+    "test_fixture.py": "import pytest\n\n@pytest.fixture\ndef f():\n    pytest.skip('fixture')\n\n"
+    "def test_it(f):\n    pass\n",
+}
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_under_strict_every_kind_of_skip_fails(tmp_path: Path, strict: bool) -> None:
+    for name, text in SKIPS.items():
+        (tmp_path / name).write_text(text)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(conftest.__file__).parent),
+        "JAILBOX_TEST_STRICT": "1" if strict else "0",
+    }
+    argv = [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q", "-rfEs"]
+    argv += ["--continue-on-collection-errors", "-c", "/dev/null", "--rootdir", str(tmp_path), str(tmp_path)]
+    r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    tail = r.stdout.splitlines()[-1]
+    assert tail.startswith("1 failed, 3 errors" if strict else "4 skipped"), r.stdout
+    if strict:
+        assert r.stdout.count("JAILBOX_TEST_STRICT=1 runs every test") == 4, r.stdout
 
 
 def test_a_mistyped_recipe_is_an_error_that_lists_the_recipes(store: Store) -> None:

@@ -3,29 +3,30 @@ none, full (slirp4netns) and published ports. Runs as root and rootless alike.""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import need, own_for_jails, require
+from conftest import ci_user, need, own_for_jails, require
 from pydantic import ValidationError
 from standin import CA_ENV, NAMES, StandIn, host_address, make_ca
 
 from jailbox.sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
-from jailbox.sandbox.errors import SandboxSetupError
 from jailbox.sandbox.net import proxy as proxy_mod
 from jailbox.sandbox.net.proxy import PROXY
 
 ROOT = Path(__file__).resolve().parent.parent
 LAN = host_address()
-TUN_OK = os.access("/dev/net/tun", os.R_OK | os.W_OK)
 
 
 @pytest.fixture(scope="module")
@@ -401,15 +402,46 @@ def _slirps() -> list[psutil.Process]:
 
 
 needs_full = pytest.mark.needs("slirp4netns", "tun")
-needs_lan = pytest.mark.skipif(LAN is None, reason="this host has no non-loopback IPv4 address")
+needs_lan = pytest.mark.needs("lan")
+NO_TUN_CHECK = """
+import json, psutil
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.errors import SandboxSetupError
+try:
+    Sandbox(network="full").close()
+    said = "opened"
+except SandboxSetupError as exc:
+    said = str(exc)
+print(json.dumps([said, [p.name() for p in psutil.Process().children(recursive=True)]]))
+"""
 
 
-@pytest.mark.skipif(TUN_OK, reason="/dev/net/tun is open to this user")
-@pytest.mark.needs("slirp4netns")
-def test_full_without_tun_access_names_the_fix():
-    with pytest.raises(SandboxSetupError, match="chmod 0666 /dev/net/tun"):
-        Sandbox(network="full")
-    assert _slirps() == []
+@pytest.mark.root
+@pytest.mark.needs("slirp4netns", "test-user")
+def test_full_without_tun_access_names_the_fix(tmp_path: Path) -> None:
+    """As a user who cannot open /dev/net/tun: CI opens it to all, so this user's view of it is a
+    root-owned 0600 file bound over it, in a mount namespace of this test's own."""
+    user = ci_user()
+    assert user is not None
+    closed = tmp_path / "closed-tun"
+    closed.touch(mode=0o600)
+    home = Path(tempfile.mkdtemp(prefix="jailbox-no-tun-"))
+    os.chown(home, user.pw_uid, user.pw_gid)
+    bind = f"mount --bind {closed} /dev/net/tun && " if os.path.exists("/dev/net/tun") else ""
+    as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", "env", "-i",
+               f"HOME={home}", f"JAILBOX_STATE_DIR={home}/state", "PATH=/usr/bin:/bin", "LANG=C.UTF-8",
+               sys.executable, "-c", NO_TUN_CHECK]  # fmt: skip
+    try:
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{bind}exec "$@"', "sh",
+                            *as_user], capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        shutil.rmtree(home)
+    assert r.returncode == 0, r.stderr
+    said, children = json.loads(r.stdout)
+    assert "sudo chmod 0666 /dev/net/tun" in said and "this host has mode 0600" in said, said
+    assert children == []  # refused before slirp4netns was started
+    if bind:  # the bound file stayed in the test's namespace
+        assert stat.S_ISCHR(os.stat("/dev/net/tun").st_mode)
 
 
 @needs_full

@@ -31,9 +31,7 @@ from jailbox.agent.batch import Batch, BatchConfig, find_executor
 from jailbox.agent.llm import LLMConfig
 from jailbox.agent.tasks import load_tasks, read_results
 
-pytest.importorskip("ray", reason="the Ray executor needs the jailbox[ray] extra")
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs("ray")]
 
 
 @pytest.fixture

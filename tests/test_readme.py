@@ -3,10 +3,17 @@ blocks with bash (the installed ``jailbox`` first on PATH, an empty rootfs store
 servers' default ports held by another program), Python blocks with this
 interpreter, YAML blocks load as rootfs recipes. ``text`` blocks are synopses, not commands.
 
+What a comment states a line prints (``# 42``, ``# 403``) is compared with what the block printed
+(``STATED``); a comment that opens with a value must be listed there, so a new one is compared too.
+
 A block is skipped only when the line before it is a marker comment,
 ``<!-- readme-test: needs an LLM endpoint -->`` or ``<!-- readme-test: needs a registry (...) -->``:
-the reason is shown, and no other reason is accepted, so a failing block cannot be marked away. A block
-using what a machine may lack (``--network full``'s slirp4netns, curl) goes through ``conftest.need``."""
+no other reason is accepted, so a failing block cannot be marked away. A registry block runs where
+the registry answers (``conftest.need("registry")``: skipped naming the fix elsewhere, a failure under
+``JAILBOX_TEST_STRICT=1``). A block that needs an LLM endpoint runs against a scripted one
+on the port it names (``tests/llm_server.py``). The two install blocks are what ``.ci/run`` runs (checked here
+letter for letter), and a registry block holds commands as they run, not placeholders. A block using
+what a machine may lack (``--network full``'s slirp4netns, curl) goes through ``conftest.need``."""
 
 from __future__ import annotations
 
@@ -20,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import need
+from conftest import need, require
+from llm_server import ScriptedServer, reply
 
 from jailbox.sandbox.rootfs.build import load_recipe
 
@@ -33,6 +41,26 @@ REASONS = ("needs an LLM endpoint", "needs a registry")
 RUN = ("sh", "python", "yaml")
 SHOWN = ("text",)
 HANG_GUARD = 300
+CI_SCRIPT = ROOT / ".ci" / "run"
+CI_COMMANDS = ("README_MAIN_COMMAND", "README_TEST_COMMAND")  # .ci/run's copies of the install blocks
+# a placeholder a reader fills in: an upper-case word as an argument, ``[--option]``, ``a | b`` choices
+PLACEHOLDER = re.compile(r"(?<=\s)[A-Z][A-Z_]*(?=\s|$)|\[--|\s\|\s(?!\w+=)")
+STATED = {  # a fragment of a README line -> what the block must print for it (stdout and stderr)
+    "-c 'print(6*7)'    # 42": ("\n42\n",),
+    'nosuchcmd || echo "exit $?"': ("jailbox: exec nosuchcmd: command not found", "exit 127\n"),
+    "r.timed_out)  # 0 '42\\n' '' False": ("0 '42\\n' '' False\n",),
+    'cat data/notes.txt").stdout)  # hi, from the host': ("hi\nfrom the host\n",),
+    'bytearray(256 << 20)\' || echo "exit $?"  # 137': ("exit 137\n",),
+    'print(ran.structured_content["stdout"], end="")  # Linux': ("Linux\n",),
+    'http://bad.example.com/").stdout)  # 403': ("403",),
+    'CapEff /proc/self/status").stdout)  # CapEff: 0000000000000021': ("CapEff:\t0000000000000021\n",),
+}
+RUN_SCRIPT = (  # the scripted LLM's turns for `jailbox run`: write an answer, then submit
+    reply(None, tool_calls=[{"id": "c1", "type": "function", "function": {
+        "name": "execute_bash", "arguments": '{"command": "echo 541 > /testbed/output/answer.txt"}'}}]),
+    reply(None, tool_calls=[{"id": "c2", "type": "function", "function": {"name": "submit", "arguments": "{}"}}]),
+)  # fmt: skip
+VALUE_COMMENT = re.compile(r"\s#\s+(\d|'|\"|Linux|CapEff)")  # a comment that opens with what a line prints
 HELD_PORTS = (49982, 8000)  # jailbox serve's and jailbox mcp --http's defaults: no block may need them free
 PREREQUISITES = {  # what a block's text uses -> what conftest.need checks (skip naming the fix; strict: fail)
     'mode="full"': ("slirp4netns", "tun"),
@@ -76,10 +104,40 @@ def test_every_block_has_a_known_language_and_every_skip_a_known_reason() -> Non
     assert sum(b.skip is None and b.language in RUN for b in found) >= 6  # most of the README does run
 
 
+def test_every_stated_output_is_compared() -> None:
+    code = "\n".join(b.code for b in blocks() if b.language in RUN)
+    for fragment in STATED:
+        assert code.count(fragment) >= 1, f"STATED names {fragment!r}, which no runnable README block holds"
+    for line in code.splitlines():
+        if VALUE_COMMENT.search(line):
+            assert any(f in line for f in STATED), f"README states an output that is not compared: {line.strip()}"
+
+
+def test_the_install_blocks_are_what_ci_runs_and_registry_blocks_hold_no_placeholders() -> None:
+    ci = CI_SCRIPT.read_text()
+    commands = [re.search(rf'^{name}="(.*)"$', ci, re.MULTILINE) for name in CI_COMMANDS]
+    assert all(commands), f"{CI_SCRIPT} no longer sets {CI_COMMANDS}"
+    installs = [b for b in blocks() if "pip install" in b.code and b.skip is not None]
+    assert [b.code.splitlines()[-1] for b in installs] == [m.group(1) for m in commands if m]
+    for block in blocks():
+        if block.skip is not None and block.skip.startswith("needs a registry"):
+            for line in block.code.splitlines():
+                command = re.split(r"\s#\s", line)[0]
+                assert not PLACEHOLDER.search(command), f"{block}: a placeholder, not a command: {line.strip()}"
+
+
+@pytest.fixture(scope="module")
+def registry_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("registry-cache")
+
+
 @pytest.mark.parametrize("block", [b for b in blocks() if b.language in RUN], ids=str)
-def test_a_readme_block_runs_as_written(block: Block, tmp_path: Path) -> None:
+def test_a_readme_block_runs_as_written(block: Block, tmp_path: Path, registry_cache: Path) -> None:
     if block.skip is not None:
-        pytest.skip(f"{block} {block.skip}")
+        if "pip install" in block.code:  # .ci/run runs it as written (the test above)
+            return
+        if block.skip.startswith("needs a registry"):
+            need("registry")
     for used, things in PREREQUISITES.items():
         if used in block.code:
             for thing in things:
@@ -94,7 +152,8 @@ def test_a_readme_block_runs_as_written(block: Block, tmp_path: Path) -> None:
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-        "JAILBOX_CACHE_DIR": str(tmp_path / "cache"),
+        # the registry blocks share a store: the Python one uses the image the shell one pulled
+        "JAILBOX_CACHE_DIR": str(registry_cache if block.skip else tmp_path / "cache"),
         "XDG_CONFIG_HOME": str(tmp_path / "config"),
     }
     argv = (
@@ -103,10 +162,27 @@ def test_a_readme_block_runs_as_written(block: Block, tmp_path: Path) -> None:
         else [sys.executable, "-c", block.code]
     )
     with contextlib.ExitStack() as stack:
-        for port in HELD_PORTS:  # as a user's other server would; a port already taken is just as good
+        endpoint = re.search(r"http://localhost:(\d+)/v1", block.code)
+        if block.skip == "needs an LLM endpoint":
+            assert endpoint, f"{block}: needs an LLM endpoint but names no http://localhost:PORT/v1"
+            try:
+                llm = stack.enter_context(ScriptedServer(port=int(endpoint.group(1))))
+            except OSError as exc:
+                require(False, f"port {endpoint.group(1)} free for a scripted LLM endpoint ({exc})", "stop its server")
+            llm.add(*RUN_SCRIPT)
+        for port in HELD_PORTS:
+            if block.skip == "needs an LLM endpoint" and endpoint and port == int(endpoint.group(1)):
+                continue  # as a user's other server would; a port already taken is just as good
             held = stack.enter_context(socket.socket())
             with contextlib.suppress(OSError):
                 held.bind(("127.0.0.1", port))
                 held.listen()
         r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=HANG_GUARD)
-    assert r.returncode == 0, f"{block} failed:\n{block.code}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
+    said = f"{block}:\n{block.code}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
+    assert r.returncode == 0, f"failed: {said}"
+    if block.skip == "needs an LLM endpoint":
+        assert [p.read_text() for p in work.glob("out/*/files/answer.txt")] == ["541\n"], said
+    for fragment, printed in STATED.items():
+        if fragment in block.code:
+            for text in printed:
+                assert text in "\n" + r.stdout + r.stderr, f"README says {fragment!r} prints {text!r}: {said}"

@@ -18,7 +18,12 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_mypy(tmp_path):
     (tmp_path / "jailbox").symlink_to(ROOT, target_is_directory=True)
-    targets = ["jailbox/__init__.py", "jailbox/sandbox", "jailbox/agent", "jailbox/cli"]
+    # every module of the package: the top level's (__init__, console, extras) and its packages
+    targets = [f"jailbox/{f.name}" for f in sorted(ROOT.glob("*.py"))] + [
+        "jailbox/sandbox",
+        "jailbox/agent",
+        "jailbox/cli",
+    ]
     check = subprocess.run(
         [
             sys.executable,
