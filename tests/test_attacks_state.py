@@ -37,11 +37,25 @@ def test_a_state_directory_of_another_user_is_refused(tmp_path, monkeypatch):
         Sandbox()
 
 
-def test_a_link_to_another_users_directory_is_judged_by_its_target(tmp_path, monkeypatch):
+def test_a_link_to_a_state_directory_is_judged_by_its_target(tmp_path, monkeypatch):
+    """The link is this user's own; what it names is another user's directory (refused for its
+    owner), or this user's but open to all (refused for its mode)."""
+    if os.getuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o755)
+        os.chown(theirs, 65534, 65534)
+    else:
+        theirs = tmp_path  # the nearest directory above that is not ours (/tmp, root's)
+        while theirs.stat().st_uid == os.getuid():
+            theirs = theirs.parent
+    (tmp_path / "to-theirs").symlink_to(theirs)
+    monkeypatch.setenv("JAILBOX_STATE_DIR", str(tmp_path / "to-theirs"))
+    with pytest.raises(ConfigError, match=rf"belongs to uid {theirs.stat().st_uid}, not to you"):
+        Sandbox()
     target = tmp_path / "open"
     target.mkdir()
     os.chmod(target, 0o777)
-    (tmp_path / "link").symlink_to(target)
-    monkeypatch.setenv("JAILBOX_STATE_DIR", str(tmp_path / "link"))
+    (tmp_path / "to-open").symlink_to(target)
+    monkeypatch.setenv("JAILBOX_STATE_DIR", str(tmp_path / "to-open"))
     with pytest.raises(ConfigError, match="writable by other users"):
         Sandbox()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
+import time
 
 from conftest import run_threads
 
@@ -37,27 +39,38 @@ def test_one_sandbox_from_several_threads(sb):
     assert results == {n: [f"{n}:{i}\n" for i in range(20)] for n in range(8)}
 
 
+TICK = 0.01
+LONGEST_GAP = 0.25  # a blocking `sleep 1` or 0.5 s timeout would stop the ticker for 1 s or 0.5 s
+
+
 def test_async_sandbox_runs_concurrently_without_blocking_the_loop():
+    """The loop keeps ticking every 10 ms while jails start, run and time out (the longest gap between
+    ticks is bounded), and the eight sandboxes' 0.5 s timeouts overlap (their union is well under their
+    sum, which it would equal if the sandboxes ran one after another)."""
+    timed: list[tuple[float, float]] = []
+
     async def one(n: int) -> list[str]:
         async with AsyncSandbox() as sb:
             await sb.write_file("/testbed/n", str(n))
             outs = await asyncio.gather(*(sb.exec(f"echo {n}.{i}; cat /testbed/n") for i in range(10)))
+            began = time.monotonic()
             slow = await sb.exec("sleep 30", timeout=0.5)
+            timed.append((began, time.monotonic()))
             assert slow.timed_out
             assert await sb.read_file("/testbed/n") == str(n).encode()
             return [o.stdout for o in outs]
 
-    async def main() -> tuple[list[list[str]], int]:
-        ticks = 0
+    async def main() -> tuple[list[list[str]], list[float]]:
+        ticks = [time.monotonic()]
         stop = asyncio.Event()
 
         async def ticker() -> None:
-            nonlocal ticks
             while not stop.is_set():
-                ticks += 1
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(TICK)
+                ticks.append(time.monotonic())
 
         tick_task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
         async with AsyncSandbox() as sb:
             await sb.exec("sleep 1")
         results = await asyncio.gather(*(one(n) for n in range(8)))
@@ -67,7 +80,14 @@ def test_async_sandbox_runs_concurrently_without_blocking_the_loop():
 
     results, ticks = asyncio.run(main())
     assert results == [[f"{n}.{i}\n{n}" for i in range(10)] for n in range(8)]
-    assert ticks >= 2  # the loop kept running while commands were in flight
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert len(ticks) >= (ticks[-1] - ticks[0]) / LONGEST_GAP and max(gaps) < LONGEST_GAP, max(gaps)
+    union, end = 0.0, 0.0
+    for began, ended in sorted(timed):
+        union += max(0.0, ended - max(began, end))
+        end = max(end, ended)
+    total = sum(ended - began for began, ended in timed)
+    assert union < 0.6 * total, (union, total)  # one after another: union == total (8 x 0.5 s)
 
 
 def test_async_streaming_and_stdin():

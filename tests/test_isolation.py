@@ -29,24 +29,51 @@ def test_hostname_is_the_sandboxs():
         assert sb.exec("cat /proc/sys/kernel/hostname").stdout.strip() == "sandbox"
 
 
-def test_host_home_root_and_environment_are_absent(monkeypatch, tmp_path):
-    monkeypatch.setenv("JAILBOX_TEST_SECRET", "hunter2")
-    marker = Path.home() / f".jailbox-marker-{os.getpid()}"
-    marker.write_text("secret")
+HOST_SECRETS = ("/etc/shadow", "/etc/ssl/private", "/etc/ssh", "/etc/sudoers", "/var/log/syslog")
+
+
+def _plant(path: Path, secret: str) -> Path | None:
+    """Write ``secret`` to ``path`` if this user may; the path, or None where it may not."""
     try:
+        path.write_text(secret)
+    except OSError:
+        return None
+    return path
+
+
+def test_host_home_root_and_environment_are_absent(monkeypatch, tmp_path):
+    """Secrets are planted first (root: in /etc, /etc/ssl/private, /var/log and /root too), so each
+    check looks for something the host has; the jail's view of /etc, /var, /run, /root and /home
+    holds none of them by name or content."""
+    secret = f"jailbox-planted-secret-{os.getpid()}"
+    monkeypatch.setenv("JAILBOX_TEST_SECRET", secret)
+    name = f".jailbox-marker-{os.getpid()}"
+    places = [Path.home() / name, Path("/etc") / name, Path("/etc/ssl/private") / name, Path("/var/log") / name]
+    places += [Path("/root") / name, Path("/tmp") / name, Path("/run") / name, Path("/var/tmp") / name]
+    planted = [p for p in (_plant(place, secret) for place in dict.fromkeys(places)) if p is not None]
+    try:
+        assert Path.home() / name in planted and Path("/tmp") / name in planted
+        if os.getuid() == 0:
+            assert len(planted) == len(set(places)), planted
         with Sandbox() as sb:
             r = sb.exec("env; ls -A /home /root; ls -A /run /var/tmp; ls / ")
             assert r.exit_code == 0, r.stderr
-            assert "hunter2" not in r.stdout and "JAILBOX_TEST_SECRET" not in r.stdout
-            assert marker.name not in r.stdout
+            assert secret not in r.stdout and "JAILBOX_TEST_SECRET" not in r.stdout
+            assert name not in r.stdout
             env = dict(line.split("=", 1) for line in sb.exec(["env"]).stdout.splitlines())
             assert set(env) <= {"PATH", "HOME", "LANG", "TERM", "PWD", "SHLVL", "_", "OLDPWD"}
             assert env["HOME"] == "/root" and env["LANG"] == "C.UTF-8"
-            assert sb.exec(f"test -e {marker}").exit_code != 0
-            for secret in ("/etc/shadow", "/etc/ssl/private", "/etc/ssh", "/etc/sudoers", "/var/log/syslog"):
-                assert sb.exec(f"test -e {secret}").exit_code != 0, secret
+            for path in planted:
+                assert sb.exec(["test", "-e", str(path)]).exit_code == 1, path
+            found = sb.exec(["grep", "-rlsF", secret, "/etc", "/var", "/run", "/root", "/home", "/tmp"])
+            assert (found.exit_code, found.stdout) == (1, ""), found.stdout
+            present = [path for path in HOST_SECRETS if os.path.lexists(path)]
+            assert "/etc/shadow" in present
+            for path in present:
+                assert sb.exec(["test", "-e", path]).exit_code == 1, path
     finally:
-        marker.unlink()
+        for path in planted:
+            path.unlink()
 
 
 def test_write_to_usr_fails_on_host_rootfs(sb):
