@@ -87,13 +87,22 @@ def test_disk_cap_on_a_tmpfs_writable_layer():
         assert sb.enforcement["disk"] == "tmpfs size of the writable layer"
         r = sb.exec("head -c 32M /dev/zero > /testbed/fill")
         assert r.exit_code != 0 and "No space left on device" in r.stderr
-        assert sb.exec("echo still > /testbed/small || echo full").exit_code == 0
+        held = int(sb.exec("stat -c %s /testbed/fill").stdout)
+        assert 15 << 20 <= held <= 16 << 20, held  # the layer's size, not the 32M asked for
+        r = sb.exec("rm /testbed/fill && echo still > /testbed/small && cat /testbed/small")
+        assert r.stdout == "still\n", r.stderr
 
 
 def test_disk_cap_on_a_disk_layer_is_held_by_the_host_watcher():
     with Sandbox(limits=Limits(disk="16M")) as sb:
         assert sb.enforcement["disk"].startswith("host watcher")
         assert sb.enforcement["inodes"] == "host watcher (with disk)"
+        r = sb.exec("for i in $(seq 64); do head -c 1M /dev/zero; sleep 0.01; done > /testbed/fill", timeout=60)
+        assert r.disk_limit_hit is True and r.signal == signal.SIGKILL, (r.exit_code, r.stderr)
+        held = int(sb.exec("stat -c %s /testbed/fill").stdout)
+        assert 16 << 20 < held < 32 << 20, held  # killed past the cap (16-18M measured), not at 64M
+        r = sb.exec("rm /testbed/fill && echo still > /testbed/small && cat /testbed/small")
+        assert r.stdout == "still\n" and r.disk_limit_hit is False, r.stderr
 
 
 def test_limits_are_validated():

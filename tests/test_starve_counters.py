@@ -56,14 +56,19 @@ os.rename(sys.argv[2] + ".tmp", sys.argv[2])
 time.sleep(600)
 """
 
-RAISE = {
+SET = "echo 100000 > /proc/sys/user/max_inotify_instances && cat /proc/sys/user/max_inotify_instances"
+RAISE = {  # how: (the command that raises the limit, then runs the hog in the same namespace; raised?)
     # /proc/sys/user is read-only in the jail
-    "direct write": "echo 100000 > /proc/sys/user/max_inotify_instances",
+    "direct write": (f"{SET}; exec python3 /hog/hog.py {{uids}} /hog/total", False),
     # with its capabilities kept, root of the jail can remount /proc read-write and raise its own
     # namespace's limits: not the ones that bind it
-    "remounted /proc": "mount -o remount,rw /proc && echo 100000 > /proc/sys/user/max_inotify_instances",
-    # a nested user namespace has limits of its own to raise, and is charged up the chain
-    "nested user namespace": "unshare -U -r sh -c 'echo 100000 > /proc/sys/user/max_inotify_instances'",
+    "remounted /proc": (f"mount -o remount,rw /proc && {SET} && exec python3 /hog/hog.py {{uids}} /hog/total", True),
+    # a nested user namespace has limits of its own to raise, and is charged up the chain: the hog runs
+    # in it (as its root, the one uid it maps); its map is written to /proc, remounted read-write first
+    "nested user namespace": (
+        f"mount -o remount,rw /proc && unshare -U -r sh -c '{SET} && exec python3 /hog/hog.py 0 /hog/total'",
+        True,
+    ),
 }
 
 
@@ -92,10 +97,15 @@ def test_a_jail_takes_a_bounded_share_of_the_users_inotify_instances(how, tmp_pa
         mapped = sum(int(n) for n in sb.exec("cat /proc/self/uid_map").stdout.split()[2::3])
         # each uid has counts of its own in the jail's namespace: use eight where the jail maps them
         uids = ",".join(str(u) for u in range(min(mapped, 8)))
-        sb.exec(RAISE[how])
-        sb.exec(f"python3 /hog/hog.py {uids} /hog/total > /dev/null 2>&1 &")
-        held = int(_wait_for(tmp_path / "total"))
-        assert 0 < held <= limit
+        command, raised = RAISE[how]
+        sb.exec(f"({command.format(uids=uids)}) > /hog/said 2>&1 &")
+        try:
+            held = int(_wait_for(tmp_path / "total"))
+        except FileNotFoundError:
+            pytest.fail(f"the hog never ran: {(tmp_path / 'said').read_text()}")
+        said = (tmp_path / "said").read_text()
+        assert said == "100000\n" if raised else "Read-only file system" in said, said
+        assert 0 < held <= limit, (held, limit)
         assert _host_inotify() >= 0  # while the jail holds all it can
 
 

@@ -101,7 +101,10 @@ def test_one_file_stops_at_the_disk_cap(write):
         r = sb.exec(write, timeout=120)
         assert r.disk_limit_hit is True and r.signal == signal.SIGKILL
         used, _ = host_usage(str(sb._jail.dir / "upper"))
-        assert used < 400 * MiB
+        # a writer from /dev/zero gets what it writes between the watcher's samples past the cap before
+        # it is killed: measured 49-158 MiB held in 6 runs beside other suites (at most 126 MiB past the
+        # cap); the bound lets 224 MiB past, not the whole 400 MiB asked for
+        assert used < 32 * MiB + 224 * MiB, used // MiB
 
 
 @pytest.mark.parametrize("upper", ["disk", "tmpfs"])
@@ -111,12 +114,13 @@ def test_files_are_held_to_the_inode_cap(upper):
         r = sb.exec(MANY_FILES.format(d="/testbed/many"), timeout=120)
         assert r.exit_code != 0
         count = int(sb.exec("ls /testbed/many | wc -l").stdout)
-        assert count < 20_000
-        if upper == "disk":
+        if upper == "disk":  # the watcher's samples: measured 682-3,577 past the cap in 3 runs
             assert r.disk_limit_hit is True
-            assert before - host_inodes_free(os.environ["JAILBOX_STATE_DIR"]) < 20_000
-        else:
+            assert count < 5000 + 7000, count
+            assert before - host_inodes_free(os.environ["JAILBOX_STATE_DIR"]) < 5000 + 7000
+        else:  # the tmpfs's own inode count, exact (4,984 files and the layer's own entries)
             assert "No space left on device" in r.stderr
+            assert count <= 5000, count
         sb.exec("rm -rf /testbed/many")
         assert sb.exec("touch /testbed/one && echo ok").stdout == "ok\n"
 

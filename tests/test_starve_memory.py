@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
-from host_memory import MiB, host_keeps_its_memory, lowest_available  # noqa: F401 (an autouse fixture)
+from conftest import require
+from host_memory import MiB, host_keeps_its_memory, lowest_available, mem_available  # noqa: F401 (autouse fixture)
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.child import spec
@@ -62,14 +63,23 @@ DEFAULT_HOG = (
 def test_a_default_sandbox_takes_no_more_of_the_hosts_memory_than_its_bounds_at_any_moment():
     with Sandbox() as sb:
         assert sb.config.limits.memory == DEFAULT_MEMORY
+        # A cgroup holds tmpfs and processes together under DEFAULT_MEMORY: measured 598-2,827 MiB
+        # taken in 7 runs beside other suites, whose own use counts too, hence 1 GiB of margin. The
+        # watcher counts processes only, so their tmpfs (half of it) and a fast allocator's overshoot
+        # come on top: measured 2,240-3,173 MiB in 2 runs, 768 MiB of margin past 3 GiB (README).
+        held = "cgroup" in sb.enforcement["memory"]
+        bound = DEFAULT_MEMORY + ((1 << 30) if held else DEFAULT_MEMORY // 2 + 768 * MiB)
+        require(
+            mem_available() > bound + (1 << 30),
+            f"{(bound >> 20) + 1024} MiB of available memory (a host with less could not let the hog past the bound)",
+            "run it on a host with more free memory",
+        )
         with lowest_available() as lowest:
             before = lowest[0]
             r = sb.exec(DEFAULT_HOG, timeout=120)
         assert r.oom_killed, (r.exit_code, r.stdout, r.stderr)
         taken = before - lowest[0]
-        # the bound, the tmpfs the watcher does not count, and a fast allocator's overshoot (measured
-        # here: see README; a cgroup holds tmpfs and processes together under DEFAULT_MEMORY)
-        assert taken <= DEFAULT_MEMORY + DEFAULT_MEMORY // 2 + 768 * MiB, taken // MiB
+        assert taken <= bound, (taken // MiB, bound // MiB)
         assert sb.exec("rm -f /dev/shm/fill /tmp/fill; echo usable").stdout == "usable\n"
 
 
