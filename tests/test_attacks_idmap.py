@@ -16,9 +16,10 @@ import stat
 from pathlib import Path
 
 import pytest
+from test_attacks_devices import host_nodes
 
 from jailbox.sandbox import Mount, Sandbox, idmap
-from jailbox.sandbox.errors import ConfigError, SandboxFileError
+from jailbox.sandbox.errors import ConfigError, SandboxFileError, SandboxSetupError
 from jailbox.sandbox.rootfs.store import Store
 
 RANGE = idmap.ROOT_RANGE
@@ -124,18 +125,19 @@ def test_a_rw_bind_is_nosuid_and_nodev(tmp_path: Path) -> None:
 
 
 @pytest.mark.root
-def test_the_hosts_dev_null_keeps_its_mode_and_owner(tmp_path: Path) -> None:
-    before = os.stat("/dev/null")
+@pytest.mark.parametrize("jail", [{}, {"userns": False, "cap_add": ["CHOWN", "FOWNER"]}], ids=["range", "host-root"])
+def test_the_hosts_dev_null_keeps_its_mode_and_owner(tmp_path: Path, jail: dict) -> None:
+    """A jail with a read-write bind (whose seccomp and mounts differ from a plain jail's), its root a
+    subordinate id or the host's own (to which the kernel would allow a chmod): the host's /dev/null
+    keeps its mode, owner and times, and /dev/null as the working directory is refused."""
+    before = host_nodes()
     _, mount = rw_bind(tmp_path)
-    with Sandbox(mounts=[mount]) as sb:
-        sb.exec("chmod 777 /dev/null; chown 1000 /dev/null")
-    try:
-        with Sandbox(mounts=[mount], workdir="/dev/null") as sb:
-            sb.exec("true")
-    except Exception:
-        pass  # refusing the working directory is fine too
-    after = os.stat("/dev/null")
-    assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)
+    with Sandbox(mounts=[mount], **jail) as sb:
+        r = sb.exec("chmod 777 /dev/null || chown 1000 /dev/null || touch -d 2001-01-01 /dev/null || echo refused")
+        assert r.stdout == "refused\n" and r.stderr.count("Read-only file system") == 3, r.stderr
+    with pytest.raises(SandboxSetupError, match="not a directory"):
+        Sandbox(mounts=[mount], workdir="/dev/null", **jail)
+    assert host_nodes() == before
 
 
 # --- root's range ------------------------------------------------------------------------------
