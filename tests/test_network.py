@@ -432,6 +432,12 @@ def test_full_without_tun_access_names_the_fix(tmp_path: Path) -> None:
                f"HOME={home}", f"JAILBOX_STATE_DIR={home}/state", "PATH=/usr/bin:/bin", "LANG=C.UTF-8",
                sys.executable, "-c", NO_TUN_CHECK]  # fmt: skip
     try:
+        runs = subprocess.run([*as_user[:-2], "-c", "import jailbox.sandbox"], capture_output=True, timeout=60)
+        require(
+            runs.returncode == 0,
+            f"{user.pw_name} able to run {sys.executable} with jailbox ({runs.stderr.decode()[-200:]})",
+            "make the checkout and its venv readable to that user (chmod o+rx along their path)",
+        )
         r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{bind}exec "$@"', "sh",
                             *as_user], capture_output=True, text=True, timeout=60)  # fmt: skip
     finally:
