@@ -444,7 +444,7 @@ def test_full_without_tun_access_names_the_fix(tmp_path: Path) -> None:
         shutil.rmtree(home)
     assert r.returncode == 0, r.stderr
     said, children = json.loads(r.stdout)
-    assert "sudo chmod 0666 /dev/net/tun" in said and "this host has mode 0600" in said, said
+    assert "sudo chmod 0666 /dev/net/tun" in said and ("this host has mode 0600" in said or not bind), said
     assert children == []  # refused before slirp4netns was started
     if bind:  # the bound file stayed in the test's namespace
         assert stat.S_ISCHR(os.stat("/dev/net/tun").st_mode)
