@@ -39,6 +39,7 @@ def host_usage(top: str) -> tuple[int, int]:
 
 
 def host_inodes_free(path: str) -> int:
+    os.makedirs(path, mode=0o700, exist_ok=True)  # the state directory: not made yet in a run of one test
     return os.statvfs(path).f_favail
 
 
