@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..sandbox.errors import SandboxError  # stdlib only, and every command catches it
 from ..sandbox.escapes import printable  # stdlib only: what others chose is printed through it
 
 if TYPE_CHECKING:
@@ -45,15 +46,19 @@ def doctor(as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--force", is_flag=True, help="Also remove sandboxes whose host process still runs.")
+@click.option(
+    "--force", is_flag=True, help="Also remove sandboxes whose host process still runs, and recent partial downloads."
+)
 def cleanup(force: bool) -> None:
-    """Remove what crashed host processes left: jail processes, writable layers, state, cgroups.
+    """Remove what crashed host processes left: jail processes, writable layers, state, cgroups, and in the
+    rootfs store unfinished trees and partial downloads no live pull holds (those over a day old, any with --force).
 
     \b
     Example:
       jailbox cleanup
     """
     from ..sandbox.limits.cgroups import reap_stale as reap_stale_cgroups
+    from ..sandbox.rootfs.store import Store
     from ..sandbox.service.client import remove_stale_socket
     from ..sandbox.state import cleanup as cleanup_state
     from ..sandbox.state import state_dir
@@ -62,6 +67,10 @@ def cleanup(force: bool) -> None:
     stale = remove_stale_socket()  # a killed service's; its sandboxes are among the removed
     # --force does not reach the cgroups of live owners: they go when it closes its sandboxes
     groups_removed, groups_failed = reap_stale_cgroups()
+    try:
+        removed += Store().remove_stale(force)
+    except SandboxError as exc:
+        failed.append((Store().root, str(exc)))
     for path in [*removed, *([stale] if stale else []), *groups_removed]:
         click.echo(f"removed {path}")
     for path, why in failed + groups_failed:

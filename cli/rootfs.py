@@ -59,9 +59,12 @@ def _progress() -> Any:
 
 
 def _interrupt_once(signum: int, frame: object) -> None:
-    """SIGINT handler for commands that clean up after Ctrl-C: the first one interrupts; more are
-    ignored until the cleanup (bounded) is done, and so are its helpers', which inherit that."""
+    """SIGINT (and for ``pull``, SIGTERM) handler for commands that clean up after Ctrl-C: the first one
+    interrupts; more are ignored until the cleanup (bounded) is done, and so are its helpers', which
+    inherit that."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if signum == signal.SIGTERM:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -80,6 +83,7 @@ def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool
     from ..sandbox.rootfs.pull import pull
 
     default_sigint = signal.signal(signal.SIGINT, _interrupt_once)
+    default_sigterm = signal.signal(signal.SIGTERM, _interrupt_once)  # kill, as Ctrl-C: nothing half-made is left
     try:
         entry = pull(ref, name, platform=platform, insecure=insecure, progress=_progress(), log=click.echo)
     except KeyboardInterrupt:
@@ -89,6 +93,7 @@ def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool
         _rootfs_fail(exc)
     finally:
         signal.signal(signal.SIGINT, default_sigint)
+        signal.signal(signal.SIGTERM, default_sigterm)
     click.echo(f"{entry.name}  {entry.digest}  {entry.tree}")
 
 

@@ -15,3 +15,15 @@ DEFAULT_MEMORY = 2 << 30  # what a laptop next to a few sandboxes survives
 DEFAULT_DISK = 4 << 30
 DEFAULT_INODES = 1_000_000
 DEFAULT_PIDS = 512
+
+# What a pulled or imported image may make the host hold (``sandbox/rootfs/``): a registry or an archive chose
+# every size it declares, so each is judged against these before a byte is read or written.
+IMAGE_BLOB_MAX = 16 << 30  # one blob as downloaded or copied out of an archive (a compressed layer)
+IMAGE_BLOBS_MAX = 64 << 30  # all blobs of one image together
+IMAGE_LAYERS_MAX = 500  # layers of one image (Docker's overlay driver stops near 125, podman's at 500)
+IMAGE_JSON_MAX = 4 << 20  # a manifest, an index, an image config, a token reply (containerd reads 4 MiB too)
+IMAGE_JSON_DEPTH = 64  # nesting of those documents; real ones stay under 10
+IMAGE_JSON_ITEMS = 100_000  # values in one (a config's history has one object a layer): what parsing may build
+IMAGE_MEMBER_MAX = 64 << 30  # one file unpacked from a layer
+IMAGE_TOTAL_MAX = 1 << 40  # everything unpacked from one image
+IMAGE_ENTRIES_MAX = 4_000_000  # members unpacked from one image

@@ -5,8 +5,12 @@ A blob shared by two images is downloaded once. Concurrent downloads of one blob
 once) take turns on ``blobs/locks/<hex>.lock``; the second finds it done. A download cut off (by
 the network or Ctrl-C) keeps its partial file, and the next attempt asks for the rest with a
 ``Range`` request (the hash is recomputed over what is on disk first, so nothing is trusted
-unverified). Bytes beyond the promised size, or a final hash that differs, discard the partial
-file and raise ``DigestMismatch``.
+unverified). Reading stops at the promised size (the descriptor's, which ``pull`` has held to
+``IMAGE_BLOB_MAX``): bytes beyond it, or a final hash that differs, discard the partial file and
+raise ``DigestMismatch``, so a registry that streams forever costs at most that size on disk.
+
+A partial file nobody resumes is removed by ``remove_stale`` (``jailbox cleanup``): one whose lock no
+live download holds and which has not grown for ``PARTIAL_STALE`` seconds. Runs in the caller's process.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import fcntl
 import hashlib
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +30,7 @@ _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 Progress = Callable[[str, int, int | None], None]  # digest, bytes so far, total
 # opener(offset) -> (chunks, offset the server honoured: offset for a 206, 0 for a full 200)
 Opener = Callable[[int], tuple[Iterator[bytes], int]]
+PARTIAL_STALE = 24 * 3600.0  # a day: long enough to come back and resume an interrupted pull
 
 
 def hex_of(digest: str) -> str:
@@ -53,8 +59,8 @@ class BlobCache:
         finally:
             os.close(fd)
 
-    def fetch(self, digest: str, size: int | None, opener: Opener, progress: Progress | None = None) -> Path:
-        """The verified blob, downloaded (or resumed) with ``opener`` unless already cached."""
+    def fetch(self, digest: str, size: int, opener: Opener, progress: Progress | None = None) -> Path:
+        """The verified blob of ``size`` bytes, downloaded (or resumed) with ``opener`` unless cached."""
         final = self.path(digest)
         if final.is_file():
             return final
@@ -63,28 +69,35 @@ class BlobCache:
                 return final
             partial = self.root / "partial" / hex_of(digest)
             hasher, have = _hash_prefix(partial)
-            if size is not None and have > size:
+            if have > size:
                 partial.unlink()
                 hasher, have = hashlib.sha256(), 0
             chunks, start = opener(have)
             if start != have:  # the server ignored our Range: start over
                 hasher, have = hashlib.sha256(), 0
-            with open(partial, "r+b" if start else "wb") as out:
-                out.seek(have)
-                out.truncate()
-                for chunk in chunks:
-                    have += len(chunk)
-                    if size is not None and have > size:
-                        out.close()
-                        partial.unlink()
-                        raise DigestMismatch(f"{digest}: the registry sent more than the {size} bytes promised")
-                    hasher.update(chunk)
-                    out.write(chunk)
-                    if progress is not None:
-                        progress(digest, have, size)
-                out.flush()
-                os.fsync(out.fileno())
-            if size is not None and have < size:
+            try:
+                with open(partial, "r+b" if start else "wb") as out:
+                    out.seek(have)
+                    out.truncate()
+                    for chunk in chunks if have < size else ():
+                        if have + len(chunk) > size:
+                            out.close()
+                            partial.unlink()
+                            raise DigestMismatch(f"{digest}: the registry sent more than the {size} bytes promised")
+                        have += len(chunk)
+                        hasher.update(chunk)
+                        out.write(chunk)
+                        if progress is not None:
+                            progress(digest, have, size)
+                        if have == size:  # what was promised is here: judge it, whatever else is coming
+                            break
+                    out.flush()
+                    os.fsync(out.fileno())
+            finally:
+                close = getattr(chunks, "close", None)
+                if close is not None:
+                    close()  # a generator's: closes the response now, not when collected
+            if have < size:
                 raise DownloadInterrupted(f"{digest}: the download ended after {have} of {size} bytes; run again")
             got = "sha256:" + hasher.hexdigest()
             if got != digest:
@@ -105,3 +118,31 @@ def _hash_prefix(path: Path) -> tuple[hashlib._Hash, int]:
     except FileNotFoundError:
         pass
     return hasher, have
+
+
+def remove_stale(root: Path, force: bool = False) -> list[Path]:
+    """Partial downloads under the blob cache ``root`` that no live download holds (its lock is free)
+    and that have not grown for ``PARTIAL_STALE`` seconds (any age with ``force``); removed, listed."""
+    removed: list[Path] = []
+    partials = root / "partial"
+    if not partials.is_dir():
+        return removed
+    for path in sorted(partials.iterdir()):
+        if not _DIGEST.match("sha256:" + path.name):
+            continue
+        fd = os.open(root / "locks" / (path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a pull is writing it
+            try:
+                age = time.time() - path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if force or age > PARTIAL_STALE:
+                path.unlink()
+                removed.append(path)
+        finally:
+            os.close(fd)
+    return removed

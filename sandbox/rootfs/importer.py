@@ -3,26 +3,33 @@
 Accepted: an OCI image layout directory (``skopeo copy ... oci:DIR``), a ``docker save`` /
 ``podman save`` archive (Docker's ``manifest.json`` format, or ``--format oci-archive``), and a
 plain rootfs tarball (``tar -C rootfs -c .``, compressed or not). Image archives are opened into
-a private temporary directory first (regular files only, names checked), their blobs are checked
-against their digests, and the layers are unpacked like a pull's.
+a private temporary directory first (regular files only, names checked; at most ``IMAGE_BLOB_MAX``
+bytes a file and ``IMAGE_BLOBS_MAX`` in all, judged by each header before its data is copied, and a
+link made as a link, never a copy), their blobs are checked against their digests, and the layers are
+unpacked like a pull's. JSON documents are read as a pull reads them (``image.parse_json``), and an
+image of more than ``IMAGE_LAYERS_MAX`` layers is refused. Runs in the caller's process; the
+temporary directory is locked while it is used, so ``jailbox cleanup`` removes only a killed import's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
-import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ..errors import RootfsError, UnsafeArchive
+from ..limits import IMAGE_BLOB_MAX, IMAGE_BLOBS_MAX, IMAGE_JSON_MAX, IMAGE_LAYERS_MAX
 from . import unpack, untar
-from .image import ImageConfig, host_platform
+from .image import ImageConfig, host_platform, parse_json
 from .pull import choose, platform_of
 from .store import Entry, Store
 
-MAX_JSON = 8 << 20
 REF_NAME = "org.opencontainers.image.ref.name"
 
 
@@ -50,14 +57,26 @@ def _import(src: Path, name: str, store: Store, platform: str | None, tag: str |
         raise RootfsError(f"{src} does not exist")
     if _is_image_archive(src):
         store.ensure()
-        with tempfile.TemporaryDirectory(dir=store.root / "tmp", prefix="import-") as tmp:
-            _open_archive(src, Path(tmp))
-            return _import_dir(Path(tmp), src, name, store, platform, tag)
+        with _locked_tempdir(store.root / "tmp") as tmp:
+            _open_archive(src, tmp)
+            return _import_dir(tmp, src, name, store, platform, tag)
     with store.create(name, source=str(src), kind="import") as staging, open(src, "rb") as f:
         staging.add_stats(unpack.extract_tar(f, staging.tree))
     entry = store.get(name)
     assert entry is not None
     return entry
+
+
+@contextlib.contextmanager
+def _locked_tempdir(parent: Path) -> Iterator[Path]:
+    """A private ``import-*`` directory under ``parent``, flocked while in use, removed after."""
+    with tempfile.TemporaryDirectory(dir=parent, prefix="import-") as tmp:
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield Path(tmp)
+        finally:
+            os.close(fd)
 
 
 def _is_image_archive(path: Path) -> bool:
@@ -70,7 +89,9 @@ def _is_image_archive(path: Path) -> bool:
 
 
 def _open_archive(path: Path, dest: Path) -> None:
-    """Regular files and directories of an image archive, nothing else, nothing outside ``dest``."""
+    """Regular files and directories of an image archive, nothing else, nothing outside ``dest``;
+    at most ``IMAGE_BLOB_MAX`` bytes a file and ``IMAGE_BLOBS_MAX`` in all, judged before copying."""
+    total = 0
     with open(path, "rb") as f:
         for tf, member in untar.members(f):
             parts = untar.clean(member.name, member.name)
@@ -80,6 +101,17 @@ def _open_archive(path: Path, dest: Path) -> None:
             if member.isdir():
                 target.mkdir(parents=True, exist_ok=True)
             elif member.isreg():
+                if member.size > IMAGE_BLOB_MAX:
+                    raise RootfsError(
+                        f"{member.name}: {member.size} bytes, more than the {IMAGE_BLOB_MAX} a file of an image "
+                        f"archive may have ({IMAGE_BLOB_MAX >> 30} GiB); refused"
+                    )
+                total += member.size
+                if total > IMAGE_BLOBS_MAX:
+                    raise RootfsError(
+                        f"{member.name}: the archive's files pass {IMAGE_BLOBS_MAX} bytes in all "
+                        f"({IMAGE_BLOBS_MAX >> 30} GiB); refused"
+                    )
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if target.parent.is_symlink() or target.is_symlink():
                     raise RootfsError(f"{member.name}: unexpected link in an image archive")
@@ -90,7 +122,10 @@ def _open_archive(path: Path, dest: Path) -> None:
             elif member.issym() or member.islnk():
                 link = untar.clean(member.name, member.linkname if member.islnk() else _join(parts, member.linkname))
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(dest.joinpath(*link), target)  # docker save links shared layers
+                source = dest.joinpath(*link)
+                if source.is_symlink() or not source.is_file():
+                    raise RootfsError(f"{member.name}: links to {member.linkname!r}, not a file before it")
+                os.link(source, target)  # docker save links shared layers: one copy, however many links
             else:
                 raise RootfsError(f"{member.name}: unexpected member type in an image archive")
 
@@ -106,7 +141,11 @@ def _import_dir(root: Path, origin: Path, name: str, store: Store, platform: str
         layers, config, digest = _oci_layout(root, platform or host_platform(), tag)
     else:
         layers, config, digest = _docker_archive(root, tag)
-    image = json.loads(_read_small(config))
+    if len(layers) > IMAGE_LAYERS_MAX:
+        raise RootfsError(f"{origin}: {len(layers)} layers, more than the {IMAGE_LAYERS_MAX} an image may have")
+    image = _read_json(config)
+    if not isinstance(image, dict):
+        raise RootfsError(f"{origin}: its image config is not a JSON object")
     with store.create(name, source=str(origin), kind="import") as staging:
         staging.add_stats(unpack.extract_layers(layers, staging.tree))
         staging.config = ImageConfig.from_oci(image)
@@ -118,7 +157,7 @@ def _import_dir(root: Path, origin: Path, name: str, store: Store, platform: str
 
 
 def _oci_layout(root: Path, platform: str, tag: str | None) -> tuple[list[Path], Path, str]:
-    index = json.loads(_read_small(root / "index.json"))
+    index = _read_json(root / "index.json")
     manifests = [m for m in index.get("manifests") or [] if isinstance(m, dict)]
     tags = [(m.get("annotations") or {}).get(REF_NAME) for m in manifests]
     if tag is not None:
@@ -136,7 +175,7 @@ def _oci_layout(root: Path, platform: str, tag: str | None) -> tuple[list[Path],
         desc = manifests[0]
     while True:
         digest = desc.get("digest")
-        doc = json.loads(_read_small(_blob(root, digest)))
+        doc = _read_json(_blob(root, digest))
         if "manifests" in doc:
             desc = {"digest": choose(doc, platform, str(root))}
             continue
@@ -146,7 +185,7 @@ def _oci_layout(root: Path, platform: str, tag: str | None) -> tuple[list[Path],
 
 
 def _docker_archive(root: Path, tag: str | None) -> tuple[list[Path], Path, str]:
-    manifest = json.loads(_read_small(root / "manifest.json"))
+    manifest = _read_json(root / "manifest.json")
     if not isinstance(manifest, list) or not all(isinstance(m, dict) for m in manifest):
         raise RootfsError(f"{root}: manifest.json is not a docker save manifest")
     tags = [t for m in manifest for t in (m.get("RepoTags") or [])]
@@ -160,7 +199,8 @@ def _docker_archive(root: Path, tag: str | None) -> tuple[list[Path], Path, str]
     item = manifest[0]
     config = _inside(root, item.get("Config"))
     layers = [_inside(root, layer) for layer in item.get("Layers") or []]
-    digest = "sha256:" + hashlib.sha256(config.read_bytes()).hexdigest()
+    with open(config, "rb") as f:  # its digest names the image; what is parsed is bounded below
+        digest = "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
     return layers, config, digest
 
 
@@ -189,7 +229,8 @@ def _blob(root: Path, digest: object) -> Path:
     return path
 
 
-def _read_small(path: Path) -> bytes:
-    if path.stat().st_size > MAX_JSON:
-        raise RootfsError(f"{path} is larger than {MAX_JSON} bytes")
-    return path.read_bytes()
+def _read_json(path: Path) -> Any:
+    """A JSON document of the archive or layout, read no further than ``IMAGE_JSON_MAX`` bytes."""
+    with open(path, "rb") as f:
+        body = f.read(IMAGE_JSON_MAX + 1)
+    return parse_json(body, str(path))

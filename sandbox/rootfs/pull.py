@@ -4,6 +4,11 @@ Index (manifest list) -> the manifest for the wanted platform (the host's by def
 and layer blobs through the blob cache (verified, resumable, shared between images) -> layers
 unpacked in order into a staging tree -> renamed into place with the image config. A second pull of
 the same image (same manifest digest and platform) finds the entry and downloads nothing.
+
+Runs in the caller's process. What the registry declares is judged before anything is fetched (the
+bounds are in ``sandbox/limits``): at most ``IMAGE_LAYERS_MAX`` layers, each blob at most
+``IMAGE_BLOB_MAX`` bytes and all together at most ``IMAGE_BLOBS_MAX``, the config at most
+``IMAGE_JSON_MAX``; then no blob is written past the size its descriptor declares (``blobs.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import DownloadInterrupted, RegistryError
+from ..limits import IMAGE_BLOB_MAX, IMAGE_BLOBS_MAX, IMAGE_JSON_MAX, IMAGE_LAYERS_MAX
 from . import unpack
 from .blobs import BlobCache, Progress
-from .image import ImageConfig, host_platform, matches
+from .image import ImageConfig, host_platform, matches, parse_json
 from .reference import Reference
 from .registry import INDEX_TYPES, Registry
 from .store import Entry, Store
@@ -28,7 +34,6 @@ LAYER_TYPES = (
     "application/vnd.docker.image.rootfs.diff.tar.gzip",
     "application/vnd.docker.image.rootfs.diff.tar",
 )
-MAX_CONFIG = 8 << 20
 Log = Callable[[str], None]
 
 
@@ -61,8 +66,7 @@ def pull(
         config = manifest.get("config")
         if not isinstance(layers, list) or not isinstance(config, dict):
             raise RegistryError(f"{ref}: manifest {digest} ({media}) has no config or layers")
-        if not isinstance(config.get("size"), int) or config["size"] > MAX_CONFIG:
-            raise RegistryError(f"{ref}: image config missing or larger than {MAX_CONFIG} bytes")
+        check_declared(str(ref), config, layers)
         store.ensure()
         cache = BlobCache(store.root / "blobs")
         config_path = _fetch(cache, reg, config, progress)
@@ -74,7 +78,9 @@ def pull(
             if layer.get("urls"):
                 raise RegistryError(f"{ref}: foreign layer {layer.get('digest')} (not in the registry)")
             paths.append(_fetch(cache, reg, layer, progress))
-    image = json.loads(config_path.read_bytes())
+    image = parse_json(config_path.read_bytes(), f"{ref}: image config", RegistryError)
+    if not isinstance(image, dict):
+        raise RegistryError(f"{ref}: image config is not a JSON object")
     with store.create(name, source=str(ref), kind="pull") as staging:
         current = store.get(name)
         if current is not None and current.digest == digest:
@@ -88,6 +94,28 @@ def pull(
     entry = store.get(name)
     assert entry is not None
     return entry
+
+
+def check_declared(what: str, config: dict, layers: list) -> None:
+    """Refuse, in one line, an image whose manifest declares more than the bounds allow."""
+    if len(layers) > IMAGE_LAYERS_MAX:
+        raise RegistryError(f"{what}: {len(layers)} layers, more than the {IMAGE_LAYERS_MAX} an image may have")
+    size = config.get("size")
+    if not isinstance(size, int) or size > IMAGE_JSON_MAX:
+        raise RegistryError(f"{what}: image config without a size or larger than {IMAGE_JSON_MAX} bytes ({size!r})")
+    total = size
+    for layer in layers:
+        size = layer.get("size") if isinstance(layer, dict) else None
+        name = layer.get("digest") if isinstance(layer, dict) else None
+        if isinstance(size, int) and size > IMAGE_BLOB_MAX:
+            raise RegistryError(
+                f"{what}: layer {name} declares {size} bytes, more than {IMAGE_BLOB_MAX} ({IMAGE_BLOB_MAX >> 30} GiB)"
+            )
+        total += size if isinstance(size, int) else 0
+    if total > IMAGE_BLOBS_MAX:
+        raise RegistryError(
+            f"{what}: its blobs declare {total} bytes, more than {IMAGE_BLOBS_MAX} ({IMAGE_BLOBS_MAX >> 30} GiB) in all"
+        )
 
 
 def choose(index: dict, wanted: str, what: str) -> str:
@@ -114,7 +142,7 @@ def _fetch(cache: BlobCache, reg: Registry, descriptor: dict, progress: Progress
         raise RegistryError(f"descriptor without a digest or size: {json.dumps(descriptor)[:200]}")
     for attempt in range(ATTEMPTS):
         try:
-            return cache.fetch(digest, size, lambda offset: reg.blob(digest, offset), progress)
+            return cache.fetch(digest, size, lambda offset: reg.blob(digest, size, offset), progress)
         except DownloadInterrupted:
             if attempt + 1 == ATTEMPTS:
                 raise

@@ -4,16 +4,31 @@ Auth: on a 401 the ``WWW-Authenticate`` challenge says what to do. ``Bearer`` (D
 quay...): ask the realm for a pull token, anonymously or with the credentials found in
 ``$DOCKER_CONFIG/config.json`` (default ``~/.docker/config.json``, the ``auths`` entry of the
 registry; credential helpers are not run). ``Basic``: send those credentials. Plain HTTP only for
-loopback registries or with ``insecure=True``.
+loopback registries or with ``insecure=True``. Runs in the caller's process.
+
+Where requests go (``Registry.refusal``, checked before every request, redirects included): the
+registry's own origin (scheme, host, port) always; anywhere else only over https, and only to a
+host whose every address is public, or private when the registry itself is on a private address.
+Loopback, link-local (cloud metadata), multicast and reserved addresses are never reached unless
+they are the registry's own origin, so a registry cannot point the client at another service on
+this machine or its network, by a blob redirect or by its token service's URL (the ``realm``). At
+most ``MAX_REDIRECTS`` in a row; credentials go only to the registry's origin (or its https
+upgrade). A name resolved once for the check and again to connect (DNS rebinding) is not held.
+
+What is read is bounded: manifests, indexes and token replies at ``IMAGE_JSON_MAX`` bytes, read no
+further and parsed by ``image.parse_json`` (bounded nesting); a blob at the size its descriptor
+declares (``blobs.py``), and a ``Content-Length`` promising more is refused before the body is read.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 import os
 import re
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +36,8 @@ from pathlib import Path
 import httpx
 
 from ..errors import DigestMismatch, DownloadInterrupted, RegistryError
+from ..limits import IMAGE_JSON_MAX
+from .image import parse_json
 from .reference import Reference
 
 MANIFEST_TYPES = (
@@ -30,7 +47,7 @@ MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json",
 )
 INDEX_TYPES = MANIFEST_TYPES[:2]
-MAX_MANIFEST = 4 << 20
+MAX_REDIRECTS = 5
 RETRIES = 3
 RETRY_PAUSE = 0.5
 CHUNK = 1 << 20
@@ -63,7 +80,14 @@ class Registry:
         self.ref = ref
         scheme = "http" if (insecure or ref.is_local) else "https"
         self.base = f"{scheme}://{ref.api_host}/v2/{ref.repository}"
-        self.client = httpx.Client(follow_redirects=True, timeout=httpx.Timeout(timeout, connect=15.0))
+        self.origin = _origin(httpx.URL(self.base))
+        self._registry_private: bool | None = None  # is the registry itself on a private address (lazily)
+        self.client = httpx.Client(
+            follow_redirects=True,
+            max_redirects=MAX_REDIRECTS,
+            timeout=httpx.Timeout(timeout, connect=15.0),
+            event_hooks={"request": [self._check_redirect]},
+        )
         self.auth: str | None = None
         self.credentials = docker_credentials(ref.registry)
 
@@ -75,6 +99,43 @@ class Registry:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # --- where requests may go ----------------------------------------------------------
+
+    def refusal(self, url: httpx.URL) -> str | None:
+        """Why a request to ``url`` is not made (see the module docstring), or None."""
+        if _origin(url) == self.origin:
+            return None
+        if url.scheme != "https":
+            return "not https and not the registry's own origin"
+        try:
+            infos = socket.getaddrinfo(url.host, url.port or 443, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            return f"its host does not resolve ({exc})"
+        for info in infos:
+            kind = _address_kind(str(info[4][0]))
+            if kind == "private" and self._private_registry():
+                continue
+            if kind != "public":
+                return f"its host has a {kind} address ({info[4][0]})"
+        return None
+
+    def _private_registry(self) -> bool:
+        if self._registry_private is None:
+            host = httpx.URL(self.base).host
+            try:
+                kinds = {_address_kind(str(i[4][0])) for i in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+            except (OSError, UnicodeError):
+                kinds = set()
+            self._registry_private = kinds == {"private"}
+        return self._registry_private
+
+    def _check_redirect(self, request: httpx.Request) -> None:
+        """Every request the client sends: the first of each is checked before it is built (a realm)
+        or goes to the registry's origin; what is left to refuse here is a redirect."""
+        why = self.refusal(request.url)
+        if why is not None:
+            raise RegistryError(f"{self.ref.registry}: refused to follow a redirect to {_shown(request.url)}: {why}")
 
     # --- requests -----------------------------------------------------------------------
 
@@ -124,21 +185,27 @@ class Registry:
             raise RegistryError(f"{self.ref.registry}: bearer challenge without a realm")
         params.setdefault("scope", f"repository:{self.ref.repository}:pull")
         try:
-            resp = self.client.get(realm, params=params, auth=self.credentials)
+            url = httpx.URL(realm)
+        except httpx.InvalidURL:
+            raise RegistryError(f"{self.ref.registry}: bearer challenge with a bad realm {realm[:200]!r}") from None
+        why = self.refusal(url) if url.scheme in ("http", "https") else "not http(s)"
+        if why is not None:
+            raise RegistryError(f"{self.ref.registry}: refused its token service {_shown(url)}: {why}")
+        try:
+            with self.client.stream("GET", url, params=params, auth=self.credentials) as resp:
+                status = resp.status_code
+                reply = _read_bounded(resp, f"the reply of token service {_shown(url)}")
         except httpx.HTTPError as exc:
-            raise RegistryError(f"token service {realm}: {exc}") from None
-        if resp.status_code != 200:
+            raise RegistryError(f"token service {_shown(url)}: {type(exc).__name__}: {exc}") from None
+        if status != 200:
             raise RegistryError(
-                f"token service {realm} refused ({resp.status_code}) a pull of {self.ref.repository}; "
+                f"token service {_shown(url)} refused ({status}) a pull of {self.ref.repository}; "
                 f"the image may be private (docker login {self.ref.registry}) or not exist"
             )
-        try:
-            body = resp.json()
-            bearer = body.get("token") or body.get("access_token")
-        except ValueError:
-            bearer = None
+        body = parse_json(reply, f"the reply of token service {_shown(url)}", RegistryError)
+        bearer = (body.get("token") or body.get("access_token")) if isinstance(body, dict) else None
         if not isinstance(bearer, str):
-            raise RegistryError(f"token service {realm} answered without a token")
+            raise RegistryError(f"token service {_shown(url)} answered without a token")
         self.auth = f"Bearer {bearer}"
 
     # --- API ----------------------------------------------------------------------------
@@ -151,11 +218,7 @@ class Registry:
                 raise RegistryError(f"{self.ref.registry}/{self.ref.repository}:{reference} not found")
             if resp.status_code != 200:
                 raise RegistryError(f"manifest {reference}: HTTP {resp.status_code} from {self.ref.registry}")
-            body = b""
-            for chunk in resp.iter_bytes(1 << 16):
-                body += chunk
-                if len(body) > MAX_MANIFEST:
-                    raise RegistryError(f"manifest {reference} is larger than {MAX_MANIFEST} bytes")
+            body = _read_bounded(resp, f"manifest {reference}")
         except httpx.HTTPError as exc:
             raise RegistryError(f"manifest {reference}: {type(exc).__name__}: {exc}") from None
         finally:
@@ -163,10 +226,7 @@ class Registry:
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         if reference.startswith("sha256:") and digest != reference:
             raise DigestMismatch(f"manifest {reference}: the registry sent one hashing to {digest}")
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise RegistryError(f"manifest {reference} is not JSON") from None
+        doc = parse_json(body, f"manifest {reference}", RegistryError)
         if not isinstance(doc, dict):
             raise RegistryError(f"manifest {reference} is not a JSON object")
         media = doc.get("mediaType") or resp.headers.get("content-type", "").split(";")[0]
@@ -174,17 +234,25 @@ class Registry:
             raise RegistryError(f"manifest {reference} is Docker schema 1, which is not supported (push it again)")
         return doc, media, digest
 
-    def blob(self, digest: str, offset: int = 0) -> tuple[Iterator[bytes], int]:
-        """Chunks of a blob from ``offset`` (a Range request), and the offset the server honoured."""
+    def blob(self, digest: str, size: int, offset: int = 0) -> tuple[Iterator[bytes], int]:
+        """Chunks of a blob of ``size`` bytes from ``offset`` (a Range request), and the offset the
+        server honoured; a ``Content-Length`` beyond ``size`` is refused before the body is read."""
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         resp = self._send(f"{self.base}/blobs/{digest}", headers, stream=True)
         if resp.status_code == 416 and offset:
             resp.close()
-            return self.blob(digest, 0)
+            return self.blob(digest, size, 0)
         if resp.status_code not in (200, 206):
             resp.close()
             raise RegistryError(f"blob {digest}: HTTP {resp.status_code} from {self.ref.registry}")
         start = offset if resp.status_code == 206 else 0
+        announced = resp.headers.get("content-length", "")
+        if announced.isdigit() and int(announced) > size - start:
+            resp.close()
+            raise DigestMismatch(
+                f"blob {digest}: the registry announces {announced} bytes from offset {start}, "
+                f"the manifest declares {size} in all; refused"
+            )
 
         def chunks() -> Iterator[bytes]:
             try:
@@ -195,3 +263,39 @@ class Registry:
                 resp.close()
 
         return chunks(), start
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return url.scheme, url.host.lower(), url.port or {"http": 80, "https": 443}.get(url.scheme)
+
+
+def _address_kind(text: str) -> str:
+    """public, private, or what else an address is (loopback, link-local...), IPv4 inside IPv6 as IPv4."""
+    addr = ipaddress.ip_address(text.split("%", 1)[0])
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    for kind in ("loopback", "link_local", "multicast", "unspecified", "reserved"):
+        if getattr(addr, f"is_{kind}"):
+            return kind.replace("_", "-")
+    if addr.is_global:
+        return "public"
+    return "private"
+
+
+def _shown(url: httpx.URL) -> str:
+    """A URL for an error line: without its query (a token service's may hold a scope, a redirect's a
+    signature), cut short."""
+    return str(url.copy_with(query=None, fragment=None))[:200]
+
+
+def _read_bounded(resp: httpx.Response, what: str) -> bytes:
+    """A streamed response's body, refused past ``IMAGE_JSON_MAX`` bytes (announced or read)."""
+    announced = resp.headers.get("content-length", "")
+    if announced.isdigit() and int(announced) > IMAGE_JSON_MAX:
+        raise RegistryError(f"{what} is larger than {IMAGE_JSON_MAX} bytes ({announced}); refused")
+    body = bytearray()
+    for chunk in resp.iter_bytes(1 << 16):
+        body += chunk
+        if len(body) > IMAGE_JSON_MAX:
+            raise RegistryError(f"{what} is larger than {IMAGE_JSON_MAX} bytes; refused")
+    return bytes(body)

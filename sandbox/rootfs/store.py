@@ -22,7 +22,9 @@ Making an entry (pull, import and build all do this)::
 ``create`` holds the name's lock for the whole block, so two processes making the same name run
 one after the other; inside the block ``store.get(name)`` shows what the other one left, and
 ``staging.abandon()`` keeps it instead. A process killed mid-way leaves a ``tmp/`` (or ``trash/``)
-directory that the next ``create`` or ``remove`` of that name removes.
+directory that the next ``create`` or ``remove`` of that name removes, and so does ``remove_stale``
+(``jailbox cleanup``) once no process holds that name's lock; it also removes ``import-*``
+directories no live import holds and stale partial downloads (``blobs.remove_stale``).
 
 As host root, an entry recorded for another map of root's jails (the identity map ``0 0 65536`` of
 jailbox before root's jails had a subordinate range, or an earlier range) is shifted into today's
@@ -54,7 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import RootfsError, RootfsNotFound
 from ..floor.idmap import IdMap
 from ..floor.wire import WireError
-from . import shipped, unpack
+from . import blobs, shipped, unpack
 from .image import ImageConfig
 
 Kind = Literal["pull", "import", "build"]
@@ -206,6 +208,29 @@ class Store:
                 if path.name.startswith(prefix) and "." not in path.name[len(prefix) :]:
                     unpack.rmtree(path)
 
+    def remove_stale(self, force: bool = False) -> list[Path]:
+        """What killed processes left (see the module docstring), removed and listed; a store that is
+        not there, or not this user's, is left alone. ``force`` removes partial downloads of any age."""
+        try:
+            if self.root.stat().st_uid != os.getuid():
+                return []
+        except FileNotFoundError:
+            return []
+        removed = blobs.remove_stale(self.root / "blobs", force)
+        for sub in ("tmp", "trash"):
+            base = self.root / sub
+            for path in sorted(base.iterdir()) if base.is_dir() else []:
+                if path.name.startswith("import-"):
+                    lock = path  # a live import holds a lock on its directory itself
+                else:
+                    name = path.name.rsplit(".", 1)[0]
+                    lock = self.root / "locks" / (name + ".lock")
+                with _unless_held(lock) as free:
+                    if free:
+                        unpack.rmtree(path)
+                        removed.append(path)
+        return removed
+
     def get(self, name: str) -> Entry | None:
         try:
             path = self.entry_dir(name)
@@ -351,6 +376,27 @@ def users_of(tree: Path) -> list[int]:
         if meta.get("lower") == str(tree) and state.owner_alive(meta):
             pids.append(int(meta["host_pid"]))
     return pids
+
+
+@contextlib.contextmanager
+def _unless_held(path: Path) -> Iterator[bool]:
+    """Whether nobody holds ``path``'s flock (a lock file, made if missing, or a directory), holding it
+    meanwhile."""
+    flags = os.O_RDONLY | os.O_DIRECTORY if path.is_dir() else os.O_RDWR | os.O_CREAT
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
 
 
 def _read(path: Path) -> Entry | None:

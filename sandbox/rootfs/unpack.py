@@ -31,10 +31,7 @@ from .. import idmap
 from ..errors import RootfsError, UnsafeArchive
 from ..floor import boot
 from ..floor.idmap import IdMap, write_maps
-
-MAX_MEMBER = 64 << 30
-MAX_TOTAL = 1 << 40
-MAX_ENTRIES = 4_000_000
+from ..limits import IMAGE_ENTRIES_MAX, IMAGE_MEMBER_MAX, IMAGE_TOTAL_MAX
 
 
 def jail_map() -> IdMap:
@@ -57,9 +54,9 @@ def extract_tar(
     stream: IO[bytes],
     dest: str | Path,
     *,
-    max_member: int = MAX_MEMBER,
-    max_total: int = MAX_TOTAL,
-    max_entries: int = MAX_ENTRIES,
+    max_member: int = IMAGE_MEMBER_MAX,
+    max_total: int = IMAGE_TOTAL_MAX,
+    max_entries: int = IMAGE_ENTRIES_MAX,
 ) -> dict:
     """Extract a plain tar stream into ``dest``; returns ``{"entries", "bytes", "skipped"}``."""
     limits = {"max_member": max_member, "max_total": max_total, "max_entries": max_entries}
@@ -70,9 +67,9 @@ def extract_layers(
     paths: Sequence[str | Path],
     dest: str | Path,
     *,
-    max_member: int = MAX_MEMBER,
-    max_total: int = MAX_TOTAL,
-    max_entries: int = MAX_ENTRIES,
+    max_member: int = IMAGE_MEMBER_MAX,
+    max_total: int = IMAGE_TOTAL_MAX,
+    max_entries: int = IMAGE_ENTRIES_MAX,
 ) -> dict:
     """Apply image layers (compressed or not) in order onto ``dest``, whiteouts included."""
     limits = {"max_member": max_member, "max_total": max_total, "max_entries": max_entries}
@@ -111,11 +108,18 @@ def _extract(sources: list[dict], dest: str | Path, layer: bool, limits: dict, s
 
 
 def run(req: dict, stream: IO[bytes] | None = None, plan: IdMap | None = None) -> dict:
-    """Run one worker request in the jail's namespace; its answer, or raise."""
+    """Run one worker request in the jail's namespace; its answer, or raise.
+
+    The request reaches the worker in a memfd, not its argv, whose one string the kernel caps at 128 KiB
+    (an image's layer paths would not fit). The worker dies with this process (``PR_SET_PDEATHSIG``):
+    this thread waits for it, so the thread that made it outlives it unless the process dies."""
     plan = plan or jail_map()
     userns = os.getuid() != 0 or req["op"] == "extract"
     go_r, go_w = os.pipe()
-    req = {**req, "userns": userns, "go_fd": go_r, "setgroups": not plan.deny_setgroups}
+    req_fd = os.memfd_create("jailbox-worker-request", os.MFD_CLOEXEC)
+    req = {**req, "userns": userns, "go_fd": go_r, "setgroups": not plan.deny_setgroups, "parent": os.getpid()}
+    os.write(req_fd, json.dumps(req).encode())
+    os.lseek(req_fd, 0, os.SEEK_SET)
     stdin: Any = subprocess.DEVNULL
     pump = None
     if stream is not None:
@@ -124,15 +128,16 @@ def run(req: dict, stream: IO[bytes] | None = None, plan: IdMap | None = None) -
             stdin = subprocess.PIPE
     try:
         proc = subprocess.Popen(
-            boot.command("sandbox.rootfs.worker", json.dumps(req)),
+            boot.command("sandbox.rootfs.worker", str(req_fd), req["op"]),
             stdin=stdin,
             stdout=subprocess.PIPE,
-            pass_fds=[go_r],
+            pass_fds=[go_r, req_fd],
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
             start_new_session=True,  # a terminal's Ctrl-C is ours to handle (we kill it), and not the rmtree's after it
         )
     finally:
         os.close(go_r)
+        os.close(req_fd)
     assert proc.stdout is not None
     try:
         if userns:

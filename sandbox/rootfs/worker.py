@@ -11,7 +11,11 @@ archive. Its sources and destination are opened first, while the worker still ha
 (as host root the 0700 store above them is no longer searchable once it is R). As host root,
 ``rmtree`` and ``du`` need no namespace.
 
-Request: one JSON object in ``argv``; answers: JSON lines on stdout. Stdlib only.
+Request: one JSON object in the memfd ``argv`` names (an image's layers outgrow an argv string);
+answers: JSON lines on stdout. Stdlib only. The worker dies with the process that started it
+(``PR_SET_PDEATHSIG``, set again after becoming the namespace's root, which clears it, and each time
+followed by a check that the parent is still the one that asked), so a killed ``pull`` or ``import``
+leaves no extraction writing on.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -31,6 +36,7 @@ from . import untar
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CLONE_NEWUSER = 0x10000000
+PR_SET_PDEATHSIG = 1
 # The worker's own memory bound (RLIMIT_DATA: its heap and private mappings, zstd's too, which
 # inherits it), so a parse that escapes untar's bounds fails with MemoryError instead of taking
 # the host. Room for what it legitimately holds: xz's dictionary (64 MiB at -9), zstd's default
@@ -44,7 +50,16 @@ def _say(obj: dict) -> None:
         data = data[os.write(1, data) :]
 
 
-def _enter_userns(go_fd: int, setgroups: bool) -> None:
+def _die_with(parent: int) -> None:
+    """Be killed when ``parent`` (the thread that started us) ends; already gone: end now."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _enter_userns(go_fd: int, setgroups: bool, parent: int) -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -59,6 +74,7 @@ def _enter_userns(go_fd: int, setgroups: bool) -> None:
         os.setgroups([])
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
+    _die_with(parent)  # a change of credentials cleared it
 
 
 def _open_raw(source: dict) -> IO[bytes]:
@@ -126,7 +142,9 @@ def du(path: str) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    req = json.loads(argv[0])
+    with os.fdopen(int(argv[0]), "rb") as f:
+        req = json.loads(f.read())
+    _die_with(req["parent"])
     hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
     bound = MEMORY_MAX if hard == resource.RLIM_INFINITY else min(MEMORY_MAX, hard)  # may only lower
     resource.setrlimit(resource.RLIMIT_DATA, (bound, bound))
@@ -137,7 +155,7 @@ def main(argv: list[str]) -> None:
             raws = [_open_raw(source) for source in req["sources"]]
             os.chdir(req["dest"])
         if req["userns"]:
-            _enter_userns(req["go_fd"], req["setgroups"])
+            _enter_userns(req["go_fd"], req["setgroups"], req["parent"])
         if req["op"] == "extract":
             _say(extract(req, raws))
         elif req["op"] == "rmtree":
