@@ -199,8 +199,7 @@ def _docker_archive(root: Path, tag: str | None) -> tuple[list[Path], Path, str]
     item = manifest[0]
     config = _inside(root, item.get("Config"))
     layers = [_inside(root, layer) for layer in item.get("Layers") or []]
-    with open(config, "rb") as f:  # its digest names the image; what is parsed is bounded below
-        digest = "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+    digest = _sha256(config)  # it names the image; what is parsed of it is bounded (_read_json)
     return layers, config, digest
 
 
@@ -217,16 +216,21 @@ def _blob(root: Path, digest: object) -> Path:
     if not isinstance(digest, str) or not digest.startswith("sha256:") or len(digest) != 71:
         raise RootfsError(f"{root}: unsupported digest {digest!r}")
     path = root / "blobs" / "sha256" / digest[7:]
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
+        got = _sha256(path)
     except FileNotFoundError:
         raise RootfsError(f"{root}: blob {digest} is missing") from None
-    if "sha256:" + h.hexdigest() != digest:
+    if got != digest:
         raise RootfsError(f"{root}: blob {digest} does not match its digest")
     return path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
 
 
 def _read_json(path: Path) -> Any:
