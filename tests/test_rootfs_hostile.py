@@ -500,6 +500,10 @@ def test_cleanup_removes_stale_partial_downloads_and_unfinished_trees(tmp_path: 
     for d in (dead_staging, live_staging, dead_import, live_import):
         (d / "tree" / "etc").mkdir(parents=True)
         (d / "tree" / "etc" / "f").write_bytes(b"x")
+    young = tmp / "import-young"  # made this instant: its import may not have locked it yet
+    young.mkdir()
+    for d in (dead_import, live_import):
+        os.utime(d, (old, old))
     env = {**os.environ, "JAILBOX_CACHE_DIR": str(store.root), "JAILBOX_STATE_DIR": str(tmp_path / "state")}
 
     def cleanup(*flags: str) -> list[str]:
@@ -518,6 +522,7 @@ def test_cleanup_removes_stale_partial_downloads_and_unfinished_trees(tmp_path: 
         assert cleanup("--force") == [str(fresh)]
         assert held.exists() and live_staging.exists() and live_import.exists()
     assert sorted(cleanup()) == sorted(map(str, [held, live_staging, live_import]))
+    assert young.exists()
 
 
 def test_sigterm_during_a_cli_pull_is_handled_as_ctrl_c(hostile: Hostile, store: Store) -> None:

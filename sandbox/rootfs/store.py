@@ -61,6 +61,7 @@ from .image import ImageConfig
 
 Kind = Literal["pull", "import", "build"]
 MAX_NAME = 200
+IMPORT_GRACE = 60.0  # an import locks its directory right after making it
 
 
 def cache_dir() -> Path:
@@ -221,6 +222,8 @@ class Store:
             base = self.root / sub
             for path in sorted(base.iterdir()) if base.is_dir() else []:
                 if path.name.startswith("import-"):
+                    if _younger_than(path, IMPORT_GRACE):
+                        continue  # made, and not yet locked, this instant
                     lock = path  # a live import holds a lock on its directory itself
                 else:
                     name = path.name.rsplit(".", 1)[0]
@@ -376,6 +379,13 @@ def users_of(tree: Path) -> list[int]:
         if meta.get("lower") == str(tree) and state.owner_alive(meta):
             pids.append(int(meta["host_pid"]))
     return pids
+
+
+def _younger_than(path: Path, seconds: float) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime < seconds
+    except OSError:
+        return True  # gone meanwhile: nothing to remove
 
 
 @contextlib.contextmanager
