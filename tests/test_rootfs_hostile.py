@@ -673,8 +673,9 @@ def test_an_image_archive_cannot_make_import_copy_without_bound(
 ) -> None:
     """Before: `rootfs import` copied every member of a docker-save archive to a temporary directory
     unbounded (a few MB of gzip claiming a huge layer), and copied a linked layer once per link. Now a
-    member is judged by its header before a byte is copied, all members share a cap, a link is a link,
-    and more layers than an image may have are refused in one line."""
+    member is judged by its header before a byte is copied, all members share a cap, so does their
+    count (a few MB of gzip made an inode for every 512 bytes of tar), a link is a link, and more layers
+    than an image may have are refused in one line."""
     from jailbox.sandbox.rootfs import importer
     from jailbox.sandbox.rootfs.importer import import_rootfs
 
@@ -703,6 +704,10 @@ def test_an_image_archive_cannot_make_import_copy_without_bound(
     entry = import_rootfs(src, "linked", store=store)
     assert (entry.tree / "f").read_bytes() == b"x"
     assert written_by_this_process() - before < 64 << 20  # a copy a link was 1 GiB
+    empties = [raw_header(f"e/{i}", tarfile.REGTYPE, 0) for i in range(30_000)]  # 15 MB of tar, 0.1 MB gzip'd
+    with pytest.raises(RootfsError, match=r"e/19999: more than 20000 members in an image archive; refused") as info:
+        import_rootfs(docker_save(tmp_path / "inodes.tar.gz", *empties), "evil", store=store)
+    one_line(info)
     many = json.dumps([{"Config": "c.json", "Layers": ["l/layer.tar"] * 20_000}]).encode()
     src = tmp_path / "many.tar"
     src.write_bytes(tar_bytes([E("manifest.json", data=many), E("c.json", data=b"{}"), E("l/layer.tar", data=layer)]))

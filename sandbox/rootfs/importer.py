@@ -4,11 +4,12 @@ Accepted: an OCI image layout directory (``skopeo copy ... oci:DIR``), a ``docke
 ``podman save`` archive (Docker's ``manifest.json`` format, or ``--format oci-archive``), and a
 plain rootfs tarball (``tar -C rootfs -c .``, compressed or not). Image archives are opened into
 a private temporary directory first (regular files only, names checked; at most ``IMAGE_BLOB_MAX``
-bytes a file and ``IMAGE_BLOBS_MAX`` in all, judged by each header before its data is copied, and a
-link made as a link, never a copy), their blobs are checked against their digests, and the layers are
-unpacked like a pull's. JSON documents are read as a pull reads them (``image.parse_json``), and an
-image of more than ``IMAGE_LAYERS_MAX`` layers is refused. Runs in the caller's process; the
-temporary directory is locked while it is used, so ``jailbox cleanup`` removes only a killed import's.
+bytes a file and ``IMAGE_BLOBS_MAX`` in all, judged by each header before its data is copied, at
+most ``IMAGE_ARCHIVE_MEMBERS_MAX`` members, and a link made as a link, never a copy), their blobs
+are checked against their digests, and the layers are unpacked like a pull's. JSON documents are
+read as a pull reads them (``image.parse_json``), and an image of more than ``IMAGE_LAYERS_MAX``
+layers is refused. Runs in the caller's process; the temporary directory is locked while it is
+used, so ``jailbox cleanup`` removes only a killed import's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RootfsError, UnsafeArchive
-from ..limits import IMAGE_BLOB_MAX, IMAGE_BLOBS_MAX, IMAGE_JSON_MAX, IMAGE_LAYERS_MAX
+from ..limits import IMAGE_ARCHIVE_MEMBERS_MAX, IMAGE_BLOB_MAX, IMAGE_BLOBS_MAX, IMAGE_JSON_MAX, IMAGE_LAYERS_MAX
 from . import unpack, untar
 from .image import ImageConfig, host_platform, parse_json
 from .pull import choose, platform_of
@@ -93,7 +94,11 @@ def _open_archive(path: Path, dest: Path) -> None:
     at most ``IMAGE_BLOB_MAX`` bytes a file and ``IMAGE_BLOBS_MAX`` in all, judged before copying."""
     total = 0
     with open(path, "rb") as f:
-        for tf, member in untar.members(f):
+        for count, (tf, member) in enumerate(untar.members(f), 1):
+            if count > IMAGE_ARCHIVE_MEMBERS_MAX:
+                raise RootfsError(
+                    f"{member.name}: more than {IMAGE_ARCHIVE_MEMBERS_MAX} members in an image archive; refused"
+                )
             parts = untar.clean(member.name, member.name)
             if not parts:
                 continue
