@@ -20,9 +20,9 @@ DEFAULT_PIDS = 512
 # every size it declares, so each is judged against these before a byte is read or written.
 IMAGE_BLOB_MAX = 16 << 30  # one blob as downloaded or copied out of an archive (a compressed layer)
 IMAGE_BLOBS_MAX = 64 << 30  # all blobs of one image together
-IMAGE_LAYERS_MAX = 500  # layers of one image (Docker's overlay driver stops near 125, podman's at 500)
+IMAGE_LAYERS_MAX = 500  # layers of one image: Docker's overlay2 driver stacks at most 128
 IMAGE_ARCHIVE_MEMBERS_MAX = 20_000  # files of a docker-save or OCI archive (a few a layer) copied out to import it
-IMAGE_JSON_MAX = 4 << 20  # a manifest, an index, an image config, a token reply (containerd reads 4 MiB too)
+IMAGE_JSON_MAX = 4 << 20  # a manifest, index, image config or token reply: what the OCI spec has registries take
 IMAGE_JSON_DEPTH = 64  # nesting of those documents; real ones stay under 10
 IMAGE_JSON_ITEMS = 100_000  # values in one (a config's history has one object a layer): what parsing may build
 IMAGE_MEMBER_MAX = 64 << 30  # one file unpacked from a layer
