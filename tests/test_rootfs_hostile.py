@@ -436,10 +436,11 @@ def test_the_token_service_is_reached_only_where_a_registry_client_should(
     assert (pull(hostile.ref(), store=store).tree / "f").read_bytes() == b"x"
 
 
-def test_where_a_registry_on_a_private_address_may_send_the_client() -> None:
+def test_where_a_registry_on_a_private_address_may_send_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule, by address (literal addresses: nothing is resolved or connected): https to a public
     address from anywhere; private addresses only from a registry that is itself on one; loopback and
-    link-local never but for the registry's own origin; never a step down to plain http."""
+    link-local never but for the registry's own origin; never a step down to plain http. A name that
+    does not resolve is refused, unless a proxy from the environment would be asked for it."""
     lan = Registry(Reference.parse("10.1.2.3:5000/a/b"), insecure=True)
     local = Registry(Reference.parse("127.0.0.1:5000/a/b"))
     try:
@@ -461,6 +462,15 @@ def test_where_a_registry_on_a_private_address_may_send_the_client() -> None:
             (local, "https://[::ffff:10.0.0.1]/blob", False),
         ]:
             assert (reg.refusal(httpx.URL(url)) is None) == allowed, (reg.base, url)
+        nowhere = httpx.URL("https://no-such-host.invalid/blob")
+        for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        assert "its host does not resolve" in str(local.refusal(nowhere))
+        monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+        assert local.refusal(nowhere) is None
+        assert "loopback" in str(local.refusal(httpx.URL("https://127.0.0.1:5001/x")))  # judged all the same
+        monkeypatch.setenv("NO_PROXY", ".invalid")
+        assert "its host does not resolve" in str(local.refusal(nowhere))
     finally:
         lan.close()
         local.close()

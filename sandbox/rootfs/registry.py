@@ -13,7 +13,8 @@ Loopback, link-local (cloud metadata), multicast and reserved addresses are neve
 they are the registry's own origin, so a registry cannot point the client at another service on
 this machine or its network, by a blob redirect or by its token service's URL (the ``realm``). At
 most ``MAX_REDIRECTS`` in a row; credentials go only to the registry's origin (or its https
-upgrade). A name resolved once for the check and again to connect (DNS rebinding) is not held.
+upgrade). A name resolved once for the check and again to connect (DNS rebinding) is not held, and
+behind a proxy from the environment a name this machine cannot resolve is left to the proxy.
 
 What is read is bounded: manifests, indexes and token replies at ``IMAGE_JSON_MAX`` bytes, read no
 further and parsed by ``image.parse_json`` (bounded nesting); a blob at the size its descriptor
@@ -30,6 +31,7 @@ import os
 import re
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,6 +113,8 @@ class Registry:
         try:
             infos = socket.getaddrinfo(url.host, url.port or 443, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError) as exc:
+            if _proxied(url):
+                return None  # behind a proxy this machine may resolve nothing: the proxy resolves and judges
             return f"its host does not resolve ({exc})"
         for info in infos:
             kind = _address_kind(str(info[4][0]))
@@ -267,6 +271,14 @@ class Registry:
 
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     return url.scheme, url.host.lower(), url.port or {"http": 80, "https": 443}.get(url.scheme)
+
+
+def _proxied(url: httpx.URL) -> bool:
+    """Does httpx send a request for ``url`` through a proxy from the environment (``HTTPS_PROXY``...)?"""
+    proxies = urllib.request.getproxies_environment()
+    return bool(proxies.get(url.scheme) or proxies.get("all")) and not urllib.request.proxy_bypass_environment(
+        url.host, proxies
+    )
 
 
 def _address_kind(text: str) -> str:
