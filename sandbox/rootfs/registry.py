@@ -276,9 +276,7 @@ def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
 def _proxied(url: httpx.URL) -> bool:
     """Does httpx send a request for ``url`` through a proxy from the environment (``HTTPS_PROXY``...)?"""
     proxies = urllib.request.getproxies_environment()
-    return bool(proxies.get(url.scheme) or proxies.get("all")) and not urllib.request.proxy_bypass_environment(
-        url.host, proxies
-    )
+    return bool(proxies.get(url.scheme) or proxies.get("all")) and not urllib.request.proxy_bypass(url.host)
 
 
 def _address_kind(text: str) -> str:
