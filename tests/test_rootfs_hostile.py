@@ -206,6 +206,12 @@ def test_a_layer_that_claims_a_terabyte_is_refused_before_it_is_fetched(hostile:
             [{"mediaType": LAYER_GZ, "digest": zeros, "size": 15 << 30}] * 5,
             rf"its blobs declare {(75 << 30) + len(CONFIG)} bytes, more than {64 << 30} \(64 GiB\) in all",
         ),
+        "negative": (  # five of 15 GiB, hidden from the total by a sixth below zero
+            [{"mediaType": LAYER_GZ, "digest": zeros, "size": 15 << 30}] * 5
+            + [{"mediaType": LAYER_GZ, "digest": zeros, "size": -(64 << 30)}],
+            rf"layer {zeros} declares no size in bytes \('-68719476736'\)",
+        ),
+        "text": ([{"mediaType": LAYER_GZ, "digest": zeros, "size": "1e12"}], r"declares no size in bytes \('1e12'\)"),
     }
     for tag, (layers, message) in cases.items():
         hostile.image(layers, tag=tag)

@@ -97,21 +97,24 @@ def pull(
 
 
 def check_declared(what: str, config: dict, layers: list) -> None:
-    """Refuse, in one line, an image whose manifest declares more than the bounds allow."""
+    """Refuse, in one line, an image whose manifest declares more than the bounds allow, or a size that
+    is not a count of bytes (a negative one would hide others from the total)."""
     if len(layers) > IMAGE_LAYERS_MAX:
         raise RegistryError(f"{what}: {len(layers)} layers, more than the {IMAGE_LAYERS_MAX} an image may have")
     size = config.get("size")
-    if not isinstance(size, int) or size > IMAGE_JSON_MAX:
+    if type(size) is not int or not 0 <= size <= IMAGE_JSON_MAX:
         raise RegistryError(f"{what}: image config without a size or larger than {IMAGE_JSON_MAX} bytes ({size!r})")
     total = size
     for layer in layers:
         size = layer.get("size") if isinstance(layer, dict) else None
         name = layer.get("digest") if isinstance(layer, dict) else None
-        if isinstance(size, int) and size > IMAGE_BLOB_MAX:
+        if type(size) is not int or size < 0:
+            raise RegistryError(f"{what}: layer {name} declares no size in bytes ({str(size)[:40]!r})")
+        if size > IMAGE_BLOB_MAX:
             raise RegistryError(
                 f"{what}: layer {name} declares {size} bytes, more than {IMAGE_BLOB_MAX} ({IMAGE_BLOB_MAX >> 30} GiB)"
             )
-        total += size if isinstance(size, int) else 0
+        total += size
     if total > IMAGE_BLOBS_MAX:
         raise RegistryError(
             f"{what}: its blobs declare {total} bytes, more than {IMAGE_BLOBS_MAX} ({IMAGE_BLOBS_MAX >> 30} GiB) in all"
