@@ -9,11 +9,12 @@ What a comment states a line prints (``# 42``, ``# 403``) is compared with what 
 A block is skipped only when the line before it is a marker comment,
 ``<!-- readme-test: needs an LLM endpoint -->`` or ``<!-- readme-test: needs a registry (...) -->``:
 no other reason is accepted, so a failing block cannot be marked away. A registry block runs where
-the registry answers (``conftest.need("registry")``: skipped naming the fix elsewhere, a failure under
-``JAILBOX_TEST_STRICT=1``). A block that needs an LLM endpoint runs against a scripted one
-on the port it names (``tests/llm_server.py``). The two install blocks are what ``.ci/run`` runs (checked here
-letter for letter), and a registry block holds commands as they run, not placeholders. A block using
-what a machine may lack (``--network full``'s slirp4netns, curl) goes through ``conftest.need``."""
+the registry answers (``conftest.need("registry")``: skipped naming the fix elsewhere, also under
+``JAILBOX_TEST_STRICT=1``, since no install step gives CI the Internet). A block that needs an LLM
+endpoint runs against a scripted one on the port it names (``tests/llm_server.py``). The two install
+blocks are what ``.ci/run`` runs (checked here letter for letter), and a registry block holds
+commands as they run, not placeholders. A block using what a machine may lack (``--network full``'s
+slirp4netns, curl) goes through ``conftest.need``."""
 
 from __future__ import annotations
 
