@@ -4,7 +4,7 @@ Building it compiles CPython, which takes many minutes on a small machine, so th
 it share one build: a store of its own under ``JAILBOX_TEST_TREES`` (default
 ``~/.cache/jailbox-test-trees``, per user), in a
 folder named by a hash of the recipe file, so editing the recipe builds anew and drops the old tree.
-The build is the CLI's, with no arguments, as the README tells a user to run it. The tests that
+The build is the CLI's, with no arguments, as docs/rootfs.md tells a user to run it. The tests that
 use it are marked ``root``: CI builds it in its root pass only, to stay within its time budget (the
 rootless build path is the custom recipe test's, which runs in both passes).
 """

@@ -56,7 +56,7 @@ def _jailbox(*args: str, cache: Path, timeout: float = 900) -> subprocess.Comple
 @pytest.fixture(scope="module")
 def paper() -> Iterator[Path]:
     """The store holding the paper's environment as ``default``: built once by the CLI with no
-    arguments, as the README says, and kept between runs (``paper_tree``)."""
+    arguments, as docs/rootfs.md says, and kept between runs (``paper_tree``)."""
     root = paper_store()
     old = os.environ.get("JAILBOX_CACHE_DIR")
     os.environ["JAILBOX_CACHE_DIR"] = str(root)

@@ -79,7 +79,7 @@ def test_the_default_sandbox_has_a_disk_and_an_inode_cap():
     [
         "for i in $(seq 12); do head -c 16M /dev/zero > /testbed/f$i; done",  # many files, each under the cap
         # writers in parallel, writing over time: the watcher samples every 50 ms, so a burst written
-        # whole between two samples gets past the cap (README, "Resource bounds")
+        # whole between two samples gets past the cap (docs/bounds.md)
         "for i in $(seq 6); do (for j in $(seq 40); do head -c 1M /dev/zero; sleep 0.02; done > /testbed/p$i) &"
         " done; wait",
         "mkdir -p /fill && for i in $(seq 12); do head -c 16M /dev/zero > /fill/f$i; done",  # outside the workdir
@@ -91,7 +91,7 @@ def test_a_disk_layer_is_held_to_the_disk_cap(fill):
         r = sb.exec(fill, timeout=120)
         assert r.disk_limit_hit is True and r.exit_code != 0
         used, _ = host_usage(upper)
-        assert used < 192 * MiB  # the writes asked for 192M or more; what got past the cap is measured in README
+        assert used < 192 * MiB  # the writes asked for 192M or more; what got past the cap: docs/bounds.md
         assert sb.exec("rm -rf /testbed/* /fill; echo usable").stdout == "usable\n"
         assert sb.exec("head -c 1M /dev/zero > /testbed/small && echo wrote").stdout == "wrote\n"
 
@@ -138,7 +138,7 @@ def test_every_tmpfs_has_an_inode_cap(where):
 def test_removing_files_over_the_cap_is_not_killed():
     with Sandbox(limits=Limits(disk="64M")) as sb:
         # written over time, so the watcher sees it while it is written: a burst between two samples is
-        # only seen after it ended, and then the next command is the one stopped (README, "Resource bounds")
+        # only seen after it ended, and then the next command is the one stopped (docs/bounds.md)
         sb.exec("for i in $(seq 8); do head -c 16M /dev/zero > /testbed/f$i; sleep 0.2; done", timeout=120)
         r = sb.exec("rm -f /testbed/f*; sleep 0.5; echo cleaned")
         assert r.stdout == "cleaned\n" and r.disk_limit_hit is False

@@ -7,7 +7,7 @@ buffers past ``fs.pipe-user-pages-soft``. As root, each jail runs under host ids
 of the ``jailbox-jails`` pool, ``idmap.claim_own_ids``), its lower and binds mounted idmapped, so
 one jail filling such a count leaves its neighbour's alone. Before, root's jails shared one range:
 one jail's fill refused the next jail's descriptor passing and epoll registrations. Rootless, the
-jail's root is the user, and these counts are shared with the user's own processes (README): every
+jail's root is the user, and these counts are shared with the user's own processes (docs/bounds.md): every
 jail's epoll instances are made by its init's maker (test_starve_epoll.py), and the watcher holds
 descriptors in flight (test_starve_in_flight.py).
 """

@@ -66,7 +66,7 @@ def test_a_default_sandbox_takes_no_more_of_the_hosts_memory_than_its_bounds_at_
         # A cgroup holds tmpfs and processes together under DEFAULT_MEMORY: measured 598-2,827 MiB
         # taken in 7 runs beside other suites, whose own use counts too, hence 1 GiB of margin. The
         # watcher counts processes only, so their tmpfs (half of it) and a fast allocator's overshoot
-        # come on top: measured 2,240-3,173 MiB in 2 runs, 768 MiB of margin past 3 GiB (README).
+        # come on top: measured 2,240-3,173 MiB in 2 runs, 768 MiB of margin past 3 GiB (docs/bounds.md).
         held = "cgroup" in sb.enforcement["memory"]
         bound = DEFAULT_MEMORY + ((1 << 30) if held else DEFAULT_MEMORY // 2 + 768 * MiB)
         require(
@@ -296,7 +296,7 @@ def test_counting_a_jails_mapped_files_does_not_hold_the_watcher_from_another(tm
 # allocate 48 MiB each under a 64M limit. Before, A was killed 3 runs of 3 (with 40 children): a
 # read outlasting its 20 ms wait charged every share not read yet all of its resident memory.
 # Twenty, not forty: on a host 2.5 times slower than usual, 41 shares of 25-40 ms each could not
-# all be read within the 20 samples a jail may stay undecided (the limit README states), and A
+# all be read within the 20 samples a jail may stay undecided (the limit docs/bounds.md states), and A
 # was then judged on its resident memory (killed 1 run of 3).
 GROWERS = r"""
 import ctypes, mmap, os, time
