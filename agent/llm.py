@@ -133,6 +133,37 @@ class Timeouts(BaseModel):
     total: float = Field(default=1800.0, gt=0)
 
 
+# litellm's provider prefixes as the reference passes model names through it: the prefix picks the API (these
+# are all OpenAI-compatible) and, with no --llm_base_url, the provider's endpoint; the server sees the rest.
+PROVIDERS: dict[str, str | None] = {
+    "openai": None,
+    "hosted_vllm": None,
+    "custom_openai": None,
+    "text-completion-openai": None,
+    "openrouter": "https://openrouter.ai/api/v1",
+    "deepseek": "https://api.deepseek.com/v1",
+    "anthropic": "https://api.anthropic.com/v1",
+    "ollama": "http://localhost:11434/v1",
+    "ollama_chat": "http://localhost:11434/v1",
+    "lm_studio": "http://localhost:1234/v1",
+    "groq": "https://api.groq.com/openai/v1",
+    "together_ai": "https://api.together.xyz/v1",
+    "fireworks_ai": "https://api.fireworks.ai/inference/v1",
+    "mistral": "https://api.mistral.ai/v1",
+    "xai": "https://api.x.ai/v1",
+    "gemini": "https://generativelanguage.googleapis.com/v1beta/openai",
+}
+
+
+def route_model(name: str) -> tuple[str, str | None]:
+    """(model as the server knows it, the provider's endpoint if the prefix names one). Only a known provider
+    prefix goes, as in litellm: "openai/Qwen/Qwen3-8B" sends "Qwen/Qwen3-8B", "Qwen/Qwen3-8B" is sent whole."""
+    provider, slash, rest = name.partition("/")
+    if slash and rest and provider in PROVIDERS:
+        return rest, PROVIDERS[provider]
+    return name, None
+
+
 class LLMConfig(BaseModel):
     """Where and how to ask; ``base_url`` and ``api_key`` default to the usual environment variables.
 

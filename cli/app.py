@@ -4,15 +4,9 @@ Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import click
 
 from .. import __version__
-
-if TYPE_CHECKING:
-    pass
-
 from .errors import _OneLineGroup
 from .settings import _settings, _settings_keys, _settings_path, _unknown_settings
 

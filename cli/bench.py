@@ -7,18 +7,14 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from ..sandbox.errors import SandboxError  # stdlib only, and every command catches it
 from ..sandbox.escapes import printable  # stdlib only: what others chose is printed through it
-
-if TYPE_CHECKING:
-    pass
-
 from .app import main
-from .errors import _check_url, _fed_by, _flag_error
+from .errors import SETUP_EXIT, _check_url, _fed_by, _flag_error, fail
 from .options import (
     COPY_OUT_HELP,
     ROOTFS_DEFAULT_HELP,
@@ -123,7 +119,7 @@ def bench_cmd(
 
     from ..agent.batch import Batch, BatchConfig, find_executor
     from ..agent.executors import ExecutorError
-    from ..agent.llm import LLMConfig
+    from ..agent.llm import LLMConfig, route_model
     from ..agent.loop import AgentConfig
     from ..agent.progress import Progress
     from ..agent.report import common_failure, write_summary
@@ -169,9 +165,10 @@ def bench_cmd(
         out.rename(aside)
         click.echo(f"jailbox: moved the earlier run in {out} to {aside}", err=True)
     with _fed_by():
-        fields: dict[str, Any] = {"model": llm_name, "max_retries": llm_max_retries, **bounds}
-        if llm_base_url:
-            fields["base_url"] = llm_base_url
+        model, provider_url = route_model(llm_name)  # as run routes it: a provider prefix picks its endpoint
+        fields: dict[str, Any] = {"model": model, "max_retries": llm_max_retries, **bounds}
+        if llm_base_url or provider_url:
+            fields["base_url"] = llm_base_url or provider_url
         if api_key:
             fields["api_key"] = api_key
         config = BatchConfig(
@@ -261,8 +258,7 @@ def replay(trajectories: tuple[str, ...], timeout: float, input_dir: str | None,
         except InputDirError as exc:
             _flag_error("--input_dir", str(exc))
         except SandboxError as exc:
-            click.echo(printable(f"jailbox: {exc}"), err=True)
-            sys.exit(125)
+            fail(exc, SETUP_EXIT)
     if as_json:
         payload = [{"trajectory": t, "steps": [s.model_dump() for s in steps]} for t, steps in runs]
         click.echo(json.dumps(payload if len(runs) > 1 else payload[0]["steps"]))

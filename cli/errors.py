@@ -1,6 +1,7 @@
 """How the command line fails: one line naming the flag that fed a bad value and a valid use of it
 (``_flag_error``), a missing extra named with its install command, click's own refusals of a value
-turned into that line (``_OneLineGroup``), and the exit codes the commands share.
+turned into that line (``_OneLineGroup``), every other error a command ends on as ``jailbox: WHAT``
+(``fail``, ``failing``), and the exit codes the commands share.
 
 Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)."""
 
@@ -9,18 +10,33 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import click
 
 from ..sandbox.escapes import printable  # stdlib only: what others chose is printed through it
-
-if TYPE_CHECKING:
-    pass
-
 from .settings import _settings_path
 
 TIMEOUT_EXIT = 124  # a command killed for its timeout, as timeout(1) and docker report it
+SETUP_EXIT = 125  # the jail could not be made (docker run's code for its own failures)
+
+
+def fail(error: Exception | str, code: int = 1) -> NoReturn:
+    """End the command on an error that is not a flag's: one line on stderr, whatever it quotes
+    (an image's names, a server's words) shown escaped."""
+    click.echo(printable(f"jailbox: {error}"), err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def failing(code: int = 1) -> Iterator[None]:
+    """A ``SandboxError`` raised inside ends the command through ``fail`` with ``code``."""
+    from ..sandbox.errors import SandboxError  # stdlib only
+
+    try:
+        yield
+    except SandboxError as exc:
+        fail(exc, code)
 
 
 FLAGS: dict[tuple[str, str], tuple[str, str]] = {

@@ -11,14 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..sandbox.errors import SandboxError  # stdlib only, and every command catches it
-from ..sandbox.escapes import printable  # stdlib only: what others chose is printed through it
-
 if TYPE_CHECKING:
     from ..sandbox.execution import ExecRun
 
 from .app import main
-from .errors import TIMEOUT_EXIT
+from .errors import SETUP_EXIT, TIMEOUT_EXIT, failing
 from .options import _config, _jail_options
 from .sandboxes import _service_exec
 
@@ -70,13 +67,9 @@ def exec_cmd(command: tuple[str, ...], timeout: float | None, sandbox_id: str | 
 
         return callback
 
-    try:
-        with Sandbox(config) as sb:
-            run = sb.begin_exec(list(command), stdin=stdin, on_stdout=write(out), on_stderr=write(err))
-            result = run_sync(run, timeout)
-    except SandboxError as exc:
-        click.echo(printable(f"jailbox: {exc}"), err=True)
-        sys.exit(125)
+    with failing(SETUP_EXIT), Sandbox(config) as sb:
+        run = sb.begin_exec(list(command), stdin=stdin, on_stdout=write(out), on_stderr=write(err))
+        result = run_sync(run, timeout)
     if closed:
         sys.exit(128 + signal.SIGPIPE)
     if result.timed_out:
@@ -98,11 +91,7 @@ def shell(**jail: Any) -> None:
     from ..sandbox.terminal import attach
 
     config = _config(**jail)
-    try:
-        with Sandbox(config) as sb:
-            command = sb.exec_tty(["/bin/sh", "-c", SHELL], env={"TERM": os.environ.get("TERM", "xterm")})
-            code = attach(command, sys.stdin.fileno(), sys.stdout.fileno())
-    except SandboxError as exc:
-        click.echo(printable(f"jailbox: {exc}"), err=True)
-        sys.exit(125)
+    with failing(SETUP_EXIT), Sandbox(config) as sb:
+        command = sb.exec_tty(["/bin/sh", "-c", SHELL], env={"TERM": os.environ.get("TERM", "xterm")})
+        code = attach(command, sys.stdin.fileno(), sys.stdout.fileno())
     sys.exit(code)

@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
 
 import click
 
 from ..sandbox.errors import SandboxError  # stdlib only, and every command catches it
 from ..sandbox.escapes import printable  # stdlib only: what others chose is printed through it
-
-if TYPE_CHECKING:
-    pass
-
 from .app import main
 from .settings import _settings_path, settings_reference
 

@@ -7,17 +7,14 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any
 
 import click
 
 from ..sandbox.errors import SandboxError  # stdlib only, and every command catches it
 from ..sandbox.escapes import printable  # stdlib only: what others chose is printed through it
-
-if TYPE_CHECKING:
-    pass
-
 from .app import main
+from .errors import fail, failing
 
 PIPED_EVERY = 25  # rootfs build, piped: a progress line every this many packages
 
@@ -30,11 +27,6 @@ def rootfs_group() -> None:
     Example:
       jailbox rootfs pull python:3.11-slim && jailbox exec --rootfs python:3.11-slim -- python3 -V
     """
-
-
-def _rootfs_fail(exc: Exception) -> NoReturn:
-    click.echo(printable(f"jailbox: {exc}"), err=True)
-    sys.exit(1)
 
 
 def _progress() -> Any:
@@ -90,7 +82,7 @@ def rootfs_pull(ref: str, name: str | None, platform: str | None, insecure: bool
         click.echo("jailbox: interrupted; nothing stored (what was downloaded is kept: pull again to resume)", err=True)
         sys.exit(130)
     except SandboxError as exc:
-        _rootfs_fail(exc)
+        fail(exc)
     finally:
         signal.signal(signal.SIGINT, default_sigint)
         signal.signal(signal.SIGTERM, default_sigterm)
@@ -136,7 +128,7 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
 
     if recipe is None:
         if name is not None and name not in shipped.names():
-            _rootfs_fail(build.unknown_recipe(name))  # a typo must not build the 1.4 GB default
+            fail(build.unknown_recipe(name))  # a typo must not build the 1.4 GB default
         recipe = name or "default"
     started = time.monotonic()
     default_sigint = signal.signal(signal.SIGINT, _interrupt_once)
@@ -150,7 +142,7 @@ def rootfs_build(name: str | None, recipe: str | None, quiet: bool) -> None:
         click.echo("jailbox: interrupted before the build started; nothing stored", err=True)
         sys.exit(130)
     except SandboxError as exc:
-        _rootfs_fail(exc)
+        fail(exc)
     finally:
         signal.signal(signal.SIGINT, default_sigint)
     took = time.monotonic() - started
@@ -171,10 +163,8 @@ def rootfs_import(source: str, name: str, platform: str | None, tag: str | None)
     """
     from ..sandbox.rootfs.importer import import_rootfs
 
-    try:
+    with failing():
         entry = import_rootfs(source, name, platform=platform, tag=tag)
-    except SandboxError as exc:
-        _rootfs_fail(exc)
     click.echo(f"{entry.name}  {entry.tree}")
 
 
@@ -221,10 +211,8 @@ def rootfs_rm(names: tuple[str, ...], force: bool) -> None:
 
     store = Store()
     for name in names:
-        try:
+        with failing():
             click.echo(f"removed {store.remove(name, force=force).name}")
-        except SandboxError as exc:
-            _rootfs_fail(exc)
 
 
 @rootfs_group.command("path")
@@ -238,10 +226,8 @@ def rootfs_path(name: str) -> None:
     """
     from ..sandbox.rootfs.store import Store
 
-    try:
+    with failing():
         click.echo(str(Store().require(name).tree))
-    except SandboxError as exc:
-        _rootfs_fail(exc)
 
 
 @rootfs_group.command("du")
@@ -255,10 +241,8 @@ def rootfs_du(name: str) -> None:
     """
     from ..sandbox.rootfs.store import Store
 
-    try:
+    with failing():
         usage = Store().du(name)
-    except SandboxError as exc:
-        _rootfs_fail(exc)
     click.echo(
         f"{usage['bytes'] / 1e6:.1f} MB apparent, {usage['disk'] / 1e6:.1f} MB on disk, {usage['entries']} entries"
     )

@@ -182,7 +182,7 @@ def run_cmd(
     """
     from ..agent import prompts as prompt_configs
     from ..agent.inputs import InputDirError
-    from ..agent.llm import LLMConfig, Retry
+    from ..agent.llm import LLMConfig, Retry, route_model
     from ..agent.loop import AgentConfig
     from ..agent.run import FILES, check_copy_out, fresh_dir, run_task
     from ..sandbox import SandboxConfig
@@ -201,7 +201,7 @@ def run_cmd(
         raise click.UsageError("--llm_name is required (or llm_name in --settings), e.g. --llm_name openai/gpt-4o")
     if save_litellm_response and not quiet and not as_json:
         click.echo("jailbox: --save_litellm_response: every request and reply is in trajectory.json already", err=True)
-    model, provider_url = _model_route(llm_name)
+    model, provider_url = route_model(llm_name)
     with _fed_by("--extra-body"):
         extra = _extra_body(extra_body) if extra_body else {}
     with _fed_by("--llm-base-url"):
@@ -322,37 +322,6 @@ def _drop_if_empty(run_dir: Path) -> None:
     """A run directory the run never recorded into (no jail, or its input refused) is not left behind."""
     with suppress(OSError):
         run_dir.rmdir()
-
-
-# litellm's provider prefixes as the reference passes model names through it: the prefix picks the API (these
-# are all OpenAI-compatible) and, with no --llm_base_url, the provider's endpoint; the server sees the rest.
-PROVIDERS: dict[str, str | None] = {
-    "openai": None,
-    "hosted_vllm": None,
-    "custom_openai": None,
-    "text-completion-openai": None,
-    "openrouter": "https://openrouter.ai/api/v1",
-    "deepseek": "https://api.deepseek.com/v1",
-    "anthropic": "https://api.anthropic.com/v1",
-    "ollama": "http://localhost:11434/v1",
-    "ollama_chat": "http://localhost:11434/v1",
-    "lm_studio": "http://localhost:1234/v1",
-    "groq": "https://api.groq.com/openai/v1",
-    "together_ai": "https://api.together.xyz/v1",
-    "fireworks_ai": "https://api.fireworks.ai/inference/v1",
-    "mistral": "https://api.mistral.ai/v1",
-    "xai": "https://api.x.ai/v1",
-    "gemini": "https://generativelanguage.googleapis.com/v1beta/openai",
-}
-
-
-def _model_route(name: str) -> tuple[str, str | None]:
-    """(model as the server knows it, the provider's endpoint if the prefix names one). Only a known provider
-    prefix goes, as in litellm: "openai/Qwen/Qwen3-8B" sends "Qwen/Qwen3-8B", "Qwen/Qwen3-8B" is sent whole."""
-    provider, slash, rest = name.partition("/")
-    if slash and rest and provider in PROVIDERS:
-        return rest, PROVIDERS[provider]
-    return name, None
 
 
 def _extra_body(text: str) -> dict[str, Any]:

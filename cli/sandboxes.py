@@ -8,24 +8,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import click
 
 from ..sandbox.errors import SandboxError  # stdlib only, and every command catches it
 from ..sandbox.escapes import printable  # stdlib only: what others chose is printed through it
-
-if TYPE_CHECKING:
-    pass
-
 from .app import main
-from .errors import TIMEOUT_EXIT, _fed_by, _flag_error
+from .errors import SETUP_EXIT, TIMEOUT_EXIT, _fed_by, _flag_error, fail, failing
 from .options import _config, _env_pairs, _jail_options
-
-
-def _service_fail(exc: Exception, code: int = 1) -> NoReturn:
-    click.echo(printable(f"jailbox: {exc}"), err=True)
-    sys.exit(code)
 
 
 def _service_call(request: Any, start: bool = False) -> Any:
@@ -92,7 +83,7 @@ def _service_exec(ref: str, command: tuple[str, ...], timeout: float | None, jai
     except BrokenPipeError:
         sys.exit(141)  # our own stdout closed (| head): as a shell's command would end
     except SandboxError as exc:
-        _service_fail(exc, 125)
+        fail(exc, SETUP_EXIT)
     if exited.timed_out:
         click.echo(f"jailbox: command timed out after {timeout}s and was killed", err=True)
         sys.exit(TIMEOUT_EXIT)
@@ -123,10 +114,8 @@ def create(name: str | None, **jail: Any) -> None:
         raise click.BadParameter(
             f"{name!r}: letters, digits, '_', '.', '-', at most 64, e.g. --name web-1", param_hint="--name"
         ) from None
-    try:
+    with failing():
         click.echo(_service_call(request, start=True).id)
-    except SandboxError as exc:
-        _service_fail(exc)
 
 
 def _server_options(command: Any) -> Any:
@@ -175,10 +164,8 @@ def ps(as_json: bool, server: str | None, api_key_file: str | None) -> None:
 
     from ..sandbox.service import protocol
 
-    try:
+    with failing():
         reply = _service_call(protocol.List(op="ps"))
-    except SandboxError as exc:
-        _service_fail(exc)
     boxes = reply.sandboxes if reply is not None else []
     if as_json:
         click.echo(json.dumps([b.model_dump() for b in boxes], indent=2))
@@ -219,12 +206,10 @@ def stop(refs: tuple[str, ...], stop_all: bool, server: str | None, api_key_file
         request = protocol.Stop(op="stop", ids=list(refs), all=stop_all)
     except ValidationError:
         raise click.UsageError(f"{refs}: expected ids or names from jailbox ps, e.g. jailbox stop 3f2a9c") from None
-    try:
+    with failing():
         reply = _service_call(request)
-    except SandboxError as exc:
-        _service_fail(exc)
     if reply is None and refs:
-        _service_fail(SandboxError(f"no sandbox {refs[0]!r}; jailbox ps lists them"))
+        fail(SandboxError(f"no sandbox {refs[0]!r}; jailbox ps lists them"))
     for sid in reply.stopped if reply is not None else []:
         click.echo(sid)
 
@@ -264,9 +249,7 @@ def cp(src: str, dst: str) -> None:
         request = protocol.Copy(op=op, id=ref, host=os.path.abspath(host), jail=jail)
     except ValidationError as exc:
         raise click.UsageError(f"cp {src} {dst}: {exc.errors()[0]['msg']}") from None
-    try:
+    with failing():
         reply = _service_call(request)
-    except SandboxError as exc:
-        _service_fail(exc)
     if reply is None:
-        _service_fail(SandboxError(f"no sandbox {ref!r}; jailbox ps lists them"))
+        fail(SandboxError(f"no sandbox {ref!r}; jailbox ps lists them"))

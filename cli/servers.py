@@ -5,12 +5,9 @@ Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
-
-if TYPE_CHECKING:
-    pass
 
 from .app import main
 from .errors import _flag_error, _missing_extra

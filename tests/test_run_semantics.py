@@ -21,7 +21,7 @@ from conftest import SHARED_DATA
 from llm_server import ScriptedServer, reply
 from oci_images import Layout, LocalRegistry
 
-from jailbox.agent.llm import LLMConfig
+from jailbox.agent.llm import LLMConfig, route_model
 from jailbox.agent.loop import NO_TOOL_CALL, AgentConfig, conversation_tokens
 from jailbox.agent.prompts import PromptConfig, load
 from jailbox.agent.run import run_task
@@ -229,6 +229,26 @@ def test_reference_settings_file_fills_what_the_command_line_leaves_out(tmp_path
     assert r.returncode == 0, r.stdout + r.stderr
     assert first.json["model"] == "from-settings" and first.headers["authorization"] == "Bearer s3cret"
     assert "--save_litellm_response" in r.stderr
+
+
+def test_run_and_bench_route_a_provider_prefix_alike(tmp_path):
+    """A litellm provider prefix is dropped, and names the endpoint when no --llm_base_url does, for
+    ``bench`` as for ``run`` (bench used to send "hosted_vllm/m" to the server as it was)."""
+    assert route_model("openrouter/meta-llama/llama-3-8b") == ("meta-llama/llama-3-8b", "https://openrouter.ai/api/v1")
+    assert route_model("openai/Qwen/Qwen3-8B") == ("Qwen/Qwen3-8B", None)
+    assert route_model("Qwen/Qwen3-8B") == ("Qwen/Qwen3-8B", None)  # not a provider: sent whole
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t1", "query": "q", "answer": "a"}) + "\n")
+    for command in ("run", "bench"):
+        with ScriptedServer(HELLO) as server:
+            argv = ["--llm_name", "hosted_vllm/m", "--llm_base_url", server.url, "--network", "none"]
+            where = ["--query", "q"] if command == "run" else [str(tasks), "--output_dir", str(tmp_path / "bench")]
+            r = subprocess.run(
+                [*JAILBOX, command, *where, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
+            )
+            first = server.requests[0]
+        assert r.returncode == 0, (command, r.stdout + r.stderr)
+        assert first.json["model"] == "m", command
 
 
 @pytest.mark.parametrize(
