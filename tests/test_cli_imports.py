@@ -31,7 +31,9 @@ MAIN = "import sys; from jailbox.cli import main; sys.exit(main())"  # the full 
 QUICK = "import sys; from jailbox.console import main; sys.exit(main())"  # the console script's body
 
 # Measured on a 2-core VM (editable install, Python 3.11): exec -- true 218 modules beyond a bare
-# interpreter, --help 50, --version 41. The budgets leave room for a dependency's minor release.
+# interpreter, --help 50, --version 41 (76 with a regular install, whose finder loads less up front);
+# --help's count leaves jailbox's own modules out (the test lists those exactly). The budgets leave
+# room for a dependency's minor release.
 EXEC_MODULES = 300
 HELP_MODULES = 80
 CLI_DIR = Path(__file__).resolve().parent.parent / "cli"
@@ -165,7 +167,8 @@ def test_help_and_version_import_click_and_nothing_of_the_jail(argv: tuple[str, 
             "jailbox.sandbox.limits",
         ]
     )
-    assert len(modules) <= HELP_MODULES, sorted(modules)
+    others = sorted(m for m in modules if not m.startswith("jailbox"))
+    assert len(others) <= HELP_MODULES, others
     assert sum(modules.values()) <= HELP_IMPORT_US, sorted(modules.items(), key=lambda kv: -kv[1])[:20]
 
 

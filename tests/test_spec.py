@@ -132,10 +132,10 @@ def _tupled(value: Any) -> Any:
 
 
 def test_each_network_mode_owns_its_descriptors():
-    userns = {mode: modes.for_policy(NetworkPolicy(mode=mode)).child_spec(True, False) for mode in modes.MODES}
+    userns = {mode: modes.for_policy(NetworkPolicy(mode=mode)).child_spec(True) for mode in modes.MODES}
     assert {mode: spec.fd_count for mode, spec in userns.items()} == {"none": 0, "host": 0, "allow": 1, "full": 2}
     assert [mode for mode, spec in userns.items() if not spec.new_netns] == ["host"]
-    assert modes.for_policy(NetworkPolicy(mode="full")).child_spec(False, False).namespaces == ("net",)
+    assert modes.for_policy(NetworkPolicy(mode="full")).child_spec(False).namespaces == ("net",)
     assert "http_proxy" in modes.for_policy(NetworkPolicy(mode="allow")).env()
 
 
