@@ -210,8 +210,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked ``root`` run in the root pass, ``rootless`` in the unprivileged pass, ``cgroup``
     where this user gets per-sandbox cgroups and ``nocgroup`` where it does not (deselected, not
     skipped: CI runs the suite as root, as a user, and in a cgroup v2 guest, so each runs somewhere;
-    the ids go to the ``JAILBOX_TEST_DESELECTED`` file, where ``.ci/run`` finds any that ran nowhere)."""
+    the ids go to the ``JAILBOX_TEST_DESELECTED`` file, where ``.ci/run`` finds any that ran nowhere).
+    Tests marked ``once`` (what they attack is the same whoever runs it) run in CI's root pass only;
+    a user's own rootless run has them."""
     wrong = {"rootless" if os.getuid() == 0 else "root", "nocgroup" if _cgroup_usable() else "cgroup"}
+    if os.getuid() != 0 and os.environ.get(DESELECTED_LIST):  # CI's rootless pass, after its root pass
+        wrong.add("once")
     deselected = [item for item in items if wrong & set(item.keywords)]
     if os.environ.get(DESELECTED_LIST):
         with open(os.environ[DESELECTED_LIST], "a") as listed:

@@ -26,6 +26,8 @@ from jailbox.sandbox.serve.server import (
     MAX_TENANT_CONNECTIONS,
 )
 
+pytestmark = pytest.mark.once  # the server's HTTP parsing is the same whoever runs it
+
 GROWTH = 256 << 20
 """The goal: what an attack may add to the server's resident memory."""
 SERVED_WITHIN = 5.0
