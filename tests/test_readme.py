@@ -58,6 +58,9 @@ STATED: dict[str, tuple[str, ...] | list[tuple[str, ...]]] = {
     'http://bad.example.com/").stdout)  # 403': ("403",),
     'CapEff /proc/self/status").stdout)  # CapEff: 0000000000000021': ("CapEff:\t0000000000000021\n",),
 }
+# One worker runs every block (pytest-xdist): the blocks hold the servers' default ports and one of
+# them serves an LLM endpoint on one, and a registry block uses the image the one before it pulled.
+pytestmark = pytest.mark.xdist_group("readme")
 RUN_SCRIPT = (  # the scripted LLM's turns for `jailbox run`: write an answer, then submit
     reply(None, tool_calls=[{"id": "c1", "type": "function", "function": {
         "name": "execute_bash", "arguments": '{"command": "echo 541 > /testbed/output/answer.txt"}'}}]),
