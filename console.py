@@ -1,5 +1,5 @@
 """The ``jailbox`` console script, in the user's process: ``jailbox exec [--] CMD...`` with no option
-goes through the per-user service's fast path (``sandbox/service/quick.py``, stdlib only); every other
+goes through the per-user service's fast path (``servers/exec_service/quick.py``, stdlib only); every other
 command line, and any call that path declines, goes to the full CLI (``cli/``) with argv untouched.
 
 Here rather than in ``sandbox/``, which never imports the CLI. Nothing at this module's top level may
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-from .sandbox.service import quick
+from .servers.exec_service import quick
 
 
 def main() -> None:

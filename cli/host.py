@@ -54,9 +54,9 @@ def cleanup(force: bool) -> None:
     """
     from ..sandbox.limits.cgroups import reap_stale as reap_stale_cgroups
     from ..sandbox.rootfs.store import Store
-    from ..sandbox.service.client import remove_stale_socket
     from ..sandbox.state import cleanup as cleanup_state
     from ..sandbox.state import state_dir
+    from ..servers.exec_service.client import remove_stale_socket
 
     removed, failed = cleanup_state(state_dir(), force=force)
     stale = remove_stale_socket()  # a killed service's; its sandboxes are among the removed

@@ -1,5 +1,5 @@
 """Long-lived sandboxes: ``create``, ``exec --id``, ``cp``, ``ps`` and ``stop``, through the per-user
-service (``sandbox/service``), or ``ps``/``stop`` against a ``jailbox serve`` with ``--server``.
+service (``servers/exec_service``), or ``ps``/``stop`` against a ``jailbox serve`` with ``--server``.
 
 Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)."""
 
@@ -22,7 +22,7 @@ from .options import _config, _env_pairs, _jail_options
 def _service_call(request: Any, start: bool = False) -> Any:
     """Send one request to this user's service (started on demand only for ``start``); None when no
     service runs."""
-    from ..sandbox.service.client import connect
+    from ..servers.exec_service.client import connect
 
     conn = connect(start)
     if conn is None:
@@ -37,8 +37,8 @@ def _service_exec(ref: str, command: tuple[str, ...], timeout: float | None, jai
     from click.core import ParameterSource
     from pydantic import ValidationError
 
-    from ..sandbox.service import protocol
-    from ..sandbox.service.client import connect
+    from ..servers.exec_service import protocol
+    from ..servers.exec_service.client import connect
 
     ctx = click.get_current_context()
     flags = {param.name: param.opts[0] for param in ctx.command.params}
@@ -103,7 +103,7 @@ def create(name: str | None, **jail: Any) -> None:
     """
     from pydantic import ValidationError
 
-    from ..sandbox.service import protocol
+    from ..servers.exec_service import protocol
 
     config = _config(**jail)
     if config.rootfs != "host" and os.sep in config.rootfs:
@@ -132,7 +132,7 @@ def _server_options(command: Any) -> Any:
 
 
 def _server_call(call: Any) -> None:
-    from ..sandbox.serve.client import ClientError
+    from ..servers.e2b.client import ClientError
 
     try:
         call()
@@ -154,7 +154,7 @@ def ps(as_json: bool, server: str | None, api_key_file: str | None) -> None:
       jailbox ps --server http://127.0.0.1:49982
     """
     if server is not None:
-        from ..sandbox.serve import client
+        from ..servers.e2b import client
 
         _server_call(lambda: client.ps(server, api_key_file, as_json))
         return
@@ -162,7 +162,7 @@ def ps(as_json: bool, server: str | None, api_key_file: str | None) -> None:
         _flag_error("--api-key-file", "goes with --server URL (the server the key is for)")
     import json
 
-    from ..sandbox.service import protocol
+    from ..servers.exec_service import protocol
 
     with failing():
         reply = _service_call(protocol.List(op="ps"))
@@ -192,7 +192,7 @@ def stop(refs: tuple[str, ...], stop_all: bool, server: str | None, api_key_file
     if not refs and not stop_all:
         raise click.UsageError("name the sandboxes to stop, e.g. jailbox stop 3f2a9c, or give --all")
     if server is not None:
-        from ..sandbox.serve import client
+        from ..servers.e2b import client
 
         _server_call(lambda: client.stop(server, api_key_file, refs, stop_all))
         return
@@ -200,7 +200,7 @@ def stop(refs: tuple[str, ...], stop_all: bool, server: str | None, api_key_file
         _flag_error("--api-key-file", "goes with --server URL (the server the key is for)")
     from pydantic import ValidationError
 
-    from ..sandbox.service import protocol
+    from ..servers.exec_service import protocol
 
     try:
         request = protocol.Stop(op="stop", ids=list(refs), all=stop_all)
@@ -235,7 +235,7 @@ def cp(src: str, dst: str) -> None:
     """
     from pydantic import ValidationError
 
-    from ..sandbox.service import protocol
+    from ..servers.exec_service import protocol
 
     (src_ref, src_path), (dst_ref, dst_path) = _cp_side(src), _cp_side(dst)
     if (src_ref is None) == (dst_ref is None):

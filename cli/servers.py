@@ -59,11 +59,11 @@ def serve_cmd(
     limits = _limits(**bounds)  # a bad bound is named before anything else is loaded or started
     from pathlib import Path
 
-    from ..sandbox.serve.keys import KeyFileError
-    from ..sandbox.serve.listen import BadFlag
+    from ..servers.keys import KeyFileError
+    from ..servers.listen import BadFlag
 
     try:
-        from ..sandbox.serve.main import run
+        from ..servers.e2b.main import run
     except ImportError as exc:
         _missing_extra("serve", exc)
     try:
@@ -99,11 +99,11 @@ def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeo
       jailbox mcp                      # what a client's mcpServers entry runs (stdio)
       jailbox mcp --http --port 8765   # http://127.0.0.1:8765/mcp
     """
-    from ..sandbox.serve.keys import KeyFileError
-    from ..sandbox.serve.listen import BadFlag
+    from ..servers.keys import KeyFileError
+    from ..servers.listen import BadFlag
 
     try:
-        from ..sandbox.serve import mcp
+        from ..servers import mcp
     except ImportError as exc:
         _missing_extra("mcp", exc)
     try:
@@ -132,6 +132,6 @@ def service_cmd(idle: float, warm: bool) -> None:
     Example:
       jailbox _service --idle 60
     """
-    from ..sandbox.service.server import main as serve
+    from ..servers.exec_service.server import main as serve
 
     serve(idle, warm)

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start_server
 
-from jailbox.sandbox.serve.e2b import process_pb2 as ppb
+from jailbox.servers.e2b import process_pb2 as ppb
 
 GROWTH = 256 << 20
 """The goal: what the attacks together may add to the server's resident memory."""

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, start_server
 
-from jailbox.sandbox.serve.server import (
+from jailbox.servers.e2b.httpd import (
     HEAD_TIMEOUT,
     KEEP_ALIVE,
     MAX_HEADER_BYTES,

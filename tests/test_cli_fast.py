@@ -1,4 +1,4 @@
-"""``jailbox exec -- CMD`` through the per-user service (``sandbox/service/quick.py``), run as users run it:
+"""``jailbox exec -- CMD`` through the per-user service (``servers/exec_service/quick.py``), run as users run it:
 real client processes, a real service, real jails. Every answer is held to the in-process run's
 (``JAILBOX_NO_SERVICE=1``): the same bytes on both streams, the same exit code. Each test has a state
 directory, so a service, of its own.
@@ -30,7 +30,7 @@ from conftest import host_tree
 from service_probe import ended, listener_pid
 
 from jailbox.sandbox.floor import wire
-from jailbox.sandbox.service import quick
+from jailbox.servers.exec_service import quick
 
 HANG = 120  # seconds: a hang guard only, never a measure
 WRAPPER = """
@@ -220,7 +220,7 @@ def test_the_form_without_dashes_is_fast_too_and_the_same(fast, argv, stdout):
 
 def test_the_service_runs_the_default_configuration_exec_builds():
     from jailbox.cli import _config, exec_cmd
-    from jailbox.sandbox.service.server import default_config
+    from jailbox.servers.exec_service.server import default_config
 
     params = exec_cmd.make_context("exec", ["--", "true"]).params
     jail = {k: v for k, v in params.items() if k not in ("command", "timeout", "sandbox_id")}

@@ -53,8 +53,9 @@ FAST_JAILBOX = [
     "jailbox.sandbox",
     "jailbox.sandbox.floor",
     "jailbox.sandbox.floor.wire",
-    "jailbox.sandbox.service",
-    "jailbox.sandbox.service.quick",
+    "jailbox.servers",
+    "jailbox.servers.exec_service",
+    "jailbox.servers.exec_service.quick",
 ]
 
 NEVER = ("jailbox.agent", "httpx", "httpcore", "anyio", "sympy", "ray", "yaml")  # and their submodules
@@ -64,7 +65,7 @@ EXEC_DENIED = (
     "jailbox.sandbox.net.proxy",  # only for --network allow:
     "jailbox.sandbox.checks",  # the doctor's probes: only when a jail fails
     "jailbox.sandbox.rootfs.store",  # only for a stored rootfs, not "host"
-    "jailbox.sandbox.service",  # only exec --id
+    "jailbox.servers.exec_service",  # only exec --id
     "psutil",
     "ptrace",  # the syscall table is one data file of it, loaded by path
 )

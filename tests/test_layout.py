@@ -1,13 +1,15 @@
 """The package's layering, read from the source (nothing is imported):
 
 - the import graph of the top-level modules (``__init__.py``, ``console.py``, ...), ``sandbox/``,
-  ``agent/`` and ``cli/`` has no cycle, counting imports inside functions and ``TYPE_CHECKING``
+  ``agent/``, ``servers/`` and ``cli/`` has no cycle, counting imports inside functions and ``TYPE_CHECKING``
   blocks (a circle hidden in a function is still one);
 - the child side (``sandbox/child``, ``sandbox/floor``), which runs under ``python -I -S`` in the
   launcher and as the jail's init, imports only the standard library and the floor (child also
   itself);
-- ``sandbox/`` never imports ``agent`` or ``cli``; ``agent/`` reaches the jail only through the
-  public names of ``jailbox.sandbox`` and ``jailbox.sandbox.errors``.
+- ``sandbox/`` never imports ``agent``, ``servers`` or ``cli``; ``agent/`` reaches the jail only
+  through the public names of ``jailbox.sandbox`` and ``jailbox.sandbox.errors``; ``servers/`` through
+  those, ``jailbox.sandbox.serving`` (the internal surface made for them) and the stdlib-only frame
+  format ``jailbox.sandbox.floor.wire``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import ast
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP = "jailbox"
@@ -39,7 +43,7 @@ def _module_name(path: Path) -> str:
 
 def _sources() -> dict[str, Path]:
     files = sorted(ROOT.glob("*.py"))  # the package's own modules: __init__, console, extras
-    for package in ("sandbox", "agent", "cli"):
+    for package in ("sandbox", "agent", "servers", "cli"):
         files += sorted((ROOT / package).rglob("*.py"))
     return {_module_name(f): f for f in files}
 
@@ -146,15 +150,14 @@ def test_the_child_side_imports_only_the_standard_library_and_the_floor():
     assert not bad, "\n".join(bad)
 
 
-def test_the_jail_never_imports_the_agent_or_the_cli():
+def test_the_jail_never_imports_the_agent_the_servers_or_the_cli():
+    above = (f"{TOP}.agent", f"{TOP}.servers", f"{TOP}.cli")
     bad = [
         f"{imp.source}:{imp.line} imports {imp.target} {list(imp.names)}"
         for module in MODULES
         if _inside(module, f"{TOP}.sandbox")
         for imp in _imports(module)
-        if any(_inside(e, f"{TOP}.agent") or e == f"{TOP}.cli" for e in _edges(imp))
-        or _inside(imp.target, f"{TOP}.agent")
-        or imp.target == f"{TOP}.cli"
+        if any(_inside(e, p) for e in _edges(imp) for p in above) or any(_inside(imp.target, p) for p in above)
     ]
     assert not bad, "\n".join(bad)
 
@@ -168,15 +171,23 @@ def _public_sandbox_names() -> set[str]:
     raise AssertionError("jailbox.sandbox has no __all__")
 
 
-def test_the_agent_uses_only_the_public_jail():
+@pytest.mark.parametrize(
+    ("package", "also"),
+    [
+        ("agent", ()),
+        ("servers", ("sandbox.serving", "sandbox.floor.wire")),
+    ],
+)
+def test_the_agent_and_the_servers_use_only_the_jails_faces(package: str, also: tuple[str, ...]) -> None:
     public = _public_sandbox_names()
-    sandbox, errors = f"{TOP}.sandbox", f"{TOP}.sandbox.errors"
+    sandbox = f"{TOP}.sandbox"
+    allowed = {f"{TOP}.sandbox.errors", *(f"{TOP}.{a}" for a in also)}
     bad = []
     for module in MODULES:
-        if not _inside(module, f"{TOP}.agent"):
+        if not _inside(module, f"{TOP}.{package}"):
             continue
         for imp in _imports(module):
-            if imp.target == errors:
+            if imp.target in allowed or (imp.names and _edges(imp) and _edges(imp) <= allowed):
                 continue
             if imp.target == sandbox:
                 if set(imp.names) <= public:

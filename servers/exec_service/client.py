@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from ..errors import SandboxError
-from ..state import state_dir
+from ...sandbox.errors import SandboxError
+from ...sandbox.serving import state_dir
 from . import protocol as p
 from .quick import DEFAULT_IDLE, IDLE_ENV, ServiceLock, service_argv, try_connect
 

@@ -15,9 +15,9 @@ import secrets
 import threading
 from dataclasses import dataclass
 
-from ..config import jail_path
-from ..errors import SandboxError
-from ..sandbox import Sandbox
+from ...sandbox import Sandbox
+from ...sandbox.errors import SandboxError
+from ...sandbox.serving import jail_path
 
 FIELDS = ("%y", "%Y", "%s", "%m", "%T@", "%u", "%g", "%l", "%p")
 PRINTF = "\\0".join(FIELDS) + "\\0"

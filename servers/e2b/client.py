@@ -26,8 +26,8 @@ from pathlib import Path
 
 import click
 
-from ..escapes import printable
-from . import keys
+from ...sandbox import printable
+from .. import keys
 
 MAX_REPLY = 16 << 20
 PAGE = 100

@@ -31,13 +31,9 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from ..config import SandboxConfig
-from ..errors import SandboxError
-from ..execution import ExecRun
-from ..floor.procstat import start_ticks
-from ..pool import SandboxPool
-from ..sandbox import Sandbox
-from ..state import state_dir
+from ...sandbox import Sandbox, SandboxConfig, SandboxPool
+from ...sandbox.errors import SandboxError
+from ...sandbox.serving import ExecRun, start_ticks, state_dir
 from . import protocol as p
 from .quick import WARM, ServiceLock, context
 

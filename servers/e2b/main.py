@@ -11,12 +11,12 @@ import sys
 import threading
 from pathlib import Path
 
-from ..config import Limits
-from . import keys
-from .e2b.control import ControlPlane
-from .listen import refused
+from ...sandbox import Limits
+from .. import keys
+from ..listen import refused
+from .control import ControlPlane
+from .httpd import Server
 from .registry import Registry
-from .server import Server
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from ..floor import wire
+from ...sandbox.floor import wire
 
 # The protocol's constants (``protocol.py`` imports them from here: this module may not import pydantic).
 MAX_MESSAGE = 1 << 20

@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ..errors import SandboxError
-from ..execution import ExecRun, TtyCommand, run_sync
-from ..sandbox import Sandbox
+from ...sandbox import Sandbox
+from ...sandbox.errors import SandboxError
+from ...sandbox.serving import ExecRun, TtyCommand, run_sync
 
 MAX_PROCESSES = 128
 """Commands one sandbox may have running at once through the server."""

@@ -39,12 +39,9 @@ from mcp.types import ToolAnnotations
 from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
 
-from ..aio import AsyncSandbox
-from ..config import Limits, SandboxConfig
-from ..errors import SandboxError
-from ..net.policy import NetworkPolicy
-from ..rootfs.resolve import stored
-from ..rootfs.store import Store
+from ..sandbox import AsyncSandbox, Limits, NetworkPolicy, SandboxConfig
+from ..sandbox.errors import SandboxError
+from ..sandbox.serving import Store, stored
 from . import keys
 from .listen import BadFlag, refused
 
@@ -359,7 +356,7 @@ async def _sandbox_call(tool: str, call: Awaitable[Any], path_field: str = "path
 
 def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
     """The MCP server and its tools, over ``held``."""
-    from ... import __version__
+    from .. import __version__
 
     server = _Server(
         "jailbox",

@@ -22,19 +22,19 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from ...errors import SandboxError
-from .. import fs, processes
-from ..connect import (
+from ...sandbox.errors import SandboxError
+from . import filesystem_pb2 as fpb
+from . import fs, processes
+from . import process_pb2 as ppb
+from .connect import (
     HTTP_STATUS,
     RpcError,
     stream_frames,
     stream_request,
     unary_request,
 )
-from ..registry import Registry, Served
-from ..server import MAX_PART_HEAD, MAX_PARTS, Body, BodyCut, BodyTooLarge, Request, Response
-from . import filesystem_pb2 as fpb
-from . import process_pb2 as ppb
+from .httpd import MAX_PART_HEAD, MAX_PARTS, Body, BodyCut, BodyTooLarge, Request, Response
+from .registry import Registry, Served
 
 ENVD_VERSION = "0.5.7"
 """The envd version the SDK is told: the features it gates on up to here are served."""

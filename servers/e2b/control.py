@@ -16,9 +16,9 @@ from datetime import datetime
 from email.message import Message
 
 from ..keys import Keys
-from ..registry import Registry, Served, ServeError
-from ..server import Request, Response
 from . import envd
+from .httpd import Request, Response
+from .registry import Registry, Served, ServeError
 
 CLIENT_ID = "jailbox"
 SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([A-Za-z0-9_-]{1,64})(/[a-z]+)?$")

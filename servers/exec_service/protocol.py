@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from ..floor import wire
+from ...sandbox.floor import wire
 from .quick import CHUNK, LOG_NAME, MAX_ARG, MAX_ARGS, MAX_MESSAGE, SOCKET_NAME
 
 __all__ = ["CHUNK", "LOG_NAME", "MAX_MESSAGE", "SOCKET_NAME"]  # the stdlib-only client's, re-exported here

@@ -16,11 +16,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from ..config import Limits, check_env
-from ..errors import SandboxError
-from ..pool import SandboxPool
-from ..rootfs.store import Store
-from ..sandbox import Sandbox
+from ...sandbox import Limits, Sandbox, SandboxPool
+from ...sandbox.errors import SandboxError
+from ...sandbox.serving import Store, check_env
 from .fs import Watchers
 from .processes import ProcessTable
 

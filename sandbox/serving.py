@@ -1,0 +1,22 @@
+"""What the servers beside the library (``jailbox.servers``) use of the jail beyond its public face.
+
+Imported by host processes only. Each name is a piece a server needs that a user of the library does
+not: streaming a command's output as it comes (``ExecRun``, ``TtyCommand``, ``run_sync``), finding a
+stored tree by the name a client sends (``Store``, ``stored``), checking a client's paths and
+environment as ``SandboxConfig`` does (``jail_path``, ``check_env``), and telling a live process from
+a reused pid in the per-user state directory (``state_dir``, ``start_ticks``). The servers import
+``jailbox.sandbox``, ``jailbox.sandbox.errors``, this module, and ``jailbox.sandbox.floor.wire`` (the
+stdlib-only frame format of the console script's fast path) and nothing else of the jail
+(``tests/test_layout.py`` pins that; ``tests/test_exported_members.py`` this list).
+"""
+
+from __future__ import annotations
+
+from .config import check_env, jail_path
+from .execution import ExecRun, TtyCommand, run_sync
+from .floor.procstat import start_ticks
+from .rootfs.resolve import stored
+from .rootfs.store import Store
+from .state import state_dir
+
+__all__ = ["ExecRun", "Store", "TtyCommand", "check_env", "jail_path", "run_sync", "start_ticks", "state_dir", "stored"]
