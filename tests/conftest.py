@@ -100,7 +100,7 @@ def need(thing: str) -> None:
             where = f"{REGISTRY[0]}:{REGISTRY[1]}"
             pytest.skip(f"needs a connection to {where} ({BEYOND_CI}); fix: connect this host to the Internet")
     elif thing == "lan":
-        from standin import host_address  # it imports this module: not at the top
+        from support.standin import host_address  # it imports this module: not at the top
 
         require(host_address() is not None, "a non-loopback IPv4 address on this host", "connect a network interface")
     elif thing == "test-user":
@@ -122,7 +122,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # A handler here is reset to the default in each child, which Python then turns into KeyboardInterrupt.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    config.addinivalue_line("markers", "paper_tree: uses the default recipe's tree (tests/paper_tree.py)")
+    config.addinivalue_line("markers", "paper_tree: uses the default recipe's tree (tests/support/paper_tree.py)")
     # A `jailbox exec -- CMD` the tests run would start the per-user service of the fast path, which then
     # holds two warm sandboxes (and their counter shares) in the session's state directory for minutes.
     # The tests of that path (test_cli_fast.py, test_cli_imports.py) turn it back on, each with a
@@ -196,14 +196,14 @@ def _cgroup_usable() -> bool:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The paper's tree takes minutes to build: when a selected test needs it, the build starts now."""
     if any(item.get_closest_marker("paper_tree") for item in session.items):
-        import paper_tree  # it imports this module: not at the top
+        from support import paper_tree  # it imports this module: not at the top
 
         paper_tree.build_early()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if "paper_tree" in sys.modules:
-        sys.modules["paper_tree"].stop_early()
+    if "support.paper_tree" in sys.modules:
+        sys.modules["support.paper_tree"].stop_early()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from llm_server import ScriptedServer, error, reply
+from support.llm_server import ScriptedServer, error, reply
 
 from jailbox.agent.llm import LLMConfig
 from jailbox.agent.loop import CUT_OFF, NO_TOOL_CALL, AgentConfig

@@ -23,9 +23,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from batch_tasks import ROOT, bench_command
 from conftest import snapshot
-from llm_server import MiB, ScriptedServer, Step, filled, filler, gzipped, reply
+from support.batch_tasks import ROOT, bench_command
+from support.llm_server import MiB, ScriptedServer, Step, filled, filler, gzipped, reply
 
 from jailbox.agent.environment import Environment
 from jailbox.agent.tasks import Task, read_results

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from service_probe import ended, listener_pid
+from support.service_probe import ended, listener_pid
 
 from jailbox.agent import inputs
 from jailbox.sandbox import Mount, Sandbox, SandboxConfig, hostfs

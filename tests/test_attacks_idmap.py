@@ -225,7 +225,7 @@ def test_the_range_override_is_what_jails_map(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.root
 def test_an_imported_tree_is_owned_in_the_range(tmp_path: Path, store: Store) -> None:
-    from oci_images import E, tar_bytes
+    from support.oci_images import E, tar_bytes
 
     from jailbox.sandbox.rootfs.importer import import_rootfs
 

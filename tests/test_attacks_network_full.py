@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from standin import host_address
+from support.standin import host_address
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.net.policy import full_refuses, host_resolvers, is_local

@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from batch_tasks import ROOT, bench_command
-from llm_server import ScriptedServer, Step, reply
+from support.batch_tasks import ROOT, bench_command
+from support.llm_server import ScriptedServer, Step, reply
 
 from jailbox.agent.progress import REDRAW, Progress
 from jailbox.agent.tasks import Task, TaskResult

@@ -8,11 +8,11 @@ import subprocess
 import threading
 import time
 
-import paper_tree
 import pytest
-from batch_tasks import ROOT, asked, bench_command, jails_left, responder, tasks_file
 from conftest import host_tree
-from llm_server import ScriptedServer
+from support import paper_tree
+from support.batch_tasks import ROOT, asked, bench_command, jails_left, responder, tasks_file
+from support.llm_server import ScriptedServer
 
 from jailbox.agent.batch import Batch, BatchConfig
 from jailbox.agent.llm import LLMConfig

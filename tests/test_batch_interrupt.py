@@ -8,7 +8,7 @@ import subprocess
 import threading
 
 import pytest
-from batch_tasks import (
+from support.batch_tasks import (
     FOREVER,
     ROOT,
     asked,
@@ -19,7 +19,7 @@ from batch_tasks import (
     two_sigints_end_stuck_tasks,
     wait_for,
 )
-from llm_server import ScriptedServer
+from support.llm_server import ScriptedServer
 
 from jailbox.agent.batch import Batch, BatchConfig
 from jailbox.agent.llm import LLMCancelled, LLMClient, LLMConfig

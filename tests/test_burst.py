@@ -13,9 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-import paper_tree
 import psutil
 from conftest import jail_processes, run_threads
+from support import paper_tree
 
 from jailbox.sandbox import Sandbox, state
 from jailbox.sandbox.limits import cgroups

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from conftest import own_for_jails, snapshot
-from paper_tree import paper_store
 from pydantic import ValidationError
-from standin import StandIn, make_ca
+from support.paper_tree import paper_store
+from support.standin import StandIn, make_ca
 
 from jailbox.sandbox import Mount, Sandbox, SandboxConfig
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import qemu_guest
 from conftest import ci_user, require
+from support import qemu_guest
 
 ROOT = Path(__file__).resolve().parent.parent
 GUEST_TESTS = "tests/test_limits.py -k 'bomb or quota or ordinary'"

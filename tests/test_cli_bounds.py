@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-from batch_tasks import bench_command
-from bound_probe import BOUNDS, PROBE, PROBE_LINE, held
-from llm_server import ScriptedServer
+from support.batch_tasks import bench_command
+from support.bound_probe import BOUNDS, PROBE, PROBE_LINE, held
+from support.llm_server import ScriptedServer
 from test_run_outputs import jailbox_run, obeying, observation, run_dir
 
 from jailbox.agent.tasks import read_results

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import host_tree
-from service_probe import ended, listener_pid
+from support.service_probe import ended, listener_pid
 
 from jailbox.sandbox.floor import wire
 from jailbox.servers.exec_service import quick

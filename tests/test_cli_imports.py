@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_probe import ended
+from support.service_probe import ended
 
 from jailbox.sandbox import Sandbox, SandboxConfig
 from jailbox.sandbox.floor.procstat import start_ticks

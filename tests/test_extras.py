@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from llm_server import ScriptedServer, reply
 from packaging.requirements import Requirement
-from wheels import build_wheel, new_venv, pip_install
+from support.llm_server import ScriptedServer, reply
+from support.wheels import build_wheel, new_venv, pip_install
 
 from jailbox.extras import EXTRAS, missing
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import click
 import pytest
-from batch_tasks import ROOT, bench_command, responder, tasks_file
-from llm_server import ScriptedServer, error
+from support.batch_tasks import ROOT, bench_command, responder, tasks_file
+from support.llm_server import ScriptedServer, error
 
 from jailbox import cli
 from jailbox.agent.tasks import read_results
@@ -501,7 +501,7 @@ def test_every_need_in_the_first_hour_section_names_a_doctor_check_that_exists()
 
 @pytest.mark.needs("docker-registry", "skopeo")
 def test_rootfs_pull_piped_prints_a_line_per_blob(tmp_path: Path, store) -> None:
-    from oci_images import E, Layout, LocalRegistry, tar_bytes
+    from support.oci_images import E, Layout, LocalRegistry, tar_bytes
 
     (tmp_path / "registry").mkdir()
     registry = LocalRegistry(tmp_path / "registry")

@@ -11,10 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-import paper_tree
 import psutil
 import pytest
 from conftest import host_tree, jail_processes
+from support import paper_tree
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.launcher import LAUNCHER

@@ -7,8 +7,8 @@ import json
 import time
 
 import pytest
-from llm_server import DROP, ScriptedServer, Step, error, reply
 from pydantic import ValidationError
+from support.llm_server import DROP, ScriptedServer, Step, error, reply
 
 from jailbox.agent.llm import (
     AsyncLLMClient,

@@ -12,7 +12,7 @@ import time
 import zlib
 
 import pytest
-from llm_server import COMPLETION_HEAD, MiB, ScriptedServer, Step, filled, filler, gzipped, reply
+from support.llm_server import COMPLETION_HEAD, MiB, ScriptedServer, Step, filled, filler, gzipped, reply
 
 from jailbox.agent.llm import (
     MAX_REPLY_BYTES,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_server import ScriptedServer, Step, error, reply
+from support.llm_server import ScriptedServer, Step, error, reply
 
 from jailbox.agent.llm import LLMClient, LLMConfig, Retry
 from jailbox.agent.loop import NO_TOOL_CALL

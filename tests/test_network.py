@@ -19,7 +19,7 @@ import psutil
 import pytest
 from conftest import ci_user, need, own_for_jails, require
 from pydantic import ValidationError
-from standin import CA_ENV, NAMES, StandIn, host_address, make_ca
+from support.standin import CA_ENV, NAMES, StandIn, host_address, make_ca
 
 from jailbox.sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
 from jailbox.sandbox.net import proxy as proxy_mod

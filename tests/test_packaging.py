@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from wheels import ROOT, build_wheel, new_venv, pip_install, run, site_packages
+from support.wheels import ROOT, build_wheel, new_venv, pip_install, run, site_packages
 
 
 @pytest.mark.slow

@@ -11,8 +11,8 @@ import struct
 import subprocess
 import termios
 
-from batch_tasks import ROOT, bench_command, jails_left, responder, tasks_file
-from llm_server import ScriptedServer
+from support.batch_tasks import ROOT, bench_command, jails_left, responder, tasks_file
+from support.llm_server import ScriptedServer
 
 from jailbox.agent.batch import Batch, BatchConfig
 from jailbox.agent.llm import LLMConfig

@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from batch_tasks import (
+from support.batch_tasks import (
     FOREVER,
     ROOT,
     asked,
@@ -25,7 +25,7 @@ from batch_tasks import (
     tasks_file,
     two_sigints_end_stuck_tasks,
 )
-from llm_server import ScriptedServer
+from support.llm_server import ScriptedServer
 
 from jailbox.agent.batch import Batch, BatchConfig, find_executor
 from jailbox.agent.llm import LLMConfig

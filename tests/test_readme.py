@@ -11,7 +11,7 @@ A block is skipped only when the line before it is a marker comment,
 no other reason is accepted, so a failing block cannot be marked away. A registry block runs where
 the registry answers (``conftest.need("registry")``: skipped naming the fix elsewhere, also under
 ``JAILBOX_TEST_STRICT=1``, since no install step gives CI the Internet). A block that needs an LLM
-endpoint runs against a scripted one on the port it names (``tests/llm_server.py``). The two install
+endpoint runs against a scripted one on the port it names (``tests/support/llm_server.py``). The two install
 blocks are what ``.ci/run`` runs (checked here letter for letter), and a registry block holds
 commands as they run, not placeholders. A block using what a machine may lack (``--network full``'s
 slirp4netns, curl) goes through ``conftest.need``."""
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from conftest import need, require
-from llm_server import ScriptedServer, reply
+from support.llm_server import ScriptedServer, reply
 
 from jailbox.sandbox.rootfs.build import load_recipe
 

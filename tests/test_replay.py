@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from paper_tree import paper_store
+from support.paper_tree import paper_store
 
 from jailbox.agent.replay import normalise, replay
 from jailbox.sandbox import SandboxConfig

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from paper_tree import paper_store
+from support.paper_tree import paper_store
 
 from jailbox.sandbox import Sandbox, SandboxConfig
 from jailbox.sandbox.errors import ConfigError, RootfsBuildError

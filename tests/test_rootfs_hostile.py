@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from oci_images import E, raw_header, tar_bytes
+from support.oci_images import E, raw_header, tar_bytes
 
 from jailbox.sandbox.errors import DigestMismatch, RegistryError, RootfsError
 from jailbox.sandbox.limits import IMAGE_BLOB_MAX, IMAGE_JSON_MAX, IMAGE_LAYERS_MAX

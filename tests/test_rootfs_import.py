@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from oci_images import E, Layout, content, raw_header, raw_tar_gz, tar_bytes, tree_of
+from support.oci_images import E, Layout, content, raw_header, raw_tar_gz, tar_bytes, tree_of
 
 from jailbox.sandbox import Sandbox, idmap
 from jailbox.sandbox.errors import RootfsError, UnsafeArchive

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from oci_images import E, Layout, LocalRegistry, Proxy, content, tar_bytes, tree_of
+from support.oci_images import E, Layout, LocalRegistry, Proxy, content, tar_bytes, tree_of
 
 from jailbox.sandbox import Sandbox, SandboxConfig, idmap
 from jailbox.sandbox.errors import ConfigError, DigestMismatch, RegistryError, RootfsNotFound

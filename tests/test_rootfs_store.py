@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from oci_images import E, tar_bytes
+from support.oci_images import E, tar_bytes
 
 from jailbox.sandbox.errors import RootfsError, RootfsNotFound
 from jailbox.sandbox.rootfs import unpack
@@ -47,7 +47,7 @@ def test_create_replace_and_failure_keep_one_consistent_entry(store: Store) -> N
 def test_a_killed_creator_leaves_nothing_the_next_one_trips_on(store: Store) -> None:
     code = (
         "import io, os, signal, sys; sys.path.insert(0, 'tests')\n"
-        "from oci_images import E, tar_bytes\n"
+        "from support.oci_images import E, tar_bytes\n"
         "from jailbox.sandbox.rootfs import unpack\n"
         "from jailbox.sandbox.rootfs.store import Store\n"
         "with Store().create('t', source='test', kind='build') as s:\n"

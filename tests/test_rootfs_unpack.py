@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from oci_images import E, raw_header, raw_tar_gz, tar_bytes
+from support.oci_images import E, raw_header, raw_tar_gz, tar_bytes
 
 from jailbox.sandbox.errors import RootfsError, UnsafeArchive
 from jailbox.sandbox.rootfs import unpack

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA
-from llm_server import ScriptedServer, Step, reply
+from support.llm_server import ScriptedServer, Step, reply
 
 from jailbox.agent import inputs
 from jailbox.agent.environment import Environment

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA
-from llm_server import ScriptedServer, reply
-from oci_images import Layout, LocalRegistry
+from support.llm_server import ScriptedServer, reply
+from support.oci_images import Layout, LocalRegistry
 
 from jailbox.agent.llm import LLMConfig, route_model
 from jailbox.agent.loop import NO_TOOL_CALL, AgentConfig, conversation_tokens

@@ -15,9 +15,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from batch_tasks import ROOT, bench_command
 from conftest import need
-from llm_server import ScriptedServer, Step, error, reply
+from support.batch_tasks import ROOT, bench_command
+from support.llm_server import ScriptedServer, Step, error, reply
 
 from jailbox.agent import llm_prompt
 from jailbox.agent.batch import Batch, BatchConfig

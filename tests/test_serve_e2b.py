@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bound_probe import BOUNDS, PROBE_LINE, held
 from conftest import require
+from support.bound_probe import BOUNDS, PROBE_LINE, held
 
 KEY_A = "jbx_" + "a" * 40
 KEY_B = "jbx_" + "b" * 40

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from bound_probe import BOUNDS, PROBE_LINE, held
 from conftest import snapshot
-from service_probe import ended, listener_pid
+from support.bound_probe import BOUNDS, PROBE_LINE, held
+from support.service_probe import ended, listener_pid
 
 from jailbox.sandbox.floor import wire
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from per_uid_fills import WATCH_ONE, WATCHES, started
+from support.per_uid_fills import WATCH_ONE, WATCHES, started
 
 from jailbox.sandbox import Sandbox, SeccompPolicy, idmap
 from jailbox.sandbox.errors import SecurityWarning

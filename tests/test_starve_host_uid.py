@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from per_uid_fills import WATCH_ONE, WATCHES, started
+from support.per_uid_fills import WATCH_ONE, WATCHES, started
 
 from jailbox.sandbox import Mount, Sandbox, idmap
 

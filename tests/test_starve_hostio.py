@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from standin import StandIn
+from support.standin import StandIn
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.aio import AsyncSandbox

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from host_memory import MiB, host_keeps_its_memory, mem_available  # noqa: F401 (an autouse fixture)
+from support.host_memory import MiB, host_keeps_its_memory, mem_available  # noqa: F401 (an autouse fixture)
 
 from jailbox.sandbox import ExecResult, Sandbox
 from jailbox.sandbox.config import Limits

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 from conftest import require
-from host_memory import MiB, host_keeps_its_memory, lowest_available, mem_available  # noqa: F401 (autouse fixture)
+from support.host_memory import MiB, host_keeps_its_memory, lowest_available, mem_available  # noqa: F401 (autouse fixture)
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.child import spec

@@ -13,7 +13,7 @@ import os
 import socket
 
 import pytest
-from host_memory import MiB, host_keeps_its_memory  # noqa: F401 (an autouse fixture)
+from support.host_memory import MiB, host_keeps_its_memory  # noqa: F401 (an autouse fixture)
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.child import netns

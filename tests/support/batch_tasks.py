@@ -12,11 +12,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from llm_server import ScriptedServer, Step, reply
-
 from jailbox.agent.tasks import read_results
+from support.llm_server import ScriptedServer, Step, reply
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = [sys.executable, "-c", "from jailbox.cli import main; main()", "bench"]
 FOREVER = 3600.0  # a stalled server: only cancelling the request ends the wait
 

@@ -1,0 +1,17 @@
+"""Helpers the tests share (they run in the test process unless a module says otherwise); no tests here.
+
+- ``batch_tasks``: arithmetic tasks, a scripted model that solves them, and a ``jailbox bench`` launch line.
+- ``bound_probe``: a program that meets each bound a jail is given and reports what it got.
+- ``host_memory``: the host's available memory, a fixture that checks a test leaves most of it, a sampler.
+- ``llm_server``: a scripted OpenAI-compatible HTTP server on loopback.
+- ``oci_images``: OCI layers and layouts built by hand, a local registry and a counting proxy.
+- ``paper_tree``: the default recipe's tree, built once (early, in the background) and kept between runs.
+- ``per_uid_fills``: what the kernel counts per host uid, filled from a jail.
+- ``qemu_guest``: a throwaway QEMU guest with a cgroup v2 hierarchy, to run a script in.
+- ``service_probe``: who listens on a service socket, and when that process has ended.
+- ``standin``: a stand-in internet for the network tests: a test CA, HTTP(S) servers, a package index.
+- ``wheels``: jailbox built as a wheel and installed into a venv of its own.
+
+``tests/`` is on ``sys.path`` (pytest puts ``conftest.py``'s directory there), so tests import these as
+``support.NAME``.
+"""
