@@ -6,11 +6,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 from support.llm_server import ScriptedServer, error, reply
 
 from jailbox.agent.llm import LLMConfig
@@ -59,9 +59,7 @@ def run(server: ScriptedServer, tmp_path: Path, **agent):
 
 
 JAILBOX_RUN = [
-    sys.executable,
-    "-c",
-    "from jailbox.cli import main; main()",
+    *JAILBOX,
     "run",
     "--query",
     "6*7?",

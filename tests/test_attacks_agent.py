@@ -25,13 +25,14 @@ from pathlib import Path
 import pytest
 from conftest import snapshot
 from support.batch_tasks import ROOT, bench_command
+from support.cli import JAILBOX
 from support.llm_server import MiB, ScriptedServer, Step, filled, filler, gzipped, reply
 
 from jailbox.agent.environment import Environment
 from jailbox.agent.tasks import Task, read_results
 from jailbox.agent.trajectory import load as load_trajectory
 
-JAILBOX_RUN = [sys.executable, "-c", "from jailbox.cli import main; main()", "run"]
+JAILBOX_RUN = [*JAILBOX, "run"]
 
 
 def obeying(request: dict) -> Step:

@@ -16,13 +16,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 from support.service_probe import ended, listener_pid
 
 from jailbox.agent import inputs
@@ -33,7 +33,6 @@ HANG = 120  # seconds: a hang guard only, never a measure
 COPIES = 100  # copies the host makes while the racer swaps (the unfixed walk leaked within a few dozen)
 LEVELS = ("a", "a/b", "a/b/c")  # directories of the source, each swapped, its files too
 FILES = ("f0", "f1", "f2")
-JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 
 
 class Source:

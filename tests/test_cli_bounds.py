@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 from support.batch_tasks import bench_command
 from support.bound_probe import BOUNDS, PROBE, PROBE_LINE, held
+from support.cli import JAILBOX
 from support.llm_server import ScriptedServer
 from test_run_outputs import jailbox_run, obeying, observation, run_dir
 
 from jailbox.agent.tasks import read_results
 
-JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 ROOT = Path(__file__).resolve().parent.parent
 HANG = 300  # seconds: a hang guard only, never a measure
 

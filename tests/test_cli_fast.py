@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import host_tree
+from support.cli import JAILBOX
 from support.service_probe import ended, listener_pid
 
 from jailbox.sandbox.floor import wire
@@ -145,9 +146,7 @@ def fast(request: pytest.FixtureRequest) -> Iterator[Fast]:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
             assert ended(pid, HANG)
-        subprocess.run(
-            [sys.executable, "-m", "jailbox.cli", "cleanup", "--force"], env=f.env, capture_output=True, timeout=HANG
-        )
+        subprocess.run([*JAILBOX, "cleanup", "--force"], env=f.env, capture_output=True, timeout=HANG)
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 
 from jailbox.sandbox.checks import doctor
 from jailbox.sandbox.checks.doctor import Host
@@ -94,7 +96,7 @@ def test_rootfs_build_fixes(tmp_path):
 
 
 def test_doctor_on_this_machine_line_by_line():
-    r = subprocess.run([sys.executable, "-c", "from jailbox.cli import main; main()", "doctor", "--json"], cwd=ROOT,
+    r = subprocess.run([*JAILBOX, "doctor", "--json"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     probes = {p["name"]: p for p in json.loads(r.stdout)}
     expected = {
@@ -120,14 +122,14 @@ def test_doctor_on_this_machine_line_by_line():
     if os.getuid() != 0:
         assert "cpus not enforced" in probes["cgroups"]["detail"]
     assert f"/dev: 64 KiB, 256 inodes; ptys: {spec.PTYS} per jail" in probes["memory and disk bounds"]["detail"]
-    text = subprocess.run([sys.executable, "-c", "from jailbox.cli import main; main()", "doctor"], cwd=ROOT,
+    text = subprocess.run([*JAILBOX, "doctor"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120).stdout  # fmt: skip
     assert len([line for line in text.splitlines() if not line.startswith(" ")]) == len(expected)
 
 
 def test_live_userns_failure_is_reported_with_the_fix():
     """A real refusal: inside a user namespace whose own namespace limit is 0."""
-    doctor_json = f"{sys.executable} -c 'from jailbox.cli import main; main()' doctor --json"
+    doctor_json = shlex.join([*JAILBOX, "doctor", "--json"])
     script = f"echo 0 > /proc/sys/user/max_user_namespaces && exec {doctor_json}"
     r = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)  # fmt: skip

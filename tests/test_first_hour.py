@@ -21,10 +21,10 @@ import conftest
 import psutil
 import pytest
 from conftest import need, require
+from support.cli import JAILBOX
 
 from jailbox.sandbox.rootfs.store import Store
 
-JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 INTERRUPT_BOUND = 30.0
 
 

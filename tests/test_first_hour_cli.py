@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 import pytest
 from support.batch_tasks import ROOT, bench_command, responder, tasks_file
+from support.cli import JAILBOX
 from support.llm_server import ScriptedServer, error
 
 from jailbox import cli
@@ -23,7 +24,6 @@ from jailbox.agent.tasks import read_results
 from jailbox.sandbox import idmap
 from jailbox.sandbox.checks import doctor
 
-JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 HANG_GUARD = 300
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import email.utils
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import JAILBOX
 from support.llm_server import ScriptedServer, Step, error, reply
 
 from jailbox.agent.llm import LLMClient, LLMConfig, Retry
@@ -24,9 +24,7 @@ from jailbox.agent.trajectory import load as load_trajectory
 
 ROOT = Path(__file__).resolve().parent.parent
 JAILBOX_RUN = [
-    sys.executable,
-    "-c",
-    "from jailbox.cli import main; main()",
+    *JAILBOX,
     "run",
     "--query",
     "6*7?",

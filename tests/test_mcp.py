@@ -14,7 +14,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,9 +26,10 @@ import pytest
 from conftest import jail_processes, require
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from support.cli import JAILBOX
 
 TOOLS = {"create_sandbox", "run_command", "read_file", "write_file", "list_sandboxes", "kill_sandbox"}
-SERVER = [sys.executable, "-m", "jailbox.cli", "mcp"]
+SERVER = [*JAILBOX, "mcp"]
 
 
 def _sandbox_dirs(state: Path) -> list[str]:

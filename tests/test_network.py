@@ -19,6 +19,7 @@ import psutil
 import pytest
 from conftest import ci_user, need, own_for_jails, require
 from pydantic import ValidationError
+from support.cli import JAILBOX
 from support.standin import CA_ENV, NAMES, StandIn, host_address, make_ca
 
 from jailbox.sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
@@ -575,7 +576,7 @@ def test_policy_strings_presets_and_validation():
 
 
 def _jailbox(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-c", "from jailbox.cli import main; main()", *args]
+    cmd = [*JAILBOX, *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 

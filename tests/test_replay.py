@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 from support.paper_tree import paper_store
 
 from jailbox.agent.replay import normalise, replay
@@ -49,9 +49,7 @@ def test_a_changed_observation_is_reported_with_a_diff(tmp_path, with_python):
     assert steps[2].verdict == "network"
     r = subprocess.run(
         [
-            sys.executable,
-            "-c",
-            "from jailbox.cli import main; main()",
+            *JAILBOX,
             "replay",
             "--network",
             "none",
@@ -140,7 +138,7 @@ def test_input_dir_is_copied_to_testbed_input(tmp_path):
     )
     assert [s.verdict for s in replay(path, input_dir=inputs)] == ["same", "same"]
     assert [s.verdict for s in replay(path)] == ["differs", "differs"]
-    cli = [sys.executable, "-c", "from jailbox.cli import main; main()", "replay", "--network", "none"]
+    cli = [*JAILBOX, "replay", "--network", "none"]
     r = subprocess.run(
         [*cli, str(path), str(path), "--input_dir", str(inputs)],
         cwd=ROOT,

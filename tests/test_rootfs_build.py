@@ -9,13 +9,13 @@ import http.server
 import io
 import os
 import subprocess
-import sys
 import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 from support.paper_tree import paper_store
 
 from jailbox.sandbox import Sandbox, SandboxConfig
@@ -48,9 +48,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory):
 
 def _jailbox(*args: str, cache: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "JAILBOX_CACHE_DIR": str(cache)}
-    return subprocess.run(
-        [sys.executable, "-m", "jailbox.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
-    )
+    return subprocess.run([*JAILBOX, *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

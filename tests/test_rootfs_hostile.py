@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 from support.oci_images import E, raw_header, tar_bytes
 
 from jailbox.sandbox.errors import DigestMismatch, RegistryError, RootfsError
@@ -34,7 +35,6 @@ from jailbox.sandbox.rootfs.registry import Registry
 from jailbox.sandbox.rootfs.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
-JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 LAYER_GZ = "application/vnd.oci.image.layer.v1.tar+gzip"

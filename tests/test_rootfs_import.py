@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 from support.oci_images import E, Layout, content, raw_header, raw_tar_gz, tar_bytes, tree_of
 
 from jailbox.sandbox import Sandbox, idmap
@@ -22,7 +23,6 @@ from jailbox.sandbox.rootfs.importer import import_rootfs
 from jailbox.sandbox.rootfs.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
-JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 ROOTFS = [
     E("etc", "dir"),
     E("etc/hello", data=b"hello\n"),

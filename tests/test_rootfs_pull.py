@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 from support.oci_images import E, Layout, LocalRegistry, Proxy, content, tar_bytes, tree_of
 
 from jailbox.sandbox import Sandbox, SandboxConfig, idmap
@@ -402,7 +403,7 @@ def test_ctrl_c_keeps_the_partial_download_and_the_next_pull_resumes(
 def test_cli_pull_then_exec_on_it(mini_image: str, store: Store) -> None:
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "JAILBOX_CACHE_DIR": str(store.root)}
-    jailbox = [sys.executable, "-c", "from jailbox.cli import main; main()"]
+    jailbox = [*JAILBOX]
     r = subprocess.run([*jailbox, "rootfs", "pull", mini_image], capture_output=True, text=True, env=env, cwd=root)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("/tree") and mini_image in r.stdout
@@ -423,7 +424,7 @@ def test_ctrl_c_during_cli_pull_says_so_and_stores_nothing(registry: LocalRegist
     import time
 
     proxy.stall_after = 1 << 20
-    jailbox = [sys.executable, "-c", "from jailbox.cli import main; main()"]
+    jailbox = [*JAILBOX]
     cli = subprocess.Popen(
         [*jailbox, "rootfs", "pull", f"{proxy.host}/test/img:v1"],
         stdout=subprocess.PIPE,

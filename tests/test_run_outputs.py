@@ -9,12 +9,12 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA
+from support.cli import JAILBOX
 from support.llm_server import ScriptedServer, Step, reply
 
 from jailbox.agent import inputs
@@ -26,7 +26,7 @@ from jailbox.cli import default_rootfs
 from jailbox.sandbox import Sandbox, SandboxConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-JAILBOX_RUN = [sys.executable, "-c", "from jailbox.cli import main; main()", "run"]
+JAILBOX_RUN = [*JAILBOX, "run"]
 RUN_NAME = re.compile(r"^\d{8}_\d{6}(_\d+)?$")
 
 
@@ -242,9 +242,7 @@ def test_run_defaults_to_the_papers_environment_and_network_and_none_locks_down(
     locked = run_dir(jailbox_run(server, tmp_path / "b", "echo 1 > /testbed/output/answer.txt", "--network", "none"))
     assert load_trajectory(locked / TRAJECTORY).config["sandbox"]["network"]["mode"] == "none"
     for command in ("run", "bench", "replay"):
-        shown = subprocess.run(
-            [sys.executable, "-m", "jailbox.cli", command, "--help"], capture_output=True, text=True, timeout=60
-        ).stdout
+        shown = subprocess.run([*JAILBOX, command, "--help"], capture_output=True, text=True, timeout=60).stdout
         flat = " ".join(shown.split())
         assert "[default: full]" in flat and "never the host or its LAN" in flat, command
         assert "the paper's environment" in flat, command

@@ -12,12 +12,12 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA
+from support.cli import JAILBOX
 from support.llm_server import ScriptedServer, reply
 from support.oci_images import Layout, LocalRegistry
 
@@ -27,7 +27,6 @@ from jailbox.agent.prompts import PromptConfig, load
 from jailbox.agent.run import run_task
 
 ROOT = Path(__file__).resolve().parent.parent
-JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 WRITE = "echo 42 > /testbed/output/answer.txt"
 
 

@@ -10,13 +10,13 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 from test_serve_e2b import KEY_A, KEY_B, Served, api, key_file, start_server
 
 
@@ -34,9 +34,7 @@ def cli(*args: str, key: str | None = None, config: Path | None = None) -> subpr
     env["XDG_CONFIG_HOME"] = str(config) if config is not None else "/nonexistent"
     if key is not None:
         env["E2B_API_KEY"] = key
-    return subprocess.run(
-        [sys.executable, "-m", "jailbox.cli", *args], capture_output=True, text=True, env=env, timeout=120
-    )
+    return subprocess.run([*JAILBOX, *args], capture_output=True, text=True, env=env, timeout=120)
 
 
 def make(server: Served, key: str, **body: object) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import require
 from support.bound_probe import BOUNDS, PROBE_LINE, held
+from support.cli import JAILBOX
 
 KEY_A = "jbx_" + "a" * 40
 KEY_B = "jbx_" + "b" * 40
@@ -53,7 +54,7 @@ class Served:
 
 def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Served:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jailbox.cli", "serve", "--port", "0", *args],
+        [*JAILBOX, "serve", "--port", "0", *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -606,7 +607,7 @@ def test_key_file_must_be_private(tmp_path: Path) -> None:
     for mode in (0o644, 0o640, 0o604):
         keys.chmod(mode)
         r = subprocess.run(
-            [sys.executable, "-m", "jailbox.cli", "serve", "--port", "0", "--api-key-file", str(keys)],
+            [*JAILBOX, "serve", "--port", "0", "--api-key-file", str(keys)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -617,7 +618,7 @@ def test_key_file_must_be_private(tmp_path: Path) -> None:
     keys.chmod(0o600)
     link.symlink_to(keys)
     r = subprocess.run(
-        [sys.executable, "-m", "jailbox.cli", "serve", "--port", "0", "--api-key-file", str(link)],
+        [*JAILBOX, "serve", "--port", "0", "--api-key-file", str(link)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -755,7 +756,7 @@ def test_an_address_that_cannot_be_listened_on_is_one_line_naming_the_flag(tmp_p
         }
         for flag, (args, said) in cases.items():
             r = subprocess.run(
-                [sys.executable, "-m", "jailbox.cli", *command, *args, *extra],
+                [*JAILBOX, *command, *args, *extra],
                 capture_output=True,
                 text=True,
                 timeout=60,

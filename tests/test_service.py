@@ -22,11 +22,11 @@ import psutil
 import pytest
 from conftest import snapshot
 from support.bound_probe import BOUNDS, PROBE_LINE, held
+from support.cli import JAILBOX
 from support.service_probe import ended, listener_pid
 
 from jailbox.sandbox.floor import wire
 
-JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
 HANG = 120  # seconds: a hang guard only, never a measure
 
 

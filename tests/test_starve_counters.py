@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.checks import doctor
@@ -467,9 +468,7 @@ def _killed_holder() -> list[Path]:
 @pytest.mark.cgroup
 def test_jailbox_cleanup_removes_the_cgroups_of_a_killed_host_process():
     groups = _killed_holder()
-    r = subprocess.run(
-        [sys.executable, "-m", "jailbox.cli", "cleanup"], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
+    r = subprocess.run([*JAILBOX, "cleanup"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     for group in groups:
         assert f"removed {group}" in r.stdout
@@ -507,9 +506,7 @@ def test_cleanup_removes_empty_groups_of_the_old_naming_and_keeps_busy_ones():
         for group in [*empty, busy]:
             old = time.time() - 2 * cgroups.OLD_IDLE
             os.utime(group, (old, old))
-        r = subprocess.run(
-            [sys.executable, "-m", "jailbox.cli", "cleanup"], capture_output=True, text=True, cwd=ROOT, timeout=120
-        )
+        r = subprocess.run([*JAILBOX, "cleanup"], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.returncode == 0, r.stderr
         assert not any(group.exists() for group in empty), r.stdout
         assert busy.exists() and young.exists()

@@ -2,6 +2,7 @@
 
 - ``batch_tasks``: arithmetic tasks, a scripted model that solves them, and a ``jailbox bench`` launch line.
 - ``bound_probe``: a program that meets each bound a jail is given and reports what it got.
+- ``cli``: ``JAILBOX``, the one command line that starts the ``jailbox`` CLI.
 - ``host_memory``: the host's available memory, a fixture that checks a test leaves most of it, a sampler.
 - ``llm_server``: a scripted OpenAI-compatible HTTP server on loopback.
 - ``oci_images``: OCI layers and layouts built by hand, a local registry and a counting proxy.

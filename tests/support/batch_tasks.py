@@ -7,16 +7,16 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from jailbox.agent.tasks import read_results
+from support.cli import JAILBOX
 from support.llm_server import ScriptedServer, Step, reply
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = [sys.executable, "-c", "from jailbox.cli import main; main()", "bench"]
+BENCH = [*JAILBOX, "bench"]
 FOREVER = 3600.0  # a stalled server: only cancelling the request ends the wait
 
 

@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import urllib.request
 from pathlib import Path
@@ -27,6 +26,7 @@ from conftest import need, require
 
 from jailbox.sandbox.rootfs import shipped
 from jailbox.sandbox.rootfs.store import Store
+from support.cli import JAILBOX
 
 NAME = "default"
 SOURCES = ("http://deb.debian.org/debian/dists/trixie/Release", "https://pypi.org/simple/numpy/")
@@ -126,7 +126,7 @@ def _build() -> Path:
         root.mkdir(mode=0o700, exist_ok=True)
         env = {**os.environ, "JAILBOX_CACHE_DIR": str(root)}
         proc = subprocess.Popen(
-            ["nice", "-n", "19", sys.executable, "-m", "jailbox.cli", "rootfs", "build", "--quiet"],
+            ["nice", "-n", "19", *JAILBOX, "rootfs", "build", "--quiet"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
