@@ -6,12 +6,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from support.cli import JAILBOX
 from support.llm_server import ScriptedServer, error, reply
+from support.waits import wait_until
 
 from jailbox.agent.llm import LLMConfig
 from jailbox.agent.loop import CUT_OFF, NO_TOOL_CALL, AgentConfig
@@ -168,9 +168,7 @@ def test_trajectory_is_valid_after_a_crash_between_steps(tmp_path):
         server.add(SOLVE[0], SOLVE[1], type(slow)(**{**slow.__dict__, "delay": 30.0}))
         out = tmp_path / "out"
         proc = subprocess.Popen(cli_run(server, out, "--quiet"), cwd=ROOT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(server.requests) < 3:
-            time.sleep(0.05)
+        wait_until(lambda: len(server.requests) >= 3, "the third request", 60)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     [run] = out.iterdir()  # OUTPUT_DIR/YYYYMMDD_HHMMSS

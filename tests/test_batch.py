@@ -13,6 +13,7 @@ from conftest import host_tree
 from support import paper_tree
 from support.batch_tasks import ROOT, asked, bench_command, jails_left, responder, tasks_file
 from support.llm_server import ScriptedServer
+from support.waits import wait_until
 
 from jailbox.agent.batch import Batch, BatchConfig
 from jailbox.agent.llm import LLMConfig
@@ -43,17 +44,13 @@ def test_killed_midway_then_resumed_without_redoing_work(tmp_path, _state_dir):
     with ScriptedServer(responder=responder(delay=0.2)) as server:
         cmd = bench_command(path, server.url, out, "--workers", "8")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(read_results(out / "results.jsonl")) < 10:
-            time.sleep(0.05)
+        wait_until(lambda: len(read_results(out / "results.jsonl")) >= 10, "ten results", 120)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         first = {r.id for r in read_results(out / "results.jsonl")}
         assert 10 <= len(first) < 50
-        end = time.monotonic() + 30
-        while jails_left(_state_dir) and time.monotonic() < end:  # the dead run's launcher cleans up
-            time.sleep(0.05)
-        assert jails_left(_state_dir) == []
+        # the dead run's launcher cleans up
+        wait_until(lambda: jails_left(_state_dir) == [], "the killed run's jails to go", 30)
         asked_before = len(server.requests)
         r = subprocess.run([*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr

@@ -17,9 +17,9 @@ from support.batch_tasks import (
     responder,
     tasks_file,
     two_sigints_end_stuck_tasks,
-    wait_for,
 )
 from support.llm_server import ScriptedServer
+from support.waits import wait_until
 
 from jailbox.agent.batch import Batch, BatchConfig
 from jailbox.agent.llm import LLMCancelled, LLMClient, LLMConfig
@@ -37,7 +37,7 @@ def test_first_sigint_lets_running_tasks_finish_and_starts_no_new_one(tmp_path, 
             stderr=subprocess.PIPE,
             text=True,
         )
-        wait_for(lambda: len(read_results(out / "results.jsonl")) >= 3, "three results")
+        wait_until(lambda: len(read_results(out / "results.jsonl")) >= 3, "three results", 120)
         os.kill(proc.pid, signal.SIGINT)
         done_at_signal = len(read_results(out / "results.jsonl"))
         stdout, stderr = proc.communicate(timeout=120)
@@ -69,7 +69,7 @@ def test_kill_cuts_off_llm_requests_in_flight(tmp_path, _state_dir, mode):
         )
         runner = threading.Thread(target=batch.run)
         runner.start()
-        wait_for(lambda: len(server.requests) == 3, "three requests in flight")
+        wait_until(lambda: len(server.requests) == 3, "three requests in flight", 120)
         batch.kill()
         runner.join(120)
         assert not runner.is_alive(), "kill() left a request hanging"
@@ -90,7 +90,7 @@ def test_cancel_ends_a_stalled_request_and_refuses_more():
 
         asking = threading.Thread(target=ask)
         asking.start()
-        wait_for(lambda: len(server.requests) == 1, "the request")
+        wait_until(lambda: len(server.requests) == 1, "the request", 120)
         client.cancel()
         asking.join(120)
         assert not asking.is_alive() and isinstance(outcome[0], LLMCancelled)

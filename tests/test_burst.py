@@ -10,12 +10,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
 from conftest import jail_processes, run_threads
 from support import paper_tree
+from support.waits import wait_until
 
 from jailbox.sandbox import Sandbox, state
 from jailbox.sandbox.limits import cgroups
@@ -58,15 +58,6 @@ def _snapshot() -> dict:
     }
 
 
-def _wait_until(predicate, deadline: float = 60.0) -> bool:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -104,17 +95,17 @@ def test_killing_the_host_during_a_burst_ends_the_launcher_and_every_jail(_state
     assert all(jail_processes(ns) for ns in info["ns"])
     child.send_signal(signal.SIGKILL)
     child.wait()
-    assert _wait_until(lambda: all(jail_processes(ns) == [] for ns in info["ns"]))
-    assert _wait_until(lambda: all(_gone(pid) for pid in info["launchers"]))
-    assert _wait_until(lambda: not any(Path(d).exists() for d in info["dirs"]))
+    wait_until(lambda: all(jail_processes(ns) == [] for ns in info["ns"]), "every jail's processes to end", 60)
+    wait_until(lambda: all(_gone(pid) for pid in info["launchers"]), "the launchers to end", 60)
+    wait_until(lambda: not any(Path(d).exists() for d in info["dirs"]), "the sandbox directories to go", 60)
 
 
 def test_killing_the_launcher_during_a_burst_ends_every_jail(_state_dir):
     child, info = _hold_a_burst()
     try:
         os.kill(info["launchers"][0], signal.SIGKILL)
-        assert _wait_until(lambda: all(_gone(pid) for pid in info["launchers"]))
-        assert _wait_until(lambda: all(jail_processes(ns) == [] for ns in info["ns"]))
+        wait_until(lambda: all(_gone(pid) for pid in info["launchers"]), "the launchers to end", 60)
+        wait_until(lambda: all(jail_processes(ns) == [] for ns in info["ns"]), "every jail's processes to end", 60)
         assert all(_gone(pid) for pid in info["inits"])
     finally:
         child.kill()

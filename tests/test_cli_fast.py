@@ -29,6 +29,7 @@ import pytest
 from conftest import host_tree
 from support.cli import JAILBOX
 from support.service_probe import ended, listener_pid
+from support.waits import wait_until
 
 from jailbox.sandbox.floor import wire
 from jailbox.servers.exec_service import quick
@@ -112,11 +113,7 @@ class Fast:
         """Start the service the way the first call does, and wait until it serves: its pid."""
         r, took = self.run("exec", "--", "true")
         assert (r.returncode, took) == (0, "full"), r.stderr
-        deadline = time.monotonic() + HANG
-        while self.pid() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pid = self.pid()
-        assert pid is not None, (self.base / "service.log").read_text()
+        pid = wait_until(self.pid, lambda: f"the service; its log: {(self.base / 'service.log').read_text()}", HANG)
         r, took = self.run("exec", "--", "true")
         assert (r.returncode, took) == (0, "fast"), r.stderr
         return pid
@@ -155,10 +152,7 @@ def processes(argv: list[str]) -> list[psutil.Process]:
 
 
 def gone(argv: list[str]) -> bool:
-    deadline = time.monotonic() + HANG
-    while processes(argv) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not processes(argv)
+    return wait_until(lambda: not processes(argv), f"{argv} to end", HANG, every=0.1)
 
 
 # --- parity with the in-process run -----------------------------------------------------------------
@@ -320,9 +314,8 @@ def test_interrupting_the_client_kills_the_commands_tree(fast, sig):
     script = f"echo started; (exec {' '.join(sleeper)}) & exec {' '.join(sleeper)}"
     proc = fast.popen("exec", "--", "sh", "-c", script, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.readline() == b"started\n"
-    deadline = time.monotonic() + HANG
-    while len(processes(sleeper)) < 2 and time.monotonic() < deadline:  # the one in the background starts too
-        time.sleep(0.05)
+    # the one in the background starts too
+    wait_until(lambda: len(processes(sleeper)) >= 2, "both sleepers", HANG)
     assert len(processes(sleeper)) == 2
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=HANG)
@@ -384,12 +377,9 @@ def test_the_default_state_directory_works_too(fast):
         r, path = fast.run("exec", "--", "echo", "hi")
         took.append(path)
         assert (r.returncode, r.stdout) == (0, b"hi\n"), r.stderr
-    deadline = time.monotonic() + HANG
-    while not (base / "service.sock").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    fast.base = base  # the fixture stops this service
-    while fast.pid() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    fast.base = base  # the fixture stops this service (set first: a wait that fails leaves it to the fixture)
+    wait_until((base / "service.sock").exists, "the service's socket", HANG)
+    wait_until(fast.pid, "the service", HANG)
     r, path = fast.run("exec", "--", "echo", "hi")
     assert (r.returncode, r.stdout, [*took, path]) == (0, b"hi\n", ["full", "full", "fast"]), r.stderr
 
@@ -584,9 +574,7 @@ def _cgroup_dirs(pid: int) -> set[str]:
 @pytest.mark.parametrize("fast", [5], indirect=True)
 def test_the_idle_service_exits_and_leaves_nothing(fast):
     pid = fast.warm()
-    deadline = time.monotonic() + HANG
-    while len(host_tree(pid)) < 2 and psutil.pid_exists(pid) and time.monotonic() < deadline:  # the pool refilled
-        time.sleep(0.05)
+    wait_until(lambda: len(host_tree(pid)) >= 2 or not psutil.pid_exists(pid), "the pool to refill", HANG)
     jails = host_tree(pid)
     assert jails
     groups: set[str] = set()

@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -21,7 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.service_probe import ended
+from support.service_probe import ended, listener_pid
+from support.waits import wait_until
 
 from jailbox.sandbox import Sandbox, SandboxConfig
 from jailbox.sandbox.floor.procstat import start_ticks
@@ -120,16 +119,11 @@ def service(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     proc, _ = imported(QUICK, "exec", "--", "true")  # no service yet: this one runs in-process, starts one
     assert proc.returncode == 0, proc.stderr[-2000:]
     pid = None
-    deadline = time.monotonic() + 120
-    while pid is None and time.monotonic() < deadline:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-            try:
-                sock.connect(str(base / "service.sock"))
-                pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-            except (FileNotFoundError, ConnectionRefusedError):
-                time.sleep(0.05)
     try:
-        assert pid is not None, (base / "service.log").read_text()
+        log = base / "service.log"
+        pid = wait_until(
+            lambda: listener_pid(base / "service.sock"), lambda: f"the service; its log: {log.read_text()}", 120
+        )
         yield base
     finally:
         if pid is not None:

@@ -22,6 +22,7 @@ import psutil
 import pytest
 from conftest import need, require
 from support.cli import JAILBOX
+from support.waits import wait_until
 
 from jailbox.sandbox.rootfs.store import Store
 
@@ -145,17 +146,16 @@ def test_ctrl_c_during_rootfs_build_ends_everything_and_leaves_nothing(store: St
     )
     seen: dict[psutil.Process, str] = {}
     staging = store.root / "tmp"
-    deadline = time.monotonic() + 900
+
+    def at_the_moment() -> bool:  # mmdebstrap running, and either its download or the tar stream begun
+        assert cli.poll() is None, cli.communicate()[1][-3000:]
+        _descendants(cli.pid, seen)
+        running = bool(_alive([p for p, name in seen.items() if name == "mmdebstrap"]))
+        trees = list(staging.glob("*/tree/*")) if staging.is_dir() else []
+        return running and bool(trees if moment == "tarball" else staging.is_dir() and any(staging.iterdir()))
+
     try:
-        while True:  # bounded wait for the moment: mmdebstrap running, or the tar stream arriving
-            assert cli.poll() is None, cli.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, f"no {moment} moment within 900 s"
-            _descendants(cli.pid, seen)
-            running = bool(_alive([p for p, name in seen.items() if name == "mmdebstrap"]))
-            trees = list(staging.glob("*/tree/*")) if staging.is_dir() else []
-            if running and (trees if moment == "tarball" else staging.is_dir() and any(staging.iterdir())):
-                break
-            time.sleep(0.1)
+        wait_until(at_the_moment, f"the {moment} moment", 900, every=0.1)
         time.sleep(0.5)
         _descendants(cli.pid, seen)
         os.killpg(cli.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground process group

@@ -8,13 +8,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 from conftest import host_tree, jail_processes
 from support import paper_tree
+from support.waits import wait_until
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.launcher import LAUNCHER
@@ -39,15 +39,6 @@ def _snapshot() -> dict:
         "fds": len(os.listdir("/proc/self/fd")),
         "mounts": Path("/proc/self/mountinfo").read_text().count("\n"),
     }
-
-
-def _wait_until(predicate, deadline: float = 30.0) -> bool:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def _sandbox_dirs(state: Path) -> list[str]:
@@ -91,13 +82,15 @@ def test_sigkill_of_the_host_process_kills_and_removes_everything(_state_dir, gr
     else:
         child.send_signal(signal.SIGKILL)
     child.wait()
-    assert _wait_until(lambda: jail_processes(info["ns"]) == [])
-    assert _wait_until(
+    wait_until(lambda: jail_processes(info["ns"]) == [], "the jail's processes to end", 30)
+    wait_until(
         lambda: (
             not psutil.pid_exists(info["launcher"]) or psutil.Process(info["launcher"]).status() == psutil.STATUS_ZOMBIE
-        )
+        ),
+        "the launcher to end",
+        30,
     )
-    assert _wait_until(lambda: not Path(info["dir"]).exists())
+    wait_until(lambda: not Path(info["dir"]).exists(), "the sandbox directory to go", 30)
 
 
 HALF_MADE = r"""
@@ -123,7 +116,9 @@ def test_a_host_killed_while_making_a_sandbox_leaves_no_directory(_state_dir):
     info = json.loads(child.stdout.readline())
     child.send_signal(signal.SIGKILL)
     child.wait()
-    assert _wait_until(lambda: not Path(info["dir"]).exists() and not Path(info["half"]).exists())
+    wait_until(
+        lambda: not Path(info["dir"]).exists() and not Path(info["half"]).exists(), "both sandbox directories to go", 30
+    )
     late = _state_dir / "sandboxes" / "halfmade0002"  # one whose launcher is gone as well
     late.mkdir(mode=0o700)
     (late / "meta.json").write_text(json.dumps({"host_pid": child.pid, "host_start": 1.0}))
@@ -138,7 +133,7 @@ def test_cleanup_removes_what_a_crashed_launcher_left(_state_dir, reaped):
     )
     info = json.loads(child.stdout.readline())
     os.kill(info["launcher"], signal.SIGKILL)  # no janitor left: the jail dies, its files stay
-    assert _wait_until(lambda: jail_processes(info["ns"]) == [])
+    wait_until(lambda: jail_processes(info["ns"]) == [], "the jail's processes to end", 30)
     child.kill()
     if reaped:
         child.wait()

@@ -15,8 +15,7 @@ import socket
 import stat
 import subprocess
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from conftest import jail_processes, require
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from support.cli import JAILBOX
+from support.waits import wait_until
 
 TOOLS = {"create_sandbox", "run_command", "read_file", "write_file", "list_sandboxes", "kill_sandbox"}
 SERVER = [*JAILBOX, "mcp"]
@@ -35,15 +35,6 @@ SERVER = [*JAILBOX, "mcp"]
 def _sandbox_dirs(state: Path) -> list[str]:
     top = state / "sandboxes"
     return sorted(p.name for p in top.iterdir()) if top.is_dir() else []
-
-
-def _wait_until(check: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout  # a hang guard, not a bound under test
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return check()
 
 
 async def _call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
@@ -264,8 +255,8 @@ def test_stdio_client_going_away_ends_its_sandboxes(_state_dir):
 
     asyncio.run(closes())
     for ns in namespaces:
-        assert _wait_until(lambda ns=ns: jail_processes(ns) == []), ns
-    assert _wait_until(lambda: _sandbox_dirs(_state_dir) == [])
+        wait_until(lambda ns=ns: jail_processes(ns) == [], f"the jail in {ns} to end", 30)
+    wait_until(lambda: _sandbox_dirs(_state_dir) == [], "every sandbox directory to go", 30)
 
     async def cancelled_mid_command() -> None:
         async with _stdio() as session:
@@ -276,8 +267,8 @@ def test_stdio_client_going_away_ends_its_sandboxes(_state_dir):
                     await session.call_tool("run_command", {"sandbox_id": sid, "command": "sleep 1000"})
 
     asyncio.run(cancelled_mid_command())
-    assert _wait_until(lambda: jail_processes(namespaces[-1]) == [])
-    assert _wait_until(lambda: _sandbox_dirs(_state_dir) == [])
+    wait_until(lambda: jail_processes(namespaces[-1]) == [], "the cancelled command's jail to end", 30)
+    wait_until(lambda: _sandbox_dirs(_state_dir) == [], "every sandbox directory to go", 30)
 
 
 def _rpc(proc: subprocess.Popen[str], message: dict[str, Any]) -> dict[str, Any] | None:
@@ -326,8 +317,8 @@ async def _two_sessions(server: HttpServer, state: Path, sig: int) -> str:
                 assert "no sandbox" in await _error(other, tool, sandbox_id=kept_id, **extra)
             assert "no sandbox" in await _error(other, "kill_sandbox", sandbox_id=kept_id)
             gone_ns = await _pid_ns(other, (await _call(other, "create_sandbox"))["sandbox_id"])
-        assert _wait_until(lambda: jail_processes(gone_ns) == [])
-        assert _wait_until(lambda: len(_sandbox_dirs(state)) == 1)
+        wait_until(lambda: jail_processes(gone_ns) == [], "the killed session's jail to end", 30)
+        wait_until(lambda: len(_sandbox_dirs(state)) == 1, "one sandbox directory left", 30)
         alive = await _call(keeper, "run_command", sandbox_id=kept_id, command="echo alive")
         assert alive["stdout"] == "alive\n"
         assert server.stop(sig) == 0  # with the keeper's session still open
@@ -345,7 +336,7 @@ def test_http_sessions_own_their_sandboxes_and_end_them(_state_dir, tmp_path, si
     finally:
         if server.proc.returncode is None:
             server.stop(signal.SIGKILL)
-    assert _wait_until(lambda: jail_processes(kept_ns) == [])
+    wait_until(lambda: jail_processes(kept_ns) == [], "the kept jail to end", 30)
     assert _sandbox_dirs(_state_dir) == []
 
 
@@ -372,8 +363,8 @@ def test_http_client_that_goes_without_ending_its_session_loses_its_sandboxes_wh
 
     try:
         ns = asyncio.run(vanish())
-        assert _wait_until(lambda: jail_processes(ns) == [])
-        assert _wait_until(lambda: _sandbox_dirs(_state_dir) == [])
+        wait_until(lambda: jail_processes(ns) == [], "the jail to end", 30)
+        wait_until(lambda: _sandbox_dirs(_state_dir) == [], "every sandbox directory to go", 30)
         asyncio.run(busy())
     finally:
         assert server.stop() == 0

@@ -26,6 +26,7 @@ from support.batch_tasks import (
     two_sigints_end_stuck_tasks,
 )
 from support.llm_server import ScriptedServer
+from support.waits import wait_until
 
 from jailbox.agent.batch import Batch, BatchConfig, find_executor
 from jailbox.agent.llm import LLMConfig
@@ -98,17 +99,17 @@ def test_ray_driver_killed_midway_then_resumed(tmp_path, _state_dir, ray_tmpdir)
     with ScriptedServer(responder=responder(delay=0.2)) as server:
         cmd = bench_command(path, server.url, out, "--workers", "8", "--executor", "ray")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        deadline = time.monotonic() + 300
-        while len(read_results(out / "results.jsonl")) < 10 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(read_results(out / "results.jsonl")) >= 10, "ten results", 300)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         first = {r.id for r in read_results(out / "results.jsonl")}
         assert 10 <= len(first) < 50
-        deadline = time.monotonic() + 60
-        while (jails_left(_state_dir) or ray_processes(ray_tmpdir)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert jails_left(_state_dir) == [] and ray_processes(ray_tmpdir) == []
+        wait_until(
+            lambda: jails_left(_state_dir) == [] and ray_processes(ray_tmpdir) == [],
+            "the killed run's jails and Ray processes to go",
+            60,
+            every=0.1,
+        )
         asked_before = len(server.requests)
         r = subprocess.run([*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
@@ -152,9 +153,7 @@ def test_ray_kill_ends_tasks_stuck_in_llm_requests(tmp_path, _state_dir, ray_tmp
         batch = Batch(tasks, llm, tmp_path / "out", BatchConfig(workers=3), executor=find_executor("ray"))
         runner = threading.Thread(target=batch.run)
         runner.start()
-        deadline = time.monotonic() + 300
-        while len(server.requests) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(server.requests) >= 3, "three requests", 300)
         assert len(server.requests) == 3 and len(jails_left(_state_dir)) == 3
         batch.kill()
         runner.join(300)

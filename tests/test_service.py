@@ -24,6 +24,7 @@ from conftest import snapshot
 from support.bound_probe import BOUNDS, PROBE_LINE, held
 from support.cli import JAILBOX
 from support.service_probe import ended, listener_pid
+from support.waits import wait_until
 
 from jailbox.sandbox.floor import wire
 
@@ -275,10 +276,7 @@ def test_ctrl_c_kills_the_command_and_a_timeout_too(svc):
             p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] in (["sleep", "4242"], ["sleep", "4343"])
         ]
 
-    deadline = time.monotonic() + HANG
-    while sleepers() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not sleepers()
+    wait_until(lambda: not sleepers(), "the stopped sandbox's commands to end", HANG, every=0.1)
     assert svc.run("exec", "--id", sid, "--", "echo", "still here").stdout == "still here\n"
 
 

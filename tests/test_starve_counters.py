@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import JAILBOX
+from support.waits import wait_until
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.checks import doctor
@@ -80,11 +81,9 @@ def _host_inotify() -> int:
     return fd
 
 
-def _wait_for(path: Path, deadline: float = 60.0) -> str:
-    end = time.monotonic() + deadline
-    while not path.exists() and time.monotonic() < end:
-        time.sleep(0.05)
-    return path.read_text()
+def _written(path: Path) -> str:
+    """What the hog wrote to ``path`` (it renames the file into place whole), within a hang guard."""
+    return wait_until(lambda: path.exists() and path.read_text(), str(path), 60)
 
 
 @pytest.mark.parametrize("how", sorted(RAISE))
@@ -100,10 +99,14 @@ def test_a_jail_takes_a_bounded_share_of_the_users_inotify_instances(how, tmp_pa
         uids = ",".join(str(u) for u in range(min(mapped, 8)))
         command, raised = RAISE[how]
         sb.exec(f"({command.format(uids=uids)}) > /hog/said 2>&1 &")
-        try:
-            held = int(_wait_for(tmp_path / "total"))
-        except FileNotFoundError:
-            pytest.fail(f"the hog never ran: {(tmp_path / 'said').read_text()}")
+        total = tmp_path / "total"
+        held = int(
+            wait_until(
+                lambda: total.exists() and total.read_text(),
+                lambda: f"the hog's total; it said {(tmp_path / 'said').read_text()!r}",
+                60,
+            )
+        )
         said = (tmp_path / "said").read_text()
         assert said == "100000\n" if raised else "Read-only file system" in said, said
         assert 0 < held <= limit, (held, limit)
@@ -151,7 +154,7 @@ def _hog_all(sandboxes: list[Sandbox], where: Path) -> list[int]:
         mapped = sum(int(n) for n in sb.exec("cat /proc/self/uid_map").stdout.split()[2::3])
         uids = ",".join(str(u) for u in range(min(mapped, 2)))
         sb.exec(f"python3 /hog/hog.py {uids} /hog/{sb._jail.id} > /dev/null 2>&1 &")
-    return [int(_wait_for(where / sb._jail.id)) for sb in sandboxes]
+    return [int(_written(where / sb._jail.id)) for sb in sandboxes]
 
 
 def _ledger_lines() -> list[str]:

@@ -20,6 +20,7 @@ import psutil
 import pytest
 from conftest import require
 from support.host_memory import MiB, host_keeps_its_memory, lowest_available, mem_available  # noqa: F401 (autouse fixture)
+from support.waits import wait_until
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.child import spec
@@ -532,9 +533,10 @@ def test_the_watcher_reads_each_parent_once_to_kill_a_chain(monkeypatch):
         init = sb._jail.init_pid
         sb.write_file("/tmp/chain.py", CHAIN)
         assert sb.exec("python3 /tmp/chain.py > /dev/null 2>&1 &").exit_code == 0
-        end = time.monotonic() + 60
-        while len(chain := processes()) < CHAIN_DEPTH + 1 and time.monotonic() < end:
-            time.sleep(0.1)  # every one of them, the last fork too: one left out is not killed
+        # every one of them, the last fork too: one left out is not killed
+        chain = wait_until(
+            lambda: found if len(found := processes()) >= CHAIN_DEPTH + 1 else [], "the whole chain", 60, every=0.1
+        )
         assert len(chain) == CHAIN_DEPTH + 1
         reads = []
         parent, me = procstat.parent, threading.get_ident()
@@ -547,10 +549,7 @@ def test_the_watcher_reads_each_parent_once_to_kill_a_chain(monkeypatch):
         monkeypatch.setattr(procstat, "parent", counted)
         procs.kill_all(sorted(chain, reverse=True), init)  # the deepest (the latest pid) first
         assert len(reads) <= len(chain) + 1, len(reads)  # one read a process (all the way up: 45,000)
-        end = time.monotonic() + 30
-        while processes() and time.monotonic() < end:
-            time.sleep(0.1)
-        assert processes() == []
+        wait_until(lambda: processes() == [], "the chain to end", 30, every=0.1)
         assert sb.exec("echo still").stdout == "still\n"
 
 

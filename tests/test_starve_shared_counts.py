@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support.waits import wait_until
 
 from jailbox.sandbox import Sandbox, SeccompPolicy
 from jailbox.sandbox.child import spec
@@ -79,13 +80,6 @@ UNIT = {"signals": 1, "mqueue": 1024, "shm_lock": 64 << 10}  # what one step of 
 NAME = {"signals": "RLIMIT_SIGPENDING", "mqueue": "RLIMIT_MSGQUEUE", "shm_lock": "RLIMIT_MEMLOCK"}
 
 
-def _wait_for(path: Path, deadline: float = 60.0) -> int:
-    end = time.monotonic() + deadline
-    while not path.exists() and time.monotonic() < end:
-        time.sleep(0.05)
-    return int(path.read_text())
-
-
 # argv: what to take a little of; exits 0 if the kernel gave it. A process of its own: a signal
 # queued to the test's process could go to any of its threads.
 HOST = r"""
@@ -116,7 +110,8 @@ def _host_can(kind: str) -> bool:
 def _hog(sb: Sandbox, kind: str, how: str, where: Path, name: str) -> int:
     _, prefix, raise_it = HOW[how]
     sb.exec(f"{prefix}python3 /hog/hog.py {kind} {raise_it} /hog/{name} > /hog/{name}.log 2>&1 &")
-    return _wait_for(where / name)
+    path = where / name  # the hog renames it into place whole
+    return int(wait_until(lambda: path.exists() and path.read_text(), str(path), 60))
 
 
 def _hog_dir(where: Path) -> dict:
@@ -179,9 +174,7 @@ def test_a_jail_cannot_take_the_hosts_aio_events(tmp_path):
     with Sandbox(mounts=[hog]) as sb:
         assert sb.enforcement["aio"].startswith("io_setup is ENOSYS (seccomp)")
         sb.exec("python3 /hog/aio.py 30 > /tmp/aio.out 2>&1 &")
-        deadline = time.monotonic() + 30
-        while not (out := sb.exec("cat /tmp/aio.out").stdout) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        out = wait_until(lambda: sb.exec("cat /tmp/aio.out").stdout, "the hog's line", 30)
         assert out == "0 Function not implemented\n"  # as on a kernel without AIO: programs fall back
         assert subprocess.run([sys.executable, "-c", AIO_HOST, "128"], check=False).returncode == 0
         assert int(Path("/proc/sys/fs/aio-nr").read_text()) < int(Path("/proc/sys/fs/aio-max-nr").read_text()) // 2
@@ -376,9 +369,7 @@ def test_a_jail_holds_at_most_its_share_of_the_ptys_all_containers_share():
     with Sandbox() as sb, Sandbox() as neighbour:
         sb.write_file("/tmp/pty.py", PTY_HOG)
         sb.exec("python3 /tmp/pty.py 60 > /tmp/pty.out 2>&1 &")
-        deadline = time.monotonic() + 30
-        while not (out := sb.exec("cat /tmp/pty.out").stdout) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        out = wait_until(lambda: sb.exec("cat /tmp/pty.out").stdout, "the hog's line", 30)
         assert int(out) == spec.PTYS
         assert f"a devpts of its own with max={spec.PTYS}" in sb.enforcement["ptys"]
         opened = neighbour.exec("python3 -c 'import os; os.openpty(); print(1)'")

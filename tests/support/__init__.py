@@ -11,6 +11,7 @@
 - ``qemu_guest``: a throwaway QEMU guest with a cgroup v2 hierarchy, to run a script in.
 - ``service_probe``: who listens on a service socket, and when that process has ended.
 - ``standin``: a stand-in internet for the network tests: a test CA, HTTP(S) servers, a package index.
+- ``waits``: ``wait_until``, the one way a test waits for what another process does.
 - ``wheels``: jailbox built as a wheel and installed into a venv of its own.
 
 ``tests/`` is on ``sys.path`` (pytest puts ``conftest.py``'s directory there), so tests import these as

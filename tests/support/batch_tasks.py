@@ -14,6 +14,7 @@ from pathlib import Path
 from jailbox.agent.tasks import read_results
 from support.cli import JAILBOX
 from support.llm_server import ScriptedServer, Step, reply
+from support.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = [*JAILBOX, "bench"]
@@ -98,14 +99,6 @@ def jails_left(state: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
 
 
-def wait_for(condition, what: str, limit: float = 120.0) -> None:
-    """Poll until ``condition()``; the limit only guards against a hang."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def two_sigints_end_stuck_tasks(tmp_path: Path, state: Path, *options: str, env: dict[str, str] | None = None) -> None:
     """t0-t3 finish; every later task hangs in its first LLM request (the server never answers). Two
     SIGINTs end the run (cutting off the requests), leave no jail, and keep results.jsonl whole."""
@@ -121,8 +114,8 @@ def two_sigints_end_stuck_tasks(tmp_path: Path, state: Path, *options: str, env:
             stderr=subprocess.PIPE,
             text=True,
         )
-        wait_for(lambda: len(read_results(out / "results.jsonl")) == 4, "the four quick tasks")
-        wait_for(lambda: len(asked(server.requests) - {"t0", "t1", "t2", "t3"}) == 4, "four stuck requests")
+        wait_until(lambda: len(read_results(out / "results.jsonl")) == 4, "the four quick tasks", 120)
+        wait_until(lambda: len(asked(server.requests) - {"t0", "t1", "t2", "t3"}) == 4, "four stuck requests", 120)
         assert len(jails_left(state)) == 4
         os.kill(proc.pid, signal.SIGINT)
         time.sleep(0.5)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 from pathlib import Path
 
 import psutil
+
+from support.waits import wait_until
 
 
 def listener_pid(path: Path) -> int | None:
@@ -23,14 +24,14 @@ def listener_pid(path: Path) -> int | None:
 
 
 def ended(pid: int, timeout: float) -> bool:
-    """Whether ``pid`` ended within ``timeout`` seconds. A zombie has ended: a service outlives the client
-    that started it, so its parent is the host's init, which reaps when it likes (this VM's, 1-2 s late)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.02)
-    return False
+    """That ``pid`` ended within ``timeout`` seconds: true, or the test fails. A zombie has ended: a service
+    outlives the client that started it, so its parent is the host's init, which reaps when it likes (this
+    VM's, 1-2 s late)."""
+    return wait_until(lambda: _ended(pid), f"pid {pid} to end", timeout, every=0.02)
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
