@@ -1,5 +1,5 @@
-"""Long-lived sandboxes: ``create``, ``exec --id``, ``cp``, ``ps`` and ``stop``, through the per-user
-service (``servers/exec_service``), or ``ps``/``stop`` against a ``jailbox serve`` with ``--server``.
+"""Long-lived sandboxes: ``create``, ``exec --id``, ``cp``, ``ps``, ``pause``, ``resume`` and ``stop``, through
+the per-user service (``servers/exec_service``), or ``ps``/``stop`` against a ``jailbox serve`` with ``--server``.
 
 Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)."""
 
@@ -212,6 +212,52 @@ def stop(refs: tuple[str, ...], stop_all: bool, server: str | None, api_key_file
         fail(SandboxError(f"no sandbox {refs[0]!r}; jailbox ps lists them"))
     for sid in reply.stopped if reply is not None else []:
         click.echo(sid)
+
+
+def _pause_call(op: Literal["pause", "resume"], ref: str) -> None:
+    """``pause`` and ``resume``: the sandbox's ID on stdout; a note on stderr if it was so already."""
+    from pydantic import ValidationError
+
+    from ..servers.exec_service import protocol
+
+    try:
+        request = protocol.Pause(op=op, id=ref)
+    except ValidationError:
+        raise click.UsageError(f"{ref!r}: expected an id or name from jailbox ps, e.g. jailbox {op} 3f2a9c") from None
+    with failing():
+        reply = _service_call(request)
+    if reply is None:
+        fail(SandboxError(f"no sandbox {ref!r} (no jailbox service runs); jailbox ps lists them"))
+    if not reply.changed:
+        click.echo(f"jailbox: {reply.id} was {'paused' if op == 'pause' else 'running'} already", err=True)
+    click.echo(reply.id)
+
+
+@main.command()
+@click.argument("ref", metavar="ID")
+def pause(ref: str) -> None:
+    """Pause a sandbox (ID, unique ID prefix or name): every process in it stopped, using no CPU, until
+    jailbox resume. Its processes, memory and files stay; exec --id and cp refuse it meanwhile, and a
+    command running in it waits, its timeout not counting the pause. Pausing a paused sandbox does nothing.
+
+    \b
+    Example:
+      jailbox pause work
+    """
+    _pause_call("pause", ref)
+
+
+@main.command()
+@click.argument("ref", metavar="ID")
+def resume(ref: str) -> None:
+    """Resume a sandbox jailbox pause stopped: its processes go on where they were. Resuming a running
+    sandbox does nothing.
+
+    \b
+    Example:
+      jailbox resume work
+    """
+    _pause_call("resume", ref)
 
 
 def _cp_side(arg: str) -> tuple[str | None, str]:

@@ -73,6 +73,18 @@ class AsyncSandbox:
     async def get(self, src: str, dst: str | os.PathLike[str]) -> None:
         await asyncio.to_thread(self.sandbox.get, src, dst)
 
+    @property
+    def paused(self) -> bool:
+        return self.sandbox.paused
+
+    async def pause(self) -> bool:
+        """As ``Sandbox.pause()``."""
+        return await asyncio.to_thread(self.sandbox.pause)
+
+    async def resume(self) -> bool:
+        """As ``Sandbox.resume()``."""
+        return await asyncio.to_thread(self.sandbox.resume)
+
     async def reset(self) -> None:
         await asyncio.to_thread(self.sandbox.reset)
 

@@ -55,6 +55,14 @@ class SandboxClosed(SandboxError):
     """The sandbox was closed, or its init died, before or during the call."""
 
 
+class SandboxPaused(SandboxError):
+    """The sandbox is paused: nothing runs in it until ``resume()`` (CLI: ``jailbox resume ID``)."""
+
+
+class PauseFailed(SandboxError):
+    """``pause()`` could not stop every process of the jail in time; the sandbox was left running."""
+
+
 class ProtocolError(SandboxError):
     """The jail's init sent something malformed, oversized or unexpected."""
 

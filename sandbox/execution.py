@@ -51,7 +51,9 @@ class ExecRun:
         on_stderr: Callback | None = None,
         counters: Callable[[], dict[str, int]] | None = None,
         on_result: Callable[[ExecResult], None] | None = None,
+        paused: Callable[[], float] | None = None,
     ) -> None:
+        """``paused``: seconds the sandbox has spent paused so far, which its timeout does not count."""
         size = len(json.dumps(request.to_wire(), separators=(",", ":")))
         if size > MAX_REQUEST:  # the init would drop it unanswered
             raise ExecError(
@@ -62,6 +64,8 @@ class ExecRun:
         self.on_result = on_result
         self.counters = counters
         self.counters_before = counters() if counters is not None else {}
+        self.paused = paused
+        self.paused_seen = paused() if paused is not None else 0.0  # counted into the deadline so far
         self.exec_id = request.id
         self.limit = limit
         self.callbacks = {}
@@ -202,7 +206,13 @@ class ExecRun:
             self.in_w = -1
 
     def check_deadline(self, deadline: float | None, now: float) -> float | None:
-        """Past the deadline: kill the command's tree and allow a grace period for its status."""
+        """Past the deadline: kill the command's tree and allow a grace period for its status. Time
+        the sandbox spent paused since the last call moves the deadline on: a timeout counts only
+        time the command could run."""
+        if deadline is not None and self.paused is not None:
+            paused = self.paused()
+            deadline += paused - self.paused_seen
+            self.paused_seen = paused
         if deadline is None or now < deadline:
             return deadline
         if self.killed:

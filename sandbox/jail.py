@@ -38,6 +38,7 @@ from .limits.enforcement import Enforcement
 from .limits.watch import WATCHER, Watched
 from .messages import Ready
 from .net import modes
+from .pause import Pause
 from .seccomp import bpf, syscalls
 from .seccomp.policy import SeccompPolicy
 
@@ -77,6 +78,7 @@ class Jail:
             self._write_meta()
             self.network = self._attach_network(net_fds, undo)
             self.channel = Channel(sock)
+            self.pausing = Pause(self.cgroup, self.init_pid)
             self._finalizer = weakref.finalize(self, undo.pop_all().close)
 
     @property
@@ -94,7 +96,10 @@ class Jail:
         return found
 
     def close(self) -> None:
-        """Kill every process of the jail and remove its mounts, writable layer and state."""
+        """Kill every process of the jail and remove its mounts, writable layer and state. A paused
+        jail is resumed first: its init ends the jail's processes when its socket closes."""
+        if self._finalizer.alive:
+            self.pausing.resume()
         self._finalizer()
 
     # --- the steps, in order ------------------------------------------------------------------

@@ -14,7 +14,7 @@ from . import files
 from .channel import Channel
 from .child.requests import MAX_WALK_ENTRIES, ExecRequest, RunAs
 from .config import SandboxConfig, check_env, jail_path
-from .errors import ExecError, SandboxClosed
+from .errors import ExecError, SandboxClosed, SandboxPaused
 from .execution import ExecRun, Stdin, TtyCommand, run_sync
 from .jail import Jail
 from .limits.enforcement import render
@@ -105,7 +105,7 @@ class Sandbox:
         ``AsyncSandbox`` drives it from the event loop). Its result counts in ``stats()`` once
         the driver has finished it. ``stdin`` may be the read end of an ``os.pipe()`` that the
         driver feeds as it goes (a copy goes to the command; the caller closes its own)."""
-        self._check_open()
+        self._check_running()
         argv: tuple[str, ...] | None = None
         shell: str | None = None
         if isinstance(cmd, str):
@@ -128,6 +128,7 @@ class Sandbox:
             on_stderr,
             counters,
             on_result=self._account,
+            paused=self._jail.pausing.paused_for,
         )
 
     def exec(
@@ -161,7 +162,7 @@ class Sandbox:
 
     def exec_tty(self, argv: list[str], env: dict[str, str] | None = None) -> TtyCommand:
         """Start ``argv`` as session leader on a new pty inside the jail (for interactive shells)."""
-        self._check_open()
+        self._check_running()
         request = self._exec_request(tuple(argv), None, self.config.workdir, env, tty=True)
         return TtyCommand(self._channel.open_call(request))
 
@@ -193,13 +194,13 @@ class Sandbox:
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """Read a regular file as the jail sees it (symlinks resolve inside the jail); one larger than
         ``max_bytes`` (64 MiB if None) is refused with ``SandboxFileError`` (EFBIG)."""
-        self._check_open()
+        self._check_running()
         return files.read_file(self._channel, self._abs(path), max_bytes)
 
     def write_file(self, path: str, data: bytes | str | Iterable[bytes], mode: int = 0o644) -> None:
         """Create or replace a file inside the jail, creating parent directories. ``data`` may be an
         iterable of chunks, written as each comes."""
-        self._check_open()
+        self._check_running()
         files.write_file(self._channel, self._abs(path), data.encode() if isinstance(data, str) else data, mode)
 
     def put(
@@ -209,12 +210,12 @@ class Sandbox:
         followed as given, nothing below it: a link in the tree is copied as a link, and the tree is read
         from held descriptors, so a jail rewriting it meanwhile cannot swap a host directory in. At most
         ``max_entries`` entries and (if given) ``max_bytes`` bytes of files; over either, SandboxFileError."""
-        self._check_open()
+        self._check_running()
         files.put(self._channel, Path(src), self._abs(dst), max_entries, max_bytes)
 
     def get(self, src: str, dst: str | os.PathLike[str]) -> None:
         """Copy a jail file or directory tree to ``dst`` (the path the copy gets) on the host."""
-        self._check_open()
+        self._check_running()
         files.get(self._channel, self._abs(src), Path(dst))
 
     # --- lifetime -----------------------------------------------------------------------------
@@ -222,6 +223,31 @@ class Sandbox:
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxClosed("the sandbox is closed")
+
+    def _check_running(self) -> None:
+        self._check_open()
+        if self._jail.pausing.paused:
+            raise SandboxPaused(f"sandbox {self.id} is paused: call resume() first (CLI: jailbox resume {self.id})")
+
+    @property
+    def paused(self) -> bool:
+        return self._jail.pausing.paused
+
+    def pause(self) -> bool:
+        """Stop every process of the jail: nothing in it runs or uses a CPU until ``resume()``; its
+        processes, memory and files stay as they are. A command in flight waits, and its timeout
+        does not count the pause; ``exec()`` and the file calls raise ``SandboxPaused`` meanwhile.
+        The cgroup freezer where the sandbox has a cgroup, else SIGSTOP to each process from the
+        host (``pause.py``); ``PauseFailed`` (the sandbox left running) if the jail could not be
+        stopped whole in time. Returns False, doing nothing, if it was paused already."""
+        self._check_open()
+        return self._jail.pausing.pause()
+
+    def resume(self) -> bool:
+        """Continue what ``pause()`` stopped; False, doing nothing, if the sandbox was not paused.
+        ``close()`` and ``reset()`` of a paused sandbox need no ``resume()``."""
+        self._check_open()
+        return self._jail.pausing.resume()
 
     @property
     def closed(self) -> bool:

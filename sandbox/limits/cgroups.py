@@ -7,7 +7,7 @@ caller's own group that the caller owns and that holds no processes (what
 ``pids.max``, ``cpu.max``; teardown with ``cgroup.kill``.
 
 cgroup v1 (root only): one group per sandbox in the memory, pids and cpu hierarchies, nested under
-the caller's own groups.
+the caller's own groups, and in the freezer hierarchy where it is mounted (``Sandbox.pause()``).
 
 Either way the init is moved in before the jail reports ready, so every command is inside.
 The ``jailbox`` group every sandbox's group is created in holds the pids budget all of them share
@@ -17,6 +17,10 @@ killed before its ``destroy()`` ran are found and removed: by the next process t
 in the same place, and by ``jailbox cleanup`` (``reap_stale``), which looks in every hierarchy.
 Counters read around each command give ``oom_killed`` (``oom_kill`` in memory.events or
 memory.oom_control, never ``failcnt``) and ``pids_limit_hit`` (``max`` in pids.events).
+
+``freeze()`` and ``thaw()`` stop and continue every process of the group (``freezer.state`` on v1,
+``cgroup.freeze`` on v2), waiting at most ``FREEZE_WAIT`` for the kernel to report it frozen. A v1
+frozen process does not die of SIGKILL until thawed, so teardown thaws after it kills.
 
 Both back ends implement ``Cgroup`` (an interface, as libcgroups' ``CgroupManager``), which is all
 the jail holds. Where no cgroup is usable, ``plan.py`` says what the init enforces with
@@ -29,6 +33,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -41,6 +46,9 @@ TCP_LIMIT = "memory.kmem.tcp.limit_in_bytes"
 V1_COUNTERS = (("oom_kill", "memory", "memory.oom_control", b"oom_kill"), ("pids_max", "pids", "pids.events", b"max"))
 FIELDS_MAX = 4096  # bytes read of a counters file (memory.oom_control is under 100)
 V1_CONTROLLERS = ("memory", "pids", "cpu")
+V1_FREEZER = "freezer"  # made for every v1 sandbox group where mounted: pause() needs no limit
+FREEZE_WAIT = 2.0  # seconds freeze() waits for the kernel to report every process frozen
+FREEZE_POLL = 0.0005  # seconds between two looks at the group's state while it freezes
 V2_ROOT = Path("/sys/fs/cgroup")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 
@@ -49,12 +57,20 @@ class Cgroup(Protocol):
     """One sandbox's cgroup, whichever version backs it."""
 
     kind: str  # how ``Sandbox.enforcement`` names it: "cgroup v1" or "cgroup v2"
+    can_freeze: bool  # whether ``freeze()`` is there (v1: where the freezer hierarchy is mounted)
 
     def attach(self, pid: int) -> None:
         """Move ``pid`` (the jail's init, before it reports ready) into the group."""
 
     def counters(self) -> dict[str, int]:
         """Monotonic counters: ``oom_kill`` and ``pids_max`` events so far."""
+
+    def freeze(self) -> bool:
+        """Stop every process in the group; whether the kernel reported it frozen within
+        ``FREEZE_WAIT`` (if not, the group is thawed again)."""
+
+    def thaw(self) -> None:
+        """Continue every process in the group."""
 
     def destroy(self) -> None:
         """Kill what is left in the group and remove it."""
@@ -73,7 +89,7 @@ def _v1_mounts() -> dict[str, Path]:
         if len(extra) < 3 or extra[0] != "cgroup":
             continue
         for option in extra[2].split(","):
-            if option in V1_CONTROLLERS:
+            if option in V1_CONTROLLERS or option == V1_FREEZER:
                 found[option] = Path(fields[4])
     return found
 
@@ -108,7 +124,8 @@ class CgroupV1(Cgroup):
         self.dirs: dict[str, Path] = {}
         # Only the hierarchies a limit needs: attaching a process to a v1 group costs about 0.2 ms each.
         wanted = {"memory": limits.memory, "pids": limits.pids, "cpu": limits.cpus}
-        for controller in (c for c in V1_CONTROLLERS if wanted[c] is not None):
+        made = [c for c in V1_CONTROLLERS if wanted[c] is not None] + [V1_FREEZER] * (V1_FREEZER in mounts)
+        for controller in made:
             parent = mounts[controller] / own.get(controller, "/").lstrip("/") / "jailbox"
             parent.mkdir(parents=True, exist_ok=True)
             _reap_once(parent)
@@ -119,6 +136,7 @@ class CgroupV1(Cgroup):
             path = parent / group_name(sandbox_id)
             path.mkdir()
             self.dirs[controller] = path
+        self.can_freeze = V1_FREEZER in self.dirs
         self._counted = [  # read around every exec: the paths are made once
             (name, str(self.dirs[controller] / file), key)
             for name, controller, file, key in V1_COUNTERS
@@ -150,12 +168,24 @@ class CgroupV1(Cgroup):
         """Monotonic counters: OOM kills and refused forks so far (for the hierarchies in use)."""
         return {name: _field(path, key) for name, path, key in self._counted}
 
+    def freeze(self) -> bool:
+        state = str(self.dirs[V1_FREEZER] / "freezer.state")
+        self._write(V1_FREEZER, "freezer.state", "FROZEN")
+        if _wait_for(lambda: _read(state, 16).strip() == b"FROZEN"):
+            return True
+        self.thaw()
+        return False
+
+    def thaw(self) -> None:
+        self._write(V1_FREEZER, "freezer.state", "THAWED")
+
     def destroy(self) -> None:
         _remove_v1(list(self.dirs.values()))
 
 
 def _remove_v1(paths: list[Path]) -> bool:
     """Kill what is in the groups (v1 has no cgroup.kill) and remove them; whether they are gone."""
+    freezer = _v1_mounts().get(V1_FREEZER)
     for _ in range(200):
         remaining = False
         for path in paths:
@@ -167,6 +197,8 @@ def _remove_v1(paths: list[Path]) -> bool:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+                if freezer is not None:
+                    _thaw_v1(pid, freezer)
             try:
                 path.rmdir()
             except FileNotFoundError:
@@ -177,6 +209,23 @@ def _remove_v1(paths: list[Path]) -> bool:
             return True
         time.sleep(0.005)
     return False
+
+
+def _thaw_v1(pid: int, freezer: Path) -> None:
+    """Thaw the group of the freezer hierarchy (mounted at ``freezer``) that ``pid`` is in, whichever
+    hierarchy it is being removed from: a frozen process dies of SIGKILL only once thawed, and every
+    process of that group is the same sandbox's, killed too."""
+    try:
+        lines = _read(f"/proc/{pid}/cgroup", FIELDS_MAX).decode().splitlines()
+    except UnicodeDecodeError:
+        return
+    for line in lines:
+        controllers, _, group = line.partition(":")[2].partition(":")
+        if V1_FREEZER in controllers.split(",") and group.startswith("/") and group != "/":
+            try:
+                (freezer / group.lstrip("/") / "freezer.state").write_text("THAWED")
+            except OSError:
+                pass
 
 
 def _pids(path: Path) -> list[int]:
@@ -244,6 +293,7 @@ class CgroupV2(Cgroup):
     """One sandbox's group in a delegated v2 subtree."""
 
     kind = "cgroup v2"
+    can_freeze = True
 
     def __init__(self, parent: Path, sandbox_id: str, limits: Limits, pids_budget: int) -> None:
         _reap_once(parent)
@@ -269,6 +319,17 @@ class CgroupV2(Cgroup):
     def counters(self) -> dict[str, int]:
         return {"oom_kill": _field(self._memory_events, b"oom_kill"),
                 "pids_max": _field(self._pids_events, b"max")}  # fmt: skip
+
+    def freeze(self) -> bool:
+        events = str(self.path / "cgroup.events")
+        self._write("cgroup.freeze", 1)
+        if _wait_for(lambda: _field(events, b"frozen") == 1):
+            return True
+        self.thaw()
+        return False
+
+    def thaw(self) -> None:
+        self._write("cgroup.freeze", 0)
 
     def destroy(self) -> None:
         _remove_v2(self.path)
@@ -425,6 +486,30 @@ def reap_stale() -> tuple[list[Path], list[tuple[Path, str]]]:
                     failed.append((group, "processes in it survived SIGKILL, or it could not be removed"))
             removed.extend(group for group in _abandoned_groups(parent) if _remove_empty(group))
     return removed, failed
+
+
+def _wait_for(done: Callable[[], bool]) -> bool:
+    """Whether ``done()`` came true within ``FREEZE_WAIT``."""
+    deadline = time.monotonic() + FREEZE_WAIT
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(FREEZE_POLL)
+    return True
+
+
+def _read(path: str, most: int) -> bytes:
+    """At most ``most`` bytes of a cgroup file (empty if it cannot be read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, most)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def _field(path: str, key: bytes) -> int:

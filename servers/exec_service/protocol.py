@@ -90,9 +90,16 @@ class Stop(_Msg):
     all: bool = False
 
 
-Request = Annotated[Create | Exec | Run | Copy | List | Stop, Field(discriminator="op")]
+class Pause(_Msg):
+    """``jailbox pause ID`` or ``jailbox resume ID``: ``Ok.changed`` says whether it was not so already."""
+
+    op: Literal["pause", "resume"]
+    id: Ref
+
+
+Request = Annotated[Create | Exec | Run | Copy | List | Stop | Pause, Field(discriminator="op")]
 Stream = Annotated[Input | Eof, Field(discriminator="op")]
-REQUEST: TypeAdapter[Create | Exec | Run | Copy | List | Stop] = TypeAdapter(Request)
+REQUEST: TypeAdapter[Create | Exec | Run | Copy | List | Stop | Pause] = TypeAdapter(Request)
 STREAM: TypeAdapter[Input | Eof] = TypeAdapter(Stream)
 
 
@@ -104,7 +111,7 @@ class Info(_Msg):
     name: Name | None
     rootfs: Annotated[str, Field(max_length=4096)]
     created: float
-    state: Literal["running", "dead"]
+    state: Literal["running", "paused", "dead"]
     limits: dict[Annotated[str, Field(max_length=32)], int | float | None] = Field(max_length=32)  # Limits' fields
 
 
@@ -113,6 +120,7 @@ class Ok(_Msg):
     id: Ref | None = None
     sandboxes: list[Info] = Field(default_factory=list, max_length=4096)
     stopped: list[Ref] = Field(default_factory=list, max_length=4096)
+    changed: bool | None = None  # to a Pause: whether the sandbox was not paused (or resumed) already
 
 
 class Error(_Msg):

@@ -55,7 +55,7 @@ class Held:
             name=self.name,
             rootfs=self.sandbox.config.rootfs,
             created=self.created,
-            state="running" if alive else "dead",
+            state=("paused" if self.sandbox.paused else "running") if alive else "dead",
             limits=self.sandbox.config.limits.model_dump(),
         )
 
@@ -202,7 +202,7 @@ class Service:
                 self.clients -= 1
                 self.quiet_since = time.monotonic()
 
-    def _handle(self, request: p.Create | p.Copy | p.List | p.Stop) -> p.Ok:
+    def _handle(self, request: p.Create | p.Copy | p.List | p.Stop | p.Pause) -> p.Ok:
         if isinstance(request, p.Create):
             return p.Ok(ok=True, id=self._create(request))
         if isinstance(request, p.List):
@@ -211,6 +211,9 @@ class Service:
             return p.Ok(ok=True, sandboxes=[h.info() for h in held])
         if isinstance(request, p.Stop):
             return p.Ok(ok=True, stopped=self._stop(request))
+        if isinstance(request, p.Pause):
+            sb = self._find(request.id).sandbox
+            return p.Ok(ok=True, id=sb.id, changed=sb.pause() if request.op == "pause" else sb.resume())
         sb = self._find(request.id).sandbox
         if not os.path.isabs(request.host):
             raise Refused(f"host path {request.host!r} must be absolute")

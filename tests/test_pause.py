@@ -1,0 +1,360 @@
+"""``Sandbox.pause()`` and ``resume()``: every process of the jail stopped, using no CPU, then continued.
+
+Each test runs both ways a jail is paused where this host has them: the cgroup freezer (a sandbox
+with a cgroup: as root here) and SIGSTOP from the host (a sandbox without one: rootless, or as root
+with no cgroup limit). CPU time is read from the host's ``/proc``, never from the jail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import jail_processes
+
+from jailbox.sandbox import AsyncSandbox, Limits, Sandbox
+from jailbox.sandbox.errors import PauseFailed, SandboxPaused
+from jailbox.sandbox.limits import cgroups
+
+HANG = 120  # seconds: a hang guard only, never a measure
+WAYS = [
+    pytest.param(Limits(), id="freezer", marks=pytest.mark.cgroup),  # the default limits make a cgroup
+    # no memory, pids or cpu limit: no cgroup v1 group, so the host stops each process itself
+    pytest.param(Limits(memory=None, pids=None), id="sigstop"),
+]
+# Busy loops in three processes, one of them two threads: what a pause must stop whole.
+BUSY = (
+    "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 & "
+    "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 & "
+    "nohup python3 -c 'import threading\n"
+    "def spin():\n    while True: pass\n"
+    "threading.Thread(target=spin).start(); spin()' >/dev/null 2>&1 &"
+)
+# Forks as fast as it can (short-lived children and grandchildren), in four workers, while two more
+# send SIGCONT to every process they may: the walk of the SIGSTOP way races both.
+RACER = (
+    "import os, signal, sys\n"
+    "role = sys.argv[1]\n"
+    "while True:\n"
+    "    if role == 'cont':\n"
+    "        try: os.kill(-1, signal.SIGCONT)\n"
+    "        except OSError: pass\n"
+    "        continue\n"
+    "    try: pid = os.fork()\n"
+    "    except OSError: continue\n"
+    "    if pid == 0:\n"
+    "        try:\n"
+    "            if os.fork() == 0: os._exit(0)\n"
+    "        except OSError: pass\n"
+    "        os._exit(0)\n"
+    "    try: os.waitpid(pid, 0)\n"
+    "    except OSError: pass\n"
+)
+
+
+@pytest.fixture(params=WAYS)
+def limits(request: pytest.FixtureRequest) -> Limits:
+    return request.param
+
+
+def way(sb: Sandbox) -> str:
+    return sb._jail.pausing.way
+
+
+def jail_cpu(sb: Sandbox) -> int:
+    """Clock ticks of CPU every process of the jail used so far (its own and its reaped children's),
+    read from the host's /proc."""
+    ticks = 0
+    for proc in jail_processes(os.readlink(f"/proc/{sb.init_pid}/ns/pid")):
+        with contextlib.suppress(OSError):
+            line = Path(f"/proc/{proc.pid}/stat").read_bytes()
+            fields = line[line.rfind(b")") + 2 :].split()
+            ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks
+
+
+def jail_pids(sb: Sandbox) -> set[int]:
+    return {p.pid for p in jail_processes(os.readlink(f"/proc/{sb.init_pid}/ns/pid"))}
+
+
+def listing(sb: Sandbox) -> list[str]:
+    """What ps in the jail shows of every process but the ps itself and its shell."""
+    out = sb.exec("ps -eo pid,ppid,args --no-headers").stdout.splitlines()
+    return [line for line in out if "ps -eo" not in line]
+
+
+def test_the_freezer_where_there_is_a_cgroup_else_sigstop(limits):
+    with Sandbox(limits=limits) as sb:
+        expected = "SIGSTOP from the host" if sb._jail.cgroup is None else f"{sb._jail.cgroup.kind} freezer"
+        assert way(sb) == expected
+    if limits == Limits():  # the default limits' cgroup on this host
+        assert expected.startswith("cgroup")
+
+
+def test_a_paused_jail_uses_no_cpu_and_resumes_as_it_was(limits):
+    with Sandbox(limits=limits) as sb:
+        sb.exec(BUSY)
+        before = listing(sb)
+        assert len(before) >= 4, before  # the init and the three loops
+        pids = jail_pids(sb)
+        cpu = jail_cpu(sb)
+        for _ in range(3):  # cycles hold: pause, check, resume
+            assert sb.pause() is True and sb.paused
+            stopped = jail_cpu(sb)
+            time.sleep(1)
+            assert jail_cpu(sb) == stopped, f"a paused jail ({way(sb)}) used CPU"
+            assert jail_pids(sb) == pids
+            assert sb.resume() is True and not sb.paused
+            deadline = time.monotonic() + HANG
+            while jail_cpu(sb) == stopped and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert jail_cpu(sb) > stopped  # the loops run again
+        assert jail_cpu(sb) > cpu
+        assert listing(sb) == before
+
+
+def test_pause_twice_and_resume_of_a_running_sandbox_do_nothing(limits):
+    with Sandbox(limits=limits) as sb:
+        assert sb.resume() is False and not sb.paused
+        assert sb.pause() is True
+        assert sb.pause() is False and sb.paused
+        assert sb.resume() is True
+        assert sb.resume() is False
+        assert sb.exec("echo on").stdout == "on\n"
+
+
+def test_a_commands_timeout_does_not_run_while_paused(limits):
+    with Sandbox(limits=limits) as sb:
+        results = []
+        run = threading.Thread(
+            target=lambda: results.append(sb.exec("touch /tmp/started; sleep 2", timeout=3)), daemon=True
+        )
+        run.start()
+        deadline = time.monotonic() + HANG
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                sb.read_file("/tmp/started")
+                break
+            time.sleep(0.01)
+        sb.pause()
+        time.sleep(4)
+        sb.resume()
+        run.join(HANG)
+        (r,) = results
+        assert (r.exit_code, r.timed_out) == (0, False)
+        assert r.wall_time >= 4  # it was paused in the middle, not run before or after
+
+        # a command past its timeout is still killed, the pause left out of its count
+        results.clear()
+        run = threading.Thread(target=lambda: results.append(sb.exec("sleep 60", timeout=1)), daemon=True)
+        run.start()
+        sb.pause()
+        time.sleep(1.5)
+        assert not results  # not killed while paused
+        sb.resume()
+        run.join(HANG)
+        assert results[0].timed_out and results[0].wall_time >= 1.5
+
+
+def test_exec_and_file_calls_on_a_paused_sandbox_fail_at_once_naming_resume(limits, tmp_path):
+    (tmp_path / "in.txt").write_text("x")
+    with Sandbox(limits=limits) as sb:
+        sb.write_file("/tmp/f", "kept")
+        sb.pause()
+        calls = [
+            lambda: sb.exec("true"),
+            lambda: sb.exec(["true"], timeout=1),
+            lambda: sb.begin_exec("true"),
+            lambda: sb.exec_tty(["sh"]),
+            lambda: sb.read_file("/tmp/f"),
+            lambda: sb.write_file("/tmp/g", "x"),
+            lambda: sb.put(tmp_path / "in.txt", "/tmp/in.txt"),
+            lambda: sb.get("/tmp/f", tmp_path / "out"),
+        ]
+        for call in calls:
+            with pytest.raises(SandboxPaused, match=r"resume\(\)"):
+                call()
+        assert not (tmp_path / "out").exists()
+        assert sb.resume()
+        assert sb.read_file("/tmp/f") == b"kept"
+        assert sb.exec("test -e /tmp/g || test -e /tmp/in.txt || echo none").stdout == "none\n"
+
+
+def test_close_and_reset_of_a_paused_sandbox_leak_nothing(limits):
+    with Sandbox(limits=limits):
+        pass  # the first sandbox of a process starts its launcher and watcher, which stay
+    fds = len(os.listdir("/proc/self/fd"))
+    for ending in ("close", "reset"):
+        sb = Sandbox(limits=limits)
+        sb.exec(BUSY)
+        ns = os.readlink(f"/proc/{sb.init_pid}/ns/pid")
+        groups = list(getattr(sb._jail.cgroup, "dirs", {}).values())
+        state = sb.dir
+        sb.pause()
+        if ending == "reset":
+            sb.reset()
+            assert not sb.paused and sb.exec("echo fresh").stdout == "fresh\n"
+        sb.close()
+        assert jail_processes(ns) == []
+        assert state is not None and not state.exists()
+        assert [g for g in groups if g.exists()] == []
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_a_jail_forking_and_continuing_itself_ends_up_stopped_or_running(limits):
+    """Four workers fork as fast as they can while two send SIGCONT to everything: each pause either
+    stops the whole jail (no CPU used while paused, no process made) or fails with PauseFailed and
+    leaves it running."""
+    with Sandbox(limits=limits) as sb:
+        sb.write_file("/tmp/racer.py", RACER)
+        for role in ("fork", "fork", "fork", "fork", "cont", "cont"):
+            sb.exec(f"nohup python3 /tmp/racer.py {role} >/dev/null 2>&1 &")
+        time.sleep(0.5)
+        stopped = 0
+        for _ in range(5):
+            try:
+                sb.pause()
+            except PauseFailed as exc:
+                assert "runs on" in str(exc) and not sb.paused
+                assert sb.exec("echo running").stdout == "running\n"
+                continue
+            stopped += 1
+            cpu, pids = jail_cpu(sb), jail_pids(sb)
+            time.sleep(1)
+            assert (jail_cpu(sb), jail_pids(sb)) == (cpu, pids), f"the racer ran on while paused ({way(sb)})"
+            sb.resume()
+            time.sleep(0.2)
+        assert stopped >= 4  # measured: every pause stops it, both ways, rootless too
+
+
+def test_async_sandbox_pauses_and_resumes(limits):
+    async def main() -> None:
+        async with AsyncSandbox(limits=limits) as sb:
+            await sb.exec(BUSY)
+            assert await sb.pause() is True and sb.paused
+            assert await sb.pause() is False
+            with pytest.raises(SandboxPaused, match=r"resume\(\)"):
+                await sb.exec("true")
+            with pytest.raises(SandboxPaused):
+                await sb.read_file("/etc/hostname")
+            cpu = jail_cpu(sb.sandbox)
+            await asyncio.sleep(1)
+            assert jail_cpu(sb.sandbox) == cpu
+            assert await sb.resume() is True
+            assert (await sb.exec("echo on")).stdout == "on\n"
+
+    asyncio.run(main())
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+
+JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
+
+
+@pytest.fixture
+def service() -> Iterator[dict[str, str]]:
+    """The environment of a state directory (so a per-user service) of the test's own."""
+    base = tempfile.mkdtemp(prefix="jbp-", dir="/tmp")  # short: a UNIX socket's path has at most 107 bytes
+    env = {**os.environ, "JAILBOX_STATE_DIR": base, "JAILBOX_SERVICE_IDLE": "600"}
+    try:
+        yield env
+    finally:
+        subprocess.run([*JAILBOX, "stop", "--all"], env=env, capture_output=True, timeout=HANG)
+        pid_file = Path(base) / "service.sock"
+        if pid_file.exists():
+            from service_probe import ended, listener_pid
+
+            pid = listener_pid(pid_file)
+            if pid is not None:
+                os.kill(pid, signal.SIGTERM)
+                assert ended(pid, HANG)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def jailbox(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*JAILBOX, *args], capture_output=True, text=True, env=env, timeout=HANG)
+
+
+def test_pause_and_resume_from_the_cli(service):
+    """The freezer as root, SIGSTOP rootless (the CLI has no flag that drops every cgroup limit)."""
+    r = jailbox(service, "create", "--name", "box")
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.strip()
+    assert jailbox(service, "exec", "--id", "box", "--", "sh", "-c", BUSY).returncode == 0
+
+    def states() -> list[str]:
+        return [b["state"] for b in json.loads(jailbox(service, "ps", "--json").stdout)]
+
+    r = jailbox(service, "pause", "box")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"{sid}\n", "")
+    assert states() == ["paused"]
+    table = jailbox(service, "ps").stdout.splitlines()
+    assert table[1].startswith(sid) and table[1].endswith("paused")
+    r = jailbox(service, "pause", sid[:4])
+    assert (r.returncode, r.stdout) == (0, f"{sid}\n") and "paused already" in r.stderr
+    r = jailbox(service, "exec", "--id", "box", "--", "true")
+    assert r.returncode != 0 and f"jailbox resume {sid}" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = jailbox(service, "cp", "box:/etc/hostname", "/tmp/never-written")
+    assert r.returncode == 1 and "resume" in r.stderr and not os.path.exists("/tmp/never-written")
+
+    r = jailbox(service, "resume", "box")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"{sid}\n", "")
+    assert states() == ["running"]
+    assert "running already" in jailbox(service, "resume", "box").stderr
+    assert jailbox(service, "exec", "--id", "box", "--", "echo", "on").stdout == "on\n"
+    jailbox(service, "pause", "box")
+    assert jailbox(service, "stop", "box").stdout == f"{sid}\n"  # a paused sandbox stops
+    assert states() == []
+
+
+def test_pause_of_an_unknown_or_bad_id_is_one_line(service):
+    r = jailbox(service, "pause", "nosuch")
+    assert r.returncode == 1 and r.stderr.startswith("jailbox: no sandbox 'nosuch'") and len(r.stderr.splitlines()) == 1
+    r = jailbox(service, "resume", "../x")
+    assert r.returncode == 2 and "jailbox resume 3f2a9c" in r.stderr
+
+
+@pytest.mark.cgroup
+def test_a_dead_hosts_frozen_group_is_reaped():
+    """A host killed while its sandbox was paused leaves a frozen group (on cgroup v1 its processes
+    cannot even die): ``reap_stale`` (``jailbox cleanup``) ends them and removes the group."""
+    code = (
+        "import time\n"
+        "from jailbox.sandbox import Sandbox\n"
+        "sb = Sandbox()\n"
+        "sb.exec('nohup sleep 600 >/dev/null 2>&1 &')\n"
+        "sb.pause()\n"
+        "cg = sb._jail.cgroup\n"
+        "groups = cg.dirs.values() if hasattr(cg, 'dirs') else [cg.path]\n"
+        "print(sb.init_pid, *groups, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    host = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None
+        init_pid, *groups = host.stdout.readline().split()
+        ns = os.readlink(f"/proc/{init_pid}/ns/pid")
+    finally:
+        host.kill()
+        host.wait()
+    if cgroups.v1_usable():
+        assert any(g.startswith("/sys/fs/cgroup/freezer/") for g in groups)
+    removed, failed = cgroups.reap_stale()
+    assert failed == []
+    assert {str(g) for g in removed} >= set(groups)
+    deadline = time.monotonic() + HANG
+    while jail_processes(ns) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert jail_processes(ns) == []
