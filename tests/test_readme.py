@@ -57,6 +57,7 @@ STATED: dict[str, tuple[str, ...] | list[tuple[str, ...]]] = {
     'print(ran.structured_content["stdout"], end="")  # Linux': ("Linux\n",),
     'http://bad.example.com/").stdout)  # 403': ("403",),
     'CapEff /proc/self/status").stdout)  # CapEff: 0000000000000021': ("CapEff:\t0000000000000021\n",),
+    "print(exc)  # sandbox ... is paused": ("is paused: call resume() first (CLI: jailbox resume ", "running again\n"),
 }
 # One worker runs every block (pytest-xdist): the blocks hold the servers' default ports and one of
 # them serves an LLM endpoint on one, and a registry block uses the image the one before it pulled.
