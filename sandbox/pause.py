@@ -13,17 +13,20 @@ until two in a row find the same processes and threads, none running, and none s
 its two looks (``/proc/PID/task/TID/schedstat`` unchanged, read after the walk signalled it): then
 between the two walks nothing of the jail ran that could have made a process or continued one. A
 thread asleep in the kernel (state D) is signalled again at each walk and counts as stopped: it
-stops before it runs a user instruction. At most ``WALK_ROUNDS`` walks in ``WALK_TIME`` seconds,
-of at most ``WALK_PROCS`` threads each; past any, the stopped are continued and ``PauseFailed``
-raised. Resuming continues exactly the processes this pause stopped (through the pidfds it kept), so
-one the jail had stopped itself stays stopped.
-
-Not held by the SIGSTOP way (documented in ``docs/python.md``): a signal the kernel sends on the
-jail's behalf once it is stopped (a POSIX timer or a SIGIO armed with SIGCONT) continues its process.
+stops before it runs a user instruction. Each stopped thread is also seized with ``ptrace``
+(``PTRACE_SEIZE``, no option): a seized thread in group-stop is in ptrace's stop, which SIGCONT does
+not end, so a signal the kernel sends on the jail's behalf (a POSIX timer or a SIGIO armed with
+SIGCONT, once nothing of it runs) cannot continue it. Where ptrace is refused (another tracer, Yama's
+``ptrace_scope`` 3), that thread is only stopped. At most ``WALK_ROUNDS`` walks in ``WALK_TIME``
+seconds, of at most ``WALK_PROCS`` threads each; past any, the stopped are continued and
+``PauseFailed`` raised. Resuming sends SIGCONT to exactly the processes this pause stopped (through
+the pidfds it kept), then lets every seized thread go, so one the jail had stopped itself stays
+stopped.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import threading
@@ -41,6 +44,9 @@ WALK_REST = 0.0002  # seconds between two walks while a signalled process has no
 CHILDREN_MAX = 1 << 20  # bytes of one thread's list of children read (7 bytes a pid)
 SMALL_MAX = 512  # bytes of a thread's stat or schedstat line read
 HELD = (b"T", b"t", b"Z", b"X", b"x")  # states in which a thread runs nothing (stopped, traced, dead)
+HOLDER_WAIT = 5.0  # seconds past WALK_TIME the caller waits for the holder's walk (a host slowed by its load)
+PTRACE_SEIZE = 0x4206
+PTRACE_DETACH = 17
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ class Pause:
 
     @property
     def way(self) -> str:
-        return f"{self._cgroup.kind} freezer" if self._cgroup is not None else "SIGSTOP from the host"
+        return f"{self._cgroup.kind} freezer" if self._cgroup is not None else "SIGSTOP and ptrace from the host"
 
     @property
     def paused(self) -> bool:
@@ -101,13 +107,36 @@ class Pause:
 
 
 class Stopper:
-    """SIGSTOP to every process of a jail, from its init down, until none runs (see the module)."""
+    """SIGSTOP to every process of a jail, from its init down, until none runs, each stopped thread
+    held in ptrace's group-stop (see the module). ptrace requests count only from the thread that
+    seized, so every step runs in a thread of its own, ``_Holder``, from ``stop()`` to ``cont()``."""
 
     def __init__(self, init_pid: int) -> None:
         self.init_pid = init_pid
-        self.stopped: dict[int, int] = {}  # pid -> pidfd, of each process this pause signalled
+        self.pidfds: dict[int, int] = {}  # pid -> pidfd, of each process seen to be of the jail
+        self.signalled: set[int] = set()  # the pids this pause sent SIGSTOP, to be sent SIGCONT
+        self.seized: set[int] = set()  # tids held in ptrace's group-stop
+        self._holder: _Holder | None = None
 
     def stop(self) -> None:
+        holder = _Holder(self)
+        holder.start()
+        if not holder.stopped.wait(WALK_TIME + HOLDER_WAIT):
+            holder.release.set()  # it ends once its walk does, continuing what it stopped
+            raise PauseFailed(f"the host's walk of the jail did not end within {WALK_TIME + HOLDER_WAIT:g}s")
+        if holder.error is not None:
+            holder.join()
+            raise holder.error
+        self._holder = holder
+
+    def cont(self) -> None:
+        holder, self._holder = self._holder, None
+        if holder is not None:
+            holder.release.set()
+            holder.join()
+
+    def _stop(self) -> None:
+        """In the holder: walk until nothing runs, or continue what was stopped and raise."""
         deadline = time.monotonic() + WALK_TIME
         last: dict[int, _Process] | None = None
         for _ in range(WALK_ROUNDS):
@@ -122,25 +151,29 @@ class Stopper:
                 break
             if running:
                 time.sleep(WALK_REST)
-        self.cont()
+        self._cont()
         raise PauseFailed(
             f"the jail's processes could not all be stopped within {WALK_ROUNDS} walks and {WALK_TIME:g}s "
             f"(at most {WALK_PROCS} threads; a jail forking as fast as it can); the sandbox runs on"
         )
 
-    def cont(self) -> None:
-        """SIGCONT to each process this pause stopped."""
-        stopped, self.stopped = self.stopped, {}
-        for pidfd in stopped.values():
+    def _cont(self) -> None:
+        """In the holder: SIGCONT to each process this pause stopped, then every held thread let go
+        (a process the jail had stopped itself goes back to that stop)."""
+        for pid in self.signalled:
             try:
-                signal.pidfd_send_signal(pidfd, signal.SIGCONT)
+                signal.pidfd_send_signal(self.pidfds[pid], signal.SIGCONT)
             except OSError:
                 pass  # gone meanwhile (killed by a bound, say)
+        for tid in self.seized:
+            _ptrace(PTRACE_DETACH, tid)  # fails for one gone; the holder's end lets go of any left
+        for pidfd in self.pidfds.values():
             os.close(pidfd)
+        self.pidfds, self.signalled, self.seized = {}, set(), set()
 
     def _walk(self) -> dict[int, _Process] | None:
-        """The jail's processes now, each signalled unless all its threads are stopped or dead;
-        None past ``WALK_PROCS`` threads."""
+        """The jail's processes now: each one signalled unless all its threads are stopped or dead,
+        each stopped thread seized; None past ``WALK_PROCS`` threads."""
         view: dict[int, _Process] = {}
         known = {self.init_pid}
         todo = [self.init_pid]
@@ -155,11 +188,14 @@ class Stopper:
                 return None
             states = {tid: _state(pid, tid) for tid in tids}
             start = _start(pid)
-            if start is None:
+            if start is None or not self._of_the_jail(pid, known):
                 continue  # gone meanwhile
             running = any(s not in HELD and s != b"D" for s in states.values())
             if any(s not in HELD for s in states.values()):  # D: asleep in the kernel; stops once out of it
-                self._signal(pid, known)
+                self._signal(pid)
+            for tid, state in states.items():
+                if state == b"T" and tid not in self.seized and _ptrace(PTRACE_SEIZE, tid):
+                    self.seized.add(tid)
             view[pid] = _Process(start, {tid: _small(f"/proc/{pid}/task/{tid}/schedstat") for tid in tids}, running)
             for tid in tids:
                 children = _children(pid, tid)
@@ -168,22 +204,62 @@ class Stopper:
                 todo.extend(children)
         return view
 
-    def _signal(self, pid: int, known: set[int]) -> None:
-        """SIGSTOP to ``pid`` once seen to be of the jail, through a pidfd kept for ``cont()``."""
-        pidfd = self.stopped.get(pid)
-        if pidfd is None:
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:
-                return
-            if pid != self.init_pid and not procs.in_tree(pid, known):
-                os.close(pidfd)
-                return
-            self.stopped[pid] = pidfd
+    def _of_the_jail(self, pid: int, known: set[int]) -> bool:
+        """Whether ``pid`` is a process of the jail, through a pidfd opened and re-checked against the
+        tree (``procs.in_tree``) and kept: what it signals is that process, even once the pid is
+        another's. Its threads' ids are taken from ``/proc/PID/task`` of a process seen alive: one
+        recycled between that read and a seize would take the host ``pid_max`` ids to come round."""
+        if pid in self.pidfds:
+            return True
         try:
-            signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return False
+        if pid != self.init_pid and not procs.in_tree(pid, known):
+            os.close(pidfd)
+            return False
+        self.pidfds[pid] = pidfd
+        return True
+
+    def _signal(self, pid: int) -> None:
+        self.signalled.add(pid)
+        try:
+            signal.pidfd_send_signal(self.pidfds[pid], signal.SIGSTOP)
         except OSError:
             pass
+
+
+class _Holder(threading.Thread):
+    """The thread that stops the jail, holds its threads seized while it is paused, and continues it."""
+
+    def __init__(self, stopper: Stopper) -> None:
+        super().__init__(name="jailbox-pause", daemon=True)
+        self.stopper = stopper
+        self.stopped = threading.Event()  # the walk has ended, the jail stopped or ``error`` set
+        self.release = threading.Event()  # resume
+        self.error: PauseFailed | None = None
+
+    def run(self) -> None:
+        try:
+            self.stopper._stop()
+        except PauseFailed as exc:
+            self.error = exc
+            self.stopped.set()
+            return
+        self.stopped.set()
+        self.release.wait()
+        self.stopper._cont()
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.ptrace.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p)
+_LIBC.ptrace.restype = ctypes.c_long
+
+
+def _ptrace(request: int, tid: int) -> bool:
+    """``ptrace(request, tid, 0, 0)`` (no option: a tracee is never killed when its tracer goes);
+    whether it worked. Refused (another tracer, a security module), the thread stays only stopped."""
+    return bool(_LIBC.ptrace(request, tid, None, None) == 0)
 
 
 def _small(path: str) -> bytes:

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jailbox.sandbox import AsyncSandbox, Limits, Sandbox
+from jailbox.sandbox import AsyncSandbox, Limits, Mount, Sandbox
 from jailbox.sandbox.errors import PauseFailed, SandboxPaused
 from jailbox.sandbox.limits import cgroups, proc
 
@@ -61,6 +61,26 @@ RACER = (
     "        os._exit(0)\n"
     "    try: os.waitpid(pid, 0)\n"
     "    except OSError: pass\n"
+)
+
+# Processes that ask the kernel to send them SIGCONT while nothing of the jail runs: a POSIX timer every
+# 10 ms, and a directory's change notice (dnotify) on a bind the host writes into during the pause.
+SELF_WAKING = (
+    "import ctypes, fcntl, os, signal, struct, sys\n"
+    "signal.signal(signal.SIGCONT, lambda *_: None)\n"
+    "if sys.argv[1] == 'timer':\n"
+    "    libc = ctypes.CDLL(None, use_errno=True)\n"
+    "    event = ctypes.create_string_buffer(64)\n"
+    "    struct.pack_into('qii', event, 0, 0, signal.SIGCONT, 0)  # SIGEV_SIGNAL\n"
+    "    timer = ctypes.c_void_p()\n"
+    "    assert libc.timer_create(1, event, ctypes.byref(timer)) == 0\n"
+    "    assert libc.timer_settime(timer, 0, struct.pack('qqqq', 0, 10**7, 0, 10**7), None) == 0\n"
+    "else:\n"
+    "    fd = os.open('/mnt/watched', os.O_RDONLY)\n"
+    "    fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGCONT)\n"
+    "    fcntl.fcntl(fd, fcntl.F_NOTIFY, fcntl.DN_CREATE | fcntl.DN_MULTISHOT)\n"
+    "while True:\n"
+    "    pass\n"
 )
 
 
@@ -109,7 +129,7 @@ def listing(sb: Sandbox) -> list[str]:
 
 def test_the_freezer_where_there_is_a_cgroup_else_sigstop(limits):
     with Sandbox(limits=limits) as sb:
-        expected = "SIGSTOP from the host" if sb._jail.cgroup is None else f"{sb._jail.cgroup.kind} freezer"
+        expected = "SIGSTOP and ptrace from the host" if sb._jail.cgroup is None else f"{sb._jail.cgroup.kind} freezer"
         assert way(sb) == expected
     if limits == Limits():  # the default limits' cgroup on this host
         assert expected.startswith("cgroup")
@@ -249,6 +269,34 @@ def test_a_jail_forking_and_continuing_itself_ends_up_stopped_or_running(limits)
             sb.resume()
             time.sleep(0.2)
         assert stopped >= 4  # measured: every pause stops it, both ways, rootless too
+
+
+def test_a_jail_that_has_the_kernel_send_it_sigcont_stays_paused(limits, tmp_path):
+    """A POSIX timer or a dnotify armed with SIGCONT (and a handler for it) continues a process the
+    host only stopped; the SIGSTOP way also holds each thread in ptrace's stop, which SIGCONT does not
+    end. Measured before that: 44-54 clock ticks used in a second of pause, here 0."""
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    os.chmod(watched, 0o777)
+    with Sandbox(limits=limits, mounts=[Mount(watched, "/mnt/watched", readonly=False)]) as sb:
+        sb.write_file("/tmp/waking.py", SELF_WAKING)
+        for kind in ("timer", "dnotify"):
+            sb.exec(f"nohup python3 /tmp/waking.py {kind} >/tmp/{kind}.log 2>&1 &")
+        time.sleep(0.5)
+        assert sb.exec("cat /tmp/timer.log /tmp/dnotify.log").stdout == ""  # both armed
+        for cycle in range(3):
+            sb.pause()
+            cpu = jail_cpu(sb)
+            for i in range(20):
+                (watched / f"{cycle}-{i}").touch()  # each a SIGCONT to the dnotify process
+                time.sleep(0.05)
+            assert jail_cpu(sb) == cpu, f"a process continued itself while paused ({way(sb)})"
+            sb.resume()
+            stopped = jail_cpu(sb)
+            deadline = time.monotonic() + HANG
+            while jail_cpu(sb) == stopped and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert sb.exec("cat /tmp/timer.log /tmp/dnotify.log").stdout == ""
 
 
 def test_async_sandbox_pauses_and_resumes(limits):
