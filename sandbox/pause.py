@@ -14,10 +14,12 @@ its two looks (``/proc/PID/task/TID/schedstat`` unchanged, read after the walk s
 between the two walks nothing of the jail ran that could have made a process or continued one. A
 thread asleep in the kernel (state D) is signalled again at each walk and counts as stopped: it
 stops before it runs a user instruction. Each stopped thread is also seized with ``ptrace``
-(``PTRACE_SEIZE``, no option): a seized thread in group-stop is in ptrace's stop, which SIGCONT does
+(``PTRACE_SEIZE``): a seized thread in group-stop is in ptrace's stop, which SIGCONT does
 not end, so a signal the kernel sends on the jail's behalf (a POSIX timer or a SIGIO armed with
 SIGCONT, once nothing of it runs) cannot continue it. Where ptrace is refused (another tracer, Yama's
-``ptrace_scope`` 3), that thread is only stopped. At most ``WALK_ROUNDS`` walks in ``WALK_TIME``
+``ptrace_scope`` 3), that thread is only stopped. A host that dies while its jail is paused takes the
+jail with it, as a running one: the init's parent-death signal (the launcher ends with the host)
+kills it, stopped or not. At most ``WALK_ROUNDS`` walks in ``WALK_TIME``
 seconds, of at most ``WALK_PROCS`` threads each; past any, the stopped are continued and
 ``PauseFailed`` raised. Resuming sends SIGCONT to exactly the processes this pause stopped (through
 the pidfds it kept), then lets every seized thread go, so one the jail had stopped itself stays
@@ -257,8 +259,8 @@ _LIBC.ptrace.restype = ctypes.c_long
 
 
 def _ptrace(request: int, tid: int) -> bool:
-    """``ptrace(request, tid, 0, 0)`` (no option: a tracee is never killed when its tracer goes);
-    whether it worked. Refused (another tracer, a security module), the thread stays only stopped."""
+    """``ptrace(request, tid, 0, 0)``; whether it worked. Refused (another tracer, a security
+    module), the thread stays only stopped."""
     return bool(_LIBC.ptrace(request, tid, None, None) == 0)
 
 
