@@ -24,6 +24,7 @@ CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "stored_rootfs": stored_rootfs.stored_rootfs,
     "create_close": cases.create_close,
     "exec": cases.exec_round_trip,
+    "pause": cases.pause_resume,
     "epoll": epoll.epoll,
     "throughput": cases.throughput,
     "burst": burst.burst,

@@ -10,9 +10,10 @@ from bench.baselines import TRUE, bwrap_argv, container_runs, failure, spawn_wai
 from bench.results import CaseResult, Row, Target, ratio
 from bench.settings import Settings
 from bench.timing import Summary, Thunk, interleave, rate, timed
-from jailbox.sandbox import Sandbox, SandboxPool
+from jailbox.sandbox import Limits, Sandbox, SandboxPool
 
 THROUGHPUT_TARGET = 1000.0
+PAUSE_TARGET_MS = 5.0  # issue 39: pause() and resume() together
 
 
 def exec_true(sb: Sandbox) -> None:
@@ -190,3 +191,27 @@ def network_create(settings: Settings) -> CaseResult:
     row = Row(f"create-to-ready: network={ALLOW}", "ms", allow, "network=none", none, target,
               notes=[f"network={ALLOW} costs {over:.2f} ms over none (p50)"])  # fmt: skip
     return CaseResult([row])
+
+
+def _pause_resume(sb: Sandbox) -> None:
+    sb.pause()
+    sb.resume()
+
+
+def pause_resume(settings: Settings) -> CaseResult:
+    """``pause()`` then ``resume()`` of a sandbox running a background process, each way this host
+    pauses one (the default limits make a cgroup where cgroups are usable; without a memory or pids
+    limit there is none on cgroup v1), against an exec round trip in the same sandbox."""
+    rows = []
+    for limits in (Limits(), Limits(memory=None, pids=None)):
+        with Sandbox(limits=limits) as sb:
+            sb.exec("sleep 100000 >/dev/null 2>&1 &")
+            way = sb._jail.pausing.way
+            thunks = [timed("pause", partial(_pause_resume, sb)), timed("exec", partial(exec_true, sb))]
+            samples = interleave(settings.pause_reps, thunks, settings.warmup)
+        both, exec_time = Summary.of(samples["pause"]), Summary.of(samples["exec"])
+        target = Target.check(f"<= {PAUSE_TARGET_MS:g} ms together", both.median <= PAUSE_TARGET_MS)
+        name = f"pause()+resume(): {way}"
+        if all(row.name != name for row in rows):
+            rows.append(Row(name, "ms", both, "sb.exec(['true']) in the same sandbox", exec_time, target))
+    return CaseResult(rows)

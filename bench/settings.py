@@ -25,6 +25,7 @@ class Settings:
     serve_idle: int = 64
     epoll_reps: int = 1000
     epoll_rounds: int = 6
+    pause_reps: int = 200
     image: str = "docker.io/library/busybox:latest"
 
     def as_dict(self) -> dict[str, object]:
@@ -51,4 +52,5 @@ QUICK = Settings(
     serve_idle=8,
     epoll_reps=50,
     epoll_rounds=2,
+    pause_reps=10,
 )

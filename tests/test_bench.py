@@ -19,6 +19,7 @@ CASES = (
     "one_shot",
     "create_close",
     "exec",
+    "pause",
     "epoll",
     "throughput",
     "burst",
