@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .errors import PauseFailed
+from .errors import PauseFailed, SandboxClosed
 from .limits import procs
 from .limits.cgroups import Cgroup
 
@@ -63,8 +63,9 @@ class Pause:
     anything; ``paused_for()`` is the seconds spent paused so far (a command's timeout skips them)."""
 
     def __init__(self, cgroup: Cgroup | None, init_pid: int) -> None:
+        self._init = (init_pid, _start(init_pid))  # alive now: a later process with its pid is not it
         self._cgroup = cgroup if cgroup is not None and cgroup.can_freeze else None
-        self._stopper = None if self._cgroup is not None else Stopper(init_pid)
+        self._stopper = None if self._cgroup is not None else Stopper(init_pid, self._init[1])
         self._lock = threading.Lock()
         self._since: float | None = None  # when the jail was paused, while it is
         self._total = 0.0  # seconds paused before that
@@ -85,6 +86,8 @@ class Pause:
         with self._lock:
             if self._since is not None:
                 return False
+            if self._init[1] is None or _start(self._init[0]) != self._init[1]:
+                raise SandboxClosed("the sandbox's init has died: nothing to pause (close() it)")
             if self._cgroup is not None:
                 if not self._cgroup.freeze():
                     raise PauseFailed("the jail's cgroup did not freeze in time; the sandbox runs on")
@@ -113,8 +116,9 @@ class Stopper:
     held in ptrace's group-stop (see the module). ptrace requests count only from the thread that
     seized, so every step runs in a thread of its own, ``_Holder``, from ``stop()`` to ``cont()``."""
 
-    def __init__(self, init_pid: int) -> None:
+    def __init__(self, init_pid: int, init_start: bytes | None) -> None:
         self.init_pid = init_pid
+        self.init_start = init_start
         self.pidfds: dict[int, int] = {}  # pid -> pidfd, of each process seen to be of the jail
         self.signalled: set[int] = set()  # the pids this pause sent SIGSTOP, to be sent SIGCONT
         self.seized: set[int] = set()  # tids held in ptrace's group-stop
@@ -207,17 +211,22 @@ class Stopper:
         return view
 
     def _of_the_jail(self, pid: int, known: set[int]) -> bool:
-        """Whether ``pid`` is a process of the jail, through a pidfd opened and re-checked against the
-        tree (``procs.in_tree``) and kept: what it signals is that process, even once the pid is
-        another's. Its threads' ids are taken from ``/proc/PID/task`` of a process seen alive: one
-        recycled between that read and a seize would take the host ``pid_max`` ids to come round."""
+        """Whether ``pid`` is a process of the jail, through a pidfd opened and then re-checked (the
+        init by its start time, any other against the tree, ``procs.in_tree``) and kept: what it
+        signals is that process, even once the pid is another's. Its threads' ids are taken from
+        ``/proc/PID/task`` of a process seen alive: one recycled between that read and a seize
+        would take the host's ``pid_max`` ids to come round."""
         if pid in self.pidfds:
             return True
         try:
             pidfd = os.pidfd_open(pid)
         except OSError:
             return False
-        if pid != self.init_pid and not procs.in_tree(pid, known):
+        if pid == self.init_pid:
+            mine = self.init_start is not None and _start(pid) == self.init_start
+        else:
+            mine = procs.in_tree(pid, known)
+        if not mine:
             os.close(pidfd)
             return False
         self.pidfds[pid] = pidfd

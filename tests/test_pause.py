@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from jailbox.sandbox import AsyncSandbox, Limits, Mount, Sandbox
-from jailbox.sandbox.errors import PauseFailed, SandboxPaused
+from jailbox.sandbox.errors import PauseFailed, SandboxClosed, SandboxPaused
 from jailbox.sandbox.limits import cgroups, proc
 
 HANG = 120  # seconds: a hang guard only, never a measure
@@ -122,9 +122,15 @@ def jail_cpu(sb: Sandbox) -> int:
 
 
 def listing(sb: Sandbox) -> list[str]:
-    """What ps in the jail shows of every process but the ps itself and its shell."""
-    out = sb.exec("ps -eo pid,ppid,args --no-headers").stdout.splitlines()
-    return [line for line in out if "ps -eo" not in line]
+    """What ps in the jail shows of every process but the ps itself and its shell, once the shell
+    that started the loops has gone and each loop shows its own command line."""
+    deadline = time.monotonic() + HANG
+    while True:
+        out = sb.exec("ps -eo pid,ppid,args --no-headers").stdout.splitlines()
+        shown = [line for line in out if "ps -eo" not in line]
+        if not any("nohup" in line for line in shown) or time.monotonic() > deadline:
+            return shown
+        time.sleep(0.05)
 
 
 def test_the_freezer_where_there_is_a_cgroup_else_sigstop(limits):
@@ -222,6 +228,17 @@ def test_exec_and_file_calls_on_a_paused_sandbox_fail_at_once_naming_resume(limi
         assert sb.resume()
         assert sb.read_file("/tmp/f") == b"kept"
         assert sb.exec("test -e /tmp/g || test -e /tmp/in.txt || echo none").stdout == "none\n"
+
+
+def test_pause_of_a_sandbox_whose_init_died_is_refused(limits):
+    with Sandbox(limits=limits) as sb:
+        os.kill(sb.init_pid, signal.SIGKILL)
+        deadline = time.monotonic() + HANG
+        while alive({sb.init_pid}) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(SandboxClosed, match="init has died"):
+            sb.pause()
+        assert not sb.paused
 
 
 def test_close_and_reset_of_a_paused_sandbox_leak_nothing(limits):
