@@ -163,6 +163,21 @@ def test_a_paused_jail_uses_no_cpu_and_resumes_as_it_was(limits):
         assert listing(sb) == before
 
 
+def test_the_watcher_leaves_a_paused_jail_within_its_bounds_alone(limits):
+    """The host's watcher samples a paused jail as any other (its memory rootless, its disk always):
+    stopped processes holding memory and a written file are neither killed nor counted as over."""
+    with Sandbox(limits=limits) as sb:
+        sb.exec("head -c 64M /dev/zero > /testbed/data")
+        sb.exec("nohup python3 -c 'import time; b = bytearray(128 << 20); time.sleep(10**6)' >/dev/null 2>&1 &")
+        time.sleep(0.5)
+        pids, counters = jail_pids(sb), sb._jail.counters()
+        sb.pause()
+        time.sleep(2)  # 40 of the watcher's samples
+        assert (jail_pids(sb), sb._jail.counters()) == (pids, counters)
+        sb.resume()
+        assert sb.exec("stat -c %s /testbed/data").stdout == f"{64 << 20}\n"
+
+
 def test_pause_twice_and_resume_of_a_running_sandbox_do_nothing(limits):
     with Sandbox(limits=limits) as sb:
         assert sb.resume() is False and not sb.paused
