@@ -63,7 +63,7 @@ class Pause:
     anything; ``paused_for()`` is the seconds spent paused so far (a command's timeout skips them)."""
 
     def __init__(self, cgroup: Cgroup | None, init_pid: int) -> None:
-        self._init = (init_pid, _start(init_pid))  # alive now: a later process with its pid is not it
+        self._init = (init_pid, _start(init_pid, ended=False))  # alive now: a later process with its pid is not it
         self._cgroup = cgroup if cgroup is not None and cgroup.can_freeze else None
         self._stopper = None if self._cgroup is not None else Stopper(init_pid, self._init[1])
         self._lock = threading.Lock()
@@ -86,7 +86,7 @@ class Pause:
         with self._lock:
             if self._since is not None:
                 return False
-            if self._init[1] is None or _start(self._init[0]) != self._init[1]:
+            if self._init[1] is None or _start(self._init[0], ended=False) != self._init[1]:
                 raise SandboxClosed("the sandbox's init has died: nothing to pause (close() it)")
             if self._cgroup is not None:
                 if not self._cgroup.freeze():
@@ -304,9 +304,11 @@ def _state(pid: int, tid: int) -> bytes:
     return found[0] if found else b"X"
 
 
-def _start(pid: int) -> bytes | None:
+def _start(pid: int, ended: bool = True) -> bytes | None:
+    """When ``pid`` started (clock ticks since boot); None if it is gone, or if it has ended (a
+    zombie, whose threads may still run if its first one alone has ended) and ``ended`` is False."""
     found = _fields(_small(f"/proc/{pid}/stat"))
-    return found[19] if len(found) > 19 else None
+    return found[19] if len(found) > 19 and (ended or found[0] not in (b"Z", b"X")) else None
 
 
 def _children(pid: int, tid: int) -> list[int] | None:

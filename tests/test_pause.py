@@ -34,13 +34,17 @@ WAYS = [
     # no memory, pids or cpu limit: no cgroup v1 group, so the host stops each process itself
     pytest.param(Limits(memory=None, pids=None), id="sigstop"),
 ]
-# Busy loops in three processes, one of them two threads: what a pause must stop whole.
+# Busy loops in four processes: two shells, one of two threads, and one whose first thread has ended
+# (a zombie leader: the process shows as ended while its other thread spins). What a pause must stop whole.
 BUSY = (
     "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 & "
     "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 & "
     "nohup python3 -c 'import threading\n"
     "def spin():\n    while True: pass\n"
-    "threading.Thread(target=spin).start(); spin()' >/dev/null 2>&1 &"
+    "threading.Thread(target=spin).start(); spin()' >/dev/null 2>&1 & "
+    "nohup python3 -c 'import ctypes, threading\n"
+    "def spin():\n    while True: pass\n"
+    "threading.Thread(target=spin).start(); ctypes.CDLL(None).pthread_exit(None)' >/dev/null 2>&1 &"
 )
 # Forks as fast as it can (short-lived children and grandchildren), in four workers, while two more
 # send SIGCONT to every process they may: the walk of the SIGSTOP way races both.
@@ -123,12 +127,13 @@ def jail_cpu(sb: Sandbox) -> int:
 
 def listing(sb: Sandbox) -> list[str]:
     """What ps in the jail shows of every process but the ps itself and its shell, once the shell
-    that started the loops has gone and each loop shows its own command line."""
+    that started the loops has gone, each loop shows its own command line, and the one whose first
+    thread ends shows as ``<defunct>``."""
     deadline = time.monotonic() + HANG
     while True:
         out = sb.exec("ps -eo pid,ppid,args --no-headers").stdout.splitlines()
         shown = [line for line in out if "ps -eo" not in line]
-        if not any("nohup" in line for line in shown) or time.monotonic() > deadline:
+        if not any("nohup" in line or "pthread_exit" in line for line in shown) or time.monotonic() > deadline:
             return shown
         time.sleep(0.05)
 
@@ -145,7 +150,7 @@ def test_a_paused_jail_uses_no_cpu_and_resumes_as_it_was(limits):
     with Sandbox(limits=limits) as sb:
         sb.exec(BUSY)
         before = listing(sb)
-        assert len(before) >= 4, before  # the init and the three loops
+        assert len(before) >= 5, before  # the init and the four loops
         pids = jail_pids(sb)
         cpu = jail_cpu(sb)
         for _ in range(3):  # cycles hold: pause, check, resume
