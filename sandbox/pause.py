@@ -1,12 +1,14 @@
 """Host side of ``Sandbox.pause()`` and ``resume()``: every process of a jail stopped, then continued.
 
-Runs in the host process (the caller's thread). Where the jail has a cgroup that can freeze
+Runs in the host process: the caller's thread, and for the SIGSTOP way one thread per paused jail
+(``_Holder``) from ``pause()`` to ``resume()``. Where the jail has a cgroup that can freeze
 (``limits/cgroups.py``), the kernel's freezer does it, fork races included. Otherwise (rootless on
 cgroup v1, or a sandbox with no cgroup limit as root) the host sends each process SIGSTOP
 (``Stopper``), and finds them itself, never asking the jail: every process of a pid namespace
 descends from its pid 1, the init, whose host pid the launcher gave. A walk reads each process's
-threads from the init down (``/proc/PID/task/TID/children``, complete for a stopped process), and
-signals through pidfds re-checked against the tree (``procs.in_tree``), so no recycled pid is hit.
+threads from the init down (``/proc/PID/task/TID/children``, complete for a stopped process; a
+process whose first thread has ended is walked too, its others may run), and signals through
+pidfds re-checked against the tree (``procs.in_tree``), so no recycled pid is hit.
 
 A jail forks while it is walked, and its processes may send each other SIGCONT, so walks repeat
 until two in a row find the same processes and threads, none running, and none scheduled between
