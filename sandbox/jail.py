@@ -98,9 +98,11 @@ class Jail:
     def close(self) -> None:
         """Kill every process of the jail and remove its mounts, writable layer and state. A paused
         jail is resumed first: its init ends the jail's processes when its socket closes."""
-        if self._finalizer.alive:
-            self.pausing.resume()
-        self._finalizer()
+        try:
+            if self._finalizer.alive:
+                self.pausing.resume()
+        finally:
+            self._finalizer()
 
     # --- the steps, in order ------------------------------------------------------------------
 

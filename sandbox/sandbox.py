@@ -237,9 +237,10 @@ class Sandbox:
         """Stop every process of the jail: nothing in it runs or uses a CPU until ``resume()``; its
         processes, memory and files stay as they are. A command in flight waits, and its timeout
         does not count the pause; ``exec()`` and the file calls raise ``SandboxPaused`` meanwhile.
-        The cgroup freezer where the sandbox has a cgroup, else SIGSTOP to each process from the
-        host (``pause.py``); ``PauseFailed`` (the sandbox left running) if the jail could not be
-        stopped whole in time. Returns False, doing nothing, if it was paused already."""
+        The cgroup freezer where the sandbox has a cgroup, else SIGSTOP and ptrace from the host
+        (``pause.py``); ``PauseFailed`` (the sandbox left running) if the jail could not be stopped
+        whole in time, ``SandboxClosed`` if its init has died. Returns False, doing nothing, if it
+        was paused already."""
         self._check_open()
         return self._jail.pausing.pause()
 
