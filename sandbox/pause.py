@@ -173,6 +173,9 @@ class Stopper:
                 signal.pidfd_send_signal(self.pidfds[pid], signal.SIGCONT)
             except OSError:
                 pass  # gone meanwhile (killed by a bound, say)
+        # Let go with no signal: a seized thread in group-stop has taken none (its pending ones wait for
+        # it to run); one the jail continued right after it was seen stopped and seized may have taken
+        # one, which is dropped: only a jail sending itself SIGCONT through the pause loses one.
         for tid in self.seized:
             _ptrace(PTRACE_DETACH, tid)  # fails for one gone; the holder's end lets go of any left
         for pidfd in self.pidfds.values():
