@@ -47,7 +47,9 @@ V1_COUNTERS = (("oom_kill", "memory", "memory.oom_control", b"oom_kill"), ("pids
 FIELDS_MAX = 4096  # bytes read of a counters file (memory.oom_control is under 100)
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 V1_FREEZER = "freezer"  # made for every v1 sandbox group where mounted: pause() needs no limit
-FREEZE_WAIT = 2.0  # seconds freeze() waits for the kernel to report every process frozen
+# seconds freeze() waits for the kernel to report every process frozen: one in an uninterruptible wait
+# (disk writeback on a loaded host) freezes only once out of it; 2 s was once not enough, with load 16
+FREEZE_WAIT = 10.0
 FREEZE_POLL = 0.0005  # seconds between two looks at the group's state while it freezes
 V2_ROOT = Path("/sys/fs/cgroup")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
