@@ -423,6 +423,7 @@ def test_pause_of_an_unknown_or_bad_id_is_one_line(service):
     assert r.returncode == 2 and "jailbox resume 3f2a9c" in r.stderr
 
 
+@pytest.mark.xdist_group("stale-cgroups")  # reaps every dead host's groups: test_starve_counters' too
 def test_a_paused_jail_does_not_outlive_its_host(limits):
     """A host killed while its sandbox is paused: the SIGSTOP way's jail dies with it, as a running
     jail does (the init's parent-death signal); a frozen group (on cgroup v1 its processes cannot

@@ -469,6 +469,7 @@ def _killed_holder() -> list[Path]:
 
 
 @pytest.mark.cgroup
+@pytest.mark.xdist_group("stale-cgroups")  # one worker: each removes what the others leave
 def test_jailbox_cleanup_removes_the_cgroups_of_a_killed_host_process():
     groups = _killed_holder()
     r = subprocess.run([*JAILBOX, "cleanup"], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -479,6 +480,7 @@ def test_jailbox_cleanup_removes_the_cgroups_of_a_killed_host_process():
 
 
 @pytest.mark.cgroup
+@pytest.mark.xdist_group("stale-cgroups")  # one worker: each removes what the others leave
 def test_a_new_process_removes_the_cgroups_dead_owners_left():
     groups = _killed_holder()
     r = subprocess.run(
@@ -493,6 +495,7 @@ def test_a_new_process_removes_the_cgroups_dead_owners_left():
 
 
 @pytest.mark.cgroup
+@pytest.mark.xdist_group("stale-cgroups")  # one worker: each removes what the others leave
 def test_cleanup_removes_empty_groups_of_the_old_naming_and_keeps_busy_ones():
     """Groups named by a bare sandbox id (before names recorded an owner) cannot be tied to a
     process: empty and idle ones go, one with a process in it stays, and its process lives."""
