@@ -63,6 +63,10 @@ class PauseFailed(SandboxError):
     """``pause()`` could not stop every process of the jail in time; the sandbox was left running."""
 
 
+class BranchError(SandboxError):
+    """A checkpoint, rollback or fork was refused or failed; the sandbox is as it was before the call."""
+
+
 class ProtocolError(SandboxError):
     """The jail's init sent something malformed, oversized or unexpected."""
 

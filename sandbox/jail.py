@@ -43,13 +43,15 @@ from .seccomp import bpf, syscalls
 from .seccomp.policy import SeccompPolicy
 
 if TYPE_CHECKING:
+    from .layers import Layer
     from .rootfs.users import User
 
 EXIT_WAIT = 2.0
 
 
 class Jail:
-    def __init__(self, config: SandboxConfig) -> None:
+    def __init__(self, config: SandboxConfig, layers: tuple[Layer, ...] = ()) -> None:
+        """``layers``: read-only layers over the root filesystem, topmost first (a checkpoint's)."""
         from .rootfs.resolve import apply_stored_rootfs
 
         # a stored image's Env, WorkingDir and User, under the config's own; and its tree
@@ -65,6 +67,10 @@ class Jail:
         lower, system_binds, generated = self._layout(base)
         # each step that leaves something behind registers its undo; closing runs them in reverse
         with contextlib.ExitStack() as undo:
+            self.layers = layers
+            for layer in layers:
+                layer.hold()
+                undo.callback(layer.release)  # after the jail is gone: its overlay held the layer
             self._claim_own_ids(lower, undo)
             self.dir = self._make_dir(base, undo)
             self.cgroup = self._make_cgroup(undo)
@@ -73,13 +79,24 @@ class Jail:
             self.spec = self._spec(base, lower, system_binds, generated)
             sock, self.init_pid = self._create(undo)
             self._attach_cgroup(sock, undo)
-            net_fds = self._await_ready(sock, undo)
+            net_fds, self.upper = self._await_ready(sock, undo)
+            undo.callback(os.close, self.upper)
             self.watched = self._watch(net_fds, undo)
             self._write_meta()
             self.network = self._attach_network(net_fds, undo)
             self.channel = Channel(sock)
             self.pausing = Pause(self.cgroup, self.init_pid)
             self._finalizer = weakref.finalize(self, undo.pop_all().close)
+
+    @property
+    def id_map(self) -> IdMap:
+        """The jail's user namespace map (its own host ids, where it has some)."""
+        return self._idmap
+
+    @property
+    def disk_ids(self) -> IdMap:
+        """The map its lower's owners are stored under on disk (and its layers')."""
+        return self._disk_ids
 
     @property
     def user_env(self) -> dict[str, str]:
@@ -201,14 +218,16 @@ class Jail:
             dir=None if self.dir is None else str(self.dir),
             stage=str(base / "stage"),
             lower=lower,
+            layers=tuple(str(layer.tree) for layer in self.layers),
             trusted_lower=self._lower is None,
             system_binds=system_binds,
             user_binds=tuple(
                 Bind(src=str(m.src), dst=m.dst, is_dir=m.src.is_dir(), readonly=m.readonly)
                 for m in sorted(cfg.mounts, key=lambda m: m.dst.count("/"))
             ),
-            generated=generated,
-            ca_certs=self._ca_certs(),
+            # a checkpoint's layers already hold them, as the sandbox left them (edited, or removed)
+            generated={} if self.layers else generated,
+            ca_certs="" if self.layers else self._ca_certs(),
             upper=cfg.upper,
             tmpfs_size=planned.tmpfs_size,
             tmpfs_inodes=planned.tmpfs_inodes,
@@ -260,12 +279,13 @@ class Jail:
         undo.callback(sock.close)  # first: the init exits on EOF
         return sock, created.init_pid
 
-    def _await_ready(self, sock: socket.socket, undo: contextlib.ExitStack) -> list[int]:
-        """The init's ready message; the network side's descriptors, in ``NetSpec``'s order."""
+    def _await_ready(self, sock: socket.socket, undo: contextlib.ExitStack) -> tuple[list[int], int]:
+        """The init's ready message; the network side's descriptors, in ``NetSpec``'s order, and an
+        ``O_PATH`` descriptor of the writable layer's directory (``layers.cut`` copies it)."""
         if not wire.wait_readable(sock, self.config.setup_timeout):
             raise SandboxSetupError(f"the jail was not ready within {self.config.setup_timeout}s")
         try:
-            msg = wire.recv(sock, max_fds=3)
+            msg = wire.recv(sock, max_fds=4)
         except wire.WireError as exc:
             raise ProtocolError(f"bad message from the jail during setup: {exc}") from exc
         if msg is None:
@@ -280,14 +300,15 @@ class Jail:
             from .checks.diagnose import explain
 
             raise explain(Failed(ready.step or Step.PROTOCOL, ready.errno, ready.error or "jail setup failed"))
-        if len(fds) != self.spec.net.handed:
-            raise ProtocolError(f"the jail's init handed over {len(fds)} network descriptors")
+        if len(fds) != self.spec.net.handed + 1:
+            raise ProtocolError(f"the jail's init handed over {len(fds)} descriptors, not {self.spec.net.handed + 1}")
+        upper = fds.pop()
         if not ready.seccomp_notify and self.enforcement["epoll"].held:
             # the kernel refused the init a listener (a supervisor above already holds one): the
             # filter without one lets epoll_create through, made by the caller
             why = "the init got no seccomp listener (a supervisor above holds one)"
             self.enforcement["epoll"] = uids.not_held_epoll(why)
-        return fds
+        return fds, upper
 
     def _attach_cgroup(self, sock: socket.socket, undo: contextlib.ExitStack) -> None:
         """Move the init into its cgroup while it builds the jail's filesystem (the two overlap: on

@@ -76,12 +76,15 @@ class Launcher:
     def pid(self) -> int | None:
         return self._launcher or None
 
-    def request(self, req: dict, max_fds: int = 2, timeout: float = REPLY_TIMEOUT) -> tuple[dict, list[int]]:
+    def request(
+        self, req: dict, max_fds: int = 2, timeout: float = REPLY_TIMEOUT, fds: tuple[int, ...] = ()
+    ) -> tuple[dict, list[int]]:
+        """Send ``req`` with a reply socket and ``fds`` (which stay the caller's); its answer."""
         sock = self._ensure()
         mine, theirs = wire.seqpacket_pair()
         with mine:
             try:
-                wire.send(sock, req, [theirs.fileno()])
+                wire.send(sock, req, [theirs.fileno(), *fds])
             except OSError as exc:
                 raise SandboxSetupError(f"the jailbox launcher is gone: {exc}") from exc
             finally:

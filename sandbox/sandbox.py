@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import posixpath
@@ -10,11 +11,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import files
+from . import files, layers
 from .channel import Channel
 from .child.requests import MAX_WALK_ENTRIES, ExecRequest, RunAs
 from .config import SandboxConfig, check_env, jail_path
-from .errors import ExecError, SandboxClosed, SandboxPaused
+from .errors import BranchError, ExecError, SandboxClosed, SandboxPaused
 from .execution import ExecRun, Stdin, TtyCommand, run_sync
 from .jail import Jail
 from .limits.enforcement import render
@@ -51,6 +52,7 @@ class Sandbox:
         self._closed = False
         self._source: JailSource | None = None
         self._stats = SandboxStats()
+        self._checkpoints: list[layers.Checkpoint] = []  # oldest first
         self._jail = Jail(self.config)
         self.config = self._jail.config
 
@@ -65,7 +67,22 @@ class Sandbox:
         sb._closed = False
         sb._source = source
         sb._stats = SandboxStats()
+        sb._checkpoints = []
         sb._jail = jail
+        return sb
+
+    @classmethod
+    def _over(cls, config: SandboxConfig, below: tuple[layers.Layer, ...]) -> Sandbox:
+        """A sandbox of ``config`` whose filesystem starts from ``below`` (a fork's child)."""
+        sb = cls.__new__(cls)
+        sb.config = config
+        sb._ids = itertools.count(1)
+        sb._lock = threading.Lock()
+        sb._closed = False
+        sb._source = None
+        sb._stats = SandboxStats()
+        sb._checkpoints = []
+        sb._jail = Jail(config, below)
         return sb
 
     @property
@@ -218,6 +235,72 @@ class Sandbox:
         self._check_running()
         files.get(self._channel, self._abs(src), Path(dst))
 
+    # --- branching ----------------------------------------------------------------------------
+
+    def checkpoint(self) -> layers.Checkpoint:
+        """The filesystem as it is now, to ``rollback()`` to later. Processes are not part of it.
+        Its cost is a copy of what the sandbox wrote since it started (or last rolled back):
+        the layers below are shared. Checkpoints nest."""
+        self._check_open()
+        jail = self._jail
+        with self._frozen():
+            cut = layers.cut(jail)
+        try:
+            cp = layers.Checkpoint(cut, self)
+        finally:
+            cut[0].release()  # the checkpoint holds it now
+        with self._lock:
+            self._checkpoints.append(cp)
+        return cp
+
+    def rollback(self, checkpoint: layers.Checkpoint) -> None:
+        """Go back to ``checkpoint``'s filesystem: every process is ended, and fresh ones start over
+        it, with the same configuration and bounds (as ``reset()``: the jail, and so ``id``, are
+        new). Checkpoints taken after it are dropped; it stays valid, to roll back to again."""
+        self._check_open()
+        if checkpoint.owner is not self:
+            raise BranchError("rollback: that checkpoint is of another sandbox; take one with sb.checkpoint()")
+        if not checkpoint.valid:
+            raise BranchError("rollback: that checkpoint was dropped (a rollback to an older one, or close())")
+        fresh = Jail(self.config, checkpoint.layers)  # a failure here leaves the sandbox as it was
+        with self._lock:
+            old, self._jail = self._jail, fresh
+            self._ids = itertools.count(1)
+            self._stats = SandboxStats()
+            newer = self._checkpoints[self._checkpoints.index(checkpoint) + 1 :]
+            del self._checkpoints[len(self._checkpoints) - len(newer) :]
+        for dropped in newer:
+            dropped.drop()
+        self._retire(old)
+
+    def fork(self, n: int) -> list[Sandbox]:
+        """``n`` new sandboxes, each starting from this one's filesystem now, with its configuration;
+        each a jail of its own (init, ids, bounds), closed on its own. This one keeps running.
+        The children share the cut read-only; what each writes, only it sees (and its disk bound
+        counts). All or nothing: a child that fails ends the others."""
+        self._check_open()
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise BranchError(f"fork: n must be a positive count of children, e.g. fork(4), not {n!r}")
+        with self._frozen():
+            cut = layers.cut(self._jail)
+        children: list[Sandbox] = []
+        try:
+            for _ in range(n):
+                children.append(Sandbox._over(self.config, cut))
+        except BaseException:
+            for child in children:
+                child.close()
+            raise
+        finally:
+            cut[0].release()  # the children hold it now
+        return children
+
+    def _frozen(self) -> contextlib.AbstractContextManager[None]:
+        """Where a cut holds the jail still for a consistent copy: the seam ``pause()`` fills. Until
+        then a cut of a sandbox that is writing meanwhile may copy some of a write and not the rest;
+        nothing of the host is read or written either way (``child/layers.py``)."""
+        return contextlib.nullcontext()
+
     # --- lifetime -----------------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -266,6 +349,9 @@ class Sandbox:
             old, self._jail = self._jail, fresh
             self._ids = itertools.count(1)
             self._stats = SandboxStats()
+        self._retire(old)
+
+    def _retire(self, old: Jail) -> None:
         if self._source is not None:
             self._source.retire(old)
         else:
@@ -277,10 +363,10 @@ class Sandbox:
             if self._closed:
                 return
             self._closed = True
-        if self._source is not None:
-            self._source.retire(self._jail)
-        else:
-            self._jail.close()
+            dropped, self._checkpoints = self._checkpoints, []
+        self._retire(self._jail)
+        for checkpoint in dropped:
+            checkpoint.drop()
 
     def __enter__(self) -> Sandbox:
         return self

@@ -106,7 +106,7 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int, tre
     """Build the jail, tie its life to the launcher, report ready, then serve forever. ``trees``:
     host path -> a detached idmapped mount of it (``mounts.build``)."""
     try:
-        mounts.build(spec, trees)
+        upper = mounts.build(spec, trees)
         with step(Step.HOSTNAME):
             L.sethostname(spec.hostname)
             set_name("jailbox-init")
@@ -139,8 +139,9 @@ def boot(spec: JailSpec, ctl: socket.socket, lifeline: int, reparented: int, tre
     except BaseException as exc:
         wire.send(ctl, failure(exc, Step.PROTOCOL).to_wire())
         os._exit(1)
-    wire.send(ctl, InitReady(seccomp_notify=listener >= 0).to_wire(), net_fds)  # the network side's descriptors
-    for fd in net_fds:
+    # the network side's descriptors, then the writable layer's (the host copies it for a checkpoint)
+    wire.send(ctl, InitReady(seccomp_notify=listener >= 0).to_wire(), [*net_fds, upper])
+    for fd in [*net_fds, upper]:
         os.close(fd)
     Init(ctl, spec.seccomp, listener, slack, proc).serve()
 

@@ -89,7 +89,7 @@ def plan(spec: JailSpec, trees: set[str]) -> list[Op]:
     return ops
 
 
-def build(spec: JailSpec, trees: dict[str, int]) -> None:
+def build(spec: JailSpec, trees: dict[str, int]) -> int:
     """Mount the whole jail and pivot_root into it. ``trees``: host path -> a detached idmapped
     mount of it (the launcher's, for a jail with ids of its own), used in place of a bind.
 
@@ -98,6 +98,9 @@ def build(spec: JailSpec, trees: dict[str, int]) -> None:
     writable layer lives in the sandbox's own state directory. That tmpfs is the jail's only
     writable one: /tmp and /dev/shm are directories of it, so its one size and inode count bound
     all the memory the jail can hold in files.
+
+    Returns an ``O_PATH`` descriptor of the writable layer's directory, for the host: the one way
+    to reach it once the staging tmpfs is detached, opened before anything untrusted runs.
     """
     root = "root"  # relative to the staging tmpfs, our working directory from here on
     rw = "." if spec.upper == "tmpfs" else "rw"  # the writable layer, relative to the staging tmpfs
@@ -116,7 +119,7 @@ def build(spec: JailSpec, trees: dict[str, int]) -> None:
             os.chdir(spec.stage)
             if spec.userns:
                 _become_root(spec)
-        _assemble(spec, root, rw, attached)
+        return _assemble(spec, root, rw, attached)
     finally:
         for fd in held:  # descriptors of host directories: none may outlive the setup
             os.close(fd)
@@ -145,6 +148,7 @@ def _hold_host_paths(spec: JailSpec, held: list[int], trees: dict[str, int]) -> 
     held_spec = dataclasses.replace(
         spec,
         lower=hold(spec.lower),
+        layers=tuple(hold(layer) for layer in spec.layers),
         dir=None if spec.dir is None else hold(spec.dir),
         system_binds=tuple(dataclasses.replace(b, src=hold(b.src)) for b in spec.system_binds),
         user_binds=tuple(dataclasses.replace(b, src=hold(b.src)) for b in spec.user_binds),
@@ -166,7 +170,7 @@ def _become_root(spec: JailSpec) -> None:
     L.prctl(L.PR_SET_DUMPABLE, 1)
 
 
-def _assemble(spec: JailSpec, root: str, rw: str, trees: set[str]) -> None:
+def _assemble(spec: JailSpec, root: str, rw: str, trees: set[str]) -> int:
     with step(Step.STAGE):
         for path in ("root", "lower"):
             os.mkdir(path, 0o755)
@@ -182,12 +186,19 @@ def _assemble(spec: JailSpec, root: str, rw: str, trees: set[str]) -> None:
         _write_generated(rw + "/upper", spec.generated)
     with step(Step.LOWER):
         _attach(spec.lower, "lower", trees)
+        # a checkpoint's layers, by short names: the overlay's options are one page
+        names = [f"l{i}" for i in range(len(spec.layers))]
+        for name, layer in zip(names, spec.layers, strict=True):
+            os.mkdir(name, 0o755)
+            _attach(layer, name, trees)
+            L.make_readonly(name)
     with step(Step.OVERLAY):
-        options = f"lowerdir=lower,upperdir={rw}/upper,workdir={rw}/work"
+        options = f"lowerdir={':'.join([*names, 'lower'])},upperdir={rw}/upper,workdir={rw}/work"
         if spec.userns:
             options += ",userxattr"  # trusted.* xattrs are out of reach in a user namespace
         L.mount("overlay", root, "overlay", 0, options)
         root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        upper = os.open(rw + "/upper", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         here = os.readlink("/proc/self/cwd") + "/"
     try:
         if spec.ca_certs:
@@ -206,6 +217,7 @@ def _assemble(spec: JailSpec, root: str, rw: str, trees: set[str]) -> None:
         L.pivot_root(".", ".")
         L.umount2(".", L.MNT_DETACH)
         os.chdir("/")
+    return upper
 
 
 def _write_generated(upper: str, files: dict[str, str]) -> None:

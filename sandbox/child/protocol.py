@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -47,6 +48,7 @@ class Step(enum.Enum):
     RLIMITS = "rlimits"  # setrlimit
     SECCOMP = "seccomp"  # installing the syscall filter
     RMTREE = "rmtree"  # removing a tree inside the jail's id map
+    LAYER = "layer"  # copying a writable layer into a read-only one, or squashing layers (child/layers.py)
     PROTOCOL = "protocol"  # a setup process sent nothing, too late or the wrong thing, or failed outside a step
 
 
@@ -133,6 +135,40 @@ class RmtreeRequest:
 
 
 @dataclass(frozen=True)
+class LayerRequest:
+    """Host -> launcher: lay the trees of the directories that ride along (after the reply socket),
+    in order, into a new directory ``tree`` of ``dir``, a layer's directory the host made (its
+    meta.json names the host, so the launcher removes it if the host dies: ``Zygote._half_made``)."""
+
+    KIND: ClassVar[str] = "layer"
+    idmap: IdMap | None  # the map of the user namespace to copy in (rootless); None: as the launcher
+    shifts: tuple[tuple[str, str], ...]  # per source: (uid, gid) "from to count" triples (child/layers.py)
+    dir: str  # absolute host path of the layer's directory
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "kind": self.KIND,
+            "idmap": None if self.idmap is None else self.idmap.to_wire(),
+            "shifts": [list(s) for s in self.shifts],
+            "dir": self.dir,
+        }
+
+    @classmethod
+    def from_wire(cls, f: dict[str, Any]) -> LayerRequest:
+        shifts = wire.typed(f, "shifts", list)
+        if not all(isinstance(s, list) and len(s) == 2 and all(isinstance(t, str) for t in s) for s in shifts):
+            raise wire.WireError("shifts: expected a list of [uid, gid] strings")
+        path = wire.typed(f, "dir", str)
+        if not os.path.isabs(path):
+            raise wire.WireError(f"dir: not an absolute path: {path!r}")
+        return cls(
+            None if f["idmap"] is None else IdMap.from_wire(f["idmap"]),
+            tuple((s[0], s[1]) for s in shifts),
+            path,
+        )
+
+
+@dataclass(frozen=True)
 class UsernsReady:
     """A -> launcher: my user namespace exists, write its maps."""
 
@@ -206,6 +242,21 @@ class Removed:
 
 
 @dataclass(frozen=True)
+class Laid:
+    """Launcher's child -> host: a ``LayerRequest``'s layer is whole, with this many entries."""
+
+    KIND: ClassVar[str] = "laid"
+    entries: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": self.KIND, "entries": self.entries}
+
+    @classmethod
+    def from_wire(cls, f: dict[str, Any]) -> Laid:
+        return cls(wire.typed(f, "entries", int))
+
+
+@dataclass(frozen=True)
 class LauncherUp:
     """Launcher -> host, once on the control socket: it left the host's children; a pidfd of it rides
     along, which is how the host, no longer its parent, sees it end."""
@@ -234,10 +285,34 @@ class InitReady:
         return {"kind": self.KIND, "seccomp_notify": self.seccomp_notify}
 
 
-Message = CreateRequest | RmtreeRequest | UsernsReady | Go | InitPid | Created | Removed | LauncherUp | Failed
+Message = (
+    CreateRequest
+    | RmtreeRequest
+    | LayerRequest
+    | UsernsReady
+    | Go
+    | InitPid
+    | Created
+    | Removed
+    | Laid
+    | LauncherUp
+    | Failed
+)
 MESSAGES: dict[str, Any] = {
     cls.KIND: cls
-    for cls in (CreateRequest, RmtreeRequest, UsernsReady, Go, InitPid, Created, Removed, LauncherUp, Failed)
+    for cls in (
+        CreateRequest,
+        RmtreeRequest,
+        LayerRequest,
+        UsernsReady,
+        Go,
+        InitPid,
+        Created,
+        Removed,
+        Laid,
+        LauncherUp,
+        Failed,
+    )
 }
 
 

@@ -120,6 +120,8 @@ class JailSpec:
     dir: str | None  # the sandbox's state directory (holds a disk writable layer); None for upper="tmpfs"
     stage: str  # the shared staging directory each jail mounts its private tmpfs over
     lower: str  # host path of the read-only lower layer: a stored tree, or the host-root skeleton
+    # host paths of read-only layers over it, topmost first: checkpoints' trees (sandbox/layers.py)
+    layers: tuple[str, ...]
     trusted_lower: bool  # the lower is the host's own tree (hostroot), not a possibly hostile image
     system_binds: tuple[Bind, ...]  # host directories the host-root layout binds in (/usr, /etc...)
     user_binds: tuple[Bind, ...]  # the config's mounts, shallowest first
@@ -163,6 +165,7 @@ class JailSpec:
             dir=None if f["dir"] is None else wire.typed(f, "dir", str),
             stage=wire.typed(f, "stage", str),
             lower=wire.typed(f, "lower", str),
+            layers=_strings(f, "layers"),
             trusted_lower=wire.typed(f, "trusted_lower", bool),
             system_binds=tuple(Bind.from_wire(b) for b in wire.typed(f, "system_binds", list)),
             user_binds=tuple(Bind.from_wire(b) for b in wire.typed(f, "user_binds", list)),

@@ -40,14 +40,16 @@ from ..floor import linux as L
 from ..floor import wire
 from ..floor.idmap import IdMap, write_maps
 from ..floor.tree import remove_tree
-from . import init
+from . import init, layers
 from .protocol import (
     Created,
     CreateRequest,
     Failed,
     Go,
     InitPid,
+    Laid,
     LauncherUp,
+    LayerRequest,
     Removed,
     RmtreeRequest,
     SetupFailed,
@@ -105,7 +107,7 @@ def main(argv: list[str]) -> None:
             if fd == wake_r:
                 zygote.reap(wake_r)
                 continue
-            msg = wire.recv(ctl, max_fds=1)
+            msg = wire.recv(ctl, max_fds=2 + layers.MAX_LAYERS)  # the reply socket; a layer request's sources
             if msg is None:
                 zygote.shutdown()
             req, fds = msg
@@ -143,26 +145,26 @@ class Zygote:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
-        for path in self._half_made():  # made by the host for a jail it had not asked us for yet
+        # made by the host for a jail it had not asked us for yet, and the layers of its checkpoints
+        left = [*self._half_made(), *((path, spec.idmap if spec.userns else None) for path, spec in self.jails.items())]
+        for path, idmap in left:
             with contextlib.suppress(OSError):
                 remove_tree(path)
-        for path, spec in self.jails.items():
-            with contextlib.suppress(OSError):
-                remove_tree(path)
-            if os.path.lexists(path) and spec.userns:
+            if os.path.lexists(path) and idmap is not None:
                 try:
                     mine, theirs = wire.seqpacket_pair()
                     with mine, theirs:
-                        os.waitpid(self._rmtree_in_userns(RmtreeRequest(path, spec.idmap), theirs), 0)
+                        os.waitpid(self._rmtree_in_userns(RmtreeRequest(path, idmap), theirs), 0)
                 except Exception:
                     pass
         os._exit(0)
 
-    def _half_made(self) -> list[str]:
+    def _half_made(self) -> list[tuple[str, IdMap | None]]:
         """Sandbox directories beside ours that our host made (its meta names it) but no jail of ours
-        uses: the host died between making one and asking for its jail. Only the host writes a meta
-        (the jail never sees its sandbox directory); read bounded all the same."""
-        found = []
+        uses: the host died between making one and asking for its jail, or it held a layer (a
+        checkpoint's). Only the host writes a meta (the jail never sees its sandbox directory); read
+        bounded all the same. Each with the id map its files may belong to."""
+        found: list[tuple[str, IdMap | None]] = []
         for base in self.bases:
             try:
                 names = os.listdir(base)
@@ -179,7 +181,7 @@ class Zygote:
                 except (OSError, ValueError):
                     continue
                 if isinstance(meta, dict) and meta.get("host_pid") == self.host and "init_pid" not in meta:
-                    found.append(path)
+                    found.append((path, _meta_idmap(meta)))
         return found
 
     def _forget_removed(self) -> None:
@@ -187,21 +189,48 @@ class Zygote:
             del self.jails[path]
 
     def handle(self, obj: dict, fds: list[int]) -> None:
-        if len(fds) != 1:  # every request carries its reply socket
-            for fd in fds:
-                os.close(fd)
+        if not fds:  # every request carries its reply socket first
             return
         reply = socket.socket(fileno=fds[0])
+        sources = fds[1:]  # a layer request's source directories
         try:
-            req = decode(obj, CreateRequest, RmtreeRequest)
-            if isinstance(req, CreateRequest):
+            req = decode(obj, CreateRequest, RmtreeRequest, LayerRequest)
+            if isinstance(req, LayerRequest) and len(sources) == len(req.shifts):
+                self._layer(req, sources, reply)
+            elif isinstance(req, CreateRequest) and not sources:
                 self.create(req.spec, reply)
-            elif isinstance(req, RmtreeRequest):
+            elif isinstance(req, RmtreeRequest) and not sources:
                 self._rmtree_in_userns(req, reply)
+            else:
+                _send(reply, Failed(Step.PROTOCOL, 0, "a request with the wrong number of descriptors"))
         except Exception as exc:
             _send(reply, failure(exc, Step.PROTOCOL))
         finally:
             reply.close()
+            for fd in sources:  # the copying process holds its own
+                os.close(fd)
+
+    def _layer(self, req: LayerRequest, sources: list[int], reply: socket.socket) -> None:
+        """Copy a writable layer, or squash layers, into ``req.dir``'s new ``tree`` (``child/layers.py``),
+        in a process that answers the host itself (the launcher goes on making jails meanwhile)."""
+        self.bases.add(os.path.dirname(req.dir))  # if the host dies, its half-made layers go too
+
+        def body(chan: socket.socket) -> None:
+            try:
+                with step(Step.LAYER):
+                    parent = os.open(req.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    os.mkdir("tree", 0o700, dir_fd=parent)
+                    tree = os.open("tree", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                    budget = layers.Budget()
+                    for src, (uids, gids) in zip(sources, req.shifts, strict=True):
+                        layers.apply(src, tree, layers.Shift(uids), layers.Shift(gids), budget)
+                    os.fsync(tree)
+                _send(reply, Laid(budget.entries))
+            except Exception as exc:
+                _send(reply, failure(exc, Step.LAYER))
+
+        chan, _ = self._spawn_in_userns(req.idmap, body)
+        chan.close()
 
     def _spawn_in_userns(
         self, idmap: IdMap | None, body: Body, soft: dict[str, int] | None = None, creator: int | None = None
@@ -248,7 +277,7 @@ class Zygote:
             userns = self._view(spec.shown_as)
         trees: dict[str, int] = {}
         try:
-            for path in (spec.lower, *(b.src for b in spec.user_binds)):
+            for path in (spec.lower, *spec.layers, *(b.src for b in spec.user_binds)):
                 if path not in trees:
                     with step(Step.LOWER if path == spec.lower else Step.BIND):
                         trees[path] = L.idmapped_clone(path, userns)
@@ -372,6 +401,13 @@ def _child_a(chan: socket.socket, body: Body, userns: bool, soft: dict[str, int]
         _report(chan, exc)
     finally:
         os._exit(0)
+
+
+def _meta_idmap(meta: dict) -> IdMap | None:
+    try:
+        return IdMap.from_wire(meta["idmap"]) if isinstance(meta.get("idmap"), dict) else None
+    except wire.WireError:
+        return None
 
 
 def _until_closed(chan: socket.socket) -> None:
@@ -545,7 +581,7 @@ def _expect(chan: socket.socket, kind: type[Expected]) -> Expected:
     return got
 
 
-def _send(sock: socket.socket, msg: Created | Removed | Failed) -> None:
+def _send(sock: socket.socket, msg: Created | Removed | Laid | Failed) -> None:
     try:
         wire.send(sock, msg.to_wire())
     except OSError:

@@ -1,0 +1,251 @@
+"""checkpoint(), rollback() and fork(): round trips compared entry by entry inside real jails,
+deep chains, long cycles with bounded mounts and disk, a jail racing the cut with links to host
+paths, and nothing left after close()."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import HOST_SECRET, snapshot
+
+from jailbox.sandbox import Sandbox
+from jailbox.sandbox.child.layers import MAX_DEPTH, MAX_LAYERS
+from jailbox.sandbox.errors import BranchError
+
+# What a checkpoint keeps, as the jail sees it: every entry under the writable parts of the host
+# rootfs's tree, with kind, mode, owners, size, allocated blocks (holes), content hash, link
+# target, user xattrs, and which entries share an inode.
+MANIFEST = r"""
+import hashlib, json, os, stat
+out, inodes = {}, {}
+for top in ("/root", "/etc", "/home", "/opt", "/var"):
+    for here, dirs, files in os.walk(top):
+        for name in [".", *dirs, *files]:
+            path = os.path.normpath(os.path.join(here, name))
+            st = os.lstat(path)
+            entry = [stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid]
+            if stat.S_ISREG(st.st_mode):
+                digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+                entry += [st.st_size, st.st_blocks * 512 < st.st_size, digest]
+                if st.st_nlink > 1:
+                    inodes.setdefault(st.st_ino, []).append(path)
+                    entry.append(st.st_ino)
+            elif stat.S_ISLNK(st.st_mode):
+                entry.append(os.readlink(path))
+            if not stat.S_ISLNK(st.st_mode):
+                keys = [k for k in os.listxattr(path) if k.startswith("user.")]
+                entry.append(sorted((k, os.getxattr(path, k).hex()) for k in keys))
+            out[path] = entry
+for paths in inodes.values():
+    for path in paths:
+        out[path][7] = min(paths)  # which entries share an inode, not its number
+print(json.dumps(out, sort_keys=True))
+"""
+
+SETUP = r"""
+set -e
+mkdir -p /root/tree/sub /home/u
+printf 'content\n' > /root/tree/file
+head -c 300000 /dev/urandom > /root/tree/random
+chmod 0600 /root/tree/random
+truncate -s 8M /root/tree/sparse && printf 'end' | dd of=/root/tree/sparse bs=1 seek=4000000 conv=notrunc 2>/dev/null
+ln -s /etc/passwd /root/tree/abs-link
+ln -s ../nowhere /root/tree/dangling
+ln /root/tree/file /root/tree/hardlink
+mkfifo /root/tree/fifo
+echo owned > /home/u/file && chown -R 1000:1001 /home/u && chmod 0640 /home/u/file
+chown 65534:65534 /root/tree/sub
+chmod 4755 /root/tree/file
+python3 -c 'import os; os.setxattr("/root/tree/random", "user.note", b"kept")'
+rm /etc/os-release
+rm -rf /etc/profile.d && mkdir /etc/profile.d && echo new > /etc/profile.d/only
+"""
+
+
+def manifest(sb: Sandbox) -> dict:
+    result = sb.exec(["python3", "-c", MANIFEST])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def left(state: Path) -> list[str]:
+    return sorted(os.listdir(state / "sandboxes"))
+
+
+@pytest.mark.parametrize("upper", ["disk", "tmpfs"])
+def test_round_trip_keeps_content_modes_owners_links_holes_and_deletions(upper: str, _state_dir: Path) -> None:
+    with Sandbox(upper=upper, cap_add=["CHOWN", "FOWNER", "FSETID", "DAC_OVERRIDE"]) as sb:
+        assert sb.exec(SETUP).exit_code == 0
+        before = manifest(sb)
+        assert before["/root/tree/sparse"][5] and "/etc/os-release" not in before  # a hole; a whiteout
+        cp = sb.checkpoint()
+        sb.exec("echo changed > /root/tree/file; rm -rf /root/tree/sub /home/u; echo x > /etc/os-release")
+        assert manifest(sb) != before
+        sb.rollback(cp)
+        assert manifest(sb) == before
+        [child] = sb.fork(1)
+        with child:
+            assert manifest(child) == before
+        sb.exec("rm -rf /root/tree")  # a layered jail: its cut squashes nothing yet, and keeps the whiteout
+        [child] = sb.fork(1)
+        with child:
+            assert child.exec("ls /root/tree").exit_code != 0
+            assert manifest(child) == manifest(sb)
+    assert left(_state_dir) == []
+
+
+def test_whiteouts_hold_across_nested_checkpoints_and_rollbacks(_state_dir: Path) -> None:
+    with Sandbox() as sb:
+        sb.exec("echo one > /root/f")
+        cp1 = sb.checkpoint()
+        sb.rollback(cp1)  # from here the jail runs over cp1's layer: deletions become whiteouts
+        sb.exec("rm /root/f /etc/os-release; echo two > /root/g")
+        cp2 = sb.checkpoint()
+        sb.exec("echo three > /root/f; rm /root/g")
+        sb.rollback(cp2)
+        assert sb.exec("cat /root/g; ls /root/f /etc/os-release").stdout == "two\n"
+        sb.rollback(cp1)
+        assert sb.exec("cat /root/f; ls /root/g").stdout == "one\n"
+        with pytest.raises(BranchError, match="dropped"):
+            sb.rollback(cp2)  # newer than cp1: dropped
+        sb.rollback(cp1)  # cp1 itself stays
+        assert sb.exec("cat /root/f").stdout == "one\n"
+        with Sandbox() as other, pytest.raises(BranchError, match="another sandbox"):
+            other.rollback(cp1)
+    assert left(_state_dir) == []
+
+
+def test_fork_of_a_fork_of_a_fork_sees_ancestors_only(_state_dir: Path) -> None:
+    with Sandbox() as top:
+        top.exec("echo top > /root/level")
+        [a] = top.fork(1)
+        a.exec("echo a > /root/level; echo a > /root/a")
+        [b, b2] = a.fork(2)
+        b.exec("echo b > /root/level")
+        [c] = b.fork(1)
+        c.exec("echo c > /root/level")
+        try:
+            assert top.exec("cat /root/level; ls /root/a").stdout == "top\n"
+            assert a.exec("cat /root/level").stdout == "a\n"
+            assert b.exec("cat /root/level /root/a").stdout == "b\na\n"
+            assert b2.exec("cat /root/level").stdout == "a\n"
+            assert c.exec("cat /root/level /root/a").stdout == "c\na\n"
+            for child in (a, b, b2, c):  # each a full jail of its own
+                assert child.init_pid not in (top.init_pid,) and child.id != top.id
+                assert child.enforcement.keys() == top.enforcement.keys()  # its own report (own ids differ)
+        finally:
+            for child in (c, b2, b, a):
+                child.close()
+        assert top.exec("cat /root/level").stdout == "top\n"
+    assert left(_state_dir) == []
+
+
+def test_checkpoint_write_checkpoint_rollback_rollback(_state_dir: Path) -> None:
+    with Sandbox() as sb:
+        sb.exec("echo 1 > /root/n")
+        cp1 = sb.checkpoint()
+        sb.exec("echo 2 > /root/n")
+        cp2 = sb.checkpoint()
+        sb.exec("echo 3 > /root/n")
+        sb.rollback(cp2)
+        assert sb.exec("cat /root/n").stdout == "2\n"
+        sb.exec("echo 4 > /root/n")
+        cp3 = sb.checkpoint()
+        sb.rollback(cp1)
+        assert sb.exec("cat /root/n").stdout == "1\n"
+        assert not cp2.valid and not cp3.valid and cp1.valid
+    assert left(_state_dir) == []
+
+
+def test_two_hundred_cycles_keep_mounts_and_disk_bounded(_state_dir: Path) -> None:
+    longest = 0
+    with Sandbox() as sb:
+        cp = None
+        for i in range(200):
+            sb.exec(f"echo {i} > /root/n{i % 7}; echo {i} > /root/last")
+            previous, cp = cp, sb.checkpoint()
+            if previous is not None:
+                previous.drop()  # kept, every checkpoint would keep its own layers on disk
+            sb.exec("rm -f /root/last")
+            sb.rollback(cp)
+            layers = len(cp.layers)
+            assert layers <= MAX_LAYERS
+            mounts = sb.exec("head -1 /proc/self/mountinfo").stdout
+            longest = max(longest, len(mounts))
+            assert sb.exec("cat /root/last").stdout == f"{i}\n"
+            # this sandbox's one jail and its one live checkpoint's layers, and no more
+            assert len(left(_state_dir)) <= 1 + MAX_LAYERS
+        assert sb.exec("cat /root/n0 /root/n6").stdout == "196\n195\n"
+    assert longest < 600  # MAX_LAYERS short names: far under the page the options must fit
+    assert left(_state_dir) == []
+
+
+def test_a_failed_cut_leaves_the_sandbox_as_it_was(_state_dir: Path) -> None:
+    with Sandbox() as sb:
+        sb.exec("echo kept > /root/f")
+        cp = sb.checkpoint()
+        deep = "/".join(["d"] * (MAX_DEPTH + 5))
+        assert sb.exec(f"mkdir -p /root/{deep}").exit_code == 0
+        with pytest.raises(BranchError, match="deeper than"):
+            sb.checkpoint()
+        with pytest.raises(BranchError, match="deeper than"):
+            sb.fork(2)
+        assert sb.exec("cat /root/f").stdout == "kept\n"
+        assert len(left(_state_dir)) == 2  # the jail's directory and cp's layer: no half-made one
+        sb.rollback(cp)
+        assert sb.exec("ls /root").stdout == "f\n"
+        with pytest.raises(BranchError, match="fork"):
+            sb.fork(0)
+    assert left(_state_dir) == []
+
+
+RACE = r"""
+cd /root
+while :; do
+  for n in 1 2 3 4; do
+    rm -rf d$n; mkdir d$n; echo jail > d$n/f
+    rm -rf d$n; ln -s {outside} d$n
+    rm -f d$n; ln -s / d$n
+  done
+done
+"""
+
+
+def test_a_jail_racing_the_cut_with_links_to_host_paths_reaches_nothing(outside: Path, _state_dir: Path) -> None:
+    os.chmod(outside.parent, 0o755)
+    os.chmod(outside, 0o755)
+    os.chmod(outside / "secret", 0o644)  # readable by the jail's ids, were a link ever followed
+    before = snapshot(outside)
+    with Sandbox() as sb:
+        sb.exec("mkdir -p /root/d1 && echo jail > /root/d1/f")
+        sb.write_file("/tmp/race.sh", RACE.format(outside=outside))  # /tmp is scratch, not in a cut
+        sb.exec("bash /tmp/race.sh >/dev/null 2>&1 &")
+        cuts = [sb.checkpoint() for _ in range(10)]
+        children = sb.fork(3)
+        for child in children:
+            with child:
+                found = child.exec("grep -rs 'host secret' /root; find /root -maxdepth 1 -type l | wc -l")
+                assert HOST_SECRET.strip() not in found.stdout
+        for cp in reversed(cuts):
+            sb.rollback(cp)
+            assert "host secret" not in sb.exec("grep -rs 'host secret' /root").stdout
+    assert snapshot(outside) == before
+    assert left(_state_dir) == []
+
+
+def test_each_child_has_its_own_bound_and_writes(_state_dir: Path) -> None:
+    with Sandbox(limits={"disk": 16 << 20}) as sb:
+        sb.exec("head -c 8M /dev/zero > /root/big")
+        kids = sb.fork(2)
+        try:
+            # the parent's 8 MiB are in the shared layer: each child may write its own 16 MiB less a margin
+            assert kids[0].exec("head -c 12M /dev/zero > /root/mine").exit_code == 0
+            assert kids[0].exec("head -c 12M /dev/zero > /root/more").exit_code != 0
+            assert kids[1].exec("ls /root").stdout == "big\n"
+        finally:
+            for kid in kids:
+                kid.close()
+    assert left(_state_dir) == []
