@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import itertools
 import os
@@ -28,6 +29,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}
 
 Command = str | list[str] | tuple[str, ...]
+FORK_THREADS = 8  # jails a fork builds at once
 
 
 class JailSource(Protocol):
@@ -283,16 +285,20 @@ class Sandbox:
             raise BranchError(f"fork: n must be a positive count of children, e.g. fork(4), not {n!r}")
         with self._frozen():
             cut = layers.cut(self._jail)
-        children: list[Sandbox] = []
         try:
-            for _ in range(n):
-                children.append(Sandbox._over(self.config, cut))
-        except BaseException:
-            for child in children:
-                child.close()
-            raise
+            # built side by side: each jail's setup waits on its init, and the launcher takes requests
+            # from any number of threads
+            with concurrent.futures.ThreadPoolExecutor(min(n, FORK_THREADS), "jailbox-fork") as pool:
+                futures = [pool.submit(Sandbox._over, self.config, cut) for _ in range(n)]
+                concurrent.futures.wait(futures)
         finally:
             cut[0].release()  # the children hold it now
+        children = [f.result() for f in futures if f.exception() is None]
+        failed = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failed is not None:
+            for child in children:
+                child.close()
+            raise failed
         return children
 
     def _frozen(self) -> contextlib.AbstractContextManager[None]:

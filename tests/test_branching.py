@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,7 +168,8 @@ def test_two_hundred_cycles_keep_mounts_and_disk_bounded(_state_dir: Path) -> No
     with Sandbox() as sb:
         cp = None
         for i in range(200):
-            sb.exec(f"echo {i} > /root/n{i % 7}; echo {i} > /root/last")
+            # each cycle deletes the file the one before made: a whiteout that squashing must keep
+            sb.exec(f"echo {i} > /root/n{i % 7}; echo {i} > /root/last; touch /root/t{i}; rm -f /root/t{i - 1}")
             previous, cp = cp, sb.checkpoint()
             if previous is not None:
                 previous.drop()  # kept, every checkpoint would keep its own layers on disk
@@ -179,6 +183,7 @@ def test_two_hundred_cycles_keep_mounts_and_disk_bounded(_state_dir: Path) -> No
             # this sandbox's one jail and its one live checkpoint's layers, and no more
             assert len(left(_state_dir)) <= 1 + MAX_LAYERS
         assert sb.exec("cat /root/n0 /root/n6").stdout == "196\n195\n"
+        assert sb.exec("ls /root | grep ^t").stdout == "t199\n"
     assert longest < 600  # MAX_LAYERS short names: far under the page the options must fit
     assert left(_state_dir) == []
 
@@ -237,7 +242,7 @@ def test_a_jail_racing_the_cut_with_links_to_host_paths_reaches_nothing(outside:
 
 
 def test_each_child_has_its_own_bound_and_writes(_state_dir: Path) -> None:
-    with Sandbox(limits={"disk": 16 << 20}) as sb:
+    with Sandbox(upper="tmpfs", limits={"disk": 16 << 20}) as sb:
         sb.exec("head -c 8M /dev/zero > /root/big")
         kids = sb.fork(2)
         try:
@@ -248,4 +253,29 @@ def test_each_child_has_its_own_bound_and_writes(_state_dir: Path) -> None:
         finally:
             for kid in kids:
                 kid.close()
+    assert left(_state_dir) == []
+
+
+KILLED_MID_CUT = r"""
+import sys
+from jailbox.sandbox import Sandbox
+sb = Sandbox()
+sb.exec("cd /root && for d in $(seq 0 39); do mkdir $d; for f in $(seq 0 99); do echo $f > $d/$f; done; done")
+print("cutting", flush=True)
+while True:
+    sb.checkpoint()
+"""
+
+
+def test_a_host_killed_mid_cut_leaves_no_layer(_state_dir: Path) -> None:
+    host = subprocess.Popen([sys.executable, "-c", KILLED_MID_CUT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None and host.stdout.readline() == "cutting\n"
+        time.sleep(0.5)  # several cuts made, one under way
+    finally:
+        host.kill()
+        host.wait()
+    deadline = time.monotonic() + 60
+    while left(_state_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)  # its launcher removes what the host left, once it sees the host gone
     assert left(_state_dir) == []

@@ -123,10 +123,12 @@ class Zygote:
         self.host = host  # the host process that started us, named in the directories it makes
         self.bases: set[str] = set()  # state directories' "sandboxes" folders seen in requests
         self.views: dict[str, int] = {}  # id map -> a user namespace with it, for idmapped mounts (_view)
+        self.copying: set[int] = set()  # processes copying layers (_layer), ended before their trees are removed
 
     def reap(self, wake_r: int) -> None:
         for pid, _, _ in L.reaped(wake_r):
             self.live.pop(pid, None)
+            self.copying.discard(pid)
             go = self.pending.pop(pid, None)
             if go is not None:  # that was an A: its init is now re-parented to us
                 with contextlib.suppress(BrokenPipeError):  # the init already failed and exited
@@ -135,12 +137,12 @@ class Zygote:
 
     def shutdown(self) -> NoReturn:
         """The host process is gone: kill every jail it left and remove their state, then exit."""
-        for pid in self.live:
+        for pid in [*self.live, *self.copying]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        for pid in self.live:
+        for pid in [*self.live, *self.copying]:
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
@@ -229,8 +231,9 @@ class Zygote:
             except Exception as exc:
                 _send(reply, failure(exc, Step.LAYER))
 
-        chan, _ = self._spawn_in_userns(req.idmap, body)
+        chan, pid = self._spawn_in_userns(req.idmap, body)
         chan.close()
+        self.copying.add(pid)
 
     def _spawn_in_userns(
         self, idmap: IdMap | None, body: Body, soft: dict[str, int] | None = None, creator: int | None = None
