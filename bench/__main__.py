@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from bench import agent_loop, burst, cases, cli_rows, density, epoll, report, serve, stored_rootfs
+from bench import agent_loop, branching, burst, cases, cli_rows, density, epoll, report, serve, stored_rootfs
 from bench.machine import machine_info
 from bench.results import CaseResult
 from bench.settings import FULL, QUICK, Settings
@@ -33,6 +33,7 @@ CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "containers": cases.containers,
     "agent_loop": agent_loop.agent_loop,
     "serve": serve.serve,
+    "branching": branching.branching,
 }
 
 

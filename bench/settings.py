@@ -26,6 +26,9 @@ class Settings:
     epoll_reps: int = 1000
     epoll_rounds: int = 6
     pause_reps: int = 200
+    branch_files: int = 10_000  # files in the layer a checkpoint copies (64 MiB at 10,000)
+    branch_reps: int = 5
+    fork_children: int = 16
     image: str = "docker.io/library/busybox:latest"
 
     def as_dict(self) -> dict[str, object]:
@@ -49,6 +52,9 @@ QUICK = Settings(
     warmup=1,
     agent_steps=10,
     serve_reps=5,
+    branch_files=200,
+    branch_reps=2,
+    fork_children=2,
     serve_idle=8,
     epoll_reps=50,
     epoll_rounds=2,

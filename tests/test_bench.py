@@ -28,6 +28,7 @@ CASES = (
     "containers",
     "agent_loop",
     "serve",
+    "branching",
 )
 
 
