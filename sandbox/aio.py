@@ -16,6 +16,7 @@ from .child.requests import MAX_WALK_ENTRIES
 from .config import SandboxConfig
 from .errors import SandboxClosed
 from .execution import Stdin, run_async
+from .layers import Checkpoint
 from .net.proxy import NetworkLogEntry
 from .results import ExecResult, SandboxStats
 from .sandbox import Command, Sandbox
@@ -87,6 +88,21 @@ class AsyncSandbox:
 
     async def reset(self) -> None:
         await asyncio.to_thread(self.sandbox.reset)
+
+    async def checkpoint(self) -> Checkpoint:
+        return await asyncio.to_thread(self.sandbox.checkpoint)
+
+    async def rollback(self, checkpoint: Checkpoint) -> None:
+        await asyncio.to_thread(self.sandbox.rollback, checkpoint)
+
+    async def fork(self, n: int) -> list[AsyncSandbox]:
+        """``Sandbox.fork``: each child started, to be closed on its own."""
+        children = []
+        for child in await asyncio.to_thread(self.sandbox.fork, n):
+            wrapped = AsyncSandbox(child.config)
+            wrapped._sb = child
+            children.append(wrapped)
+        return children
 
     async def close(self) -> None:
         if self._sb is not None:

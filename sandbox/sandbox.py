@@ -263,7 +263,7 @@ class Sandbox:
         if checkpoint.owner is not self:
             raise BranchError("rollback: that checkpoint is of another sandbox; take one with sb.checkpoint()")
         if not checkpoint.valid:
-            raise BranchError("rollback: that checkpoint was dropped (a rollback to an older one, or close())")
+            raise BranchError("rollback: that checkpoint was dropped (cp.drop(), a rollback to an older one, close())")
         fresh = Jail(self.config, checkpoint.layers)  # a failure here leaves the sandbox as it was
         with self._lock:
             old, self._jail = self._jail, fresh

@@ -279,3 +279,23 @@ def test_a_host_killed_mid_cut_leaves_no_layer(_state_dir: Path) -> None:
     while left(_state_dir) and time.monotonic() < deadline:
         time.sleep(0.1)  # its launcher removes what the host left, once it sees the host gone
     assert left(_state_dir) == []
+
+
+def test_async_sandbox_branches_too(_state_dir: Path) -> None:
+    import asyncio
+
+    from jailbox.sandbox import AsyncSandbox
+
+    async def main() -> None:
+        async with AsyncSandbox() as sb:
+            await sb.exec("echo 1 > /root/n")
+            cp = await sb.checkpoint()
+            await sb.exec("echo 2 > /root/n")
+            [child] = await sb.fork(1)
+            async with child:
+                assert (await child.exec("cat /root/n")).stdout == "2\n"
+            await sb.rollback(cp)
+            assert (await sb.exec("cat /root/n")).stdout == "1\n"
+
+    asyncio.run(main())
+    assert left(_state_dir) == []
