@@ -116,6 +116,10 @@ def test_whiteouts_hold_across_nested_checkpoints_and_rollbacks(_state_dir: Path
             sb.rollback(cp2)  # newer than cp1: dropped
         sb.rollback(cp1)  # cp1 itself stays
         assert sb.exec("cat /root/f").stdout == "one\n"
+        sb.reset()  # a fresh jail over the root filesystem alone; cp1 still holds its layer
+        assert sb.exec("ls /root").stdout == ""
+        sb.rollback(cp1)
+        assert sb.exec("cat /root/f").stdout == "one\n"
         with Sandbox() as other, pytest.raises(BranchError, match="another sandbox"):
             other.rollback(cp1)
     assert left(_state_dir) == []
