@@ -303,3 +303,23 @@ def test_async_sandbox_branches_too(_state_dir: Path) -> None:
 
     asyncio.run(main())
     assert left(_state_dir) == []
+
+
+def test_children_share_the_cut_and_cost_the_host_little_before_they_write(_state_dir: Path) -> None:
+    def used(top: Path) -> int:
+        return sum(
+            os.lstat(Path(here, name)).st_blocks * 512 for here, dirs, files in os.walk(top) for name in dirs + files
+        )
+
+    with Sandbox(upper="disk") as sb:
+        sb.exec("head -c 8M /dev/urandom > /root/big")
+        kids = sb.fork(3)
+        try:
+            layers = [name for name in left(_state_dir) if name.startswith("layer-")]
+            assert len(layers) == 1  # one copy of the 8 MiB, shared
+            for kid in kids:
+                assert kid.dir is not None and used(kid.dir) <= 1 << 20
+        finally:
+            for kid in kids:
+                kid.close()
+    assert left(_state_dir) == []
