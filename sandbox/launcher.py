@@ -121,9 +121,10 @@ def _hello(sock: socket.socket) -> tuple[int, int]:
 
 
 def _raise_nofile_limit() -> None:
-    """Each open sandbox holds two or three descriptors in this process (control socket, pidfd, and
-    the sock_diag socket the watcher counts its sockets through): lift the soft limit to the hard one
-    (as Go's runtime does) so hundreds of sandboxes fit under a default soft limit of 1024."""
+    """Each open sandbox holds three or four descriptors in this process (control socket, pidfd, its
+    writable layer's directory, and the sock_diag socket the watcher counts its sockets through):
+    lift the soft limit to the hard one (as Go's runtime does) so hundreds of sandboxes fit under a
+    default soft limit of 1024."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
