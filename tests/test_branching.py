@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -74,12 +75,25 @@ def manifest(sb: Sandbox) -> dict:
     return json.loads(result.stdout)
 
 
-def left(state: Path) -> list[str]:
-    return sorted(os.listdir(state / "sandboxes"))
+@pytest.fixture
+def left(_state_dir: Path) -> Callable[[], list[str]]:
+    """What this test's sandboxes left in the state directory: entries that were not there before
+    it (other tests of the same worker share the directory)."""
+
+    def entries() -> set[str]:
+        try:
+            return set(os.listdir(_state_dir / "sandboxes"))
+        except FileNotFoundError:
+            return set()
+
+    before = entries()
+    return lambda: sorted(entries() - before)
 
 
 @pytest.mark.parametrize("upper", ["disk", "tmpfs"])
-def test_round_trip_keeps_content_modes_owners_links_holes_and_deletions(upper: str, _state_dir: Path) -> None:
+def test_round_trip_keeps_content_modes_owners_links_holes_and_deletions(
+    upper: str, left: Callable[[], list[str]]
+) -> None:
     with Sandbox(upper=upper, cap_add=["CHOWN", "FOWNER", "FSETID", "DAC_OVERRIDE"]) as sb:
         assert sb.exec(SETUP).exit_code == 0
         before = manifest(sb)
@@ -97,10 +111,10 @@ def test_round_trip_keeps_content_modes_owners_links_holes_and_deletions(upper: 
         with child:
             assert child.exec("ls /root/tree").exit_code != 0
             assert manifest(child) == manifest(sb)
-    assert left(_state_dir) == []
+    assert left() == []
 
 
-def test_whiteouts_hold_across_nested_checkpoints_and_rollbacks(_state_dir: Path) -> None:
+def test_whiteouts_hold_across_nested_checkpoints_and_rollbacks(left: Callable[[], list[str]]) -> None:
     with Sandbox() as sb:
         sb.exec("echo one > /root/f")
         cp1 = sb.checkpoint()
@@ -122,10 +136,10 @@ def test_whiteouts_hold_across_nested_checkpoints_and_rollbacks(_state_dir: Path
         assert sb.exec("cat /root/f").stdout == "one\n"
         with Sandbox() as other, pytest.raises(BranchError, match="another sandbox"):
             other.rollback(cp1)
-    assert left(_state_dir) == []
+    assert left() == []
 
 
-def test_fork_of_a_fork_of_a_fork_sees_ancestors_only(_state_dir: Path) -> None:
+def test_fork_of_a_fork_of_a_fork_sees_ancestors_only(left: Callable[[], list[str]]) -> None:
     with Sandbox() as top:
         top.exec("echo top > /root/level")
         [a] = top.fork(1)
@@ -147,10 +161,10 @@ def test_fork_of_a_fork_of_a_fork_sees_ancestors_only(_state_dir: Path) -> None:
             for child in (c, b2, b, a):
                 child.close()
         assert top.exec("cat /root/level").stdout == "top\n"
-    assert left(_state_dir) == []
+    assert left() == []
 
 
-def test_checkpoint_write_checkpoint_rollback_rollback(_state_dir: Path) -> None:
+def test_checkpoint_write_checkpoint_rollback_rollback(left: Callable[[], list[str]]) -> None:
     with Sandbox() as sb:
         sb.exec("echo 1 > /root/n")
         cp1 = sb.checkpoint()
@@ -164,10 +178,10 @@ def test_checkpoint_write_checkpoint_rollback_rollback(_state_dir: Path) -> None
         sb.rollback(cp1)
         assert sb.exec("cat /root/n").stdout == "1\n"
         assert not cp2.valid and not cp3.valid and cp1.valid
-    assert left(_state_dir) == []
+    assert left() == []
 
 
-def test_two_hundred_cycles_keep_mounts_and_disk_bounded(_state_dir: Path) -> None:
+def test_two_hundred_cycles_keep_mounts_and_disk_bounded(left: Callable[[], list[str]]) -> None:
     longest = 0
     with Sandbox() as sb:
         cp = None
@@ -185,14 +199,14 @@ def test_two_hundred_cycles_keep_mounts_and_disk_bounded(_state_dir: Path) -> No
             longest = max(longest, len(mounts))
             assert sb.exec("cat /root/last").stdout == f"{i}\n"
             # this sandbox's one jail and its one live checkpoint's layers, and no more
-            assert len(left(_state_dir)) <= 1 + MAX_LAYERS
+            assert len(left()) <= 1 + MAX_LAYERS
         assert sb.exec("cat /root/n0 /root/n6").stdout == "196\n195\n"
         assert sb.exec("ls /root | grep ^t").stdout == "t199\n"
     assert longest < 600  # MAX_LAYERS short names: far under the page the options must fit
-    assert left(_state_dir) == []
+    assert left() == []
 
 
-def test_a_failed_cut_leaves_the_sandbox_as_it_was(_state_dir: Path) -> None:
+def test_a_failed_cut_leaves_the_sandbox_as_it_was(left: Callable[[], list[str]]) -> None:
     with Sandbox() as sb:
         sb.exec("echo kept > /root/f")
         cp = sb.checkpoint()
@@ -203,12 +217,12 @@ def test_a_failed_cut_leaves_the_sandbox_as_it_was(_state_dir: Path) -> None:
         with pytest.raises(BranchError, match="deeper than"):
             sb.fork(2)
         assert sb.exec("cat /root/f").stdout == "kept\n"
-        assert len(left(_state_dir)) == 2  # the jail's directory and cp's layer: no half-made one
+        assert len(left()) == 2  # the jail's directory and cp's layer: no half-made one
         sb.rollback(cp)
         assert sb.exec("ls /root").stdout == "f\n"
         with pytest.raises(BranchError, match="fork"):
             sb.fork(0)
-    assert left(_state_dir) == []
+    assert left() == []
 
 
 RACE = r"""
@@ -225,7 +239,7 @@ done
 
 @pytest.mark.parametrize("upper", ["disk", "tmpfs"])
 def test_a_jail_racing_the_cut_with_links_to_host_paths_reaches_nothing(
-    upper: str, outside: Path, _state_dir: Path
+    upper: str, outside: Path, left: Callable[[], list[str]]
 ) -> None:
     os.chmod(outside.parent, 0o755)
     os.chmod(outside, 0o755)
@@ -248,10 +262,10 @@ def test_a_jail_racing_the_cut_with_links_to_host_paths_reaches_nothing(
             links += int(sb.exec("find /root -maxdepth 1 -type l | wc -l").stdout)
         assert links > 0  # the cuts did meet the links: kept as links, never followed
     assert snapshot(outside) == before
-    assert left(_state_dir) == []
+    assert left() == []
 
 
-def test_each_child_has_its_own_bound_and_writes(_state_dir: Path) -> None:
+def test_each_child_has_its_own_bound_and_writes(left: Callable[[], list[str]]) -> None:
     with Sandbox(upper="tmpfs", limits={"disk": 16 << 20}) as sb:
         sb.exec("head -c 8M /dev/zero > /root/big")
         kids = sb.fork(2)
@@ -263,7 +277,7 @@ def test_each_child_has_its_own_bound_and_writes(_state_dir: Path) -> None:
         finally:
             for kid in kids:
                 kid.close()
-    assert left(_state_dir) == []
+    assert left() == []
 
 
 KILLED_MID_CUT = r"""
@@ -277,7 +291,7 @@ while True:
 """
 
 
-def test_a_host_killed_mid_cut_leaves_no_layer(_state_dir: Path) -> None:
+def test_a_host_killed_mid_cut_leaves_no_layer(left: Callable[[], list[str]]) -> None:
     host = subprocess.Popen([sys.executable, "-c", KILLED_MID_CUT], stdout=subprocess.PIPE, text=True)
     try:
         assert host.stdout is not None and host.stdout.readline() == "cutting\n"
@@ -286,12 +300,12 @@ def test_a_host_killed_mid_cut_leaves_no_layer(_state_dir: Path) -> None:
         host.kill()
         host.wait()
     deadline = time.monotonic() + 60
-    while left(_state_dir) and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.1)  # its launcher removes what the host left, once it sees the host gone
-    assert left(_state_dir) == []
+    assert left() == []
 
 
-def test_async_sandbox_branches_too(_state_dir: Path) -> None:
+def test_async_sandbox_branches_too(left: Callable[[], list[str]]) -> None:
     import asyncio
 
     from jailbox.sandbox import AsyncSandbox
@@ -308,10 +322,10 @@ def test_async_sandbox_branches_too(_state_dir: Path) -> None:
             assert (await sb.exec("cat /root/n")).stdout == "1\n"
 
     asyncio.run(main())
-    assert left(_state_dir) == []
+    assert left() == []
 
 
-def test_children_share_the_cut_and_cost_the_host_little_before_they_write(_state_dir: Path) -> None:
+def test_children_share_the_cut_and_cost_the_host_little_before_they_write(left: Callable[[], list[str]]) -> None:
     def used(top: Path) -> int:
         return sum(
             os.lstat(Path(here, name)).st_blocks * 512 for here, dirs, files in os.walk(top) for name in dirs + files
@@ -321,11 +335,11 @@ def test_children_share_the_cut_and_cost_the_host_little_before_they_write(_stat
         sb.exec("head -c 8M /dev/urandom > /root/big")
         kids = sb.fork(3)
         try:
-            layers = [name for name in left(_state_dir) if name.startswith("layer-")]
+            layers = [name for name in left() if name.startswith("layer-")]
             assert len(layers) == 1  # one copy of the 8 MiB, shared
             for kid in kids:
                 assert kid.dir is not None and used(kid.dir) <= 1 << 20
         finally:
             for kid in kids:
                 kid.close()
-    assert left(_state_dir) == []
+    assert left() == []
