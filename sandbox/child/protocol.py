@@ -274,7 +274,8 @@ class LauncherUp:
 
 @dataclass(frozen=True)
 class InitReady:
-    """Init -> host: the jail is built; the network side's descriptors ride along.
+    """Init -> host: the jail is built; the network side's descriptors ride along, then an ``O_PATH``
+    one of the writable layer's directory (what a checkpoint copies: ``sandbox/layers.py``).
 
     The host reads this (and the init's ``Failed``) as ``messages.Ready``: the init is untrusted."""
 
