@@ -8,7 +8,7 @@ import itertools
 import os
 import posixpath
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -301,11 +301,18 @@ class Sandbox:
             raise failed
         return children
 
-    def _frozen(self) -> contextlib.AbstractContextManager[None]:
-        """Where a cut holds the jail still for a consistent copy: the seam ``pause()`` fills. Until
-        then a cut of a sandbox that is writing meanwhile may copy some of a write and not the rest;
-        nothing of the host is read or written either way (``child/layers.py``)."""
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def _frozen(self) -> Iterator[None]:
+        """The jail held still for a cut, so the copy is the filesystem at one instant: paused for
+        it (``pause()``), and resumed after unless it was paused already. A jail that cannot be
+        stopped whole raises ``PauseFailed`` and is cut nowhere."""
+        pausing = self._jail.pausing
+        stopped = pausing.pause()
+        try:
+            yield
+        finally:
+            if stopped:
+                pausing.resume()
 
     # --- lifetime -----------------------------------------------------------------------------
 

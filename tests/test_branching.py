@@ -249,7 +249,10 @@ def test_a_jail_racing_the_cut_with_links_to_host_paths_reaches_nothing(
         sb.exec("mkdir -p /root/d1 && echo jail > /root/d1/f")
         sb.write_file("/tmp/race.sh", RACE.format(outside=outside))  # /tmp is scratch, not in a cut
         sb.exec("bash /tmp/race.sh >/dev/null 2>&1 &")
-        cuts = [sb.checkpoint() for _ in range(10)]
+        cuts = []
+        for _ in range(10):
+            time.sleep(0.1)  # the racer runs between cuts: each cut pauses it, links and all
+            cuts.append(sb.checkpoint())
         children = sb.fork(3)
         for child in children:
             with child:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support.cli import JAILBOX
+from support.service_probe import ended, listener_pid
 
 from jailbox.sandbox import AsyncSandbox, Limits, Mount, Sandbox
 from jailbox.sandbox.errors import PauseFailed, SandboxClosed, SandboxPaused
@@ -357,8 +359,6 @@ def test_async_sandbox_pauses_and_resumes(limits):
 
 # --- the CLI --------------------------------------------------------------------------------------
 
-JAILBOX = [sys.executable, "-c", "from jailbox.cli import main; main()"]
-
 
 @pytest.fixture
 def service() -> Iterator[dict[str, str]]:
@@ -371,8 +371,6 @@ def service() -> Iterator[dict[str, str]]:
         subprocess.run([*JAILBOX, "stop", "--all"], env=env, capture_output=True, timeout=HANG)
         pid_file = Path(base) / "service.sock"
         if pid_file.exists():
-            from service_probe import ended, listener_pid
-
             pid = listener_pid(pid_file)
             if pid is not None:
                 os.kill(pid, signal.SIGTERM)

@@ -142,6 +142,8 @@ class Zygote:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        for pid in self.live:
+            _thaw(pid)  # a paused jail: its init would not die, and waiting for it would hang us
         for pid in [*self.live, *self.copying]:
             try:
                 os.waitpid(pid, 0)
@@ -404,6 +406,33 @@ def _child_a(chan: socket.socket, body: Body, userns: bool, soft: dict[str, int]
         _report(chan, exc)
     finally:
         os._exit(0)
+
+
+def _thaw(pid: int) -> None:
+    """Thaw the freezer group of ``pid`` (a jail's init) if ``pause()`` froze it: a frozen process does
+    not die of SIGKILL until thawed. The group is the kernel's name for it (``/proc/PID/cgroup``, read
+    bounded); what is written there only ever continues processes."""
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as f:
+            lines = f.read(1 << 16).decode(errors="replace").splitlines()
+    except OSError:
+        return
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        if "freezer" in parts[1].split(","):
+            target, value = f"/sys/fs/cgroup/freezer{parts[2]}/freezer.state", b"THAWED"
+        elif parts[0] == "0" and parts[1] == "":
+            target, value = f"/sys/fs/cgroup{parts[2]}/cgroup.freeze", b"0"
+        else:
+            continue
+        with contextlib.suppress(OSError):
+            fd = os.open(target, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.write(fd, value)
+            finally:
+                os.close(fd)
 
 
 def _meta_idmap(meta: dict) -> IdMap | None:
