@@ -15,6 +15,7 @@ when a test is in the lists of both its passes, i.e. ran in neither.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import os
 import pwd
@@ -23,7 +24,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -123,6 +123,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line("markers", "paper_tree: uses the default recipe's tree (tests/support/paper_tree.py)")
+    config.addinivalue_line("markers", "alone: runs while no other test runs (pytest-xdist; conftest._alone)")
     # A `jailbox exec -- CMD` the tests run would start the per-user service of the fast path, which then
     # holds two warm sandboxes (and their counter shares) in the session's state directory for minutes.
     # The tests of that path (test_cli_fast.py, test_cli_imports.py) turn it back on, each with a
@@ -193,19 +194,6 @@ def _cgroup_usable() -> bool:
     return cgroups.v1_usable()
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """The paper's tree takes minutes to build: when a selected test needs it, the build starts now."""
-    if any(item.get_closest_marker("paper_tree") for item in session.items):
-        from support import paper_tree  # it imports this module: not at the top
-
-        paper_tree.build_early()
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    if "support.paper_tree" in sys.modules:
-        sys.modules["support.paper_tree"].stop_early()
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``root`` run in the root pass, ``rootless`` in the unprivileged pass, ``cgroup``
     where this user gets per-sandbox cgroups and ``nocgroup`` where it does not (deselected, not
@@ -223,13 +211,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if not wrong & set(item.keywords)]
-    # The paper's tree builds in the background from the start (pytest_collection_finish): the tests
-    # that use it go next to last, so that on a fresh machine the build overlaps the others, not waited
-    # for (the first of them waited 150 s for it in a root pass). The emulated guest goes last, once the
-    # build has ended: its passes took 50 s alone here, 90-140 s beside the build, and once on CI did
-    # not end in 1,200 s beside it.
-    items.sort(key=lambda item: (item.get_closest_marker("guest") is not None,
-                                 item.get_closest_marker("paper_tree") is not None))  # fmt: skip
+    # The tests on the paper's tree are one group, handed to one worker first (pytest-xdist gives out
+    # the largest groups first): on a fresh machine its build (about 17 minutes on two loaded cores)
+    # then runs beside the other workers' tests, in the first test's setup, which may take that long.
+    # The emulated guest goes last: its passes take 50 s alone here, and minutes beside the build.
+    from support.paper_tree import BUILD_TIMEOUT  # it imports this module: not at the top
+
+    for item in items:
+        if item.get_closest_marker("paper_tree"):
+            item.add_marker(pytest.mark.xdist_group("paper_tree"))
+            item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT))
+    items.sort(key=lambda item: item.get_closest_marker("guest") is not None)
+
+
+@pytest.fixture(autouse=True)
+def _alone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Generator[None, None, None]:
+    """Under pytest-xdist, a test marked ``alone`` runs while no other test of the session runs: it
+    counts what jails share across a user or the host (a per-user budget, the host's mounts or open
+    files), which other workers' jails would change. Readers-writer locks in the session's shared
+    directory: each test holds ``running`` shared, an ``alone`` test exclusively; ``turnstile`` keeps
+    new tests from starting ahead of an ``alone`` test that waits. A test on the paper's tree waits for
+    its build before it counts as running."""
+    if request.node.get_closest_marker("paper_tree"):
+        from support.paper_tree import paper_store  # it imports this module: not at the top
+
+        paper_store()
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # each worker's base is a directory of the session's
+    exclusive = request.node.get_closest_marker("alone") is not None
+    with open(shared / "turnstile", "a") as turnstile, open(shared / "running", "a") as running:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(running, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield
 
 
 @pytest.fixture(autouse=True)

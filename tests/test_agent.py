@@ -177,6 +177,7 @@ def test_trajectory_is_valid_after_a_crash_between_steps(tmp_path):
     assert saved.steps[1].actions[0].function == "execute_bash"
 
 
+@pytest.mark.slow
 def test_cli_run_with_reference_flags(tmp_path):
     with ScriptedServer(SOLVE) as server:
         r = subprocess.run(

@@ -120,6 +120,7 @@ def test_a_tasks_file_nested_past_the_parser_is_refused_in_one_line(tmp_path, se
     assert server.requests == []
 
 
+@pytest.mark.slow
 def test_custom_scorers_come_from_the_command_line_or_installed_entry_points(tmp_path, server):
     modules, site = tmp_path / "modules", tmp_path / "site"
     modules.mkdir()
@@ -185,6 +186,7 @@ def test_absolute_and_dotdot_inputs_are_refused_before_anything_runs(tmp_path, s
 
 
 @pytest.mark.parametrize("value", ["@link", "@linkdir/secret", "@linkdir", "@data/deep"])
+@pytest.mark.slow
 def test_inputs_through_symlinks_are_refused_where_the_task_runs(tmp_path, server, root, value):
     good = {**GOOD, "input_files": {"/testbed/input/n": "@data/n.txt"}}
     tasks = write_tasks(root / "tasks.jsonl", good, reading(value))
@@ -198,6 +200,7 @@ def test_inputs_through_symlinks_are_refused_where_the_task_runs(tmp_path, serve
     assert "host secret" not in (tmp_path / "out" / "results.jsonl").read_text()
 
 
+@pytest.mark.slow
 def test_inputs_come_from_the_inputs_root_when_one_is_given(tmp_path, server, root):
     elsewhere = tmp_path / "inputs"
     elsewhere.mkdir()
@@ -247,6 +250,7 @@ def plant_host_links(out: Path, outside: Path) -> None:
     (out / "dirlink").symlink_to(outside / "sub")
 
 
+@pytest.mark.slow
 def test_jailbox_run_twice_the_record_is_the_hosts_and_nothing_outside_changes(tmp_path, server, outside):
     out = tmp_path / "out"
     before = snapshot(outside)
@@ -268,6 +272,7 @@ def test_jailbox_run_twice_the_record_is_the_hosts_and_nothing_outside_changes(t
             plant_host_links(run / "files", outside)
 
 
+@pytest.mark.slow
 def test_copied_outputs_are_only_those_asked_for_and_never_follow_links(tmp_path, server, outside):
     out = tmp_path / "out"
     before = snapshot(outside)
@@ -288,6 +293,7 @@ def test_copied_outputs_are_only_those_asked_for_and_never_follow_links(tmp_path
         assert refused.returncode == 2 and "copy-out" in error_line(refused.stderr)
 
 
+@pytest.mark.slow
 def test_an_answer_is_bounded_and_the_record_says_when_it_was_cut(tmp_path, server):
     cut = "larger than 1048576 bytes"
     for n, command in enumerate(
@@ -309,6 +315,7 @@ def test_an_answer_is_bounded_and_the_record_says_when_it_was_cut(tmp_path, serv
 IDS = ["..", ".", "a/b", "a_b", ".hidden", "", "x" * 300, "y" * 300, "a\u0000b", "../../escape"]
 
 
+@pytest.mark.slow
 def test_bench_task_directories_and_resume_stay_in_the_output_directory(tmp_path, server, outside):
     out = tmp_path / "out"
     before = snapshot(outside)
@@ -486,6 +493,7 @@ def test_a_huge_reply_costs_the_host_no_more_than_the_reply_limit(tmp_path, quie
     assert written(tmp_path / "out") < 64 * 1024
 
 
+@pytest.mark.slow
 def test_replies_within_the_limit_leave_a_bounded_record_whatever_usage_says(tmp_path, quiet_rss):
     """Replies just under the limit, of a content string or of unknown fields, each saying it used one token:
     the conversation counts at least a token per 16 characters whatever a server says it counted, so no second
@@ -501,6 +509,7 @@ def test_replies_within_the_limit_leave_a_bounded_record_whatever_usage_says(tmp
         assert written(tmp_path / f"out{n}") < 4 * LIMIT
 
 
+@pytest.mark.slow
 def test_thousands_of_tool_calls_in_a_reply_run_at_most_64(tmp_path):
     """Each call's observation is bounded, their number was not: 3000 calls printing 40 kB each ran 3000
     commands and recorded 90 MB. The first 64 run; every other one is answered that it was not."""
@@ -525,6 +534,7 @@ TRICKLES = [
 
 
 @pytest.mark.parametrize("step", TRICKLES)
+@pytest.mark.slow
 def test_a_trickling_endpoint_holds_a_run_no_longer_than_the_deadline(tmp_path, step):
     """A byte every 0.2 s keeps every read within its ten minutes: the run waited for ever. The whole request
     has a deadline (--llm-timeout), past which the run ends llm_error, naming the flag; not asked again."""
@@ -536,6 +546,7 @@ def test_a_trickling_endpoint_holds_a_run_no_longer_than_the_deadline(tmp_path, 
     assert "--llm-timeout" in error_line(r.stderr)
 
 
+@pytest.mark.slow
 def test_bench_bounds_the_models_and_the_judges_replies(tmp_path):
     """`jailbox bench` holds its model's endpoint and its judge's to the same bounds: a gzip bomb from the
     model is every task's llm_error, one from the judge is the task's error, and neither costs the bench's

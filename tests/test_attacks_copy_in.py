@@ -107,6 +107,7 @@ def race(racer_box: Sandbox, source: Source, body: Callable[[], None]) -> None:
     assert not racing.is_alive()
 
 
+@pytest.mark.slow
 def test_put_of_a_tree_the_jail_rewrites_never_reads_through_its_links(tmp_path):
     source = Source(tmp_path)
     with Sandbox(SandboxConfig(mounts=[mount(source.src)])) as sb:
@@ -116,6 +117,7 @@ def test_put_of_a_tree_the_jail_rewrites_never_reads_through_its_links(tmp_path)
     assert_outcome(*outcome[0], links)
 
 
+@pytest.mark.slow
 def test_put_follows_the_callers_own_link_and_nothing_beneath_it(tmp_path):
     """The path the caller names is theirs and is followed as given (here a link of the user's to the bind);
     everything below it is the jail's."""
@@ -130,6 +132,7 @@ def test_put_follows_the_callers_own_link_and_nothing_beneath_it(tmp_path):
     assert_outcome(*outcome[0], links)
 
 
+@pytest.mark.slow
 def test_input_dir_another_jail_rewrites_never_hands_over_host_files(tmp_path):
     source = Source(tmp_path)
     with Sandbox(SandboxConfig(mounts=[mount(source.src)])) as racer, Sandbox(SandboxConfig()) as sb:
@@ -155,6 +158,7 @@ def cli() -> Iterator[dict[str, str]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_cp_into_a_jail_from_its_own_rw_bind_never_reads_through_its_links(tmp_path, cli):
     source = Source(tmp_path)
 

@@ -148,6 +148,7 @@ def _send(sb: Sandbox, mode: str, proto: str, dst: str, port: int) -> None:
 HOST_TARGETS = ["127.0.0.1", "127.3.2.1", "0.0.0.0", *([LAN] if LAN else [])]
 
 
+@pytest.mark.slow
 def test_crafted_frames_reach_neither_the_hosts_loopback_nor_its_lan(listeners):
     """Every way a frame can name the host: loopback (any 127/8 address, 0.0.0.0, slirp4netns's
     10.0.2.2), the LAN address, by TCP SYN, UDP, fragmented UDP and ICMP, from packet and raw sockets,

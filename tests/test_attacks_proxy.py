@@ -113,6 +113,7 @@ def test_a_host_header_naming_another_host_is_refused(upstream):
     assert b"\r\nHost: allowed.test:%d\r\n" % port in upstream.received[0]
 
 
+@pytest.mark.slow
 def test_a_pipelined_second_request_never_reaches_the_server(upstream):
     port = upstream.port
     first = f"GET http://allowed.test:{port}/first HTTP/1.1\r\nHost: allowed.test:{port}\r\n\r\n"
@@ -148,6 +149,7 @@ def test_a_pipelined_second_request_never_reaches_the_server(upstream):
     assert b"4;ext=1\r\nabcd\r\n0\r\nX-Trailer: 1\r\n\r\n" in upstream.received[3]
 
 
+@pytest.mark.slow
 def test_allow_rules_take_ports_and_default_to_http_and_https(upstream):
     port = upstream.port
     connect = f"CONNECT allowed.test:{port} HTTP/1.1\r\nHost: allowed.test:{port}\r\n\r\n".encode()

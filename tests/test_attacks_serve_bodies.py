@@ -145,6 +145,7 @@ def _refused(statuses: list[str], *codes: int) -> None:
         assert any(f" {code} " in line + " " for code in codes), statuses
 
 
+@pytest.mark.slow
 def test_an_upload_of_many_empty_parts(server: Served, sandboxes: dict[str, dict[str, str]]) -> None:
     """About 9.6 million empty parts in 64 MiB (before: 1.27 GB for one, 4.9 GB for four)."""
     empty = b"--b\r\n\r\n\r\n"
@@ -152,6 +153,7 @@ def test_an_upload_of_many_empty_parts(server: Served, sandboxes: dict[str, dict
     _refused(_attack(server, sandboxes[KEY_B], [attack] * 4), 400)
 
 
+@pytest.mark.slow
 def test_an_upload_of_many_tiny_parts_with_long_headers(server: Served, sandboxes: dict[str, dict[str, str]]) -> None:
     part = b'--b\r\nContent-Disposition: form-data; name="file"; filename="/tmp/many/f"\r\n'
     part += b"X-Pad: " + b"p" * 4000 + b"\r\n\r\nx\r\n"
@@ -159,11 +161,13 @@ def test_an_upload_of_many_tiny_parts_with_long_headers(server: Served, sandboxe
     _refused(_attack(server, sandboxes[KEY_B], [attack] * 4), 400)
 
 
+@pytest.mark.slow
 def test_a_part_header_without_end(server: Served, sandboxes: dict[str, dict[str, str]]) -> None:
     attack = _multipart(sandboxes[KEY_A], b"--b\r\nX-Long: " + b"h" * (64 << 20))
     _refused(_attack(server, sandboxes[KEY_B], [attack] * 8), 400)
 
 
+@pytest.mark.slow
 def test_a_gzip_bomb_upload(server: Served, sandboxes: dict[str, dict[str, str]]) -> None:
     """A 64 KB gzip body inflating to 256 MiB: refused past 64 MiB, never inflated whole."""
     bomb = gzip.compress(b"\0" * (256 << 20), 9)
@@ -179,12 +183,14 @@ def _connect_json(sandbox: dict[str, str], message: bytes) -> tuple[bytes, bytes
     return head, body
 
 
+@pytest.mark.slow
 def test_a_gzip_bomb_of_connect_json(server: Served, sandboxes: dict[str, dict[str, str]]) -> None:
     """16 KB inflating to 16 MiB of ``[],`` (before: about 400 MB per request)."""
     wide = b'{"x": [' + b"[]," * ((16 << 20) // 3 - 4) + b"[]]}"
     _refused(_attack(server, sandboxes[KEY_B], [_connect_json(sandboxes[KEY_A], wide)] * 8), 429)
 
 
+@pytest.mark.slow
 def test_deeply_nested_and_wide_connect_json(server: Served, sandboxes: dict[str, dict[str, str]]) -> None:
     deep = b'{"x": ' + b"[" * ((8 << 20) - 8) + b"]" * ((8 << 20) - 8) + b"}"
     numbers = b'{"x": [' + b"0," * ((8 << 20) - 4) + b"0]}"  # millions of elements, no compression
@@ -196,6 +202,7 @@ def test_deeply_nested_and_wide_connect_json(server: Served, sandboxes: dict[str
     _refused(_attack(server, sandboxes[KEY_B], requests), 400, 429)
 
 
+@pytest.mark.slow
 def test_a_gzip_bomb_of_connect_proto(server: Served, sandboxes: dict[str, dict[str, str]]) -> None:
     """A streamed Start whose 16 MiB inflate to 8 million empty arguments."""
     start = ppb.StartRequest(process=ppb.ProcessConfig(cmd="/bin/true", args=[""] * ((8 << 20) - 16)))
@@ -211,6 +218,7 @@ def test_a_gzip_bomb_of_connect_proto(server: Served, sandboxes: dict[str, dict[
     _refused(_attack(server, sandboxes[KEY_B], [(head, envelope)] * 8), 429)
 
 
+@pytest.mark.slow
 def test_large_bodies_to_requests_read_whole(server: Served, sandboxes: dict[str, dict[str, str]]) -> None:
     """An upload's 65 MiB sent where a body is read whole (before: eight grew the server by 375 MiB)."""
     body = b" " * (65 << 20)
@@ -218,6 +226,7 @@ def test_large_bodies_to_requests_read_whole(server: Served, sandboxes: dict[str
     _refused(_attack(server, sandboxes[KEY_B], [(head, body)] * 8), 413)
 
 
+@pytest.mark.slow
 def test_uploads_still_work_single_multi_gzip_and_streamed(server: Served, tmp_path: Path) -> None:
     """What the SDK sends (one file, several, large, gzip, a chunked stream) is written whole."""
     sdk(

@@ -198,6 +198,7 @@ def test_huge_request_lines_and_headers_without_a_key(server: Served) -> None:
     assert " 200 " in _status(server, line + f"X-API-Key: {KEY_A}\r\n".encode() + pads + b"\r\n")
 
 
+@pytest.mark.slow
 def test_bodies_sent_without_a_key_are_not_read(server: Served) -> None:
     """400 key-less requests each sending all but the last byte of a 1 MiB body (before, each was read
     into memory to be refused after: 400 MiB held), and 16 MiB ones to a sandbox with a wrong token."""
@@ -280,6 +281,7 @@ class Holder:
 
 
 @pytest.mark.parametrize("sources", [["127.0.0.1"], ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]])
+@pytest.mark.slow
 def test_a_peer_holding_hundreds_of_slow_connections(server: Served, sources: list[str]) -> None:
     """600 connections trickling their request line a byte a second, reopened as soon as they are closed,
     from one address or four (before, one key-less peer held all 512 slots and every tenant was
@@ -316,6 +318,7 @@ def _closed_after(conn: socket.socket, trickle: bytes, limit: float) -> float | 
     return None
 
 
+@pytest.mark.slow
 def test_slow_and_idle_connections_are_closed_by_their_deadlines(server: Served) -> None:
     """A connection without a key has ``HEAD_TIMEOUT`` seconds in all for its request line and headers,
     silent or trickled a byte a second (before, each byte bought another 120 s); a connection that has
@@ -359,6 +362,7 @@ def test_slow_and_idle_connections_are_closed_by_their_deadlines(server: Served)
     _tenant_b_is_served(server)
 
 
+@pytest.mark.slow
 def test_what_one_key_holds_at_once(server: Served) -> None:
     """On all its ``MAX_TENANT_CONNECTIONS`` at once, tenant A asks for its 64 MiB file 8 times, reading
     none of the replies, and sends 120 Connect-JSON bodies just under the size of a large transfer

@@ -10,7 +10,6 @@ import time
 
 import pytest
 from conftest import host_tree
-from support import paper_tree
 from support.batch_tasks import ROOT, asked, bench_command, jails_left, responder, tasks_file
 from support.llm_server import ScriptedServer
 from support.waits import wait_until
@@ -34,10 +33,10 @@ def test_fifty_tasks_sixteen_workers_all_scored(tmp_path, _state_dir):
     rows = {(r["domain"], r["mode"]): r for r in summary(results)}
     assert rows[("arith", "sandbox")]["tasks"] == 25 and rows[("mult", "sandbox")]["score"] == 1.0
     assert jails_left(_state_dir) == []
-    building = paper_tree.build_processes()  # a build of the paper's tree may run beside the tests
-    assert {p.pid for p in host_tree()} - building == {LAUNCHER.pid}
+    assert {p.pid for p in host_tree()} == {LAUNCHER.pid}
 
 
+@pytest.mark.slow
 def test_killed_midway_then_resumed_without_redoing_work(tmp_path, _state_dir):
     path = tasks_file(tmp_path / "tasks.jsonl", 50)
     out = tmp_path / "out"

@@ -110,6 +110,7 @@ def test_names_take_any_spelling_and_unknown_ones_name_the_field():
         SandboxConfig(cap_add=["CHOWN"], cap_drop=["cap_chown"])
 
 
+@pytest.mark.slow
 def test_bad_flags_get_one_line_naming_the_flag_with_an_example():
     for args, flag, example in (
         (["exec", "--cap-add", "NET_ADMINN"], "--cap-add", "--cap-add NET_ADMIN"),

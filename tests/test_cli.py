@@ -56,6 +56,7 @@ def test_exec_options(tmp_path):
     assert r.returncode == 0 and (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_exec_timeout_stdin_and_errors():
     r = jailbox("exec", "--timeout", "0.5", "--", "sleep", "30")
     assert r.returncode == 124 and "timed out" in r.stderr

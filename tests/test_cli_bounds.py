@@ -120,6 +120,7 @@ def test_bench_takes_every_bound(tmp_path: Path) -> None:
 # --- --timeout, where a command has a lifetime: exec's command (test_cli.py), an agent's run ----------
 
 
+@pytest.mark.slow
 def test_run_and_bench_take_timeout_as_the_time_limit(tmp_path: Path) -> None:
     """The model's one command takes a second, past the half second given: the run ends before step 2."""
     with ScriptedServer(responder=obeying) as server:

@@ -180,6 +180,7 @@ DEFAULTS = (  # what a command finds: directory, ids, name, umask, limits, envir
     ],
     ids=["exit0", "exit3", "sigkill", "sigterm", "binary", "binary-stderr", "127", "126", "defaults", "dashes"],
 )
+@pytest.mark.slow
 def test_fast_and_in_process_give_the_same_bytes_and_exit_code(fast, argv, stdin):
     fast.warm()
     args = ["exec", "--", *argv]  # whatever follows "--" is the command's, dashes and all
@@ -201,6 +202,7 @@ def test_fast_and_in_process_give_the_same_bytes_and_exit_code(fast, argv, stdin
     ],
     ids=["words", "dashes", "jailbox-options"],
 )
+@pytest.mark.slow
 def test_the_form_without_dashes_is_fast_too_and_the_same(fast, argv, stdout):
     fast.warm()
     r_fast, took = fast.run("exec", *argv)
@@ -235,6 +237,7 @@ def _max_rss_kb(shell: str, env: dict[str, str]) -> tuple[int, str]:
     return int(first), rest
 
 
+@pytest.mark.slow
 def test_stdin_streams_with_bounded_memory(fast):
     pid = fast.warm()
     client = " ".join(f"'{a}'" for a in CLIENT)
@@ -250,6 +253,7 @@ def test_stdin_streams_with_bounded_memory(fast):
     assert gone(["yes"])
 
 
+@pytest.mark.slow
 def test_each_call_gets_a_fresh_sandbox(fast):
     fast.warm()
     for _ in range(4):  # more calls than the pool holds: refilled ones are fresh too
@@ -258,6 +262,7 @@ def test_each_call_gets_a_fresh_sandbox(fast):
         assert r.stdout == b"/testbed:\n\n/tmp:\n", r.stdout
 
 
+@pytest.mark.slow
 def test_a_long_service_log_is_set_aside_when_the_next_service_starts(fast):
     """Services started by the fast path append to one log: it never grows past one service's share."""
     log = fast.base / quick.LOG_NAME
@@ -267,6 +272,7 @@ def test_a_long_service_log_is_set_aside_when_the_next_service_starts(fast):
     assert (fast.base / f"{quick.LOG_NAME}.1").stat().st_size == quick.LOG_MAX + 1
 
 
+@pytest.mark.slow
 def test_eight_calls_at_once(fast):
     fast.warm()
     fast.marks.unlink()
@@ -280,6 +286,7 @@ def test_eight_calls_at_once(fast):
     assert fast.marks.read_text().split() == ["fast"] * 8
 
 
+@pytest.mark.slow
 def test_only_a_context_the_jail_would_inherit_differently_runs_in_process(fast):
     """A context the jail would inherit differently (umask, a setting) runs in-process, with its own answer."""
     fast.warm()
@@ -307,6 +314,7 @@ def test_only_a_context_the_jail_would_inherit_differently_runs_in_process(fast)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.slow
 def test_interrupting_the_client_kills_the_commands_tree(fast, sig):
     fast.warm()
     fast.marks.unlink()
@@ -326,6 +334,7 @@ def test_interrupting_the_client_kills_the_commands_tree(fast, sig):
     assert gone(sleeper)
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_the_in_process_run_the_same_way(fast):
     proc = subprocess.Popen(
         [*CLIENT, "exec", "--", "sh", "-c", "echo started; exec sleep 4799"],
@@ -342,6 +351,7 @@ def test_ctrl_c_ends_the_in_process_run_the_same_way(fast):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.slow
 def test_a_service_that_stops_mid_run_is_one_line_and_125(fast, sig):
     pid = fast.warm()
     sleeper = ["sleep", f"48{sig:02d}"]
@@ -366,6 +376,7 @@ def test_a_service_that_stops_mid_run_is_one_line_and_125(fast, sig):
         assert fast.sandbox_dirs() == []
 
 
+@pytest.mark.slow
 def test_the_default_state_directory_works_too(fast):
     """No $JAILBOX_STATE_DIR: the service (which is given it) and the client still share one context."""
     env = {k: v for k, v in fast.env.items() if k != "JAILBOX_STATE_DIR"}
@@ -435,6 +446,7 @@ def _start_then_hang_up(conn: socket.socket) -> None:
 
 
 @pytest.mark.parametrize("answer", [_hang_up, _nonsense, _refuse], ids=["hang-up", "nonsense", "refusal"])
+@pytest.mark.slow
 def test_nothing_started_means_the_call_runs_in_process(fast, answer):
     fake = FakeService(fast.socket, answer)
     try:
@@ -456,6 +468,7 @@ def test_a_service_lost_after_the_start_is_one_line_and_125(fast, answer):
     assert len(lines) == 1 and lines[0].startswith("jailbox: lost the jailbox service"), r.stderr
 
 
+@pytest.mark.slow
 def test_the_jail_cannot_reach_the_service(fast):
     fast.warm()
     probe = (
@@ -471,6 +484,7 @@ def test_the_jail_cannot_reach_the_service(fast):
     assert r.returncode != 0 and r.stdout == b""
 
 
+@pytest.mark.slow
 def test_a_jail_shown_the_socket_is_refused_all_the_same(fast):
     """A jail whose filesystem shows the socket (here a bind of the state directory) runs rootless as the
     service's own uid: it is told apart by its user namespace, whatever it asks."""
@@ -513,6 +527,7 @@ def test_a_jail_shown_the_socket_is_refused_all_the_same(fast):
     ],
     ids=["network", "timeout", "bounds", "version", "help"],
 )
+@pytest.mark.slow
 def test_any_option_goes_to_the_full_cli(fast, args):
     fast.warm()
     r, took = fast.run(*args)
@@ -530,6 +545,7 @@ def test_any_option_goes_to_the_full_cli(fast, args):
     ],
     ids=["unknown", "misspelt", "short"],
 )
+@pytest.mark.slow
 def test_an_unknown_option_is_refused_on_both_paths(fast, args, error):
     """Not run as the command (exit 127, "command not found"): click's usage error, whichever path."""
     fast.warm()
@@ -540,6 +556,7 @@ def test_an_unknown_option_is_refused_on_both_paths(fast, args, error):
     assert (r.returncode, r.stdout, r.stderr) == (r_off.returncode, r_off.stdout, r_off.stderr)
 
 
+@pytest.mark.slow
 def test_a_terminal_on_stdin_or_a_settings_file_goes_to_the_full_cli(fast):
     fast.warm()
     main, other = pty.openpty()
@@ -572,6 +589,7 @@ def _cgroup_dirs(pid: int) -> set[str]:
 
 
 @pytest.mark.parametrize("fast", [5], indirect=True)
+@pytest.mark.slow
 def test_the_idle_service_exits_and_leaves_nothing(fast):
     pid = fast.warm()
     wait_until(lambda: len(host_tree(pid)) >= 2 or not psutil.pid_exists(pid), "the pool to refill", HANG)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 
+import pytest
 from conftest import own_for_jails
 
 from jailbox.sandbox import Sandbox
@@ -71,6 +72,7 @@ def test_exec_returns_when_its_own_process_ends(sb):
     assert _count(sb, "sleep") == 1
 
 
+@pytest.mark.slow
 def test_one_gib_of_output_is_capped_head_and_tail(sb):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     r = sb.exec("echo HEAD; head -c 1073741824 /dev/zero; echo TAIL", timeout=600)

@@ -145,6 +145,7 @@ def test_a_bad_exec_flag_is_one_line_naming_it(args: list[str], flag: str, examp
 
 
 @pytest.mark.parametrize(("args", "flag", "example"), EXEC_ERRORS[:3], ids=lambda v: str(v))
+@pytest.mark.slow
 def test_a_bad_flag_of_shell_and_replay_is_one_line_naming_it(
     args: list[str], flag: str, example: str, tmp_path: Path
 ) -> None:
@@ -155,12 +156,14 @@ def test_a_bad_flag_of_shell_and_replay_is_one_line_naming_it(
 
 
 @pytest.mark.parametrize(("args", "flag", "example"), RUN_ERRORS, ids=lambda v: str(v))
+@pytest.mark.slow
 def test_a_bad_run_flag_is_one_line_naming_it(args: list[str], flag: str, example: str) -> None:
     base = ["run", "--query", "q", "--llm-name", "m", "--llm-base-url", f"http://127.0.0.1:{dead_port()}/v1"]
     one_line_naming(jailbox(*base, *args), flag, example)
 
 
 @pytest.mark.parametrize(("args", "flag", "example"), BENCH_ERRORS, ids=lambda v: str(v))
+@pytest.mark.slow
 def test_a_bad_bench_flag_is_one_line_naming_it(args: list[str], flag: str, example: str, tmp_path: Path) -> None:
     tasks = tasks_file(tmp_path / "tasks.jsonl", 1)
     url = f"http://127.0.0.1:{dead_port()}/v1"
@@ -249,6 +252,7 @@ def test_run_against_a_dead_port_shows_each_retry_and_ends_with_the_fix(tmp_path
     assert "Connection refused" in last and f"is a server listening on {url}?" in last
 
 
+@pytest.mark.slow
 def test_run_shows_server_errors_as_they_are_retried_then_goes_on(tmp_path: Path) -> None:
     failures = [error(500, "model is loading"), error(503, "overloaded"), error(500, "model is loading")]
     script = responder()
@@ -319,6 +323,7 @@ def test_doctor_suggests_a_range_that_no_other_user_holds(tmp_path: Path) -> Non
 # item 8: bench never loses results
 
 
+@pytest.mark.slow
 def test_bench_refuses_an_earlier_run_and_overwrite_moves_it_aside(tmp_path: Path) -> None:
     tasks = tasks_file(tmp_path / "tasks.jsonl", 2)
     out = tmp_path / "out"

@@ -241,6 +241,7 @@ def test_sandboxes_per_session_are_capped():
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_stdio_client_going_away_ends_its_sandboxes(_state_dir):
     """Two ways a stdio client goes: it closes the session (pipe closed), or it is killed mid-command."""
     namespaces: list[str] = []
@@ -340,6 +341,7 @@ def test_http_sessions_own_their_sandboxes_and_end_them(_state_dir, tmp_path, si
     assert _sandbox_dirs(_state_dir) == []
 
 
+@pytest.mark.slow
 def test_http_client_that_goes_without_ending_its_session_loses_its_sandboxes_when_idle(_state_dir, tmp_path):
     """A client that vanishes (no DELETE) loses its sandboxes once its session is idle; one whose
     command outlasts the idle time keeps its own."""
@@ -390,6 +392,7 @@ def _private(path: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_http_needs_a_token_even_on_loopback_and_checks_it(tmp_path):
     """On loopback too (any local user can connect there): no token, a wrong one, one of another file
     (another server's, jailbox serve's key beside it) or the right one sent otherwise are refused."""
@@ -433,6 +436,7 @@ def test_http_needs_a_token_even_on_loopback_and_checks_it(tmp_path):
         assert given.stop() == 0
 
 
+@pytest.mark.slow
 def test_first_start_makes_a_private_token_and_shows_it_once(tmp_path):
     config = tmp_path / "config"
     first = HttpServer(config)
@@ -463,6 +467,7 @@ def test_first_start_makes_a_private_token_and_shows_it_once(tmp_path):
     assert r.returncode == 2 and f"{made} (shown only now): {made.read_text().strip()}\n" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_a_token_file_must_be_private_and_hold_tokens(tmp_path):
     config = tmp_path / "config"
     env = {**os.environ, "XDG_CONFIG_HOME": str(config)}

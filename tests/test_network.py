@@ -212,6 +212,7 @@ def test_none_reaches_nothing_and_has_no_proxy(pki, web):
 
 
 @pytest.mark.needs("curl")
+@pytest.mark.slow
 def test_one_proxy_serves_64_sandboxes_at_once_within_its_bounds(web):
     plain, _ = web
     size = 1 << 20

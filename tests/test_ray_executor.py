@@ -32,7 +32,8 @@ from jailbox.agent.batch import Batch, BatchConfig, find_executor
 from jailbox.agent.llm import LLMConfig
 from jailbox.agent.tasks import load_tasks, read_results
 
-pytestmark = [pytest.mark.slow, pytest.mark.needs("ray")]
+# one worker (pytest-xdist): two Ray clusters at once on two cores took their tests past 300 s
+pytestmark = [pytest.mark.slow, pytest.mark.needs("ray"), pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture

@@ -139,6 +139,7 @@ def registry_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("block", [b for b in blocks() if b.language in RUN], ids=str)
+@pytest.mark.slow
 def test_a_readme_block_runs_as_written(block: Block, tmp_path: Path, registry_cache: Path) -> None:
     if block.skip is not None:
         if "pip install" in block.code:  # .ci/run runs it as written (the test above)

@@ -684,6 +684,7 @@ def written_by_this_process() -> int:
     return int(Path("/proc/self/io").read_text().split("wchar: ", 1)[1].split()[0])
 
 
+@pytest.mark.slow
 def test_an_image_archive_cannot_make_import_copy_without_bound(
     tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

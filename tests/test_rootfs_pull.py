@@ -283,6 +283,7 @@ def _as_root(ti):
     return ti
 
 
+@pytest.mark.slow
 def test_sandbox_runs_on_a_pulled_tree_without_copying_it(mini_image: str, store: Store) -> None:
     entry = pull(mini_image, store=store)
     with Sandbox(SandboxConfig(rootfs=mini_image, env={"BAR": "mine"})) as sb:
@@ -320,6 +321,7 @@ def _files_under(path: Path | None) -> list[Path]:
 
 
 @pytest.mark.needs("subids")  # without them the tree is stored flattened: only root exists
+@pytest.mark.slow
 def test_the_images_user_runs_commands(mini_image: str, store: Store) -> None:
     ref = mini_image.replace(":mini", ":user")
     pull(ref, "withuser", store=store)
@@ -400,6 +402,7 @@ def test_ctrl_c_keeps_the_partial_download_and_the_next_pull_resumes(
     assert tree_of(entry.tree) == expected_tree()
 
 
+@pytest.mark.slow
 def test_cli_pull_then_exec_on_it(mini_image: str, store: Store) -> None:
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "JAILBOX_CACHE_DIR": str(store.root)}

@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 REF = re.compile(r"`(?:(test_[a-z0-9_]+\.py))?::(test_[a-z0-9_]+)`")
 
@@ -28,6 +30,7 @@ def _tests(file: str) -> set[str]:
     return {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
 
 
+@pytest.mark.slow
 def test_every_cited_test_exists():
     cited = _cited()
     assert len(cited) > 40

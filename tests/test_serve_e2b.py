@@ -563,6 +563,7 @@ def test_max_per_key(server: Served, tmp_path: Path) -> None:
 
 
 @pytest.mark.cgroup
+@pytest.mark.slow
 def test_the_bound_flags_bound_every_served_sandbox(tmp_path: Path) -> None:
     _sdk()
     served = start_server(tmp_path, "--api-key-file", str(key_file(tmp_path, KEY_A)), *BOUNDS)
@@ -695,6 +696,7 @@ def test_a_refused_body_still_gets_its_answer(server: Served) -> None:
     assert api(server, "GET", "/v2/sandboxes", KEY_A)[0] == 200
 
 
+@pytest.mark.slow
 def test_64_sandboxes_at_once(tmp_path: Path) -> None:
     """The server's whole default capacity, made concurrently through the SDK, each running a command;
     what an idle sandbox costs the server process is printed (``-s`` shows it)."""
@@ -737,6 +739,7 @@ def test_64_sandboxes_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", [["serve"], ["mcp", "--http"]], ids=" ".join)
+@pytest.mark.slow
 def test_an_address_that_cannot_be_listened_on_is_one_line_naming_the_flag(tmp_path: Path, command: list[str]) -> None:
     """A port another program holds (the usual case: a second server), an address not of this machine,
     and a name that does not resolve: each is refused before anything is served, in one line that names

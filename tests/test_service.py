@@ -96,6 +96,7 @@ def quick() -> Iterator[Service]:
     yield from _service(idle=1)
 
 
+@pytest.mark.slow
 def test_a_sandbox_outlives_each_command_and_keeps_its_state(svc, tmp_path):
     sid = svc.create("--name", "box", "--env", "GREETING=hi", "--workdir", "/work")
     r = svc.run("exec", "--id", "box", "--", "sh", "-c", "echo $GREETING; pwd; echo kept > state.txt; echo e >&2")
@@ -140,6 +141,7 @@ def test_a_sandbox_outlives_each_command_and_keeps_its_state(svc, tmp_path):
 
 
 @pytest.mark.cgroup
+@pytest.mark.slow
 def test_create_takes_the_bounds_ps_shows_them_and_they_hold(svc):
     sid, other = svc.create(*BOUNDS), svc.create()
     listed = {b["id"]: b["limits"] for b in json.loads(svc.run("ps", "--json").stdout)}
@@ -160,6 +162,7 @@ def test_create_takes_the_bounds_ps_shows_them_and_they_hold(svc):
     assert r.returncode == 2 and "--memory cannot change a running sandbox" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_an_unknown_id_is_one_line_naming_it_and_ps(svc, tmp_path):
     for args in (["exec", "--id", "nope", "--", "true"], ["stop", "nope"], ["cp", "nope:/etc/hostname", str(tmp_path)]):
         r = svc.run(*args)  # no service runs yet
@@ -252,6 +255,7 @@ def _max_rss_kb(shell: str, env: dict[str, str]) -> tuple[int, str]:
     return int(first), rest
 
 
+@pytest.mark.slow
 def test_stdin_streams_with_bounded_memory(svc):
     sid = svc.create()
     jailbox = " ".join(f"'{a}'" for a in JAILBOX)
@@ -280,6 +284,7 @@ def test_ctrl_c_kills_the_command_and_a_timeout_too(svc):
     assert svc.run("exec", "--id", sid, "--", "echo", "still here").stdout == "still here\n"
 
 
+@pytest.mark.slow
 def test_the_service_leaves_once_idle_and_takes_nothing_with_it_but_its_own(quick):
     sid = quick.create()
     pid = quick.pid()

@@ -29,6 +29,7 @@ def _spec(**changes: object) -> JailSpec:
         "dir": None,
         "stage": "/tmp/stage",
         "lower": "/tmp/lower",
+        "layers": ("/tmp/layer-1/tree",),
         "trusted_lower": False,
         "system_binds": (Bind("/usr", "/usr", True, True),),
         "user_binds": (),

@@ -30,6 +30,9 @@ from jailbox.sandbox.floor import procstat
 from jailbox.sandbox.launcher import LAUNCHER
 from jailbox.sandbox.limits import budget, cgroups
 
+# alone: the user's pids budget, its counters and the host's stale groups are shared with every worker's jails
+pytestmark = pytest.mark.alone
+
 ROOT = str(Path(__file__).resolve().parent.parent)
 
 # Opens inotify instances until the kernel refuses, as each of the uids in argv[1] in turn (a child
@@ -374,6 +377,7 @@ def test_sandboxes_together_stay_within_the_pids_budget_of_their_cgroup(tmp_path
         _check_budget(result)
 
 
+@pytest.mark.alone  # the user's budget is shared with every worker's jails
 def test_sandboxes_together_stay_within_the_pids_budget_of_their_user():
     """Rootless, and as root with or without a cgroup: RLIMIT_NPROC of the user namespace's creator
     counts every process of that user, the host's and every sandbox's."""
@@ -537,6 +541,7 @@ BOMBS = {
 MEASURE = r"""
 import json, resource, sys
 from jailbox.agent import prompts
+
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
     prompts.load(sys.argv[1])

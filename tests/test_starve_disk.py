@@ -168,6 +168,7 @@ print("done")
 """
 
 
+@pytest.mark.slow
 def test_the_walk_of_a_layer_never_follows_a_link_swapped_in_for_a_directory():
     """The jail swaps directories the watcher has listed for links to "/" (and the parents of ones it
     has listed: d/usr then names the host's /usr): a walk that followed either would count the host's
@@ -277,6 +278,7 @@ def _peaks(stop: threading.Event, seen: dict[str, int]) -> None:
 @pytest.mark.parametrize(
     ("script", "count"), [(WIDE, 60_000), (SIDEWAYS, 2_200)], ids=["many waiting", "many open bases"]
 )
+@pytest.mark.slow
 def test_a_tree_too_big_to_walk_in_bounds_is_judged_over_them(script, count):
     """What a walk holds for the directories it has still to read is the jail's to shape: 60,000 of
     3,000 bytes of path each took the host 200 MB at every walk. Past ``WALK_HELD`` bytes or

@@ -28,7 +28,8 @@ from support.per_uid_fills import WATCH_ONE, WATCHES, started
 from jailbox.sandbox import Sandbox, SeccompPolicy, idmap
 from jailbox.sandbox.errors import SecurityWarning
 
-pytestmark = pytest.mark.needs("subids")
+# alone: root's shared slots and the user's epoll watches are shared with every worker's jails
+pytestmark = [pytest.mark.needs("subids"), pytest.mark.alone]
 
 MAX_WATCHES = Path("/proc/sys/fs/epoll/max_user_watches")
 

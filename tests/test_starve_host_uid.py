@@ -30,7 +30,8 @@ from support.per_uid_fills import WATCH_ONE, WATCHES, started
 
 from jailbox.sandbox import Mount, Sandbox, idmap
 
-pytestmark = pytest.mark.root
+# alone: root's shared slots are taken by every worker's jails
+pytestmark = [pytest.mark.root, pytest.mark.alone]
 
 RANGE = idmap.ROOT_RANGE
 

@@ -137,6 +137,7 @@ def test_get_keeps_a_sparse_file_sparse_on_the_host(tmp_path: Path):
     assert found["grew"] < 32 * MiB
 
 
+@pytest.mark.slow
 def test_get_of_a_huge_tree_costs_the_host_a_bounded_listing(tmp_path: Path):
     """A listing of 300k entries costs the host a bounded amount (fifos: listed, not copied, so only the
     listing is measured); a tree of long names whose listing would be over 50 MiB is refused before it
@@ -279,6 +280,7 @@ time.sleep(3600)
 """
 
 
+@pytest.mark.slow
 def test_one_jail_holding_tunnels_cannot_starve_another(monkeypatch: pytest.MonkeyPatch):
     """The proxy's connections are few here (24, eight kept for each sandbox): one jail asks for 40
     tunnels and holds them, another's allowed requests still go through, by plain HTTP and CONNECT."""
@@ -324,6 +326,7 @@ class Holder:
             conn.close()
 
 
+@pytest.mark.slow
 def test_an_idle_tunnel_is_cut_after_the_idle_timeout(monkeypatch: pytest.MonkeyPatch):
     """A tunnel where nothing moves, and one the jail half-closed, are both cut; one that keeps talking
     past the timeout is not."""
@@ -364,6 +367,7 @@ print(cut_after(idle) < 60, cut_after(half) < 60)
         holder.close()
 
 
+@pytest.mark.slow
 def test_a_new_sandbox_starts_while_a_huge_writable_layer_is_removed():
     """One jail leaves 60k files in its writable layer (its user 1000's where the jail has one: on a
     rootless host with subordinate ids those are removed through the launcher); while its close()

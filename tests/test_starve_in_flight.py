@@ -159,6 +159,7 @@ def victim_result(sb: Sandbox) -> list[int]:
 
 
 @pytest.mark.parametrize("fill", FILLS)
+@pytest.mark.slow
 def test_a_jail_holding_descriptors_in_flight_is_killed_and_its_uid_passes_again(
     fill: str, shared_root_uid: None
 ) -> None:
@@ -186,6 +187,7 @@ def test_a_jail_holding_descriptors_in_flight_is_killed_and_its_uid_passes_again
     assert probes() == []  # it ends with the last jail of its uid
 
 
+@pytest.mark.alone  # the mark is per user: another worker's jails' descriptors in flight count too
 def test_descriptors_in_flight_under_the_mark_are_left_alone(shared_root_uid: None) -> None:
     under = flight.MARK // 2  # two messages: at most 253 descriptors go in one
     script = f"""
@@ -202,6 +204,7 @@ print("kept")
     assert probes() == []
 
 
+@pytest.mark.slow
 def test_a_probe_that_ends_is_started_again(shared_root_uid: None) -> None:
     with Sandbox() as sb:
         (first,) = probes_started()

@@ -94,6 +94,7 @@ def test_tmpfs_holds_no_more_than_the_memory_limit(target):
         assert sb.exec("rm -f /tmp/* /dev/shm/*; echo usable").stdout == "usable\n"
 
 
+@pytest.mark.slow
 def test_processes_together_are_held_to_the_memory_limit():
     """Six processes of 48M each under memory=128M: some are killed, and it is reported."""
     with Sandbox(limits=Limits(memory="128M")) as sb:
@@ -436,6 +437,7 @@ OWN_ADJ = "for i in $(seq 3000); do read v < /proc/self/oom_score_adj; [ $v = 10
 OWN_ADJ += " echo $v"
 
 
+@pytest.mark.slow
 def test_commands_are_the_oom_killers_first_choice_not_the_init():
     """Each command, and what it forks before the init has set it, ends up at 1000, spawned or
     forked (a pty, a user); the init stays where it was. Before, 7 of 300 commands that forked at

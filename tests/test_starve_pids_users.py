@@ -27,6 +27,9 @@ from conftest import require
 from jailbox.sandbox import idmap
 from jailbox.sandbox.limits import budget
 
+# alone: the host's pids budget is shared with every worker's jails
+pytestmark = pytest.mark.alone
+
 ROOT = Path(__file__).resolve().parent.parent
 USERS = ("jailbox-ci", "jbfresh")
 BUDGET = 600  # small, so every part fills quickly: root's 300, each other account's 600 // 2 // accounts
@@ -177,6 +180,7 @@ def test_doctor_tells_each_user_its_part_of_the_host_budget(homes: dict[str, Pat
     probe = r"""
 import json, sys
 from jailbox.sandbox.checks import doctor
+
 p = doctor.shared_bounds(doctor.Host())
 print(json.dumps([p.status, p.detail, p.fix]))
 """

@@ -226,7 +226,9 @@ time.sleep(3)
 """
 
 
+@pytest.mark.alone  # the host's open file table is every worker's
 @pytest.mark.parametrize("how", ["mapped", "descriptors"])
+@pytest.mark.slow
 def test_a_jail_cannot_fill_the_hosts_open_file_table(how, tmp_path):
     used, table = hostfiles.host_files()
     assert used * 8 < table  # the host itself is far from its limit

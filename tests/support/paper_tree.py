@@ -11,14 +11,12 @@ rootless build path is the custom recipe test's, which runs in both passes).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import os
 import shutil
 import signal
 import subprocess
-import threading
 import urllib.request
 from pathlib import Path
 
@@ -41,61 +39,23 @@ def _reachable(url: str) -> bool:
         return False
 
 
-_early: threading.Thread | None = None
-_outcome: list[Path | BaseException] = []
-_building: list[subprocess.Popen] = []
-
-
-def build_early() -> None:
-    """Start the build when the session's tests are collected, in a thread, at the lowest CPU priority:
-    it then uses the time the tests before the paper's leave idle, instead of adding minutes after them."""
-    global _early
-    if _early is None:
-        _early = threading.Thread(target=_record, name="paper-tree", daemon=True)
-        _early.start()
-
-
-def _record() -> None:
-    try:
-        _outcome.append(_build())
-    except BaseException as exc:  # a skip or a failure: each test that needs the tree raises it
-        _outcome.append(exc)
-
-
-def stop_early() -> None:
-    """At the session's end: a build still running is interrupted (it removes what it half made)."""
-    for proc in _building:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def build_processes() -> set[int]:
-    """The pids of a build still running in the background, and of everything it started: children of
-    the test process that tests counting its children must not take for leaks."""
-    import psutil
-
-    pids: set[int] = set()
-    for proc in _building:
-        if proc.poll() is None:
-            with contextlib.suppress(psutil.Error):
-                build = psutil.Process(proc.pid)
-                pids |= {build.pid, *(p.pid for p in build.children(recursive=True))}
-    return pids
+_outcome: list[Path | BaseException] = []  # this process's one try: a failed build is not retried per test
 
 
 def paper_store() -> Path:
-    """The store holding the default recipe's current tree as ``default``, built if it is missing."""
-    if _early is not None:
-        _early.join()
-        outcome = _outcome[0]
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
-    return _build()
+    """The store holding the default recipe's current tree as ``default``, built if it is missing
+    (one build at a time across processes: the others wait for it and use it). Under pytest-xdist the
+    tests that use it are one group, on one worker (``conftest``), which waits for the build in each
+    test's setup, before it counts as running beside a test marked ``alone``."""
+    if not _outcome:
+        try:
+            _outcome.append(_build())
+        except BaseException as exc:  # a skip or a failure: each test that needs the tree raises it
+            _outcome.append(exc)
+    outcome = _outcome[0]
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 def _build() -> Path:
@@ -125,14 +85,18 @@ def _build() -> Path:
                 shutil.rmtree(old)
         root.mkdir(mode=0o700, exist_ok=True)
         env = {**os.environ, "JAILBOX_CACHE_DIR": str(root)}
-        proc = subprocess.Popen(
-            ["nice", "-n", "19", *JAILBOX, "rootfs", "build", "--quiet"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        _building.append(proc)
-        _, stderr = proc.communicate(timeout=BUILD_TIMEOUT)
+        # at the scheduler's usual priority: the tests that wait for it are the last of a pass to end
+        argv = [*JAILBOX, "rootfs", "build", "--quiet"]
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            _, stderr = proc.communicate(timeout=BUILD_TIMEOUT)
+        except BaseException:  # a test's timeout, Ctrl-C: the build removes what it half made
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
         assert proc.returncode == 0, stderr[-4000:]
         return root
