@@ -108,6 +108,7 @@ def test_one_file_stops_at_the_disk_cap(write):
         assert used < 32 * MiB + 224 * MiB, used // MiB
 
 
+@pytest.mark.alone  # counts the host filesystem's free inodes, which other workers' tests use too
 @pytest.mark.parametrize("upper", ["disk", "tmpfs"])
 def test_files_are_held_to_the_inode_cap(upper):
     before = host_inodes_free(os.environ["JAILBOX_STATE_DIR"])

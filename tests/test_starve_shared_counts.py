@@ -33,6 +33,10 @@ from jailbox.sandbox import Sandbox, SeccompPolicy
 from jailbox.sandbox.child import spec
 from jailbox.sandbox.limits import budget, hostfiles, proc, sockets
 
+# alone: the user's rlimit counts (message queues, locked memory, signals) and the host's open file
+# table are shared with every worker's jails
+pytestmark = pytest.mark.alone
+
 # argv: what to take (signals, mqueue, shm_lock), whether to raise the soft limit first (1/0), the
 # file to write the count to. Takes all the kernel allows, writes the count, then holds it.
 HOG = r"""
@@ -226,7 +230,6 @@ time.sleep(3)
 """
 
 
-@pytest.mark.alone  # the host's open file table is every worker's
 @pytest.mark.parametrize("how", ["mapped", "descriptors"])
 @pytest.mark.slow
 def test_a_jail_cannot_fill_the_hosts_open_file_table(how, tmp_path):
