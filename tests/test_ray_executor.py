@@ -32,8 +32,9 @@ from jailbox.agent.batch import Batch, BatchConfig, find_executor
 from jailbox.agent.llm import LLMConfig
 from jailbox.agent.tasks import load_tasks, read_results
 
-# one worker (pytest-xdist): two Ray clusters at once on two cores took their tests past 300 s
-pytestmark = [pytest.mark.slow, pytest.mark.needs("ray"), pytest.mark.xdist_group("ray")]
+# alone (pytest-xdist): beside other workers' tests a Ray cluster on two cores took its tests past
+# 300 s, and once its in-process driver ended the worker running it
+pytestmark = [pytest.mark.slow, pytest.mark.needs("ray"), pytest.mark.alone]
 
 
 @pytest.fixture

@@ -22,6 +22,9 @@ from jailbox.sandbox import ExecResult, Sandbox
 from jailbox.sandbox.config import Limits
 from jailbox.sandbox.limits import scratch
 
+# alone: measures the host's available memory, which other workers' tests use too
+pytestmark = pytest.mark.alone
+
 LIMIT = 128 * MiB
 # What the host may lose beyond the limit: the pipes the kernel gives full buffers before the per-user
 # soft limit (fs.pipe-user-pages-soft, 64 MiB), the watcher's reaction at full speed, and the noise of

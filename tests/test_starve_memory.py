@@ -30,6 +30,9 @@ from jailbox.sandbox.errors import ExecError
 from jailbox.sandbox.floor import procstat, wire
 from jailbox.sandbox.limits import hostfiles, procs
 
+# alone: measures the host's available memory, which other workers' tests use too
+pytestmark = pytest.mark.alone
+
 # each process under RLIMIT_AS, together past the limit; each holds its memory until killed
 # the holders sleep long enough for all six to be running at once even on a loaded machine
 HOLDERS = (

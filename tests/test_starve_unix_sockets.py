@@ -20,6 +20,9 @@ from jailbox.sandbox.child import netns
 from jailbox.sandbox.config import Limits
 from jailbox.sandbox.limits import sockdiag
 
+# alone: measures the host's available memory, which other workers' tests use too
+pytestmark = pytest.mark.alone
+
 # Each writer fills its socket until the kernel refuses more (the reader never reads); "closed"
 # closes the writer after, which leaves the bytes queued on the reader with no writer to report them.
 PAIRS = """
