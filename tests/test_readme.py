@@ -24,6 +24,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,6 +134,20 @@ def test_the_install_blocks_are_what_ci_runs_and_registry_blocks_hold_no_placeho
                 assert not PLACEHOLDER.search(command), f"{block}: a placeholder, not a command: {line.strip()}"
 
 
+def _endpoint(port: int) -> ScriptedServer:
+    """A scripted LLM endpoint on the port a block names. Another test's program may hold it for a
+    moment (CI saw one once, with four workers): the port is tried for up to a minute."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return ScriptedServer(port=port)
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                require(False, f"port {port} free for a scripted LLM endpoint ({exc})", "stop its server")
+                raise
+            time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def registry_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("registry-cache")
@@ -173,10 +188,7 @@ def test_a_readme_block_runs_as_written(block: Block, tmp_path: Path, registry_c
         endpoint = re.search(r"http://localhost:(\d+)/v1", block.code)
         if block.skip == "needs an LLM endpoint":
             assert endpoint, f"{block}: needs an LLM endpoint but names no http://localhost:PORT/v1"
-            try:
-                llm = stack.enter_context(ScriptedServer(port=int(endpoint.group(1))))
-            except OSError as exc:
-                require(False, f"port {endpoint.group(1)} free for a scripted LLM endpoint ({exc})", "stop its server")
+            llm = stack.enter_context(_endpoint(int(endpoint.group(1))))
             llm.add(*RUN_SCRIPT)
         for port in HELD_PORTS:
             if block.skip == "needs an LLM endpoint" and endpoint and port == int(endpoint.group(1)):
