@@ -326,6 +326,7 @@ class Holder:
             conn.close()
 
 
+@pytest.mark.alone  # its deadline is timed by the host's watcher, which other workers' load delays
 @pytest.mark.slow
 def test_an_idle_tunnel_is_cut_after_the_idle_timeout(monkeypatch: pytest.MonkeyPatch):
     """A tunnel where nothing moves, and one the jail half-closed, are both cut; one that keeps talking

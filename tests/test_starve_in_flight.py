@@ -23,6 +23,9 @@ import pytest
 from jailbox.sandbox import Sandbox, idmap
 from jailbox.sandbox.limits import flight
 
+# alone: descriptors in flight are counted per user: another worker's jails' count toward the mark too
+pytestmark = pytest.mark.alone
+
 HOLD = "time.sleep(600)"
 
 FILLS = {
@@ -187,7 +190,6 @@ def test_a_jail_holding_descriptors_in_flight_is_killed_and_its_uid_passes_again
     assert probes() == []  # it ends with the last jail of its uid
 
 
-@pytest.mark.alone  # the mark is per user: another worker's jails' descriptors in flight count too
 def test_descriptors_in_flight_under_the_mark_are_left_alone(shared_root_uid: None) -> None:
     under = flight.MARK // 2  # two messages: at most 253 descriptors go in one
     script = f"""
