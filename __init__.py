@@ -23,6 +23,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxPool",
     "SeccompPolicy",
+    "Snapshot",
 ]
 
 if _typing.TYPE_CHECKING:
@@ -36,11 +37,13 @@ if _typing.TYPE_CHECKING:
         SandboxConfig,
         SandboxPool,
         SeccompPolicy,
+        Snapshot,
     )
+    from .sandbox import snapshots as snapshots
 
 
 def __getattr__(name: str) -> _typing.Any:
-    if name in __all__:
+    if name in __all__ or name == "snapshots":  # the classes; the module listing and removing snapshots
         from . import sandbox
 
         return getattr(sandbox, name)
@@ -48,4 +51,4 @@ def __getattr__(name: str) -> _typing.Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return sorted({*globals(), *__all__, "snapshots"})

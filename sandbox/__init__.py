@@ -20,9 +20,11 @@ __all__ = [
     "SandboxConfig",
     "SandboxPool",
     "SeccompPolicy",
+    "Snapshot",
     "errors",
     "hostfs",
     "printable",
+    "snapshots",
 ]
 
 _LAZY = {  # public name -> the module (relative to this package) that defines it
@@ -36,11 +38,12 @@ _LAZY = {  # public name -> the module (relative to this package) that defines i
     "SandboxConfig": ".config",
     "SandboxPool": ".pool",
     "SeccompPolicy": ".seccomp.policy",
+    "Snapshot": ".snapshots",
     "printable": ".escapes",
 }
 
 if TYPE_CHECKING:
-    from . import errors, hostfs
+    from . import errors, hostfs, snapshots
     from .aio import AsyncSandbox
     from .config import Limits, Mount, SandboxConfig
     from .escapes import printable
@@ -50,10 +53,11 @@ if TYPE_CHECKING:
     from .results import ExecResult
     from .sandbox import Sandbox
     from .seccomp.policy import SeccompPolicy
+    from .snapshots import Snapshot
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("errors", "hostfs"):
+    if name in ("errors", "hostfs", "snapshots"):
         return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)

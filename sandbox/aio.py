@@ -20,6 +20,7 @@ from .layers import Checkpoint
 from .net.proxy import NetworkLogEntry
 from .results import ExecResult, SandboxStats
 from .sandbox import Command, Sandbox
+from .snapshots import Snapshot
 
 
 class AsyncSandbox:
@@ -103,6 +104,10 @@ class AsyncSandbox:
             wrapped._sb = child
             children.append(wrapped)
         return children
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """As ``Sandbox.snapshot()``."""
+        return await asyncio.to_thread(self.sandbox.snapshot, name)
 
     async def close(self) -> None:
         if self._sb is not None:

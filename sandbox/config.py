@@ -160,6 +160,10 @@ class Limits(BaseModel):
         return None if v is None else parse_size(v)
 
 
+SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+@-]{0,127}")  # a durable snapshot's name (snapshots.py)
+SNAPSHOT_ID = re.compile(r"snap-[0-9a-f]{12}")  # and the id it is given
+
+
 class SandboxConfig(BaseModel):
     """Everything that shapes a jail. Unknown keys are errors, not silently ignored."""
 
@@ -167,6 +171,11 @@ class SandboxConfig(BaseModel):
 
     rootfs: str = Field(
         "host", description='"host" (host /usr etc. read-only), a stored root filesystem\'s name, or a directory'
+    )
+    snapshot: str | None = Field(
+        None,
+        description="a durable snapshot's id or name (Sandbox.snapshot()) to start from, over the root "
+        "filesystem it was made over",
     )
     mounts: list[Mount] = Field(default_factory=list)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
@@ -258,6 +267,13 @@ class SandboxConfig(BaseModel):
     @classmethod
     def _size(cls, v: int | str) -> int:
         return parse_size(v)
+
+    @field_validator("snapshot")
+    @classmethod
+    def _snapshot(cls, v: str | None) -> str | None:
+        if v is not None and not (SNAPSHOT_ID.fullmatch(v) or SNAPSHOT_NAME.fullmatch(v)):
+            raise ValueError("snapshot must be a snapshot's id or name, e.g. 'snap-0123456789ab' or 'repo-ready'")
+        return v
 
     @field_validator("rootfs")
     @classmethod

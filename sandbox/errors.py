@@ -64,7 +64,11 @@ class PauseFailed(SandboxError):
 
 
 class BranchError(SandboxError):
-    """A checkpoint, rollback or fork was refused or failed; the sandbox is as it was before the call."""
+    """A checkpoint, rollback, fork or snapshot was refused or failed; the sandbox is as it was before the call."""
+
+
+class SnapshotNotFound(BranchError):
+    """No durable snapshot has that id or name; the message lists some that exist."""
 
 
 class ProtocolError(SandboxError):

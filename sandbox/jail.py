@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from . import cacerts, hostroot, idmap, state
+from . import cacerts, hostroot, idmap, snapshots, state
 from .channel import Channel
 from .child.protocol import Created, CreateRequest, Failed, Step, decode
 from .child.spec import Bind, JailSpec, SeccompSpec
@@ -51,15 +51,36 @@ EXIT_WAIT = 2.0
 
 class Jail:
     def __init__(self, config: SandboxConfig, layers: tuple[Layer, ...] = ()) -> None:
-        """``layers``: read-only layers over the root filesystem, topmost first (a checkpoint's)."""
+        """``layers``: read-only layers over the root filesystem, topmost first (a checkpoint's);
+        without them, a ``config.snapshot``'s."""
+        self._snapshot: Layer | None = None
+        try:
+            self._build(config, layers)
+        finally:
+            if self._snapshot is not None:
+                self._snapshot.release()  # the jail holds it now, if it was made
+
+    def _build(self, config: SandboxConfig, layers: tuple[Layer, ...]) -> None:
         from .rootfs.resolve import apply_stored_rootfs
 
+        self._idmap = self._disk_ids = idmap.plan(config.idmap)
+        # a checkpoint's layers hold the generated /etc files as the sandbox left them; a
+        # snapshot's and the image's get this configuration's
+        self._fresh_etc = not layers
+        if config.snapshot is not None and not layers:
+            image, self._snapshot = snapshots.open_layer(
+                config.snapshot,
+                config.rootfs,
+                "rootfs" in config.model_fields_set,
+                self._disk_ids if config.userns else None,
+            )
+            config = config.model_copy(update={"rootfs": image})
+            layers = (self._snapshot,)
         # a stored image's Env, WorkingDir and User, under the config's own; and its tree
         self.config, self._lower = apply_stored_rootfs(config)
         self.id = uuid.uuid4().hex[:12]
         self.mode = modes.for_policy(self.config.network)
         self.env = self.mode.env()
-        self._idmap = self._disk_ids = idmap.plan(self.config.idmap)
         self._shown_as: IdMap | None = None
         self._ids_lock: int | None = None  # the lock of this jail's own host ids, while it holds them
         base = state.state_dir(self.config.state_dir)
@@ -226,8 +247,8 @@ class Jail:
                 for m in sorted(cfg.mounts, key=lambda m: m.dst.count("/"))
             ),
             # a checkpoint's layers already hold them, as the sandbox left them (edited, or removed)
-            generated={} if self.layers else generated,
-            ca_certs="" if self.layers else self._ca_certs(),
+            generated=generated if self._fresh_etc else {},
+            ca_certs=self._ca_certs() if self._fresh_etc else "",
             upper=cfg.upper,
             tmpfs_size=planned.tmpfs_size,
             tmpfs_inodes=planned.tmpfs_inodes,

@@ -24,6 +24,7 @@ from typing import Protocol
 from . import state
 from .child.layers import MAX_LAYERS
 from .child.protocol import Failed, Laid, LayerRequest, decode
+from .child.spec import JailSpec
 from .config import SandboxConfig
 from .errors import BranchError
 from .floor import wire
@@ -39,6 +40,7 @@ class Jail(Protocol):
     config: SandboxConfig
     layers: tuple[Layer, ...]
     upper: int  # O_PATH descriptor of its writable layer's directory
+    spec: JailSpec  # its lower: what a squashed layer lies on
 
     @property
     def id_map(self) -> IdMap: ...
@@ -48,11 +50,13 @@ class Jail(Protocol):
 
 
 class Layer:
-    """One read-only layer on disk; removed once its last holder (a jail or a checkpoint) lets go."""
+    """One read-only layer on disk; removed once its last holder (a jail or a checkpoint) lets go,
+    unless it is ``kept`` (a durable snapshot's: then the descriptor of its shared lock is closed)."""
 
-    def __init__(self, path: Path, removal: IdMap | None) -> None:
+    def __init__(self, path: Path, removal: IdMap | None, kept: int | None = None) -> None:
         self.dir = path
         self._removal = removal  # the map its files' owners belong to (to remove it rootless)
+        self._kept = kept
         self._lock = threading.Lock()
         self._holders = 1  # whoever made it
 
@@ -70,7 +74,9 @@ class Layer:
         with self._lock:
             self._holders -= 1
             last = self._holders == 0
-        if last:
+        if last and self._kept is not None:
+            os.close(self._kept)  # snapshots.remove may take it now
+        elif last:
             state.remove_sandbox_dir(self.dir, self._removal)
 
 
@@ -96,15 +102,16 @@ class Checkpoint:
         return f"<Checkpoint {len(self.layers)} layers {'valid' if self.valid else 'dropped'}>"
 
 
-def cut(jail: Jail) -> tuple[Layer, ...]:
+def cut(jail: Jail, into: Path | None = None, whole: bool = False) -> tuple[Layer, ...]:
     """The layers of ``jail``'s filesystem now, topmost first: its writable layer copied into a new
-    one over the layers it runs on; past ``MAX_LAYERS`` those are squashed with it into one. The
-    new layer is held once for the caller, who releases it when done handing it out."""
-    squash = len(jail.layers) + 1 > MAX_LAYERS
+    one over the layers it runs on; past ``MAX_LAYERS``, or if ``whole``, those are squashed with it
+    into one. The new layer (in a new directory ``into``, default one of the state directory's) is
+    held once for the caller, who releases it when done handing it out."""
+    squash = whole or len(jail.layers) + 1 > MAX_LAYERS
     below = jail.layers if squash else ()
     kept = () if squash else jail.layers
     base = state.state_dir(jail.config.state_dir)
-    path = base / "sandboxes" / f"layer-{uuid.uuid4().hex[:12]}"
+    path = into if into is not None else base / "sandboxes" / f"layer-{uuid.uuid4().hex[:12]}"
     removal = None if not jail.config.userns else jail.disk_ids
     path.mkdir(mode=0o700)
     try:
@@ -119,12 +126,15 @@ def cut(jail: Jail) -> tuple[Layer, ...]:
             for layer in reversed(below):  # bottom first, then the writable layer
                 sources.append(os.open(layer.tree, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
             sources.append(jail.upper)
+            if squash:
+                sources.append(os.open(jail.spec.lower, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
             in_ns, layer_shift, upper_shift = _shifts(jail)
-            request = LayerRequest(in_ns, (*(layer_shift for _ in below), upper_shift), str(path))
+            request = LayerRequest(in_ns, (*(layer_shift for _ in below), upper_shift), str(path), squash)
             reply, _ = LAUNCHER.request(request.to_wire(), 0, REMOVE_TIMEOUT, tuple(sources))
         finally:
-            for fd in sources[:-1]:
-                os.close(fd)
+            for fd in sources:
+                if fd != jail.upper:
+                    os.close(fd)
         try:
             laid = decode(reply, Laid)
         except wire.WireError as exc:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import files, layers
+from . import files, layers, snapshots
 from .channel import Channel
 from .child.requests import MAX_WALK_ENTRIES, ExecRequest, RunAs
 from .config import SandboxConfig, check_env, jail_path
@@ -24,6 +24,7 @@ from .results import ExecResult, SandboxStats
 
 if TYPE_CHECKING:
     from .net.proxy import NetworkLogEntry
+    from .snapshots import Snapshot
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}
@@ -300,6 +301,18 @@ class Sandbox:
                 child.close()
             raise failed
         return children
+
+    def snapshot(self, name: str | None = None) -> Snapshot:
+        """Keep the filesystem as it is now in the user's store, to start sandboxes from later
+        (``Sandbox(snapshot=snap.id)``, or its ``name``), past this sandbox and this process.
+        Processes are not part of it; read-write binds are the host's, not kept. A name given
+        before moves to this snapshot. Listing and removal: ``jailbox.snapshots``."""
+        self._check_open()
+        if name is not None:
+            snapshots.check_name(name)
+        jail = self._jail
+        with self._frozen():
+            return snapshots.take(jail, jail.id, name)
 
     @contextlib.contextmanager
     def _frozen(self) -> Iterator[None]:

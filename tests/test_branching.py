@@ -4,7 +4,6 @@ paths, and nothing left after close()."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,65 +13,11 @@ from pathlib import Path
 
 import pytest
 from conftest import HOST_SECRET, snapshot
+from support.trees import SETUP, manifest
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.child.layers import MAX_DEPTH, MAX_LAYERS
 from jailbox.sandbox.errors import BranchError
-
-# What a checkpoint keeps, as the jail sees it: every entry under the writable parts of the host
-# rootfs's tree, with kind, mode, owners, size, allocated blocks (holes), content hash, link
-# target, user xattrs, and which entries share an inode.
-MANIFEST = r"""
-import hashlib, json, os, stat
-out, inodes = {}, {}
-for top in ("/root", "/etc", "/home", "/opt", "/var"):
-    for here, dirs, files in os.walk(top):
-        for name in [".", *dirs, *files]:
-            path = os.path.normpath(os.path.join(here, name))
-            st = os.lstat(path)
-            entry = [stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid]
-            if stat.S_ISREG(st.st_mode):
-                digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
-                entry += [st.st_size, st.st_blocks * 512 < st.st_size, digest]
-                if st.st_nlink > 1:
-                    inodes.setdefault(st.st_ino, []).append(path)
-                    entry.append(st.st_ino)
-            elif stat.S_ISLNK(st.st_mode):
-                entry.append(os.readlink(path))
-            if not stat.S_ISLNK(st.st_mode):
-                keys = [k for k in os.listxattr(path) if k.startswith("user.")]
-                entry.append(sorted((k, os.getxattr(path, k).hex()) for k in keys))
-            out[path] = entry
-for paths in inodes.values():
-    for path in paths:
-        out[path][7] = min(paths)  # which entries share an inode, not its number
-print(json.dumps(out, sort_keys=True))
-"""
-
-SETUP = r"""
-set -e
-mkdir -p /root/tree/sub /home/u
-printf 'content\n' > /root/tree/file
-head -c 300000 /dev/urandom > /root/tree/random
-chmod 0600 /root/tree/random
-truncate -s 8M /root/tree/sparse && printf 'end' | dd of=/root/tree/sparse bs=1 seek=4000000 conv=notrunc 2>/dev/null
-ln -s /etc/passwd /root/tree/abs-link
-ln -s ../nowhere /root/tree/dangling
-ln /root/tree/file /root/tree/hardlink
-mkfifo /root/tree/fifo
-echo owned > /home/u/file && chown -R 1000:1001 /home/u && chmod 0640 /home/u/file
-chown 65534:65534 /root/tree/sub
-chmod 4755 /root/tree/file
-python3 -c 'import os; os.setxattr("/root/tree/random", "user.note", b"kept")'
-rm /etc/os-release
-rm -rf /etc/profile.d && mkdir /etc/profile.d && echo new > /etc/profile.d/only
-"""
-
-
-def manifest(sb: Sandbox) -> dict:
-    result = sb.exec(["python3", "-c", MANIFEST])
-    assert result.exit_code == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 @pytest.fixture
@@ -345,4 +290,17 @@ def test_children_share_the_cut_and_cost_the_host_little_before_they_write(left:
         finally:
             for kid in kids:
                 kid.close()
+    assert left() == []
+
+
+def test_a_squash_drops_whiteouts_that_hide_nothing(left: Callable[[], list[str]]) -> None:
+    with Sandbox() as sb:
+        sb.exec("mkdir /root/new && echo a > /root/new/a && echo b > /root/new/b && rm /etc/os-release")
+        sb.rollback(sb.checkpoint())
+        sb.exec("rm /root/new/b")  # a whiteout, over a layer the squash below folds in
+        for _ in range(MAX_LAYERS):
+            sb.rollback(sb.checkpoint())
+        # /root/new is in no layer beneath the squashed one: a whiteout kept there would be listed
+        assert sb.exec("ls -A /root/new").stdout == "a\n"
+        assert sb.exec("ls /etc/os-release").exit_code != 0  # the lower has it: that whiteout stays
     assert left() == []

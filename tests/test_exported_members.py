@@ -19,6 +19,7 @@ PUBLIC = [
     "SandboxConfig",
     "SandboxPool",
     "SeccompPolicy",
+    "Snapshot",
 ]
 
 
@@ -42,6 +43,14 @@ def test_every_public_name_is_exported():
         if not member.startswith("_") and not isinstance(getattr(jailbox, member), types.ModuleType)
     ]
     assert sorted(public, key=str.casefold) == sorted(jailbox.__all__, key=str.casefold)
+
+
+def test_the_snapshots_module_is_the_one_module_beside_them():
+    from jailbox import snapshots
+
+    assert snapshots is jailbox.sandbox.snapshots and "snapshots" in dir(jailbox)
+    public = [n for n in dir(jailbox) if not n.startswith("_") and isinstance(getattr(jailbox, n), types.ModuleType)]
+    assert public == ["sandbox", "snapshots"]  # the package itself, and the one module of the face
 
 
 def test_an_unknown_name_is_an_attribute_error():

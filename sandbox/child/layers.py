@@ -29,6 +29,7 @@ MAX_LAYERS = 16  # read-only layers under one jail's writable one: a checkpoint 
 MAX_DEPTH = 256  # directories open at once along one path: each holds two descriptors here
 MAX_ENTRIES = 1 << 22  # entries of one request, over all sources: far above what a jail's tmpfs holds
 OPAQUE = ("trusted.overlay.opaque", "user.overlay.opaque")
+KEEP, ABSENT = -2, -1  # what is beneath a directory being laid: not probed (keep whiteouts); nothing
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
@@ -57,43 +58,75 @@ class Budget:
             raise OSError(errno.EFBIG, f"more than {MAX_ENTRIES} entries in the layers")
 
 
-def apply(src: int, dst: int, uids: Shift, gids: Shift, budget: Budget) -> None:
+def apply(src: int, dst: int, uids: Shift, gids: Shift, budget: Budget, beneath: int | None = None) -> None:
     """Lay the tree of directory ``src`` over the tree of directory ``dst`` (both descriptors),
-    overlay-wise; the root's own owner, mode and opaque mark too."""
+    overlay-wise; the root's own owner, mode and opaque mark too. ``beneath``: for a squash, the
+    lower the result will lie on directly; a whiteout in a directory that is not there (or is
+    opaque) hides nothing, and is dropped: the overlay reads such a directory of a read-only layer
+    as it is, whiteouts listed, since it merges nothing there."""
     links: dict[tuple[int, int], str] = {}  # a source inode seen with other links -> its path in dst
     top = os.open(".", _DIR, dir_fd=src)
     out = os.open(".", _DIR, dir_fd=dst)
-    stack: list[tuple[int, int, os.stat_result, str, Iterator[str]]] = []
+    stack: list[tuple[int, int, int, os.stat_result, str, Iterator[str]]] = []
     try:
-        stack.append((top, out, os.fstat(top), "", iter(sorted(os.listdir(top)))))
+        under = KEEP if beneath is None else os.open(".", _DIR, dir_fd=beneath)
+        stack.append((top, out, under, os.fstat(top), "", iter(sorted(os.listdir(top)))))
         while stack:
-            s, d, st, path, names = stack[-1]
+            s, d, u, st, path, names = stack[-1]
             name = next(names, None)
             if name is None:
                 _finish_dir(s, d, st, uids, gids)
                 stack.pop()
-                os.close(s)
-                os.close(d)
+                _close(s, d, u)
                 continue
             budget.take()
-            below = _entry(s, d, name, f"{path}{name}", uids, gids, links, dst)
+            below = _entry(s, d, u, name, f"{path}{name}", uids, gids, links, dst)
             if below is not None:
                 if len(stack) >= MAX_DEPTH:
-                    os.close(below[0])
-                    os.close(below[1])
+                    _close(*below)
                     raise OSError(errno.ELOOP, f"directories nested deeper than {MAX_DEPTH}", path + name)
-                child, child_out = below
-                stack.append((child, child_out, os.fstat(child), f"{path}{name}/", iter(sorted(os.listdir(child)))))
+                child, child_out, child_under = below
+                stack.append(
+                    (child, child_out, child_under, os.fstat(child), f"{path}{name}/", iter(sorted(os.listdir(child))))
+                )
     finally:
-        for s, d, *_ in stack:
-            os.close(s)
-            os.close(d)
+        for s, d, u, *_ in stack:
+            _close(s, d, u)
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _under(parent: int, name: str, opaque: bool) -> int:
+    """The directory ``name`` beneath, below ``parent`` (``KEEP``: not probed; ``ABSENT``: none)."""
+    if parent == KEEP:
+        return KEEP
+    if parent == ABSENT or opaque:
+        return ABSENT
+    try:
+        return os.open(name, _DIR, dir_fd=parent)
+    except (FileNotFoundError, NotADirectoryError):
+        return ABSENT
+    except OSError as exc:
+        return ABSENT if exc.errno == errno.ELOOP else KEEP  # a link is not merged; unreadable: keep all
 
 
 def _entry(
-    src: int, dst: int, name: str, path: str, uids: Shift, gids: Shift, links: dict[tuple[int, int], str], root: int
-) -> tuple[int, int] | None:
-    """Lay one entry of ``src`` over ``dst``; a directory comes back as (its source, its copy) to walk."""
+    src: int,
+    dst: int,
+    under: int,
+    name: str,
+    path: str,
+    uids: Shift,
+    gids: Shift,
+    links: dict[tuple[int, int], str],
+    root: int,
+) -> tuple[int, int, int] | None:
+    """Lay one entry of ``src`` over ``dst``; a directory comes back as (its source, its copy, the
+    same directory beneath) to walk."""
     try:
         st = os.stat(name, dir_fd=src, follow_symlinks=False)
     except FileNotFoundError:
@@ -108,12 +141,19 @@ def _entry(
                 raise
             return None
         try:
-            return child, _dir_below(child, dst, name)
+            child_out = _dir_below(child, dst, name)
         except BaseException:
             os.close(child)
             raise
+        try:
+            return child, child_out, _under(under, name, _opaque(child) or _opaque(child_out))
+        except BaseException:
+            _close(child, child_out)
+            raise
     if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout: hides what is below, here and beneath
         remove_at(dst, name)
+        if under == ABSENT:
+            return None  # nothing beneath to hide
         os.mknod(name, stat.S_IFCHR | 0o000, 0, dir_fd=dst)
         os.chown(name, uids(st.st_uid), gids(st.st_gid), dir_fd=dst, follow_symlinks=False)
         return None

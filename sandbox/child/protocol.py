@@ -144,6 +144,7 @@ class LayerRequest:
     idmap: IdMap | None  # the map of the user namespace to copy in (rootless); None: as the launcher
     shifts: tuple[tuple[str, str], ...]  # per source: (uid, gid) "from to count" triples (child/layers.py)
     dir: str  # absolute host path of the layer's directory
+    beneath: bool = False  # a squash: one more descriptor, the lower the result lies on (child/layers.py)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -151,6 +152,7 @@ class LayerRequest:
             "idmap": None if self.idmap is None else self.idmap.to_wire(),
             "shifts": [list(s) for s in self.shifts],
             "dir": self.dir,
+            "beneath": self.beneath,
         }
 
     @classmethod
@@ -165,6 +167,7 @@ class LayerRequest:
             None if f["idmap"] is None else IdMap.from_wire(f["idmap"]),
             tuple((s[0], s[1]) for s in shifts),
             path,
+            wire.typed(f, "beneath", bool),
         )
 
 

@@ -107,7 +107,8 @@ def main(argv: list[str]) -> None:
             if fd == wake_r:
                 zygote.reap(wake_r)
                 continue
-            msg = wire.recv(ctl, max_fds=2 + layers.MAX_LAYERS)  # the reply socket; a layer request's sources
+            # the reply socket; a layer request's sources (its layers, the upper) and the lower beneath
+            msg = wire.recv(ctl, max_fds=3 + layers.MAX_LAYERS)
             if msg is None:
                 zygote.shutdown()
             req, fds = msg
@@ -199,7 +200,7 @@ class Zygote:
         sources = fds[1:]  # a layer request's source directories
         try:
             req = decode(obj, CreateRequest, RmtreeRequest, LayerRequest)
-            if isinstance(req, LayerRequest) and len(sources) == len(req.shifts):
+            if isinstance(req, LayerRequest) and len(sources) == len(req.shifts) + req.beneath:
                 self._layer(req, sources, reply)
             elif isinstance(req, CreateRequest) and not sources:
                 self.create(req.spec, reply)
@@ -226,8 +227,9 @@ class Zygote:
                     os.mkdir("tree", 0o700, dir_fd=parent)
                     tree = os.open("tree", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
                     budget = layers.Budget()
-                    for src, (uids, gids) in zip(sources, req.shifts, strict=True):
-                        layers.apply(src, tree, layers.Shift(uids), layers.Shift(gids), budget)
+                    beneath = sources[-1] if req.beneath else None
+                    for src, (uids, gids) in zip(sources, req.shifts, strict=False):
+                        layers.apply(src, tree, layers.Shift(uids), layers.Shift(gids), budget, beneath)
                     os.fsync(tree)
                 _send(reply, Laid(budget.entries))
             except Exception as exc:

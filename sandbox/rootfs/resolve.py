@@ -24,12 +24,12 @@ RESERVED_WORKDIRS = ("/", "/proc", "/dev", "/sys", "/tmp")
 ROOT_USERS = ("root", "0", "root:root", "0:0")
 
 
-def _is_path(value: str) -> bool:
+def is_path(value: str) -> bool:
     return value.startswith(("/", ".", "~"))
 
 
 def stored(value: str) -> Entry | None:
-    if value == "host" or _is_path(value):
+    if value == "host" or is_path(value):
         return None
     from .store import Store
 
@@ -46,7 +46,7 @@ def lower_dir(value: str, entry: Entry | None) -> Path:
     root = Path(value).expanduser().absolute()
     if root.is_dir():
         return root
-    if _is_path(value):
+    if is_path(value):
         raise RootfsNotFound(
             f"root filesystem {root} does not exist or is not a directory; "
             "use \"host\" (this machine's own system), a stored root filesystem's name, or an unpacked one's path"

@@ -1,0 +1,264 @@
+"""Durable snapshots: a sandbox's filesystem kept in the store and started from again, compared entry
+by entry inside real jails; three generations deep; past the process that took it; names, refusals,
+removal while in use, a replaced image, a host killed mid-copy, a jail racing the copy with links
+to host paths; a private store; nothing left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import HOST_SECRET, snapshot
+from support.trees import SETUP, manifest
+from support.waits import wait_until
+
+from jailbox import snapshots
+from jailbox.sandbox import AsyncSandbox, Sandbox, SandboxConfig, SandboxPool
+from jailbox.sandbox.errors import BranchError, SnapshotNotFound
+from jailbox.sandbox.rootfs.store import Store
+
+CAPS = ["CHOWN", "FOWNER", "FSETID", "DAC_OVERRIDE"]
+
+
+@pytest.fixture
+def shelf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A store of the test's own; its snapshots are removed after (they may hold subordinate ids)."""
+    monkeypatch.setenv("JAILBOX_CACHE_DIR", str(tmp_path / "cache"))
+    yield snapshots.root()
+    for snap in snapshots.list():
+        snapshots.remove(snap.id)
+
+
+@pytest.fixture
+def left(_state_dir: Path, shelf: Path) -> Callable[[], list[str]]:
+    """What this test left: new entries of the state directory, and any but snapshots in the store."""
+
+    def entries() -> set[str]:
+        try:
+            return set(os.listdir(_state_dir / "sandboxes"))
+        except FileNotFoundError:
+            return set()
+
+    before = entries()
+    return lambda: sorted(
+        (entries() - before) | {n for n in os.listdir(shelf) if not n.startswith("snap-")} - {"names.lock"}
+    )
+
+
+@pytest.mark.parametrize("upper", ["disk", "tmpfs"])
+def test_a_snapshot_restores_content_modes_owners_links_holes_and_deletions(
+    upper: str, left: Callable[[], list[str]]
+) -> None:
+    with Sandbox(upper=upper, cap_add=CAPS) as sb:
+        assert sb.exec(SETUP).exit_code == 0
+        before = manifest(sb)
+        snap = sb.snapshot(name="set-up")
+        sb.exec("echo changed > /root/tree/file; rm -rf /root/tree/sub")
+    assert snap.name == "set-up" and snap.source != "" and snap.image == "host" and snap.size > 300_000
+    for ref in (snap.id, "set-up"):
+        with Sandbox(snapshot=ref, upper=upper, cap_add=CAPS) as again:
+            assert manifest(again) == before
+            assert again.exec("echo mine > /root/tree/file").exit_code == 0
+    with Sandbox(snapshot=snap.id, hostname="other") as third:  # what a sandbox over it wrote stayed its own
+        assert third.exec("cat /root/tree/file").stdout == "content\n"
+        # the /etc files jailbox writes follow the new configuration, as over an image
+        assert third.exec("cat /etc/hostname").stdout == "other\n"
+    assert left() == []
+
+
+def test_three_generations_each_restored_byte_for_byte(left: Callable[[], list[str]]) -> None:
+    states = []
+    with Sandbox(cap_add=CAPS) as sb:
+        sb.exec(SETUP)
+        states.append((sb.snapshot(), manifest(sb)))
+    for generation in range(2):
+        with Sandbox(snapshot=states[-1][0].id, cap_add=CAPS) as sb:
+            sb.exec(f"echo {generation} > /root/gen; rm -f /root/tree/dangling; mkdir /root/g{generation}")
+            sb.exec("truncate -s 1M /root/tree/sparse")
+            states.append((sb.snapshot(), manifest(sb)))
+    assert len({snap.id for snap, _ in states}) == 3
+    for snap, seen in states:
+        with Sandbox(snapshot=snap.id, cap_add=CAPS) as sb:
+            assert manifest(sb) == seen
+    assert left() == []
+
+
+SNAP_AND_EXIT = r"""
+from jailbox.sandbox import Sandbox
+with Sandbox() as sb:
+    sb.exec("echo from-another-process > /root/note")
+    print(sb.snapshot(name="elsewhere").id)
+"""
+
+
+def test_a_snapshot_outlives_its_sandbox_and_its_process(left: Callable[[], list[str]]) -> None:
+    made = subprocess.run([sys.executable, "-c", SNAP_AND_EXIT], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    [listed] = snapshots.list()
+    assert listed.id == made.stdout.strip() and listed.name == "elsewhere"
+    with Sandbox(snapshot="elsewhere") as sb:
+        assert sb.exec("cat /root/note").stdout == "from-another-process\n"
+    assert left() == []
+
+
+def test_names_move_to_the_newest_and_refusals_name_what_to_do(left: Callable[[], list[str]]) -> None:
+    with Sandbox() as sb:
+        older = sb.snapshot(name="tip")
+        sb.exec("echo 2 > /root/n")
+        newer = sb.snapshot(name="tip")
+        unnamed = sb.snapshot()
+        assert snapshots.get("tip") == newer and snapshots.get(older.id).name is None
+        assert [s.id for s in snapshots.list()] == [unnamed.id, newer.id, older.id]
+        for bad in ("", "-x", "a b", "x" * 129, "a\nb", "../up"):
+            with pytest.raises(BranchError, match=r"name: .* e\.g\. 'repo-ready'"):
+                sb.snapshot(name=bad)
+    with pytest.raises(SnapshotNotFound, match=r"no snapshot has the id or name .nope. \(there are: .*tip"):
+        Sandbox(snapshot="nope")
+    with pytest.raises(ValueError, match="snapshot must be a snapshot's id or name"):
+        SandboxConfig(snapshot="../../etc")
+    with pytest.raises(BranchError, match="was made over rootfs 'host', not '/'"):
+        Sandbox(snapshot="tip", rootfs="/")
+    with pytest.raises(BranchError, match="stored for other ids"):
+        Sandbox(snapshot="tip", userns=False) if os.getuid() == 0 else Sandbox(snapshot="tip", idmap="single")
+    assert snapshots.remove("tip") == newer
+    with pytest.raises(SnapshotNotFound):
+        snapshots.get("tip")
+    assert left() == []
+
+
+def test_a_snapshot_in_use_is_not_removed(left: Callable[[], list[str]], shelf: Path) -> None:
+    with Sandbox() as sb:
+        sb.exec("echo kept > /root/f")
+        snap = sb.snapshot()
+    with Sandbox(snapshot=snap.id) as user:
+        with pytest.raises(BranchError, match="in use by a running sandbox"):
+            snapshots.remove(snap.id)
+        cp = user.checkpoint()  # a checkpoint and a child over it hold it too
+        [child] = user.fork(1)
+        user.rollback(cp)
+        assert user.exec("cat /root/f").stdout == "kept\n"
+        user.reset()  # back to the snapshot, not to an empty layer
+        assert user.exec("cat /root/f").stdout == "kept\n"
+        child.close()
+        with pytest.raises(BranchError, match="in use"):
+            snapshots.remove(snap.id)
+    snapshots.remove(snap.id)
+    assert sorted(os.listdir(shelf)) == ["names.lock"]
+    assert left() == []
+
+
+def test_a_replaced_image_refuses_its_old_snapshots(
+    store: Store, mini_rootfs: Path, shelf: Path, left: Callable[[], list[str]]
+) -> None:
+    def stored() -> None:
+        with store.create("mini", source="test", kind="import") as staging:
+            subprocess.run(["cp", "-a", f"{mini_rootfs}/.", str(staging.tree)], check=True)
+
+    stored()
+    with Sandbox(rootfs="mini") as sb:
+        sb.exec("echo over-mini > /etc/made")
+        snap = sb.snapshot()
+    assert snap.image == "mini"
+    with Sandbox(snapshot=snap.id) as sb:
+        assert sb.exec("cat /etc/made").stdout == "over-mini\n"
+        assert sb.config.rootfs == "mini"
+    time.sleep(0.01)
+    stored()  # the image its changes were made over is gone
+    with pytest.raises(BranchError, match="'mini' was replaced since"):
+        Sandbox(snapshot=snap.id)
+    snapshots.remove(snap.id)
+    assert left() == []
+
+
+def test_pools_async_sandboxes_and_configs_start_from_snapshots(left: Callable[[], list[str]]) -> None:
+    async def take() -> str:
+        async with AsyncSandbox() as sb:
+            await sb.exec("echo async > /root/who")
+            return (await sb.snapshot(name="from-async")).id
+
+    ident = asyncio.run(take())
+    with SandboxPool(2, SandboxConfig(snapshot="from-async")) as pool:
+        for _ in range(3):
+            with pool.acquire() as sb:
+                assert sb.exec("cat /root/who").stdout == "async\n"
+                sb.exec("echo dirty > /root/who")
+    assert snapshots.get("from-async").id == ident
+    assert left() == []
+
+
+KILLED_MID_SNAPSHOT = r"""
+from jailbox.sandbox import Sandbox
+sb = Sandbox()
+sb.exec("cd /root && for d in $(seq 0 39); do mkdir $d; for f in $(seq 0 99); do echo $f > $d/$f; done; done")
+print("copying", flush=True)
+while True:
+    sb.snapshot()
+"""
+
+
+def test_a_host_killed_mid_snapshot_leaves_only_whole_snapshots(left: Callable[[], list[str]], shelf: Path) -> None:
+    host = subprocess.Popen([sys.executable, "-c", KILLED_MID_SNAPSHOT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None and host.stdout.readline() == "copying\n"
+        time.sleep(0.5)  # several made, one under way
+    finally:
+        host.kill()
+        host.wait()
+    wait_until(lambda: left() == [], lambda: f"the launcher removing {left()}", 60)
+    for snap in snapshots.list():  # each one listed is whole
+        assert snap.size > 4000 * 4096 // 2
+        with Sandbox(snapshot=snap.id) as sb:
+            assert sb.exec("cat /root/39/99").stdout == "99\n"
+
+
+RACE = r"""
+cd /root
+while :; do
+  for n in 1 2 3 4; do
+    rm -rf d$n; mkdir d$n; echo jail > d$n/f
+    rm -rf d$n; ln -s {outside} d$n
+    rm -f d$n; ln -s / d$n
+  done
+done
+"""
+
+
+def test_a_jail_racing_its_snapshot_with_links_to_host_paths_reaches_nothing(
+    outside: Path, left: Callable[[], list[str]]
+) -> None:
+    os.chmod(outside.parent, 0o755)
+    os.chmod(outside, 0o755)
+    os.chmod(outside / "secret", 0o644)  # readable by the jail's ids, were a link ever followed
+    before = snapshot(outside)
+    with Sandbox() as sb:
+        sb.write_file("/tmp/race.sh", RACE.format(outside=outside))
+        sb.exec("bash /tmp/race.sh >/dev/null 2>&1 &")
+        made = []
+        for _ in range(6):
+            time.sleep(0.1)
+            made.append(sb.snapshot())
+    links = 0
+    for snap in made:
+        with Sandbox(snapshot=snap.id) as sb:
+            assert HOST_SECRET.strip() not in sb.exec("grep -rs 'host secret' /root").stdout
+            links += int(sb.exec("find /root -maxdepth 1 -type l | wc -l").stdout)
+    assert links > 0  # the copies did meet the links: kept as links, never followed
+    assert snapshot(outside) == before
+    assert left() == []
+
+
+def test_the_store_of_snapshots_is_private(left: Callable[[], list[str]], shelf: Path) -> None:
+    with Sandbox() as sb:
+        sb.exec("echo private > /root/f")
+        snap = sb.snapshot()
+    for path in (shelf.parent, shelf, shelf / snap.id):  # its tree keeps the jail's own modes
+        st = path.lstat()
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0, path
+    assert left() == []
