@@ -44,6 +44,7 @@ FLAGS: dict[tuple[str, str], tuple[str, str]] = {
     # flag). A model parsed from one flag alone (NetworkPolicy.parse, Mount.parse) needs no entry: the
     # ``_fed_by`` around it names that flag.
     ("SandboxConfig", "rootfs"): ("--rootfs", "--rootfs host"),
+    ("SandboxConfig", "snapshot"): ("--snapshot", "--snapshot repo-ready"),
     ("SandboxConfig", "mounts"): ("--bind", "--bind ./data:/testbed/data:ro"),
     ("SandboxConfig", "env"): ("--env", "--env PIP_INDEX_URL=http://localhost:3141/simple"),
     ("SandboxConfig", "workdir"): ("--workdir", "--workdir /testbed"),

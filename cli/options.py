@@ -211,6 +211,12 @@ def _jail_options(func: Any, rootfs: str | None = "host", network: str = "none")
             metavar="SRC:DST[:ro|rw|give]",
             help="Bind a host path (ro default; give: rw, chowned to the jail's root).",
         ),
+        click.option(
+            "--snapshot",
+            default=None,
+            metavar="ID|NAME",
+            help="Start from a snapshot (jailbox snapshots), over the root filesystem it was made over.",
+        ),
         click.option("--workdir", default=None, help="Working directory inside [default: the image's, else /testbed]."),
         click.option("--env", "envs", multiple=True, metavar="K=V", help="Set a variable inside (repeatable)."),
         click.option(
@@ -243,6 +249,7 @@ def _jail_options(func: Any, rootfs: str | None = "host", network: str = "none")
 
 def _config(
     rootfs: str,
+    snapshot: str | None,
     binds: tuple[str, ...],
     workdir: str | None,
     envs: tuple[str, ...],
@@ -264,11 +271,26 @@ def _config(
         if publishes:
             policy = NetworkPolicy(mode=policy.mode, publish=publishes)
     shaped = _shaped(**shaping)
+    extra: dict[str, Any] = {"workdir": workdir} if workdir else {}
+    if snapshot is not None:
+        extra["snapshot"] = snapshot
+        if _given("rootfs"):
+            extra["rootfs"] = rootfs
+    else:
+        extra["rootfs"] = rootfs
     with _fed_by():
-        extra = {"workdir": workdir} if workdir else {}
-        return SandboxConfig(
-            rootfs=rootfs, mounts=mounts, env=env, network=policy, hostname=hostname, upper=upper, **shaped, **extra
-        )
+        return SandboxConfig(mounts=mounts, env=env, network=policy, hostname=hostname, upper=upper, **shaped, **extra)
+
+
+def _given(name: str) -> bool:
+    """Whether the option ``name`` was given (not left to its default), in the command running now."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source(name) in (
+        ParameterSource.COMMANDLINE,
+        ParameterSource.ENVIRONMENT,
+    )
 
 
 def _env_pairs(envs: tuple[str, ...]) -> dict[str, str]:

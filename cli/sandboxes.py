@@ -1,4 +1,5 @@
-"""Long-lived sandboxes: ``create``, ``exec --id``, ``cp``, ``ps``, ``pause``, ``resume`` and ``stop``, through
+"""Long-lived sandboxes: ``create``, ``exec --id``, ``cp``, ``ps``, ``pause``, ``resume``, ``fork``, ``snapshot``
+and ``stop``, through
 the per-user service (``servers/exec_service``), or ``ps``/``stop`` against a ``jailbox serve`` with ``--server``.
 
 Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)."""
@@ -258,6 +259,64 @@ def resume(ref: str) -> None:
       jailbox resume work
     """
     _pause_call("resume", ref)
+
+
+@main.command()
+@click.argument("ref", metavar="ID")
+@click.option("-n", "count", type=click.IntRange(1, 64), default=1, show_default=True, help="How many children.")
+def fork(ref: str, count: int) -> None:
+    """Fork a sandbox (ID, unique ID prefix or name) into N new ones, each starting from its files now, with
+    its settings, and print their IDs. Its processes are not copied; it is paused only for the cut. Each
+    child lives until jailbox stop, as if made by jailbox create.
+
+    \b
+    Example:
+      jailbox fork work -n 4
+    """
+    from pydantic import ValidationError
+
+    from ..servers.exec_service import protocol
+
+    try:
+        request = protocol.Fork(op="fork", id=ref, count=count)
+    except ValidationError:
+        raise click.UsageError(f"{ref!r}: expected an id or name from jailbox ps, e.g. jailbox fork 3f2a9c") from None
+    with failing():
+        reply = _service_call(request)
+    if reply is None:
+        fail(SandboxError(f"no sandbox {ref!r} (no jailbox service runs); jailbox ps lists them"))
+    for child in reply.made:
+        click.echo(child)
+
+
+@main.command()
+@click.argument("ref", metavar="ID")
+@click.option("--name", default=None, help="A name to start from it by (moves from an older snapshot).")
+def snapshot(ref: str, name: str | None) -> None:
+    """Keep a sandbox's files (ID, unique ID prefix or name) as a snapshot that outlives it, and print the
+    snapshot's ID. Start sandboxes from it with --snapshot; jailbox snapshots lists and removes them.
+
+    \b
+    Example:
+      jailbox snapshot work --name repo-ready
+      jailbox create --snapshot repo-ready
+    """
+    from pydantic import ValidationError
+
+    from ..servers.exec_service import protocol
+
+    try:
+        request = protocol.Snap(op="snapshot", id=ref, name=name)
+    except ValidationError:
+        raise click.UsageError(
+            f"{ref!r} / --name {name!r}: expected an id or name from jailbox ps, and a name of at most 128 "
+            "characters, e.g. jailbox snapshot 3f2a9c --name repo-ready"
+        ) from None
+    with failing():
+        reply = _service_call(request)
+    if reply is None:
+        fail(SandboxError(f"no sandbox {ref!r} (no jailbox service runs); jailbox ps lists them"))
+    click.echo(reply.id)
 
 
 def _cp_side(arg: str) -> tuple[str | None, str]:

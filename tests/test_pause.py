@@ -11,11 +11,9 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -23,8 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support.cli import JAILBOX
-from support.service_probe import ended, listener_pid
+from support.service_probe import jailbox, own_service
 
 from jailbox.sandbox import AsyncSandbox, Limits, Mount, Sandbox
 from jailbox.sandbox.errors import PauseFailed, SandboxClosed, SandboxPaused
@@ -362,24 +359,8 @@ def test_async_sandbox_pauses_and_resumes(limits):
 
 @pytest.fixture
 def service() -> Iterator[dict[str, str]]:
-    """The environment of a state directory (so a per-user service) of the test's own."""
-    base = tempfile.mkdtemp(prefix="jbp-", dir="/tmp")  # short: a UNIX socket's path has at most 107 bytes
-    env = {**os.environ, "JAILBOX_STATE_DIR": base, "JAILBOX_SERVICE_IDLE": "600"}
-    try:
+    with own_service() as env:
         yield env
-    finally:
-        subprocess.run([*JAILBOX, "stop", "--all"], env=env, capture_output=True, timeout=HANG)
-        pid_file = Path(base) / "service.sock"
-        if pid_file.exists():
-            pid = listener_pid(pid_file)
-            if pid is not None:
-                os.kill(pid, signal.SIGTERM)
-                assert ended(pid, HANG)
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def jailbox(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*JAILBOX, *args], capture_output=True, text=True, env=env, timeout=HANG)
 
 
 def test_pause_and_resume_from_the_cli(service):

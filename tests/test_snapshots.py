@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HOST_SECRET, snapshot
+from support.service_probe import jailbox, own_service
 from support.trees import SETUP, manifest
 from support.waits import wait_until
 
@@ -262,3 +263,50 @@ def test_the_store_of_snapshots_is_private(left: Callable[[], list[str]], shelf:
         st = path.lstat()
         assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0, path
     assert left() == []
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+
+
+def test_fork_snapshot_and_start_from_one_on_the_command_line(shelf: Path) -> None:
+    with own_service() as env:
+        assert jailbox(env, "create", "--name", "work").returncode == 0
+        assert jailbox(env, "exec", "--id", "work", "--", "sh", "-c", "echo set-up > /root/state").returncode == 0
+        r = jailbox(env, "fork", "work", "-n", "2")
+        children = r.stdout.split()
+        assert r.returncode == 0 and len(set(children)) == 2, r.stderr
+        jailbox(env, "exec", "--id", children[0], "--", "sh", "-c", "echo child > /root/state")
+        r = jailbox(env, "snapshot", children[1], "--name", "repo-ready")
+        ident = r.stdout.strip()
+        assert r.returncode == 0 and ident.startswith("snap-"), r.stderr
+        listed = jailbox(env, "snapshots").stdout.splitlines()
+        assert len(listed) == 1 and listed[0].startswith(f"{ident}  repo-ready ") and listed[0].endswith("host")
+        assert jailbox(env, "exec", "--snapshot", "repo-ready", "--", "cat", "/root/state").stdout == "set-up\n"
+        made = jailbox(env, "create", "--snapshot", ident).stdout.strip()
+        assert jailbox(env, "exec", "--id", made, "--", "cat", "/root/state").stdout == "set-up\n"
+        r = jailbox(env, "snapshots", "rm", "repo-ready")
+        assert (
+            r.returncode == 1
+            and r.stderr == f"jailbox: snapshot {ident} is in use by a running sandbox; close it, then remove\n"
+        )
+        jailbox(env, "stop", made)
+        assert jailbox(env, "snapshots", "rm", "repo-ready").stdout == f"removed {ident}\n"
+        assert jailbox(env, "snapshots", "--json").stdout.strip() == "[]"
+
+
+def test_snapshot_refusals_on_the_command_line_are_one_line(shelf: Path) -> None:
+    with own_service() as env:
+        jailbox(env, "create", "--name", "w")
+        for args, code, says in [
+            (("snapshot", "w", "--name", "a b"), 1, "is not a snapshot name"),
+            (("snapshot", "nosuch"), 1, "no sandbox 'nosuch'"),
+            (("fork", "w", "-n", "0"), 2, "-n"),
+            (("fork", "../x"), 2, "jailbox fork 3f2a9c"),
+            (("exec", "--snapshot", "a b/..", "--", "true"), 2, "--snapshot repo-ready"),
+            (("exec", "--snapshot", "none-such", "--", "true"), 125, "no snapshot has the id or name 'none-such'"),
+            (("snapshots", "rm", "none-such"), 1, "no snapshot has the id or name 'none-such'"),
+        ]:
+            r = jailbox(env, *args)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == code and says in lines[-1], (args, r)
+            assert len(lines) == 1 or lines[-1].startswith("Error: "), (args, r)  # a usage error: click's usage above

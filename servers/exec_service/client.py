@@ -58,7 +58,7 @@ class Connection:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.sock.close()
 
-    def call(self, request: p.Create | p.Copy | p.List | p.Stop | p.Pause) -> p.Ok:
+    def call(self, request: p.Create | p.Copy | p.List | p.Stop | p.Pause | p.Fork | p.Snap) -> p.Ok:
         p.send(self.sock, request)
         return _ok(self._receive(p.REPLY))
 

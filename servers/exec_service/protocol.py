@@ -23,6 +23,8 @@ __all__ = ["CHUNK", "LOG_NAME", "MAX_MESSAGE", "SOCKET_NAME"]  # the stdlib-only
 Ref = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 Path4k = Annotated[str, Field(min_length=1, max_length=4096)]
+SnapshotName = Annotated[str, Field(min_length=1, max_length=128)]  # its rules: Sandbox.snapshot's
+MAX_FORK = 64  # children of one jailbox fork
 Arg = Annotated[str, Field(max_length=MAX_ARG)]
 Data = Annotated[str, Field(max_length=4 * (CHUNK // 3 + 1))]
 
@@ -97,9 +99,25 @@ class Pause(_Msg):
     id: Ref
 
 
-Request = Annotated[Create | Exec | Run | Copy | List | Stop | Pause, Field(discriminator="op")]
+class Fork(_Msg):
+    """``jailbox fork ID -n N``: ``Ok.made`` lists the children, each held as if created."""
+
+    op: Literal["fork"]
+    id: Ref
+    count: int = Field(ge=1, le=MAX_FORK)
+
+
+class Snap(_Msg):
+    """``jailbox snapshot ID --name NAME``: ``Ok.id`` is the new snapshot's id."""
+
+    op: Literal["snapshot"]
+    id: Ref
+    name: SnapshotName | None = None
+
+
+Request = Annotated[Create | Exec | Run | Copy | List | Stop | Pause | Fork | Snap, Field(discriminator="op")]
 Stream = Annotated[Input | Eof, Field(discriminator="op")]
-REQUEST: TypeAdapter[Create | Exec | Run | Copy | List | Stop | Pause] = TypeAdapter(Request)
+REQUEST: TypeAdapter[Create | Exec | Run | Copy | List | Stop | Pause | Fork | Snap] = TypeAdapter(Request)
 STREAM: TypeAdapter[Input | Eof] = TypeAdapter(Stream)
 
 
@@ -121,6 +139,7 @@ class Ok(_Msg):
     sandboxes: list[Info] = Field(default_factory=list, max_length=4096)
     stopped: list[Ref] = Field(default_factory=list, max_length=4096)
     changed: bool | None = None  # to a Pause: whether the sandbox was not paused (or resumed) already
+    made: list[Ref] = Field(default_factory=list, max_length=MAX_FORK)  # to a Fork: the children's ids
 
 
 class Error(_Msg):

@@ -202,9 +202,13 @@ class Service:
                 self.clients -= 1
                 self.quiet_since = time.monotonic()
 
-    def _handle(self, request: p.Create | p.Copy | p.List | p.Stop | p.Pause) -> p.Ok:
+    def _handle(self, request: p.Create | p.Copy | p.List | p.Stop | p.Pause | p.Fork | p.Snap) -> p.Ok:
         if isinstance(request, p.Create):
             return p.Ok(ok=True, id=self._create(request))
+        if isinstance(request, p.Fork):
+            return p.Ok(ok=True, made=self._fork(request))
+        if isinstance(request, p.Snap):
+            return p.Ok(ok=True, id=self._find(request.id).sandbox.snapshot(request.name).id)
         if isinstance(request, p.List):
             with self.lock:
                 held = sorted(self.held.values(), key=lambda h: h.created)
@@ -243,6 +247,13 @@ class Service:
         with self.lock:
             self.held[sandbox.id] = Held(sandbox, name)
         return sandbox.id
+
+    def _fork(self, request: p.Fork) -> list[str]:
+        children = self._find(request.id).sandbox.fork(request.count)
+        with self.lock:
+            for child in children:
+                self.held[child.id] = Held(child, None)
+        return [child.id for child in children]
 
     def _find(self, ref: str) -> Held:
         with self.lock:

@@ -1,15 +1,49 @@
-"""Who listens on a service socket, as the kernel tells a client, and when that process has ended
-(runs in the test process)."""
+"""Who listens on a service socket, as the kernel tells a client, and when that process has ended;
+a per-user service of a test's own and the CLI run against it (runs in the test process)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
 import socket
 import struct
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
+from support.cli import JAILBOX
 from support.waits import wait_until
+
+HANG = 120  # seconds: a hang guard only, never a measure
+
+
+@contextlib.contextmanager
+def own_service() -> Iterator[dict[str, str]]:
+    """The environment of a state directory (so a per-user service) of the test's own; every sandbox
+    in it stopped and the service ended after."""
+    base = tempfile.mkdtemp(prefix="jbp-", dir="/tmp")  # short: a UNIX socket's path has at most 107 bytes
+    env = {**os.environ, "JAILBOX_STATE_DIR": base, "JAILBOX_SERVICE_IDLE": "600"}
+    try:
+        yield env
+    finally:
+        subprocess.run([*JAILBOX, "stop", "--all"], env=env, capture_output=True, timeout=HANG)
+        pid_file = Path(base) / "service.sock"
+        if pid_file.exists():
+            pid = listener_pid(pid_file)
+            if pid is not None:
+                os.kill(pid, signal.SIGTERM)
+                assert ended(pid, HANG)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def jailbox(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI with ``args`` in ``env``, its output as text."""
+    return subprocess.run([*JAILBOX, *args], capture_output=True, text=True, env=env, timeout=HANG)
 
 
 def listener_pid(path: Path) -> int | None:
