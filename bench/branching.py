@@ -1,17 +1,24 @@
 """Filesystem branching (``docs/branching.md``): checkpoint() against ``cp -a`` of the layer it
-copies, rollback() against a cold Sandbox(), fork(N) against N cold Sandbox(), in one run."""
+copies, rollback() against a cold Sandbox(), fork(N) against N cold Sandbox(); snapshot() against
+``tar`` of that layer, Sandbox(snapshot=...) against a cold Sandbox(), N of them at once against N
+sequential bwrap runs; in one run, with a store of its own."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from functools import partial
 
+from bench.baselines import bwrap_argv
 from bench.results import CaseResult, Row, Target
 from bench.settings import Settings
 from bench.timing import Summary, interleave, timed
-from jailbox.sandbox import Sandbox
+from jailbox.sandbox import Sandbox, snapshots
 
 FILL = (
     "cd /root && for d in $(seq 1 {dirs}); do mkdir d$d; "
@@ -47,8 +54,54 @@ def _fork(sb: Sandbox, count: int) -> None:
         child.close()
 
 
+def _tar(tree: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-tar-") as scratch:
+        subprocess.run(["tar", "-C", tree, "-cf", scratch + "/layer.tar", "."], check=True)
+
+
+def _snapshot(sb: Sandbox) -> None:
+    sb.snapshot()  # removed with the run's store, outside the timing
+
+
+def _from(ident: str, count: int) -> None:
+    """``count`` sandboxes started from snapshot ``ident`` at once, each running ``true``."""
+
+    def one() -> None:
+        with Sandbox(snapshot=ident, upper="tmpfs") as sb:
+            if sb.exec(["true"]).exit_code != 0:
+                raise RuntimeError("a sandbox started from a snapshot could not run `true`")
+
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        for future in [pool.submit(one) for _ in range(count)]:
+            future.result()
+
+
+def _bwrap(count: int) -> None:
+    argv = bwrap_argv()
+    for _ in range(count):
+        subprocess.run(argv or ["true"], check=True)
+
+
+@contextlib.contextmanager
+def _own_store() -> Iterator[None]:
+    """The snapshots a run makes go to a store of its own, removed after."""
+    before = os.environ.get("JAILBOX_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="bench-store-") as store:
+        os.environ["JAILBOX_CACHE_DIR"] = store
+        try:
+            yield
+        finally:
+            for snap in snapshots.list():
+                snapshots.remove(snap.id)
+            if before is None:
+                del os.environ["JAILBOX_CACHE_DIR"]
+            else:
+                os.environ["JAILBOX_CACHE_DIR"] = before
+
+
 def branching(settings: Settings) -> CaseResult:
     files, reps, count = settings.branch_files, settings.branch_reps, settings.fork_children
+    starts = settings.snapshot_starts
     with Sandbox(upper="tmpfs") as sb:
         if sb.exec(FILL.format(dirs=max(1, files // 100), size=FILE_SIZE)).exit_code != 0:
             raise RuntimeError("could not fill the sandbox's writable layer")
@@ -58,6 +111,15 @@ def branching(settings: Settings) -> CaseResult:
         )
         back = interleave(reps, [timed("rollback", partial(sb.rollback, kept)), timed("cold", partial(_cold, 1))], 1)
         forks = interleave(reps, [timed("fork", partial(_fork, sb, count)), timed("cold", partial(_cold, count))], 1)
+        with _own_store():
+            keep = interleave(
+                reps, [timed("snapshot", partial(_snapshot, sb)), timed("tar", partial(_tar, str(kept.layers[0].tree)))]
+            )
+            ident = sb.snapshot().id
+            start = interleave(reps, [timed("from", partial(_from, ident, 1)), timed("cold", partial(_cold, 1))], 1)
+            crowd = interleave(
+                reps, [timed("from", partial(_from, ident, starts)), timed("bwrap", partial(_bwrap, starts))], 1
+            )
     mib = files * FILE_SIZE / (1 << 20)
     rows = [
         Row(f"checkpoint(): {files:,} files / {mib:.0f} MiB", "ms", Summary.of(cut["checkpoint"]), "cp -a of the layer",
@@ -66,5 +128,13 @@ def branching(settings: Settings) -> CaseResult:
             Target.check("<= 10 ms", Summary.of(back["rollback"]).median <= 10)),
         Row(f"fork({count}), every child usable", "ms", Summary.of(forks["fork"]), f"{count} cold Sandbox()",
             Summary.of(forks["cold"]), Target.check("<= 50 ms", Summary.of(forks["fork"]).median <= 50)),
+        Row(f"snapshot(): {files:,} files / {mib:.0f} MiB", "ms", Summary.of(keep["snapshot"]), "tar of the layer",
+            Summary.of(keep["tar"]), Target.check("<= 150 ms", Summary.of(keep["snapshot"]).median <= 150)),
+        Row("Sandbox(snapshot=...), create to ready", "ms", Summary.of(start["from"]), "cold Sandbox()",
+            Summary.of(start["cold"]),
+            Target.check("<= 1.2x cold", Summary.of(start["from"]).median <= 1.2 * Summary.of(start["cold"]).median)),
+        Row(f"{starts} Sandbox(snapshot=...) at once, each usable", "ms", Summary.of(crowd["from"]),
+            f"{starts} sequential bwrap runs", Summary.of(crowd["bwrap"]),
+            Target.check("<= 500 ms", Summary.of(crowd["from"]).median <= 500)),
     ]  # fmt: skip
     return CaseResult(rows)

@@ -29,6 +29,7 @@ class Settings:
     branch_files: int = 10_000  # files in the layer a checkpoint copies (64 MiB at 10,000)
     branch_reps: int = 5
     fork_children: int = 16
+    snapshot_starts: int = 100  # sandboxes started from one snapshot at once
     image: str = "docker.io/library/busybox:latest"
 
     def as_dict(self) -> dict[str, object]:
@@ -55,6 +56,7 @@ QUICK = Settings(
     branch_files=200,
     branch_reps=2,
     fork_children=2,
+    snapshot_starts=4,
     serve_idle=8,
     epoll_reps=50,
     epoll_rounds=2,
