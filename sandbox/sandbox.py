@@ -42,6 +42,30 @@ class JailSource(Protocol):
     def retire(self, jail: Jail) -> None: ...
 
 
+class _Cuts:
+    """Cuts under way (checkpoint, fork, snapshot): the jail is paused for each, and a call made
+    meanwhile waits for them to end rather than failing as on a paused sandbox."""
+
+    def __init__(self) -> None:
+        self._under_way = 0
+        self._ended = threading.Condition()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._ended:
+            self._under_way += 1
+        try:
+            yield
+        finally:
+            with self._ended:
+                self._under_way -= 1
+                self._ended.notify_all()
+
+    def wait(self) -> None:
+        with self._ended:
+            self._ended.wait_for(lambda: self._under_way == 0)
+
+
 class Sandbox:
     """A jail: ``with Sandbox() as sb: sb.exec("echo hi")``. Thread-safe; ``close()`` is idempotent."""
 
@@ -56,6 +80,7 @@ class Sandbox:
         self._source: JailSource | None = None
         self._stats = SandboxStats()
         self._checkpoints: list[layers.Checkpoint] = []  # oldest first
+        self._cuts = _Cuts()
         self._jail = Jail(self.config)
         self.config = self._jail.config
 
@@ -71,6 +96,7 @@ class Sandbox:
         sb._source = source
         sb._stats = SandboxStats()
         sb._checkpoints = []
+        sb._cuts = _Cuts()
         sb._jail = jail
         return sb
 
@@ -85,6 +111,7 @@ class Sandbox:
         sb._source = None
         sb._stats = SandboxStats()
         sb._checkpoints = []
+        sb._cuts = _Cuts()
         sb._jail = Jail(config, below)
         return sb
 
@@ -320,12 +347,13 @@ class Sandbox:
         it (``pause()``), and resumed after unless it was paused already. A jail that cannot be
         stopped whole raises ``PauseFailed`` and is cut nowhere."""
         pausing = self._jail.pausing
-        stopped = pausing.pause()
-        try:
-            yield
-        finally:
-            if stopped:
-                pausing.resume()
+        with self._cuts.held():
+            stopped = pausing.pause()
+            try:
+                yield
+            finally:
+                if stopped:
+                    pausing.resume()
 
     # --- lifetime -----------------------------------------------------------------------------
 
@@ -335,6 +363,7 @@ class Sandbox:
 
     def _check_running(self) -> None:
         self._check_open()
+        self._cuts.wait()  # a call made during a cut runs after it: the cut is the state before it
         if self._jail.pausing.paused:
             raise SandboxPaused(f"sandbox {self.id} is paused: call resume() first (CLI: jailbox resume {self.id})")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import HOST_SECRET, snapshot
 from support.trees import SETUP, manifest
+from support.waits import wait_until
 
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.child.layers import MAX_DEPTH, MAX_LAYERS
@@ -303,4 +304,55 @@ def test_a_squash_drops_whiteouts_that_hide_nothing(left: Callable[[], list[str]
         # /root/new is in no layer beneath the squashed one: a whiteout kept there would be listed
         assert sb.exec("ls -A /root/new").stdout == "a\n"
         assert sb.exec("ls /etc/os-release").exit_code != 0  # the lower has it: that whiteout stays
+    assert left() == []
+
+
+@pytest.mark.slow
+def test_a_call_made_during_a_cut_waits_for_it_and_the_cut_is_whole(left: Callable[[], list[str]]) -> None:
+    """Calls from another thread while the jail is paused for cuts: none fails as on a paused
+    sandbox, and each cut holds the lines written before it, whole, and none after."""
+    import threading
+
+    failures: list[BaseException] = []
+    written: list[str] = []
+    done = threading.Event()
+    with Sandbox() as sb:
+        # cuts that take a while: the jail is paused through each copy
+        sb.exec("cd /root && mkdir many && cd many && for i in $(seq 1 3000); do : > $i; done")
+
+        def writer() -> None:
+            try:
+                while not done.is_set():
+                    result = sb.exec(f"echo {len(written)} >> /root/log")
+                    assert result.exit_code == 0, result.stderr
+                    written.append(str(len(written)))
+            except BaseException as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        try:
+            wait_until(lambda: len(written) > 3, "the writer's first lines", 60)
+            cuts = [sb.checkpoint() for _ in range(3)]
+            [child] = sb.fork(1)
+        finally:
+            done.set()
+            thread.join()
+        assert failures == []
+        # and a call made exactly while the jail is paused for a cut
+        cutting = threading.Thread(target=lambda: cuts.append(sb.checkpoint()))
+        cutting.start()
+        wait_until(lambda: sb.paused, "the jail paused for the cut", 60, every=0.001)
+        assert sb.exec(f"echo {len(written)} >> /root/log").exit_code == 0
+        written.append(str(len(written)))
+        cutting.join()
+        final = sb.exec("cat /root/log").stdout.split()
+        assert final == written
+        with child:
+            seen = child.exec("cat /root/log").stdout.split()
+            assert seen == final[: len(seen)]
+        for cp in reversed(cuts):  # newest first: a rollback drops the checkpoints after it
+            sb.rollback(cp)
+            seen = sb.exec("cat /root/log").stdout.split()
+            assert seen == final[: len(seen)]
     assert left() == []

@@ -40,3 +40,22 @@ def test_environments_from_threads_on_a_pool(_state_dir):
 
         assert run_threads(episode, 8) == []
     assert sorted(p.name for p in (_state_dir / "sandboxes").iterdir()) == []
+
+
+def test_episodes_start_from_a_snapshot(tmp_path, monkeypatch):
+    """A trainer sets the environment up once, keeps it as a snapshot, and runs episodes from it."""
+    from jailbox import snapshots
+    from jailbox.sandbox import Sandbox, SandboxConfig
+
+    monkeypatch.setenv("JAILBOX_CACHE_DIR", str(tmp_path / "cache"))
+    with Sandbox() as sb:
+        sb.exec("mkdir -p /opt/tool && printf '#!/bin/sh\\necho 42\\n' > /opt/tool/answer && chmod +x /opt/tool/answer")
+        snap = sb.snapshot(name="tooled")
+    try:
+        with Environment(SandboxConfig(snapshot="tooled")) as env:
+            for _ in range(2):
+                env.reset(TASK)
+                env.step("execute_bash", {"command": "/opt/tool/answer > /testbed/output/answer.txt"})
+                assert env.step("submit", {}).reward == 1.0
+    finally:
+        snapshots.remove(snap.id)
