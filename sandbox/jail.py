@@ -38,6 +38,7 @@ from .limits.enforcement import Enforcement
 from .limits.watch import WATCHER, Watched
 from .messages import Ready
 from .net import modes
+from .net.secrets import Vault
 from .pause import Pause
 from .seccomp import bpf, syscalls
 from .seccomp.policy import SeccompPolicy
@@ -50,10 +51,12 @@ EXIT_WAIT = 2.0
 
 
 class Jail:
-    def __init__(self, config: SandboxConfig, layers: tuple[Layer, ...] = ()) -> None:
+    def __init__(self, config: SandboxConfig, layers: tuple[Layer, ...] = (), vault: Vault | None = None) -> None:
         """``layers``: read-only layers over the root filesystem, topmost first (a checkpoint's);
-        without them, a ``config.snapshot``'s."""
+        without them, a ``config.snapshot``'s. ``vault``: the secrets' placeholders and CA of the
+        sandbox's earlier jail, which its files may hold (a rollback, a fork); else made here."""
         self._snapshot: Layer | None = None
+        self.vault = vault
         try:
             self._build(config, layers)
         finally:
@@ -79,8 +82,10 @@ class Jail:
         # a stored image's Env, WorkingDir and User, under the config's own; and its tree
         self.config, self._lower = apply_stored_rootfs(config)
         self.id = uuid.uuid4().hex[:12]
-        self.mode = modes.for_policy(self.config.network)
-        self.env = self.mode.env()
+        if self.config.secrets and self.vault is None:
+            self.vault = Vault(self.config.secrets, self.id)
+        self.mode = modes.for_policy(self.config.network, self.vault)
+        self.env = {**self.mode.env(), **(self.vault.env() if self.vault is not None else {})}
         self._shown_as: IdMap | None = None
         self._ids_lock: int | None = None  # the lock of this jail's own host ids, while it holds them
         base = state.state_dir(self.config.state_dir)
@@ -270,12 +275,13 @@ class Jail:
 
     def _ca_certs(self) -> str:
         """The config's CA files, read again now (they may have changed since it was validated)."""
+        secrets_ca = self.vault.ca_pem if self.vault is not None else ""
         if not self.config.ca_certs:
-            return ""
+            return secrets_ca
         if self._lower is None:
             raise ConfigError("ca_certs needs a root filesystem: the host rootfs's /etc is the host's, read-only")
         try:
-            return cacerts.bundle(self.config.ca_certs)
+            return cacerts.bundle(self.config.ca_certs) + secrets_ca
         except ValueError as exc:
             raise ConfigError(f"ca_certs: {exc}") from None
 

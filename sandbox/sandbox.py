@@ -24,6 +24,7 @@ from .results import ExecResult, SandboxStats
 
 if TYPE_CHECKING:
     from .net.proxy import NetworkLogEntry
+    from .net.secrets import Vault
     from .snapshots import Snapshot
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -101,8 +102,9 @@ class Sandbox:
         return sb
 
     @classmethod
-    def _over(cls, config: SandboxConfig, below: tuple[layers.Layer, ...]) -> Sandbox:
-        """A sandbox of ``config`` whose filesystem starts from ``below`` (a fork's child)."""
+    def _over(cls, config: SandboxConfig, below: tuple[layers.Layer, ...], vault: Vault | None) -> Sandbox:
+        """A sandbox of ``config`` whose filesystem starts from ``below`` (a fork's child), with the
+        secrets' placeholders and CA its files were made with."""
         sb = cls.__new__(cls)
         sb.config = config
         sb._ids = itertools.count(1)
@@ -112,7 +114,7 @@ class Sandbox:
         sb._stats = SandboxStats()
         sb._checkpoints = []
         sb._cuts = _Cuts()
-        sb._jail = Jail(config, below)
+        sb._jail = Jail(config, below, vault)
         return sb
 
     @property
@@ -292,7 +294,7 @@ class Sandbox:
             raise BranchError("rollback: that checkpoint is of another sandbox; take one with sb.checkpoint()")
         if not checkpoint.valid:
             raise BranchError("rollback: that checkpoint was dropped (cp.drop(), a rollback to an older one, close())")
-        fresh = Jail(self.config, checkpoint.layers)  # a failure here leaves the sandbox as it was
+        fresh = Jail(self.config, checkpoint.layers, self._jail.vault)  # a failure leaves the sandbox as it was
         with self._lock:
             old, self._jail = self._jail, fresh
             self._ids = itertools.count(1)
@@ -317,7 +319,7 @@ class Sandbox:
             # built side by side: each jail's setup waits on its init, and the launcher takes requests
             # from any number of threads
             with concurrent.futures.ThreadPoolExecutor(min(n, FORK_THREADS), "jailbox-fork") as pool:
-                futures = [pool.submit(Sandbox._over, self.config, cut) for _ in range(n)]
+                futures = [pool.submit(Sandbox._over, self.config, cut, self._jail.vault) for _ in range(n)]
                 concurrent.futures.wait(futures)
         finally:
             cut[0].release()  # the children hold it now
@@ -399,7 +401,7 @@ class Sandbox:
         the background; otherwise it builds a new jail and tears the old one down.
         """
         self._check_open()
-        fresh = self._source.take_jail() if self._source is not None else Jail(self.config)
+        fresh = self._source.take_jail() if self._source is not None else Jail(self.config, vault=self._jail.vault)
         with self._lock:
             old, self._jail = self._jail, fresh
             self._ids = itertools.count(1)

@@ -13,6 +13,7 @@ from .slirp import Slirp
 
 if TYPE_CHECKING:  # the proxy is imported by the modes that use it: exec with --network none never loads it
     from .proxy import NetworkLogEntry, Tenant
+    from .secrets import Vault
 
 PROXY_PORT = 3128
 PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
@@ -26,8 +27,9 @@ class Mode:
 
     The default is a mode of its own namespace with nothing in it but loopback (``none``)."""
 
-    def __init__(self, policy: NetworkPolicy) -> None:
+    def __init__(self, policy: NetworkPolicy, vault: Vault | None = None) -> None:
         self.policy = policy
+        self.vault = vault  # the sandbox's secrets (allow only: config validation sees to it)
 
     def child_spec(self, userns: bool) -> NetSpec:
         """What the init does in the jail's namespace (``child/netns.py``), and which descriptors it
@@ -93,7 +95,7 @@ class AllowNetwork(Mode):
         (listener,) = fds
         from .proxy import PROXY
 
-        return Network(tenant=PROXY.attach(sandbox_id, listener, self.policy))
+        return Network(tenant=PROXY.attach(sandbox_id, listener, self.policy, self.vault))
 
 
 class FullNetwork(Mode):
@@ -125,9 +127,9 @@ class FullNetwork(Mode):
 MODES: dict[str, type[Mode]] = {"none": NoNetwork, "host": HostNetwork, "allow": AllowNetwork, "full": FullNetwork}
 
 
-def for_policy(policy: NetworkPolicy) -> Mode:
+def for_policy(policy: NetworkPolicy, vault: Vault | None = None) -> Mode:
     """The one place the mode name is looked at."""
-    return MODES[policy.mode](policy)
+    return MODES[policy.mode](policy, vault)
 
 
 class Network:
