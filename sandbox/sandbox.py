@@ -274,15 +274,14 @@ class Sandbox:
         Its cost is a copy of what the sandbox wrote since it started (or last rolled back):
         the layers below are shared. Checkpoints nest."""
         self._check_open()
-        jail = self._jail
         with self._frozen():
-            cut = layers.cut(jail)
-        try:
-            cp = layers.Checkpoint(cut, self)
-        finally:
-            cut[0].release()  # the checkpoint holds it now
-        with self._lock:
-            self._checkpoints.append(cp)
+            cut = layers.cut(self._jail)
+            try:
+                cp = layers.Checkpoint(cut, self)
+            finally:
+                cut[0].release()  # the checkpoint holds it now
+            with self._lock:  # within the cut: close() waits for it, then drops what is listed
+                self._checkpoints.append(cp)
         return cp
 
     def rollback(self, checkpoint: layers.Checkpoint) -> None:
@@ -339,17 +338,17 @@ class Sandbox:
         self._check_open()
         if name is not None:
             snapshots.check_name(name)
-        jail = self._jail
         with self._frozen():
-            return snapshots.take(jail, jail.id, name)
+            return snapshots.take(self._jail, self._jail.id, name)
 
     @contextlib.contextmanager
     def _frozen(self) -> Iterator[None]:
         """The jail held still for a cut, so the copy is the filesystem at one instant: paused for
         it (``pause()``), and resumed after unless it was paused already. A jail that cannot be
         stopped whole raises ``PauseFailed`` and is cut nowhere."""
-        pausing = self._jail.pausing
         with self._cuts.held():
+            self._check_open()  # close() waits for cuts under way, and none starts after it
+            pausing = self._jail.pausing
             stopped = pausing.pause()
             try:
                 yield
@@ -409,6 +408,7 @@ class Sandbox:
         self._retire(old)
 
     def _retire(self, old: Jail) -> None:
+        self._cuts.wait()  # a cut under way may be reading ``old``'s writable layer
         if self._source is not None:
             self._source.retire(old)
         else:
@@ -420,6 +420,8 @@ class Sandbox:
             if self._closed:
                 return
             self._closed = True
+        self._cuts.wait()  # a cut under way reads the jail's writable layer through its descriptor
+        with self._lock:
             dropped, self._checkpoints = self._checkpoints, []
         self._retire(self._jail)
         for checkpoint in dropped:
