@@ -199,6 +199,15 @@ class _Session:
     last_seen: float = field(default_factory=time.monotonic)
 
 
+async def _closed_after_branching(held: _Held) -> None:
+    """``held`` closed once no checkpoint or fork of it is in flight: the library's ``close()`` ends
+    the jail whose writable layer a cut reads. A branching call that comes after finds the sandbox
+    gone from its session and undoes what it made."""
+    async with held.branching:
+        held.checkpoints.clear()  # close() drops them
+        await held.box.close()
+
+
 class Sandboxes:
     """Every sandbox this server holds, by the session that made it."""
 
@@ -279,9 +288,10 @@ class Sandboxes:
 
     async def kill(self, key: str, sandbox_id: str) -> None:
         held = self.get("kill_sandbox", key, sandbox_id)
-        self._sessions[key].sandboxes.pop(sandbox_id, None)
-        held.checkpoints.clear()  # close() drops them
-        await held.box.close()
+        async with held.branching:
+            held = self.get("kill_sandbox", key, sandbox_id)  # not killed meanwhile
+            self._sessions[key].sandboxes.pop(sandbox_id, None)
+        await _closed_after_branching(held)
 
     # --- branching ------------------------------------------------------------------------------
 
@@ -409,7 +419,7 @@ class Sandboxes:
         session.ended = True
         held = list(session.sandboxes.values())
         session.sandboxes.clear()
-        await asyncio.gather(*(h.box.close() for h in held), return_exceptions=True)
+        await asyncio.gather(*(_closed_after_branching(h) for h in held), return_exceptions=True)
 
     async def close(self) -> None:
         """The server stops: every session ends, and nothing being made outlives it."""

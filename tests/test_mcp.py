@@ -330,6 +330,48 @@ def test_checkpoints_are_bounded_per_sandbox_and_freed_with_it(_state_dir):
     wait_until(lambda: _sandbox_dirs(_state_dir) == [], "the session's sandboxes and checkpoints to go", 30)
 
 
+def test_a_checkpoint_given_up_on_or_killed_under_is_held_or_freed_never_lost(_state_dir):
+    """A client that cancels a checkpoint mid-copy still has it (listed, counted, freed with its
+    sandbox); a kill during one waits for it and removes it with the sandbox."""
+
+    async def scenario() -> None:
+        async with _stdio("--max-checkpoints", "1") as session:
+            many = "mkdir m; for i in $(seq 3000); do echo $i > m/$i; done"
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            await _call(session, "run_command", sandbox_id=sid, command=many)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(session.call_tool("checkpoint", {"sandbox_id": sid}), 0.05)
+
+            async def listed() -> list[str]:
+                [info] = (await _call(session, "list_sandboxes"))["sandboxes"]
+                return list(info["checkpoints"])
+
+            for _ in range(600):
+                if await listed():
+                    break
+                await asyncio.sleep(0.1)
+            [kept] = await listed()
+            assert _layers(_state_dir) == 1
+            assert "--max-checkpoints" in await _error(session, "checkpoint", sandbox_id=sid)
+            await _call(session, "rollback", sandbox_id=sid, checkpoint_id=kept)
+            ran = await _call(session, "run_command", sandbox_id=sid, command="ls m | wc -l")
+            assert ran["stdout"] == "3000\n"
+            await _call(session, "kill_sandbox", sandbox_id=sid)
+            assert _layers(_state_dir) == 0
+
+            other = (await _call(session, "create_sandbox"))["sandbox_id"]
+            await _call(session, "run_command", sandbox_id=other, command=many)
+            cut = asyncio.ensure_future(session.call_tool("checkpoint", {"sandbox_id": other}))
+            await asyncio.sleep(0.05)
+            assert (await _call(session, "kill_sandbox", sandbox_id=other))["killed"] is True
+            await cut  # taken before the kill, or refused: either way not left behind
+            assert (await _call(session, "list_sandboxes"))["sandboxes"] == []
+            assert _layers(_state_dir) == 0
+
+    asyncio.run(scenario())
+    wait_until(lambda: _sandbox_dirs(_state_dir) == [], "every sandbox and layer to go", 30)
+
+
 def test_branching_refusals_name_the_tool_and_field():
     async def scenario() -> None:
         async with _stdio() as session:
