@@ -2,11 +2,13 @@
 
 Runs in the host process that an MCP client starts (stdio, the default) or connects to (streamable
 HTTP with ``--http``), never in a jail. A client creates sandboxes, runs commands in them, reads and
-writes their files, branches them (checkpoint, rollback, fork), pauses, lists and kills them. What
-a client sends is bounded here: sandboxes per session (children of a fork included), checkpoints
-per sandbox, seconds per command, bytes kept of each output stream, bytes per file read or written,
-the HTTP request body. A sandbox and its checkpoints belong to the session that made them, are
-invisible to every other session, and die with it: on stdio when the client closes the pipe or the process is stopped;
+writes their files, branches them (checkpoint, rollback, fork), pauses, lists and kills them, and
+keeps them as durable snapshots in the server's user's store, which every session of the server
+shares. What a client sends is bounded here: sandboxes per session (children of a fork included),
+checkpoints per sandbox, snapshots in the store, snapshots per listing, seconds per command, bytes
+kept of each output stream, bytes per file read or written, the HTTP request body. A sandbox and
+its checkpoints belong to the session that made them, are invisible to every other session, and
+die with it: on stdio when the client closes the pipe or the process is stopped;
 over HTTP when the client ends its session, when the session has had no request in flight for
 ``Options.idle_timeout`` seconds (a client that went without saying so), or when the server stops.
 Over HTTP the server binds loopback unless told otherwise, refuses Host and Origin headers that are
@@ -41,10 +43,12 @@ from mcp.types import ToolAnnotations
 from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
 
-from ..sandbox import AsyncSandbox, Limits, NetworkPolicy, SandboxConfig
-from ..sandbox.errors import SandboxError, SandboxPaused
+from ..sandbox import AsyncSandbox, Limits, NetworkPolicy, SandboxConfig, snapshots
+from ..sandbox.config import SNAPSHOT_ID, SNAPSHOT_NAME
+from ..sandbox.errors import BranchError, SandboxError, SandboxPaused, SnapshotNotFound
 from ..sandbox.layers import Checkpoint
 from ..sandbox.serving import Store, stored
+from ..sandbox.snapshots import Snapshot
 from . import keys
 from .listen import BadFlag, refused
 
@@ -73,6 +77,9 @@ EXAMPLES = {  # field -> a valid value, for the one-line errors
     "encoding": "'text' or 'base64'",
     "checkpoint_id": "an id from checkpoint, e.g. 'cp-1a2b3c4d'",
     "count": "2",
+    "name": "'repo-ready'",
+    "snapshot": "'snap-0123456789ab' or 'repo-ready' (list_snapshots shows them)",
+    "ref": "'snap-0123456789ab' or 'repo-ready' (list_snapshots shows them)",
 }
 
 
@@ -84,6 +91,10 @@ class Options:
     # per sandbox: each holds a copy of what the sandbox had written, up to its disk bound, on the
     # host's disk outside that bound
     max_checkpoints: int = 8
+    # in the user's store, which outlives the server: each holds up to a sandbox's disk bound; made
+    # by anyone (the CLI, the library) but refused here past this many
+    max_snapshots: int = 32
+    max_listed: int = 1000  # snapshots in one list_snapshots reply (the newest)
     max_total: int = 64  # in all sessions together
     max_timeout: float = 3600.0  # seconds per command
     output_limit: int = 64 << 10  # bytes kept per stream per command (head and tail)
@@ -116,6 +127,7 @@ class SandboxInfo(BaseModel):
     network: str
     workdir: str
     created: str = Field(description="UTC, ISO 8601")
+    snapshot: str | None = Field(None, description="the id of the snapshot it started from, if one")
     paused: bool = False
     checkpoints: list[str] = Field(default_factory=list, description="its checkpoint ids, oldest first")
 
@@ -178,6 +190,25 @@ class PauseState(BaseModel):
     paused: bool
 
 
+class SnapshotInfo(BaseModel):
+    id: str = Field(description="snap- and 12 hex digits")
+    name: str | None = Field(description="its name, unless a newer snapshot was given it")
+    created: str = Field(description="UTC, ISO 8601")
+    size: int = Field(description="bytes it holds on the host's disk")
+    image: str = Field(description="the template it was made over, which a sandbox from it runs over")
+    source: str = Field(description="the id of the sandbox's jail it was taken of (new after each rollback)")
+
+    @classmethod
+    def of(cls, snap: Snapshot) -> SnapshotInfo:
+        created = datetime.fromtimestamp(snap.created, timezone.utc).isoformat(timespec="seconds")
+        return cls(id=snap.id, name=snap.name, created=created, size=snap.size, image=snap.image, source=snap.source)
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotInfo] = Field(description="newest first")
+    left_out: int = Field(description="older snapshots not listed (past the server's limit per listing)")
+
+
 # --- who holds which sandbox --------------------------------------------------------------------
 
 
@@ -216,6 +247,7 @@ class Sandboxes:
         self._sessions: dict[str, _Session] = {}
         self._making: set[asyncio.Task[Any]] = set()  # creations and branchings, which outlive a cancelled call
         self._in_flight: dict[str, int] = {}  # HTTP requests (an open event stream too) per session id
+        self._snapshotting = asyncio.Lock()  # one snapshot at a time: the store's count is checked before each
 
     async def create(self, key: str, config: SandboxConfig, template: str, network: str) -> _Held:
         session = self._sessions.setdefault(key, _Session())
@@ -257,7 +289,12 @@ class Sandboxes:
         held = _Held(
             box,
             SandboxInfo(
-                sandbox_id=sb.id, template=template, network=network, workdir=sb.config.workdir, created=created
+                sandbox_id=sb.id,
+                template=template,
+                network=network,
+                workdir=sb.config.workdir,
+                created=created,
+                snapshot=config.snapshot,
             ),
         )
         if session.ended:
@@ -406,6 +443,24 @@ class Sandboxes:
             made.append(sb.id)
         return made
 
+    async def snapshot(self, key: str, sandbox_id: str, name: str | None) -> Snapshot:
+        held = self.get("snapshot_sandbox", key, sandbox_id)
+        return await self._shielded(self._snapshot(key, sandbox_id, held, name))
+
+    async def _snapshot(self, key: str, sandbox_id: str, held: _Held, name: str | None) -> Snapshot:
+        tool = "snapshot_sandbox"
+        async with self._snapshotting, held.branching:
+            if not self._holds(key, sandbox_id, held):
+                raise ToolError(f"{tool}: sandbox_id: {sandbox_id!r} was killed before its snapshot was taken")
+            there = len(await _store_call(tool, "ref", snapshots.list))
+            if there >= self.options.max_snapshots:
+                raise ToolError(
+                    f"{tool}: the store holds {there} snapshots, this server's limit (--max-snapshots); "
+                    "delete one first, e.g. delete_snapshot(ref=...)"
+                )
+            snap: Snapshot = await _sandbox_call(tool, held.box.snapshot(name), sandbox_id=sandbox_id)
+            return snap
+
     async def pause(self, tool: str, key: str, sandbox_id: str, paused: bool) -> None:
         held = self.get(tool, key, sandbox_id)
         async with held.branching:
@@ -531,6 +586,43 @@ def _decode(tool: str, content: str, encoding: str, limit: int) -> bytes:
     return data
 
 
+def _snapshot_ref(tool: str, field: str, ref: str) -> str:
+    if not (SNAPSHOT_ID.fullmatch(ref) or SNAPSHOT_NAME.fullmatch(ref)):
+        raise _bad(tool, field, f"{ref[:80]!r} is not a snapshot id or name")
+    return ref
+
+
+async def _store_call(tool: str, field: str, call: Callable[..., T], *args: Any) -> T:
+    """A call of the snapshot store, run off the loop; its refusals as one line naming ``field``."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except SnapshotNotFound:
+        raise _bad(tool, field, f"no snapshot {args[0]!r} in the store") from None
+    except BranchError:  # removal only: a jail runs over it, which holds it
+        raise ToolError(
+            f"{tool}: {field}: {args[0]!r} is in use by a running sandbox started from it (of a session, or of "
+            "the jailbox command); kill those first, e.g. kill_sandbox(sandbox_id=...)"
+        ) from None
+    except SandboxError as exc:
+        raise ToolError(f"{tool}: {_one_line(exc)}") from None
+
+
+async def _from_snapshot(tool: str, ref: str, template: str | None) -> Snapshot:
+    """The snapshot a new sandbox starts from: found now (so a name that moves later does not change
+    it), made over ``template`` if given, and over a template this server serves: never a directory."""
+    snap = await _store_call(tool, "snapshot", snapshots.get, _snapshot_ref(tool, "snapshot", ref))
+    if template is not None and template != snap.image:
+        raise _bad(tool, "template", f"{template[:80]!r}, but {snap.id} was made over {snap.image!r}: leave it out")
+    if snap.image != "host" and await asyncio.to_thread(stored, snap.image) is None:
+        raise _bad(
+            tool,
+            "snapshot",
+            f"{snap.id} was made over {snap.image[:80]!r}, which is not 'host' or a stored root filesystem, "
+            "the only templates this server starts sandboxes over",
+        )
+    return snap
+
+
 async def _sandbox_call(tool: str, call: Awaitable[Any], path_field: str = "path", sandbox_id: str = "") -> Any:
     try:
         return await call
@@ -555,7 +647,8 @@ def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
         instructions=(
             "Linux sandboxes for running untrusted commands. create_sandbox first, then run_command, "
             "read_file and write_file with its sandbox_id; kill_sandbox when done. checkpoint and rollback keep and "
-            "restore a sandbox's files, fork_sandbox copies one. Sandboxes end with the session."
+            "restore a sandbox's files, fork_sandbox copies one, snapshot_sandbox keeps one past the session. "
+            "Sandboxes end with the session."
         ),
         log_level="WARNING",
     )
@@ -564,8 +657,12 @@ def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
     async def create_sandbox(
         ctx: Context[Any, Any],
         template: Annotated[
-            str, Field(description="'host' (this machine's system, read-only) or a stored root filesystem's name")
-        ] = "host",
+            str | None,
+            Field(
+                description="'host' (this machine's system, read-only, the default) or a stored root filesystem's "
+                "name; with a snapshot, the one it was made over"
+            ),
+        ] = None,
         network: Annotated[
             str, Field(description="'none' (loopback only), 'full', or 'allow:RULES' through a proxy")
         ] = "none",
@@ -573,15 +670,25 @@ def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
         cpus: Annotated[float | None, Field(description="CPU time per wall second, e.g. 1.5")] = None,
         pids: Annotated[int | None, Field(description="processes and threads at once (default 512)")] = None,
         disk: Annotated[str | None, Field(description="bytes the sandbox may write, e.g. '2G' (default 4G)")] = None,
+        snapshot: Annotated[
+            str | None, Field(description="a snapshot's id or name (list_snapshots) to start from, e.g. 'repo-ready'")
+        ] = None,
     ) -> SandboxInfo:
         """Create a sandbox and return its sandbox_id. It lives until kill_sandbox or the end of the session."""
         tool = "create_sandbox"
         key = _session_key(ctx, http)
-        await asyncio.to_thread(_check_template, tool, template)
+        if snapshot is not None:
+            snap = await _from_snapshot(tool, snapshot, template)
+            template, snapshot = snap.image, snap.id
+        else:
+            template = template if template is not None else "host"
+            await asyncio.to_thread(_check_template, tool, template)
         policy = _network(tool, network, options)
         limits = _limits(tool, {"memory": memory, "cpus": cpus, "pids": pids, "disk": disk})
         try:
-            config = SandboxConfig(rootfs=template, network=policy, limits=limits, output_limit=options.output_limit)
+            config = SandboxConfig(
+                rootfs=template, snapshot=snapshot, network=policy, limits=limits, output_limit=options.output_limit
+            )
         except ValidationError as exc:
             raise _validation_error(tool, exc) from None
         made: _Held = await _sandbox_call(tool, held.create(key, config, template, network.strip()))
@@ -717,6 +824,51 @@ def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
         """Continue a sandbox's processes where pause_sandbox stopped them."""
         await held.pause("resume_sandbox", _session_key(ctx, http), sandbox_id, False)
         return PauseState(sandbox_id=sandbox_id, paused=False)
+
+    @server.tool(
+        annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=False, open_world_hint=False),
+        description=(
+            "Keep a sandbox's files as a durable snapshot, which outlives the sandbox, the session and the server; "
+            "create_sandbox(snapshot=...) starts new sandboxes from it. Processes and /tmp are not kept. The "
+            "snapshots are the server's user's, shared with every session of this server and the jailbox command; "
+            "a name already given to one moves to the new one. The sandbox is paused only while its files are "
+            f"copied. Refused while the store holds {options.max_snapshots}."
+        ),
+    )
+    async def snapshot_sandbox(
+        ctx: Context[Any, Any],
+        sandbox_id: str,
+        name: Annotated[
+            str | None,
+            Field(description="a name to start sandboxes from it by, e.g. 'repo-ready' (letters, digits, ._:/+@-)"),
+        ] = None,
+    ) -> SnapshotInfo:
+        tool = "snapshot_sandbox"
+        key = _session_key(ctx, http)
+        if name is not None and (not SNAPSHOT_NAME.fullmatch(name) or SNAPSHOT_ID.fullmatch(name)):
+            raise _bad(
+                tool, "name", f"{name[:80]!r} is not a name: letters, digits and ._:/+@- up to 128, not a snapshot id"
+            )
+        return SnapshotInfo.of(await held.snapshot(key, sandbox_id, name))
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    async def list_snapshots(ctx: Context[Any, Any]) -> SnapshotList:
+        """The durable snapshots in the store, newest first (the server's user's, shared by every session)."""
+        _session_key(ctx, http)
+        found = await _store_call("list_snapshots", "ref", snapshots.list)
+        kept = found[: options.max_listed]
+        return SnapshotList(snapshots=[SnapshotInfo.of(s) for s in kept], left_out=len(found) - len(kept))
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False, open_world_hint=False))
+    async def delete_snapshot(
+        ctx: Context[Any, Any],
+        ref: Annotated[str, Field(description="the snapshot's id or name, e.g. 'snap-0123456789ab' or 'repo-ready'")],
+    ) -> SnapshotInfo:
+        """Remove a durable snapshot from the store, for every session and the jailbox command; refused while a
+        sandbox started from it runs."""
+        tool = "delete_snapshot"
+        _session_key(ctx, http)
+        return SnapshotInfo.of(await _store_call(tool, "ref", snapshots.remove, _snapshot_ref(tool, "ref", ref)))
 
     return server
 

@@ -15,7 +15,7 @@ import socket
 import stat
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -28,11 +28,26 @@ from mcp.client.streamable_http import streamable_http_client
 from support.cli import JAILBOX
 from support.waits import wait_until
 
+from jailbox import snapshots
+from jailbox.sandbox import Sandbox
+
 TOOLS = {
     *("create_sandbox", "run_command", "read_file", "write_file", "list_sandboxes", "kill_sandbox"),
     *("checkpoint", "rollback", "drop_checkpoint", "fork_sandbox", "pause_sandbox", "resume_sandbox"),
+    *("snapshot_sandbox", "list_snapshots", "delete_snapshot"),
 }
+SNAP_ID = re.compile(r"snap-[0-9a-f]{12}")
 SERVER = [*JAILBOX, "mcp"]
+
+
+@pytest.fixture
+def shelf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A store of the test's own, which the servers it starts inherit; its snapshots are removed after
+    (they may hold subordinate ids)."""
+    monkeypatch.setenv("JAILBOX_CACHE_DIR", str(tmp_path / "cache"))
+    yield snapshots.root()
+    for snap in snapshots.list():
+        snapshots.remove(snap.id)
 
 
 def _sandbox_dirs(state: Path) -> list[str]:
@@ -486,6 +501,103 @@ def test_a_paused_sandbox_refuses_its_tools_naming_resume_sandbox():
             [info] = [s for s in (await _call(session, "list_sandboxes"))["sandboxes"] if s["sandbox_id"] == sid]
             assert info["paused"] is False
             assert (await _call(session, "read_file", sandbox_id=sid, path="s"))["content"] == "before"
+
+    asyncio.run(scenario())
+
+
+def test_a_snapshot_outlives_its_session_and_server_and_starts_sandboxes(_state_dir, shelf, tmp_path):
+    """Taken over stdio, listed, started from and deleted over HTTP by another server."""
+
+    async def take() -> dict[str, Any]:
+        async with _stdio() as session:
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            await _call(session, "run_command", sandbox_id=sid, command="echo kept > s; mkdir d; ln -s ../s d/l")
+            await _call(session, "run_command", sandbox_id=sid, command="sleep 1000 >/dev/null 2>&1 &")
+            snap = await _call(session, "snapshot_sandbox", sandbox_id=sid, name="ready")
+            assert SNAP_ID.fullmatch(snap["id"]), snap
+            assert (snap["name"], snap["image"], snap["source"]) == ("ready", "host", sid)
+            assert snap["size"] > 0 and snap["created"].endswith("+00:00"), snap
+            ran = await _call(session, "run_command", sandbox_id=sid, command="cat s; pgrep -cx sleep")
+            assert ran["stdout"] == "kept\n1\n"  # the sandbox taken goes on as it was
+            return snap
+
+    snap = asyncio.run(take())
+    wait_until(lambda: _sandbox_dirs(_state_dir) == [], "the stdio server's sandbox to go", 30)
+    server = HttpServer(tmp_path / "config")
+
+    async def use() -> None:
+        async with _http(server.url, server.token) as session:
+            assert (await _call(session, "list_snapshots")) == {"snapshots": [snap], "left_out": 0}
+            for ref in ("ready", snap["id"]):
+                made = await _call(session, "create_sandbox", snapshot=ref)
+                assert (made["template"], made["snapshot"]) == ("host", snap["id"])
+                sid = made["sandbox_id"]
+                ran = await _call(session, "run_command", sandbox_id=sid, command="cat d/l; pgrep -cx sleep")
+                assert ran["stdout"] == "kept\n0\n", ran  # its files, none of its processes
+                await _call(session, "write_file", sandbox_id=sid, path="s", content="mine")
+            text = await _error(session, "delete_snapshot", ref="ready")
+            assert text.startswith("delete_snapshot: ref:") and "in use" in text, text
+            for s in (await _call(session, "list_sandboxes"))["sandboxes"]:
+                await _call(session, "kill_sandbox", sandbox_id=s["sandbox_id"])
+            assert await _call(session, "delete_snapshot", ref="ready") == snap
+            assert (await _call(session, "list_snapshots")) == {"snapshots": [], "left_out": 0}
+            text = await _error(session, "delete_snapshot", ref=snap["id"])
+            assert text.startswith("delete_snapshot: ref: no snapshot"), text
+            text = await _error(session, "create_sandbox", snapshot="ready")
+            assert text.startswith("create_sandbox: snapshot: no snapshot"), text
+
+    try:
+        asyncio.run(use())
+    finally:
+        assert server.stop() == 0
+    assert _sandbox_dirs(_state_dir) == []
+    assert snapshots.list() == []
+
+
+def test_snapshots_are_bounded_in_the_store_and_refusals_name_the_field(shelf, mini_rootfs):
+    with Sandbox(rootfs=str(mini_rootfs)) as sb:  # a snapshot over a directory, as the library may take one
+        over_a_dir = sb.snapshot(name="over-a-dir").id
+
+    async def scenario() -> None:
+        async with _stdio("--max-snapshots", "2") as session:
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            for tool, arguments, field in [
+                ("snapshot_sandbox", {"sandbox_id": "nope"}, "sandbox_id"),
+                ("snapshot_sandbox", {"sandbox_id": sid, "name": "has space"}, "name"),
+                ("snapshot_sandbox", {"sandbox_id": sid, "name": "../up"}, "name"),
+                ("snapshot_sandbox", {"sandbox_id": sid, "name": "x" * 129}, "name"),
+                ("snapshot_sandbox", {"sandbox_id": sid, "name": "snap-0123456789ab"}, "name"),  # an id's form
+                ("create_sandbox", {"snapshot": "no-such"}, "snapshot"),
+                ("create_sandbox", {"snapshot": "/etc"}, "snapshot"),
+                ("create_sandbox", {"snapshot": "x" * 10000}, "snapshot"),
+                ("create_sandbox", {"snapshot": over_a_dir}, "snapshot"),  # made over a host directory
+                ("delete_snapshot", {"ref": "no-such"}, "ref"),
+                ("delete_snapshot", {"ref": "../../x"}, "ref"),
+                ("delete_snapshot", {}, "ref"),
+            ]:
+                text = await _error(session, tool, **arguments)
+                assert text.startswith(f"{tool}: {field}"), text
+                assert "e.g." in text or "list_sandboxes" in text, text
+                assert len(text) < 400, text
+
+            # the store holds one (over_a_dir): room for one more, taken by one of two at once
+            other = (await _call(session, "create_sandbox"))["sandbox_id"]
+            one, two = await asyncio.gather(
+                session.call_tool("snapshot_sandbox", {"sandbox_id": sid, "name": "a"}),
+                session.call_tool("snapshot_sandbox", {"sandbox_id": other, "name": "b"}),
+            )
+            assert sorted([one.is_error, two.is_error]) == [False, True], (one, two)
+            refused = (one if one.is_error else two).content[0].text
+            assert refused.startswith("snapshot_sandbox:") and "--max-snapshots" in refused, refused
+            assert len(snapshots.list()) == 2
+            made = (one if two.is_error else two).structured_content
+            assert made is not None
+            text = await _error(session, "create_sandbox", snapshot=made["id"], template="default")
+            assert text.startswith("create_sandbox: template:"), text
+            await _call(session, "delete_snapshot", ref=over_a_dir)
+            again = await _call(session, "snapshot_sandbox", sandbox_id=sid, name=made["name"])  # the name moves
+            listed = (await _call(session, "list_snapshots"))["snapshots"]
+            assert [(s["id"], s["name"]) for s in listed] == [(again["id"], made["name"]), (made["id"], None)]
 
     asyncio.run(scenario())
 
