@@ -217,8 +217,9 @@ class _Held:
     box: AsyncSandbox
     info: SandboxInfo
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)  # by id, oldest first
-    # one checkpoint, rollback, fork, pause or resume at a time: each checks the bounds and the
-    # checkpoints it finds before it waits on the sandbox
+    # one branching call (checkpoint, rollback, drop, fork, snapshot, pause, resume) at a time, and the
+    # close after them: each checks the bounds and the checkpoints it finds before it waits on the
+    # sandbox, and a cut never reads a jail that is being closed
     branching: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -452,7 +453,7 @@ class Sandboxes:
         async with self._snapshotting, held.branching:
             if not self._holds(key, sandbox_id, held):
                 raise ToolError(f"{tool}: sandbox_id: {sandbox_id!r} was killed before its snapshot was taken")
-            there = len(await _store_call(tool, "ref", snapshots.list))
+            there = len(await _store_call(tool, "sandbox_id", snapshots.list))
             if there >= self.options.max_snapshots:
                 raise ToolError(
                     f"{tool}: the store holds {there} snapshots, this server's limit (--max-snapshots); "
