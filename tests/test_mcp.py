@@ -535,12 +535,17 @@ def test_a_snapshot_outlives_its_session_and_server_and_starts_sandboxes(_state_
                 ran = await _call(session, "run_command", sandbox_id=sid, command="cat d/l; pgrep -cx sleep")
                 assert ran["stdout"] == "kept\n0\n", ran  # its files, none of its processes
                 await _call(session, "write_file", sandbox_id=sid, path="s", content="mine")
+            second = await _call(session, "snapshot_sandbox", sandbox_id=sid)  # of a sandbox started from one
+            assert second["name"] is None and second["id"] != snap["id"]
+            later = (await _call(session, "create_sandbox", snapshot=second["id"]))["sandbox_id"]
+            assert (await _call(session, "read_file", sandbox_id=later, path="d/l"))["content"] == "mine"
             text = await _error(session, "delete_snapshot", ref="ready")
             assert text.startswith("delete_snapshot: ref:") and "in use" in text, text
             for s in (await _call(session, "list_sandboxes"))["sandboxes"]:
                 await _call(session, "kill_sandbox", sandbox_id=s["sandbox_id"])
             assert await _call(session, "delete_snapshot", ref="ready") == snap
-            assert (await _call(session, "list_snapshots")) == {"snapshots": [], "left_out": 0}
+            assert (await _call(session, "list_snapshots")) == {"snapshots": [second], "left_out": 0}
+            await _call(session, "delete_snapshot", ref=second["id"])
             text = await _error(session, "delete_snapshot", ref=snap["id"])
             assert text.startswith("delete_snapshot: ref: no snapshot"), text
             text = await _error(session, "create_sandbox", snapshot="ready")
