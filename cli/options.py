@@ -5,6 +5,7 @@ Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -220,6 +221,14 @@ def _jail_options(func: Any, rootfs: str | None = "host", network: str = "none")
         click.option("--workdir", default=None, help="Working directory inside [default: the image's, else /testbed]."),
         click.option("--env", "envs", multiple=True, metavar="K=V", help="Set a variable inside (repeatable)."),
         click.option(
+            "--secret",
+            "secrets",
+            multiple=True,
+            metavar="NAME@HOST[,HOST][:FILE]",
+            help="A credential commands see only as a placeholder in $NAME; its value from $NAME here, or FILE; "
+            "added at the allow proxy to HTTPS requests to HOST (repeatable; docs/secrets.md).",
+        ),
+        click.option(
             "--network",
             default=network,
             show_default=True,
@@ -253,6 +262,7 @@ def _config(
     binds: tuple[str, ...],
     workdir: str | None,
     envs: tuple[str, ...],
+    secrets: tuple[str, ...],
     network: str,
     publishes: tuple[str, ...],
     hostname: str,
@@ -263,6 +273,12 @@ def _config(
 
     with _fed_by("--env"):
         env = _env_pairs(envs)
+    held = []
+    if secrets:
+        from ..sandbox.net.secrets import from_flag
+
+        with _fed_by("--secret"):
+            held = [from_flag(text, dict(os.environ)) for text in secrets]
     with _fed_by("--bind"):
         mounts = [Mount.parse(b) for b in binds]
     with _fed_by("--network"):
@@ -272,6 +288,8 @@ def _config(
             policy = NetworkPolicy(mode=policy.mode, publish=publishes)
     shaped = _shaped(**shaping)
     extra: dict[str, Any] = {"workdir": workdir} if workdir else {}
+    if held:
+        extra["secrets"] = held
     if snapshot is not None:
         extra["snapshot"] = snapshot
         if _given("rootfs"):

@@ -110,7 +110,10 @@ def create(name: str | None, **jail: Any) -> None:
     if config.rootfs != "host" and os.sep in config.rootfs:
         config = config.model_copy(update={"rootfs": os.path.abspath(config.rootfs)})  # the service's cwd is /
     try:
-        request = protocol.Create(op="create", config=config.model_dump(mode="json"), name=name)
+        dumped = config.model_dump(mode="json")
+        # the values travel to the user's own service over its private socket; JSON masks them
+        dumped["secrets"] = [{**s.model_dump(mode="json"), "value": s.value.get_secret_value()} for s in config.secrets]
+        request = protocol.Create(op="create", config=dumped, name=name)
     except ValidationError:
         raise click.BadParameter(
             f"{name!r}: letters, digits, '_', '.', '-', at most 64, e.g. --name web-1", param_hint="--name"

@@ -7,7 +7,9 @@ body or query, the CA's reach."""
 from __future__ import annotations
 
 import json
+import os
 import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from support.bundle_tree import HOST_BUNDLE, bundle_tree, tree_config
+from support.bundle_tree import HOST_BUNDLE, USR, bundle_tree, tree_config
+from support.cli import JAILBOX
+from support.service_probe import jailbox, own_service
 from support.standin import make_ca
 
 from jailbox.sandbox import Sandbox, SandboxConfig
@@ -243,3 +247,38 @@ def test_secrets_are_refused_where_they_cannot_be_kept_out_in_one_line(tmp_path:
         with pytest.raises(ValidationError, match=says) as caught:
             Secret(**bad)
         assert "a\r\nInjected" not in str(caught.value)
+
+
+@pytest.mark.needs("openssl")
+def test_the_command_line_takes_a_secret_from_the_environment_or_a_file_never_its_arguments(tmp_path: Path) -> None:
+    root = bundle_tree(tmp_path)
+    usr = [f"--bind=/usr/{d}:/usr/{d}" for d in USR if Path(f"/usr/{d}").is_dir()]
+    common = ["exec", "--rootfs", str(root), *usr, "--network", "allow:api.example.com"]
+    env = {**os.environ, "JAILBOX_STATE_DIR": str(tmp_path / "state"), "TOKEN": VALUE}
+    value_file = tmp_path / "token"
+    value_file.write_text(VALUE + "\n")
+    for flag in ("TOKEN@api.example.com", f"TOKEN@api.example.com:{value_file}"):
+        run_env = env if ":" not in flag else {k: v for k, v in env.items() if k != "TOKEN"}
+        r = subprocess.run(
+            [*JAILBOX, *common, "--secret", flag, "--", "sh", "-c", "printf %s $TOKEN; env | grep -c ghp_"],
+            capture_output=True, text=True, env=run_env, timeout=120,
+        )  # fmt: skip
+        assert r.stdout.startswith("jailbox-secret-") and r.stdout.endswith("0\n"), (flag, r.stdout, r.stderr)
+        assert VALUE not in r.stdout + r.stderr
+    for flag, says in [("TOKEN", "expected NAME@HOST"), ("NOPE@x.test", "$NOPE is not set here")]:
+        r = subprocess.run([*JAILBOX, *common, "--secret", flag, "--", "true"], capture_output=True, text=True, env=env)
+        assert r.returncode == 2 and says in r.stderr and "--secret" in r.stderr, r.stderr
+
+
+@pytest.mark.needs("openssl")
+def test_a_created_sandbox_keeps_its_secret_in_the_service_not_in_its_listing(tmp_path: Path) -> None:
+    root = bundle_tree(tmp_path)
+    usr = [f"--bind=/usr/{d}:/usr/{d}" for d in USR if Path(f"/usr/{d}").is_dir()]
+    with own_service() as env:
+        env["TOKEN"] = VALUE
+        made = jailbox(env, "create", "--rootfs", str(root), *usr, "--network", "allow:api.example.com",
+                       "--secret", "TOKEN@api.example.com")  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        shown = jailbox(env, "exec", "--id", made.stdout.strip(), "--", "sh", "-c", "printf %s $TOKEN")
+        listed = jailbox(env, "ps", "--json")
+    assert shown.stdout.startswith("jailbox-secret-") and VALUE not in shown.stdout + listed.stdout

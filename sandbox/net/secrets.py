@@ -83,6 +83,38 @@ class Secret(BaseModel):
         return tuple(out)
 
 
+def from_flag(text: str, environ: dict[str, str]) -> Secret:
+    """``NAME@HOST[,HOST][:FILE]`` (``--secret``): the value from ``FILE`` (its one line), else from
+    ``environ[NAME]``: never from the command line, where ``ps`` and shell history would show it."""
+    name, at, rest = text.partition("@")
+    if not at:
+        raise ValueError(f"{text!r}: expected NAME@HOST[,HOST][:FILE], e.g. --secret GITHUB_TOKEN@api.github.com")
+    hosts, colon, path = rest.partition(":")
+    if colon:
+        value = _read_value(path)
+    elif name in environ:
+        value = environ[name]
+    else:
+        raise ValueError(f"{text!r}: ${name} is not set here; export it, or name a file: NAME@HOST:FILE")
+    return Secret(name=name, value=value, hosts=tuple(h for h in hosts.split(",") if h))
+
+
+def _read_value(path: str) -> str:
+    """A secret's file: a regular file, read bounded; one trailing line break dropped."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"cannot read the secret's file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"the secret's file {path} is not a regular file")
+        data = f.read(MAX_VALUE + 2)
+    text = data.decode("utf-8", errors="replace")
+    return text[:-1] if text.endswith("\n") else text
+
+
 def check_all(secrets: Iterable[Secret]) -> None:
     """Distinct names, within the count (a ValueError naming the field)."""
     names = [s.name for s in secrets]
