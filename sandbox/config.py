@@ -248,17 +248,17 @@ class SandboxConfig(BaseModel):
         if not self.secrets:
             return self
         check_secrets(self.secrets)
-        if self.network.mode != "allow":
+        if self.network.mode not in ("allow", "full"):
             raise ValueError(
-                "secrets are added by the allow proxy: set network='allow:HOST,...' naming their hosts "
-                f"(with {self.network.mode!r} networking the jail's requests would not pass through it)"
+                "secrets are added by jailbox's proxy: set network='allow:HOST,...' naming their hosts, or "
+                f"'full' (with {self.network.mode!r} networking the jail's requests would not pass through it)"
             )
         if self.rootfs == "host":
             raise ValueError(
                 "secrets need a root filesystem, whose bundles get the sandbox's CA (the host rootfs's /etc is "
                 "the host's, read-only), e.g. rootfs='default'"
             )
-        rules = Rules(self.network.allow, self.network.deny)
+        rules = Rules(self.network.allow, self.network.deny) if self.network.mode == "allow" else Rules(("*:*",), ())
         for secret in self.secrets:
             for host in secret.hosts:
                 if not rules.check_name(host, 443)[0]:

@@ -312,7 +312,8 @@ class Jail:
         if not wire.wait_readable(sock, self.config.setup_timeout):
             raise SandboxSetupError(f"the jail was not ready within {self.config.setup_timeout}s")
         try:
-            msg = wire.recv(sock, max_fds=4)
+            # the diag socket, a proxy listener, two namespaces (full with secrets), the writable layer
+            msg = wire.recv(sock, max_fds=5)
         except wire.WireError as exc:
             raise ProtocolError(f"bad message from the jail during setup: {exc}") from exc
         if msg is None:

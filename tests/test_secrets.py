@@ -22,7 +22,7 @@ from support.cli import JAILBOX
 from support.service_probe import jailbox, own_service
 from support.standin import make_ca
 
-from jailbox.sandbox import Sandbox, SandboxConfig
+from jailbox.sandbox import NetworkPolicy, Sandbox, SandboxConfig
 from jailbox.sandbox.net.secrets import Secret
 
 VALUE = "ghp_real-value-0123456789abcdef"
@@ -201,6 +201,20 @@ def test_a_host_header_sni_http2_or_early_bytes_that_disagree_are_refused(world)
     assert all(s["headers"].get("Host", "").startswith(BOUND) for s in tls.seen)
 
 
+@pytest.mark.needs("openssl", "curl", "slirp4netns", "tun")
+def test_with_full_networking_https_goes_through_the_proxy_and_only_there_gets_the_value(world) -> None:
+    tls, _, config = world
+    full = config.model_copy(update={"network": NetworkPolicy(mode="full", hosts=config.network.hosts)})
+    with Sandbox(SandboxConfig.model_validate(full.model_dump())) as sb:
+        r = sb.exec(curl(f"https://{BOUND}:{tls.port}/check"))
+        assert (r.exit_code, r.stdout) == (0, "real\n"), r.stderr
+        # around the proxy: the name is the jail's loopback there, and the value was never in the jail
+        r = sb.exec(curl(f"--noproxy '*' https://{BOUND}:{tls.port}/check"))
+        assert r.exit_code != 0
+        assert [e.method for e in sb.network_log()] == ["CONNECT", "GET"]
+    assert sum(s["headers"].get("Authorization") == f"Bearer {VALUE}" for s in tls.seen) == 1
+
+
 @pytest.mark.needs("openssl", "curl")
 def test_a_bound_server_that_reflects_the_header_is_the_one_way_back(world) -> None:
     """What the design cannot stop, as its peers say too: a bound server that echoes the request
@@ -229,8 +243,8 @@ def test_the_sandbox_ca_vouches_for_the_bound_hosts_only_and_its_key_stays_out(w
 def test_secrets_are_refused_where_they_cannot_be_kept_out_in_one_line(tmp_path: Path) -> None:
     secret = Secret(name="TOKEN", value="v", hosts=["api.example.com"])
     for fields, says in [
-        ({"network": "none", "rootfs": str(tmp_path)}, "set network='allow:HOST,...'"),
-        ({"network": "full", "rootfs": str(tmp_path)}, "with 'full' networking"),
+        ({"network": "none", "rootfs": str(tmp_path)}, "set network='allow:HOST,...' naming their hosts, or 'full'"),
+        ({"network": "host", "rootfs": str(tmp_path)}, "with 'host' networking"),
         ({"network": "allow:api.example.com"}, "need a root filesystem"),
         ({"network": "allow:api.example.com", "rootfs": str(tmp_path), "env": {"TOKEN": "x"}}, "both a secret and"),
         ({"network": "allow:pypi", "rootfs": str(tmp_path)}, "bound to api.example.com, which the network rules"),
