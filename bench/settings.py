@@ -30,6 +30,7 @@ class Settings:
     branch_reps: int = 5
     fork_children: int = 16
     snapshot_starts: int = 100  # sandboxes started from one snapshot at once
+    secret_reps: int = 200  # HTTPS requests with and without a secret added at the proxy
     image: str = "docker.io/library/busybox:latest"
 
     def as_dict(self) -> dict[str, object]:
@@ -57,6 +58,7 @@ QUICK = Settings(
     branch_reps=2,
     fork_children=2,
     snapshot_starts=4,
+    secret_reps=10,
     serve_idle=8,
     epoll_reps=50,
     epoll_rounds=2,
