@@ -266,7 +266,9 @@ def resume(ref: str) -> None:
 
 @main.command()
 @click.argument("ref", metavar="ID")
-@click.option("-n", "count", type=click.IntRange(1, 64), default=1, show_default=True, help="How many children.")
+@click.option(
+    "-n", "--count", "count", type=click.IntRange(1, 64), default=1, show_default=True, help="How many children."
+)
 def fork(ref: str, count: int) -> None:
     """Fork a sandbox (ID, unique ID prefix or name) into N new ones, each starting from its files now, with
     its settings, and print their IDs. Its processes are not copied; it is paused only for the cut. Each

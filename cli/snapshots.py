@@ -20,9 +20,8 @@ def snapshots_group(ctx: click.Context, as_json: bool) -> None:
     the root filesystem it goes over.
 
     \b
-    Examples:
-      jailbox snapshots
-      jailbox snapshots rm repo-ready
+    Example:
+      jailbox snapshots --json
     """
     if ctx.invoked_subcommand is not None:
         return
