@@ -1,4 +1,5 @@
-"""The E2B control plane over HTTP: create, list, get, kill, set the timeout of, and connect to sandboxes.
+"""The E2B control plane over HTTP: create, list, get, kill, set the timeout of, connect to (resuming)
+and pause sandboxes.
 
 Runs in the serving host process, on a request's thread. Every request needs an API key
 (``X-API-Key``); a missing or unknown one is 401 before anything else is looked at, and a sandbox of
@@ -51,7 +52,10 @@ def created(served: Served) -> dict:
 
 
 def detail(served: Served) -> dict:
-    return {
+    """``GET /sandboxes/{id}`` and a list's entries: ``state`` paused or running; a pause keeps the
+    processes and memory (``pauseMode`` full), whatever mode was asked."""
+    extra: dict[str, object] = {"pauseMode": "full"} if served.paused else {}
+    return extra | {
         "templateID": served.template,
         "alias": served.template,
         "sandboxID": served.id,
@@ -62,8 +66,9 @@ def detail(served: Served) -> dict:
         "cpuCount": int(served.sandbox.config.limits.cpus or 1),
         "memoryMB": (served.sandbox.config.limits.memory or 0) >> 20,
         "diskSizeMB": (served.sandbox.config.limits.disk or 0) >> 20,
-        "state": "running",
+        "state": "paused" if served.paused else "running",
         "metadata": served.metadata,
+        "lifecycle": {"autoResume": served.auto_resume, "onTimeout": "pause" if served.auto_pause else "kill"},
     }
 
 
@@ -142,23 +147,46 @@ class ControlPlane:
             return Response(204)
         if action in ("/connect", "/resume") and method == "POST":
             body = self._body(request)
-            served = self.registry.get(owner, sandbox_id)
-            if body.get("timeout") is not None:
-                served = self.registry.set_timeout(owner, sandbox_id, body["timeout"], extend_only=True)
-            return _json(200, created(served))
+            _flag(body, "memory", True, "a resume keeps the processes (on_resume='restore')")
+            served, resumed = self.registry.connect(owner, sandbox_id, body.get("timeout"))
+            return _json(201 if resumed else 200, created(served))
+        if action == "/pause" and method == "POST":
+            body = self._body(request)
+            _flag(body, "memory", None, "")
+            _flag(body, "requireHealthyGuest", None, "")
+            if self.registry.pause(owner, sandbox_id):
+                return Response(204)
+            return error(409, f"sandbox {sandbox_id} is already paused")
         self.registry.get(owner, sandbox_id)  # another key's sandbox stays not found
-        return error(501, f"{method} {path} is not served by jailbox (pause, snapshots, metrics and logs are not)")
+        return error(501, f"{method} {path} is not served by jailbox (snapshots, metrics and logs are not)")
 
     def _list(self, owner: str, request: Request) -> Response:
         wanted: dict[str, str] = {}
         if request.arg("metadata"):
             wanted = dict(urllib.parse.parse_qsl(request.arg("metadata") or "", max_num_fields=64))
-        state = request.arg("state")
-        if state and "running" not in state.split(","):
-            return _json(200, [])
-        everyone = sorted(self.registry.list(owner), key=lambda s: (s.started, s.id))
-        if request.arg("order") == "desc":
-            everyone.reverse()
+        states = set((request.arg("state") or "running,paused").split(","))
+        if not states <= {"running", "paused"}:
+            raise ServeError(400, "state must be running, paused or both, e.g. state=running,paused")
+        order = request.arg("order") or "desc"
+        if order not in ("asc", "desc"):
+            raise ServeError(400, "order must be asc or desc (by start time), e.g. order=desc")
+        after = None
+        if request.arg("startedAfter"):
+            try:
+                after = datetime.fromisoformat(request.arg("startedAfter") or "")
+            except ValueError:
+                raise ServeError(400, "startedAfter must be an ISO 8601 time, e.g. 2026-01-31T12:00:00Z") from None
+            if after.tzinfo is None:
+                raise ServeError(400, "startedAfter must name its time zone, e.g. 2026-01-31T12:00:00Z")
+        template = request.arg("template")
+        everyone = sorted(self.registry.list(owner), key=lambda s: (s.started, s.id), reverse=order == "desc")
+        everyone = [
+            s
+            for s in everyone
+            if ("paused" if s.paused else "running") in states
+            and (after is None or s.started >= after)
+            and (template is None or s.template == template)
+        ]
         everyone = [s for s in everyone if all(s.metadata.get(k) == v for k, v in wanted.items())]
         try:
             limit = min(MAX_LIST, max(1, int(request.arg("limit") or 100)))
@@ -168,3 +196,14 @@ class ControlPlane:
         page = everyone[start : start + limit]
         headers = {"x-next-token": str(start + limit)} if start + limit < len(everyone) else {}
         return _json(200, [detail(s) for s in page], headers)
+
+
+def _flag(body: dict, name: str, only: bool | None, why: str) -> None:
+    """A boolean field of a request: absent, or a bool (equal to ``only`` when that is given)."""
+    value = body.get(name)
+    if value is None:
+        return
+    if not isinstance(value, bool):
+        raise ServeError(400, f'{name} must be true or false, e.g. {{"{name}": true}}')
+    if only is not None and value != only:
+        raise ServeError(400, f"{name}: {value} is not served by jailbox: {why}")

@@ -2,13 +2,17 @@
 
 Runs in the serving host process. A sandbox belongs to the API key that made it and is invisible to
 every other key (it answers as not found). Each has a deadline; a reaper thread closes it at the
-deadline, whatever its commands are doing, which frees its jail, cgroup and disk. Slots are counted
-before a jail is built, so concurrent creates cannot pass the limits.
+deadline, whatever its commands are doing, which frees its jail, cgroup and disk, or pauses it if it
+was made with ``autoPause``. A paused sandbox keeps its processes, memory and files while the server
+lives; its deadline does not run until it is resumed, and it keeps its slot. Slots are counted
+before a jail is built, so concurrent creates cannot pass the limits. Pause, resume and close of one
+sandbox take its ``gate`` in turn, so none of them sees another half done.
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 import re
 import secrets
 import threading
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from ...sandbox import Limits, Sandbox, SandboxPool
-from ...sandbox.errors import SandboxError
+from ...sandbox.errors import PauseFailed, SandboxClosed, SandboxError
 from ...sandbox.serving import Store, check_env
 from .fs import Watchers
 from .processes import ProcessTable
@@ -48,15 +52,28 @@ class Served:
     access_token: str
     sandbox: Sandbox
     started: datetime
-    deadline: float  # time.monotonic() at which the reaper closes it
+    deadline: float  # time.monotonic() at which the reaper closes (or pauses) it; inf while paused
+    end_at: datetime  # the deadline on the wall clock, to the second, as reported: stable between reports
     procs: ProcessTable
+    envs: dict[str, str]
+    auto_pause: bool = False  # at the deadline: paused, not closed
+    auto_resume: bool = False  # a daemon request to it while paused resumes it
+    left: float | None = None  # seconds of its lifetime left when it was paused; None while it runs
+    gate: threading.Lock = field(default_factory=threading.Lock)
     watchers: Watchers = field(default_factory=Watchers)
 
     @property
-    def end_at(self) -> datetime:
-        return datetime.now(timezone.utc).replace(microsecond=0) + timedelta(
-            seconds=max(0.0, self.deadline - time.monotonic())
-        )
+    def paused(self) -> bool:
+        return self.left is not None
+
+    def expire_in(self, seconds: float) -> None:
+        """Set the deadline ``seconds`` from now (the caller holds the registry's lock)."""
+        self.deadline = time.monotonic() + seconds
+        self.end_at = _wall(seconds)
+
+
+def _wall(seconds: float) -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=round(seconds))
 
 
 def _strings(value: object, what: str, limit: int) -> dict[str, str]:
@@ -92,12 +109,59 @@ class Registry:
         self.reaper = threading.Thread(target=self._reap, name="jailbox-serve-reaper", daemon=True)
         self.reaper.start()
 
-    def _timeout(self, value: object) -> int:
+    def _timeout(self, value: object, least: int = 1) -> int:
+        """A lifetime in seconds from a request; ``least`` 0 lets ``timeout`` 0 mean "expire now"."""
         if value is None:
             return self.default_timeout
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= self.max_timeout:
-            raise ServeError(400, f"timeout must be whole seconds in 1..{self.max_timeout}, e.g. 300")
+        if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= self.max_timeout:
+            raise ServeError(400, f"timeout must be whole seconds in {least}..{self.max_timeout}, e.g. 300")
         return value
+
+    def _reserve(self, owner: str, wanted: int) -> int:
+        """Take up to ``wanted`` slots for ``owner`` (at least one, else 429 naming the flag); the caller
+        gives back with ``_unreserve`` what it did not turn into sandboxes."""
+        with self.lock:
+            if self.closed:
+                raise ServeError(503, "the server is shutting down")
+            mine = sum(1 for s in self.served.values() if s.owner == owner) + self.reserved.get(owner, 0)
+            total = len(self.served) + sum(self.reserved.values())
+            if total >= self.max_total:
+                raise ServeError(429, f"the server holds its maximum of {self.max_total} sandboxes (--max-sandboxes)")
+            if mine >= self.max_per_key:
+                raise ServeError(429, f"this API key holds its maximum of {self.max_per_key} sandboxes (--max-per-key)")
+            got = min(wanted, self.max_total - total, self.max_per_key - mine)
+            self.reserved[owner] = self.reserved.get(owner, 0) + got
+            return got
+
+    def _unreserve(self, owner: str, count: int) -> None:
+        with self.lock:
+            self.reserved[owner] -= count
+            if not self.reserved[owner]:
+                del self.reserved[owner]
+
+    def _register(
+        self, owner: str, template: str, sandbox: Sandbox, metadata: dict[str, str], envs: dict[str, str], timeout: int
+    ) -> Served:
+        served = Served(
+            id="jb" + secrets.token_hex(10),
+            owner=owner,
+            template=template,
+            metadata=metadata,
+            access_token=secrets.token_urlsafe(32),
+            sandbox=sandbox,
+            started=datetime.now(timezone.utc),
+            deadline=time.monotonic() + timeout,
+            end_at=_wall(timeout),
+            procs=ProcessTable(sandbox, envs),
+            envs=envs,
+        )
+        with self.lock:
+            if not self.closed:
+                self.served[served.id] = served
+                self.lock.notify_all()
+                return served
+        sandbox.close()
+        raise ServeError(503, "the server is shutting down")
 
     def create(self, owner: str, body: dict) -> Served:
         template = body.get("templateID")
@@ -119,41 +183,18 @@ class Registry:
             check_env(envs)
         except ValueError as exc:
             raise ServeError(400, f'envVars: {exc} (e.g. {{"DEBUG": "1"}})') from None
-        with self.lock:
-            if self.closed:
-                raise ServeError(503, "the server is shutting down")
-            mine = sum(1 for s in self.served.values() if s.owner == owner) + self.reserved.get(owner, 0)
-            total = len(self.served) + sum(self.reserved.values())
-            if total >= self.max_total:
-                raise ServeError(429, f"the server holds its maximum of {self.max_total} sandboxes (--max-sandboxes)")
-            if mine >= self.max_per_key:
-                raise ServeError(429, f"this API key holds its maximum of {self.max_per_key} sandboxes (--max-per-key)")
-            self.reserved[owner] = self.reserved.get(owner, 0) + 1
+        auto_pause, auto_resume = _lifecycle(body)
+        self._reserve(owner, 1)
         try:
             try:
                 sandbox = self._sandbox(template)
             except (SandboxError, ValueError) as exc:
                 raise ServeError(400, f"cannot create a sandbox from template {template!r}: {exc}") from None
-            served = Served(
-                id="jb" + secrets.token_hex(10),
-                owner=owner,
-                template=template,
-                metadata=metadata,
-                access_token=secrets.token_urlsafe(32),
-                sandbox=sandbox,
-                started=datetime.now(timezone.utc),
-                deadline=time.monotonic() + timeout,
-                procs=ProcessTable(sandbox, envs),
-            )
-            with self.lock:
-                self.served[served.id] = served
-                self.lock.notify_all()
+            served = self._register(owner, template, sandbox, metadata, envs, timeout)
+            served.auto_pause, served.auto_resume = auto_pause, auto_resume
             return served
         finally:
-            with self.lock:
-                self.reserved[owner] -= 1
-                if not self.reserved[owner]:
-                    del self.reserved[owner]
+            self._unreserve(owner, 1)
 
     def _sandbox(self, template: str) -> Sandbox:
         """A jail of ``template``: from its warm pool if it has one. A template gets a pool (up to
@@ -177,12 +218,21 @@ class Registry:
             raise ServeError(404, f"sandbox {sandbox_id} was not found")
         return served
 
-    def by_token(self, sandbox_id: str, token: str | None) -> Served | None:
-        """The sandbox an envd request names, if its access token matches."""
+    def by_token(self, sandbox_id: str, token: str | None, wake: bool = False) -> Served | None:
+        """The sandbox an envd request names, if its access token matches. A paused one is None (as
+        missing) unless it resumes on traffic (``autoResume``): then ``wake`` resumes it."""
         with self.lock:
             served = self.served.get(sandbox_id)
         if served is None or token is None or not hmac.compare_digest(served.access_token.encode(), token.encode()):
             return None
+        if served.paused:
+            if not served.auto_resume:
+                return None
+            if wake:
+                try:
+                    self._resume(served, None)
+                except ServeError:  # closed meanwhile
+                    return None
         return served
 
     def list(self, owner: str) -> list[Served]:
@@ -190,13 +240,68 @@ class Registry:
             return [s for s in self.served.values() if s.owner == owner]
 
     def set_timeout(self, owner: str, sandbox_id: str, value: object, extend_only: bool = False) -> Served:
-        timeout = self._timeout(value)
+        """A new lifetime from now (``extend_only``: only if later than the one it has). 0 expires it
+        at once. A paused sandbox gets it as what is left once it resumes."""
+        timeout = self._timeout(value, least=1 if extend_only else 0)
         served = self.get(owner, sandbox_id)
         with self.lock:
-            deadline = time.monotonic() + timeout
-            served.deadline = max(served.deadline, deadline) if extend_only else deadline
+            if served.left is not None:
+                served.left = max(served.left, timeout) if extend_only else timeout
+                served.end_at = _wall(served.left)
+            elif not extend_only or time.monotonic() + timeout > served.deadline:
+                served.expire_in(timeout)
             self.lock.notify_all()
         return served
+
+    def pause(self, owner: str, sandbox_id: str) -> bool:
+        """Pause a sandbox; False if it was paused already."""
+        return self._pause(self.get(owner, sandbox_id))
+
+    def _pause(self, served: Served) -> bool:
+        with served.gate:
+            with self.lock:
+                if self.served.get(served.id) is not served:
+                    raise ServeError(404, f"sandbox {served.id} was not found")
+                if served.paused:
+                    return False
+            try:
+                served.sandbox.pause()
+            except PauseFailed as exc:
+                raise ServeError(500, f"sandbox {served.id} could not be paused, it runs on: {exc}") from None
+            except SandboxClosed as exc:
+                raise ServeError(409, f"sandbox {served.id} cannot be paused: {exc}") from None
+            with self.lock:
+                served.left = max(0.0, served.deadline - time.monotonic())
+                served.deadline = math.inf
+            return True
+
+    def connect(self, owner: str, sandbox_id: str, timeout: object) -> tuple[Served, bool]:
+        """A sandbox connected to, resumed if it was paused (then True): its id and token stay.
+        ``timeout`` only ever extends its lifetime."""
+        served = self.get(owner, sandbox_id)
+        seconds = None if timeout is None else self._timeout(timeout)
+        if self._resume(served, seconds):
+            return served, True
+        if seconds is not None:
+            self.set_timeout(owner, sandbox_id, seconds, extend_only=True)
+        return served, False
+
+    def _resume(self, served: Served, seconds: int | None) -> bool:
+        """Resume a paused sandbox; False if it was running. Its lifetime goes on from what was left,
+        or ``seconds`` if longer; one paused at its deadline gets ``seconds`` or the default."""
+        with served.gate:
+            with self.lock:
+                if self.served.get(served.id) is not served:
+                    raise ServeError(404, f"sandbox {served.id} was not found")
+                if served.left is None:
+                    return False
+            served.sandbox.resume()
+            with self.lock:
+                left = served.left or float(seconds or self.default_timeout)
+                served.left = None
+                served.expire_in(max(left, seconds or 0))
+                self.lock.notify_all()
+            return True
 
     def kill(self, owner: str, sandbox_id: str) -> None:
         served = self.get(owner, sandbox_id)
@@ -207,6 +312,8 @@ class Registry:
             if self.served.get(served.id) is not served:
                 return
             del self.served[served.id]
+        with served.gate:  # a pause under way ends first
+            pass
         try:
             served.procs.kill_all()
         finally:  # closing the jail kills whatever is left in it
@@ -220,11 +327,17 @@ class Registry:
                 now = time.monotonic()
                 due = [s for s in self.served.values() if s.deadline <= now]
                 if not due:
-                    nxt = min((s.deadline for s in self.served.values()), default=now + 60)
+                    nxt = min((s.deadline for s in self.served.values() if not s.paused), default=now + 60)
                     self.lock.wait(max(0.05, nxt - now))
                     continue
             for served in due:
                 try:
+                    if served.auto_pause:
+                        try:
+                            self._pause(served)
+                            continue
+                        except Exception:  # it could not be paused: closed, as without autoPause
+                            pass
                     self._close(served)
                 except Exception:  # one sandbox that fails to close must not stop the others' expiry
                     pass
@@ -241,3 +354,23 @@ class Registry:
                 pass
         for pool in self.pools.values():
             pool.close()
+
+
+def _lifecycle(body: dict) -> tuple[bool, bool]:
+    """``autoPause`` and ``autoResume`` of a create request (``lifecycle=`` in the SDK)."""
+    auto_pause = body.get("autoPause")
+    if auto_pause is None:
+        auto_pause = False
+    if not isinstance(auto_pause, bool):
+        raise ServeError(400, 'autoPause must be true or false, e.g. {"autoPause": true}')
+    memory = body.get("autoPauseMemory")
+    if memory is not None and not isinstance(memory, bool):
+        raise ServeError(400, 'autoPauseMemory must be true or false, e.g. {"autoPauseMemory": true}')
+    resume = body.get("autoResume")
+    if resume is None:
+        return auto_pause, False
+    if not isinstance(resume, dict) or set(resume) - {"enabled"} or not isinstance(resume.get("enabled"), bool):
+        raise ServeError(400, 'autoResume must be an object with a boolean "enabled", e.g. {"enabled": true}')
+    if resume["enabled"] and not auto_pause:
+        raise ServeError(400, 'autoResume needs autoPause: true (lifecycle on_timeout="pause")')
+    return auto_pause, resume["enabled"]

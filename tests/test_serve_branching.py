@@ -1,0 +1,304 @@
+"""Branching through ``jailbox serve``: pause, resume on connect and the timeout lifecycle, driven
+by the unmodified E2B SDK (sync and async) and by raw requests for what the SDK checks before sending.
+
+The server runs as a subprocess on loopback; the SDK runs in a fresh interpreter. Real jails, real kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    _sdk()
+    tmp = tmp_path_factory.mktemp("serve-branching")
+    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--max-per-key", "6")
+    yield served
+    served.stop()
+
+
+def _envd(server: Served, sid: str, token: str, method: str, path: str, data: bytes | None) -> tuple[int, dict]:
+    headers = {"E2b-Sandbox-Id": sid, "X-Access-Token": token, "Content-Type": "application/json"}
+    req = urllib.request.Request(server.url + path, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw else {}
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_pause_and_resume_on_connect_keep_processes_files_id_and_token(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import time
+        from e2b import Sandbox, SandboxNotFoundException, SandboxQuery, SandboxState
+
+        sb = Sandbox.create(template="host", timeout=300, metadata={"suite": "pause"})
+        sb.files.write("/tmp/kept", "before the pause")
+        # one background command: with two, the SDK's next file request waits 60 s for a connection
+        sleeper = sb.commands.run("echo $$ > /tmp/shell; sleep 1000", background=True, timeout=0)
+        assert sb.is_running()
+        assert sb.get_info().state == SandboxState.RUNNING
+        assert sb.get_info().lifecycle == {"on_timeout": "kill", "auto_resume": False}
+
+        assert sb.pause() is True
+        assert not sb.is_running()  # a paused sandbox answers envd as a missing one
+        assert sb.pause() is False  # 409: already paused
+        assert Sandbox.get_info(sb.sandbox_id).state == SandboxState.PAUSED
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED], metadata={"suite": "pause"}))
+        assert [s.sandbox_id for s in paused.next_items()] == [sb.sandbox_id]
+        running = Sandbox.list(query=SandboxQuery(state=[SandboxState.RUNNING], metadata={"suite": "pause"}))
+        assert running.next_items() == []
+        both = Sandbox.list(query=SandboxQuery(metadata={"suite": "pause"})).next_items()
+        assert [(s.sandbox_id, s.state) for s in both] == [(sb.sandbox_id, SandboxState.PAUSED)]
+        try:
+            sb.commands.run("true")
+            raise AssertionError("a paused sandbox ran a command")
+        except Exception as exc:
+            assert "was not found" in str(exc) or "not running" in str(exc).lower(), exc
+
+        assert sb.connect() is sb  # the instance form ignores the reply: the id and token must stay
+        assert sb.is_running()
+        assert sb.get_info().state == SandboxState.RUNNING
+        assert sb.files.read("/tmp/kept") == "before the pause"
+        listed = [p.pid for p in sb.commands.list()]
+        assert sleeper.pid in listed, listed  # the processes outlived the pause
+        assert sb.commands.run("kill -0 $(cat /tmp/shell) && echo alive").stdout == "alive\\n"
+
+        # the class forms, as the E2B API tests use them: the old handle works after the resume
+        assert Sandbox.pause(sb.sandbox_id) is True
+        assert not sb.is_running()
+        again = Sandbox.connect(sb.sandbox_id)
+        assert again.sandbox_id == sb.sandbox_id
+        assert sb.is_running() and again.is_running()
+        assert again.commands.run("cat /tmp/kept").stdout == "before the pause"
+
+        for call in (lambda: Sandbox.pause("jbnosuchsandbox"), lambda: Sandbox.connect("jbnosuchsandbox")):
+            try:
+                call()
+                raise AssertionError("an unknown sandbox was paused or connected")
+            except SandboxNotFoundException:
+                pass
+        sb.kill()
+        """,
+    )
+
+
+def test_a_paused_sandbox_answers_envd_exactly_as_a_missing_one(server: Served) -> None:
+    status, made = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host"})
+    assert status == 201, made
+    sid, token = made["sandboxID"], made["envdAccessToken"]  # type: ignore[index]
+    try:
+        calls = (
+            ("GET", "/health", None),
+            ("GET", "/files?path=/etc/hostname", None),
+            ("POST", "/filesystem.Filesystem/Stat", b'{"path": "/"}'),
+            ("POST", "/process.Process/List", b"{}"),
+        )
+        missing = [_envd(server, "jbmissing", token, m, p, d) for m, p, d in calls]
+        assert api(server, "POST", f"/sandboxes/{sid}/pause", KEY_A, {})[0] == 204
+        paused = [_envd(server, sid, token, m, p, d) for m, p, d in calls]
+        assert json.dumps(paused).replace(sid, "ID") == json.dumps(missing).replace("jbmissing", "ID")
+        assert paused[0][0] == 502
+        assert api(server, "POST", f"/sandboxes/{sid}/pause", KEY_A, {}) == (
+            409,
+            {"code": 409, "message": f"sandbox {sid} is already paused"},
+        )
+        assert api(server, "POST", f"/sandboxes/{sid}/pause", KEY_B, {})[0] == 404  # another key's
+        status, body = api(server, "POST", f"/v2/sandboxes/{sid}/connect", KEY_A, {"timeout": 60})
+        assert status == 201 and body["envdAccessToken"] == token, body  # type: ignore[index]
+        assert api(server, "POST", f"/v2/sandboxes/{sid}/connect", KEY_A, {})[0] == 200  # running: 200
+        assert _envd(server, sid, token, "GET", "/health", None)[0] == 204
+    finally:
+        api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)
+
+
+def test_timeout_does_not_run_while_paused_and_connect_only_extends(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import time
+        from datetime import datetime, timezone
+        from e2b import Sandbox
+
+        sb = Sandbox.create(template="host", timeout=4)
+        sb.pause()
+        time.sleep(6)  # past its timeout, paused: it must still be there
+        Sandbox.connect(sb.sandbox_id)
+        assert sb.is_running()
+        left = (sb.get_info().end_at - datetime.now(timezone.utc)).total_seconds()
+        assert 0 < left <= 5, left  # what was left at the pause, not a fresh lifetime
+        deadline = time.monotonic() + 60
+        while sb.is_running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not sb.is_running()  # and it runs out once resumed
+
+        sb = Sandbox.create(template="host", timeout=300)
+        before = Sandbox.get_info(sb.sandbox_id).end_at
+        time.sleep(1.1)
+        Sandbox.connect(sb.sandbox_id, timeout=10)  # shorter: the end stays where it was
+        assert Sandbox.get_info(sb.sandbox_id).end_at == before
+        Sandbox.connect(sb.sandbox_id, timeout=600)
+        assert Sandbox.get_info(sb.sandbox_id).end_at > before
+        sb.kill()
+        """,
+    )
+
+
+def test_lists_by_state_newest_first_and_filtered_as_e2b_lists(server: Served) -> None:
+    made = []
+    try:
+        for _ in range(3):
+            status, body = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host"})
+            assert status == 201, body
+            made.append(body["sandboxID"])  # type: ignore[index]
+        assert api(server, "POST", f"/sandboxes/{made[1]}/pause", KEY_A, {})[0] == 204
+
+        def ids(query: str) -> list[str]:
+            status, listed = api(server, "GET", f"/v2/sandboxes?{query}", KEY_A)
+            assert status == 200, listed
+            return [s["sandboxID"] for s in listed]  # type: ignore[union-attr]
+
+        assert ids("") == made[::-1]  # newest first, running and paused
+        assert ids("order=asc") == made
+        assert ids("state=paused") == [made[1]]
+        assert ids("state=running") == [made[2], made[0]]
+        assert ids("state=running,paused&limit=1") == [made[2]]
+        assert ids("template=host") == made[::-1] and ids("template=slim") == []
+        _, second = api(server, "GET", f"/sandboxes/{made[1]}", KEY_A)
+        after = urllib.parse.quote(second["startedAt"])  # type: ignore[index]
+        assert ids(f"startedAfter={after}") == [made[2], made[1]]
+    finally:
+        for sid in made:
+            api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)
+
+
+def test_bad_pause_and_connect_requests_are_named(server: Served) -> None:
+    status, made = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host"})
+    sid = made["sandboxID"]  # type: ignore[index]
+    try:
+        for body, field in (
+            ({"memory": "yes"}, "memory"),
+            ({"requireHealthyGuest": 1}, "requireHealthyGuest"),
+        ):
+            status, answer = api(server, "POST", f"/sandboxes/{sid}/pause", KEY_A, body)
+            assert status == 400 and field in answer["message"], (body, answer)  # type: ignore[index]
+        for body, field in (
+            ({"memory": False}, "memory"),
+            ({"memory": 0}, "memory"),
+            ({"timeout": 0}, "timeout"),
+            ({"timeout": "60"}, "timeout"),
+            ({"timeout": 10**9}, "timeout"),
+        ):
+            status, answer = api(server, "POST", f"/v2/sandboxes/{sid}/connect", KEY_A, body)
+            assert status == 400 and field in answer["message"], (body, answer)  # type: ignore[index]
+        for query, field in (
+            ("state=sleeping", "state"),
+            ("state=running,gone", "state"),
+            ("order=up", "order"),
+            ("startedAfter=yesterday", "startedAfter"),
+            ("startedAfter=2026-01-31T12:00:00", "startedAfter"),  # no time zone
+        ):
+            status, answer = api(server, "GET", f"/v2/sandboxes?{query}", KEY_A)
+            assert status == 400 and field in answer["message"], (query, answer)  # type: ignore[index]
+        assert api(server, "POST", "/sandboxes/jbnosuchsandbox/pause", KEY_A, {})[0] == 404
+    finally:
+        api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)
+
+
+def test_async_pause_and_connect(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import asyncio
+        import os
+        from e2b import AsyncSandbox, SandboxState
+
+        async def main():
+            sb = await AsyncSandbox.create(template="host")
+            await sb.files.write("/root/async-state", "v1")
+            assert await sb.pause() is True
+            assert not await sb.is_running()
+            assert await sb.pause() is False
+            assert (await sb.get_info()).state == SandboxState.PAUSED
+            await sb.connect()
+            assert await sb.is_running()
+            assert await sb.files.read("/root/async-state") == "v1"
+            await sb.kill()
+
+        asyncio.run(main())
+        os._exit(0)  # see test_serve_e2b.test_async_sdk: the SDK's teardown aborts now and then
+        """,
+    )
+
+
+def test_on_timeout_pause_pauses_at_the_deadline_and_auto_resume_wakes_it(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import time
+        from e2b import Sandbox, SandboxState
+
+        def wait_paused(sb):
+            deadline = time.monotonic() + 30
+            while Sandbox.get_info(sb.sandbox_id).state != SandboxState.PAUSED:
+                assert time.monotonic() < deadline, "not paused at its timeout"
+                time.sleep(0.2)
+
+        sb = Sandbox.create(template="host", timeout=300, lifecycle={"on_timeout": "pause", "auto_resume": False})
+        assert sb.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
+        sleeper = sb.commands.run("sleep 1000", background=True, timeout=0)
+        sb.set_timeout(0)  # expires now: paused, not killed
+        wait_paused(sb)
+        assert not sb.is_running()
+        sb.connect()
+        assert sb.is_running() and sb.get_info().state == SandboxState.RUNNING
+        assert sleeper.pid in [p.pid for p in sb.commands.list()]
+        sb.kill()
+
+        sb = Sandbox.create(template="host", timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
+        assert sb.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": True}
+        sb.files.write("/tmp/woken", "yes")
+        wait_paused(sb)
+        assert sb.commands.run("cat /tmp/woken").stdout == "yes"  # traffic resumed it
+        assert Sandbox.get_info(sb.sandbox_id).state == SandboxState.RUNNING
+        sb.kill()
+
+        sb = Sandbox.create(template="host", timeout=300)  # no lifecycle: killed at the timeout
+        sb.set_timeout(0)
+        deadline = time.monotonic() + 30
+        while sb.sandbox_id in [s.sandbox_id for s in Sandbox.list().next_items()]:
+            assert time.monotonic() < deadline, "not killed at its timeout"
+            time.sleep(0.2)
+        """,
+    )
+
+
+def test_bad_lifecycles_are_named(server: Served) -> None:
+    for body, field in (
+        ({"autoPause": "yes"}, "autoPause"),
+        ({"autoPause": True, "autoPauseMemory": 1}, "autoPauseMemory"),
+        ({"autoPause": True, "autoResume": True}, "autoResume"),
+        ({"autoPause": True, "autoResume": {"enabled": "1"}}, "autoResume"),
+        ({"autoPause": True, "autoResume": {"enabled": True, "x": 1}}, "autoResume"),
+        ({"autoPause": False, "autoResume": {"enabled": True}}, "autoResume"),
+    ):
+        status, answer = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host", **body})
+        assert status == 400 and field in answer["message"], (body, answer)  # type: ignore[index]
+    _, listed = api(server, "GET", "/v2/sandboxes", KEY_A)
+    assert listed == []
