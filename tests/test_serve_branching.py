@@ -1,4 +1,4 @@
-"""Branching through ``jailbox serve``: pause, resume on connect and the timeout lifecycle, driven
+"""Branching through ``jailbox serve``: pause, resume on connect, fork and the timeout lifecycle, driven
 by the unmodified E2B SDK (sync and async) and by raw requests for what the SDK checks before sending.
 
 The server runs as a subprocess on loopback; the SDK runs in a fresh interpreter. Real jails, real kernel.
@@ -219,7 +219,7 @@ def test_bad_pause_and_connect_requests_are_named(server: Served) -> None:
         api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)
 
 
-def test_async_pause_and_connect(server: Served, tmp_path: Path) -> None:
+def test_async_pause_connect_and_fork(server: Served, tmp_path: Path) -> None:
     sdk(
         server,
         tmp_path,
@@ -237,13 +237,126 @@ def test_async_pause_and_connect(server: Served, tmp_path: Path) -> None:
             assert (await sb.get_info()).state == SandboxState.PAUSED
             await sb.connect()
             assert await sb.is_running()
-            assert await sb.files.read("/root/async-state") == "v1"
+            children = await sb.fork(count=2, timeout=60)
+            assert len({c.sandbox_id for c in children} | {sb.sandbox_id}) == 3, children
+            for child in children:
+                assert await child.files.read("/root/async-state") == "v1"
+                await child.kill()
             await sb.kill()
 
         asyncio.run(main())
         os._exit(0)  # see test_serve_e2b.test_async_sdk: the SDK's teardown aborts now and then
         """,
     )
+
+
+def test_fork_children_are_sandboxes_of_their_own(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import time
+        from datetime import datetime, timezone
+        from e2b import InvalidArgumentException, Sandbox, SandboxException, SandboxNotFoundException
+
+        sb = Sandbox.create(template="host", timeout=300, metadata={"suite": "fork"})
+        sb.files.write("/root/state", "v1")
+        before = sb.get_info().end_at
+        time.sleep(1.1)
+        children = sb.fork(count=2, timeout=60)
+        assert all(isinstance(c, Sandbox) for c in children), children
+        ids = {c.sandbox_id for c in children}
+        assert len(ids) == 2 and sb.sandbox_id not in ids
+        assert sb.is_running() and sb.get_info().end_at == before  # the source is untouched
+        for child in children:
+            assert child.is_running()
+            assert child.files.read("/root/state") == "v1"
+            info = child.get_info()
+            assert info.metadata == {"suite": "fork"}
+            left = (info.end_at - datetime.now(timezone.utc)).total_seconds()
+            assert 50 <= left <= 61, left
+        children[0].files.write("/root/state", "child")
+        sb.files.write("/root/state", "parent")
+        assert children[1].files.read("/root/state") == "v1"
+        assert children[0].files.read("/root/state") == "child"
+        # each child has its own token: another's does not reach it
+        assert children[0]._envd_access_token != children[1]._envd_access_token
+
+        (one,) = Sandbox.fork(sb.sandbox_id)
+        assert one.files.read("/root/state") == "parent"
+        one.kill()
+
+        try:
+            sb.fork(count=0)
+            raise AssertionError("count=0 was sent")
+        except InvalidArgumentException:
+            pass
+        sb.pause()
+        try:
+            sb.fork()
+            raise AssertionError("a paused sandbox was forked")
+        except SandboxException as exc:
+            assert "paused" in str(exc), exc
+        sb.connect()
+        for child in children:
+            child.kill()
+        sb.kill()
+        try:
+            sb.fork()
+            raise AssertionError("a killed sandbox was forked")
+        except SandboxNotFoundException:
+            pass
+        """,
+    )
+
+
+def test_fork_past_the_keys_limit_gives_an_error_per_child(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        from e2b import RateLimitException, Sandbox
+
+        sb = Sandbox.create(template="host")
+        results = sb.fork(count=7)  # --max-per-key 6: the source and 5 children
+        made = [r for r in results if isinstance(r, Sandbox)]
+        refused = [r for r in results if isinstance(r, RateLimitException)]
+        assert (len(made), len(refused)) == (5, 2), results
+        assert "--max-per-key" in str(refused[0])
+        try:
+            sb.fork()
+            raise AssertionError("a fork past the limit was made")
+        except RateLimitException:
+            pass
+        for child in made:
+            child.kill()
+        sb.kill()
+        """,
+    )
+
+
+def test_bad_fork_requests_are_named(server: Served) -> None:
+    status, made = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host"})
+    sid = made["sandboxID"]  # type: ignore[index]
+    try:
+        for body, field in (
+            ({"count": 0}, "count"),
+            ({"count": 21}, "count"),
+            ({"count": "2"}, "count"),
+            ({"count": True}, "count"),
+            ({"count": 1.5}, "count"),
+            ({"timeout": 0}, "timeout"),
+            ({"timeout": -5}, "timeout"),
+            ({"timeout": 10**9}, "timeout"),
+        ):
+            status, answer = api(server, "POST", f"/sandboxes/{sid}/fork", KEY_A, body)
+            assert status == 400 and field in answer["message"], (body, answer)  # type: ignore[index]
+        assert api(server, "POST", f"/sandboxes/{sid}/fork", KEY_B, {})[0] == 404  # another key's
+        assert api(server, "POST", "/sandboxes/jbnosuchsandbox/fork", KEY_A, {})[0] == 404
+        _, listed = api(server, "GET", "/v2/sandboxes", KEY_A)
+        assert [s["sandboxID"] for s in listed] == [sid]  # type: ignore[union-attr]  # nothing half made
+    finally:
+        api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)
 
 
 def test_on_timeout_pause_pauses_at_the_deadline_and_auto_resume_wakes_it(server: Served, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""The E2B control plane over HTTP: create, list, get, kill, set the timeout of, connect to (resuming)
-and pause sandboxes.
+"""The E2B control plane over HTTP: create, list, get, kill, set the timeout of, connect to (resuming),
+pause and fork sandboxes.
 
 Runs in the serving host process, on a request's thread. Every request needs an API key
 (``X-API-Key``); a missing or unknown one is 401 before anything else is looked at, and a sandbox of
@@ -157,6 +157,18 @@ class ControlPlane:
             if self.registry.pause(owner, sandbox_id):
                 return Response(204)
             return error(409, f"sandbox {sandbox_id} is already paused")
+        if action == "/fork" and method == "POST":
+            body = self._body(request)
+            children = self.registry.fork(owner, sandbox_id, body.get("count"), body.get("timeout"))
+            return _json(
+                201,
+                [
+                    {"error": {"code": c.status, "message": c.message}}
+                    if isinstance(c, ServeError)
+                    else {"sandbox": created(c)}
+                    for c in children
+                ],
+            )
         self.registry.get(owner, sandbox_id)  # another key's sandbox stays not found
         return error(501, f"{method} {path} is not served by jailbox (snapshots, metrics and logs are not)")
 

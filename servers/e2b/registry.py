@@ -4,9 +4,10 @@ Runs in the serving host process. A sandbox belongs to the API key that made it 
 every other key (it answers as not found). Each has a deadline; a reaper thread closes it at the
 deadline, whatever its commands are doing, which frees its jail, cgroup and disk, or pauses it if it
 was made with ``autoPause``. A paused sandbox keeps its processes, memory and files while the server
-lives; its deadline does not run until it is resumed, and it keeps its slot. Slots are counted
-before a jail is built, so concurrent creates cannot pass the limits. Pause, resume and close of one
-sandbox take its ``gate`` in turn, so none of them sees another half done.
+lives; its deadline does not run until it is resumed, and it keeps its slot. A fork's children are
+sandboxes of their own (id, token, deadline). Slots are counted before a jail is built, so
+concurrent creates and forks cannot pass the limits. Pause, resume, fork and close of one sandbox
+take its ``gate`` in turn, so none of them sees another half done.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ MAX_METADATA = 64
 MAX_ENV = 256
 MAX_TEXT = 4096
 MAX_POOLS = 4
+MAX_FORK = 20
+"""Children one fork request may ask for (the E2B SDK's own bound)."""
 SDK_DEFAULT = "base"
 
 
@@ -303,6 +306,39 @@ class Registry:
                 self.lock.notify_all()
             return True
 
+    def fork(self, owner: str, sandbox_id: str, count: object, timeout: object) -> list[Served | ServeError]:
+        """``count`` new sandboxes from ``sandbox_id``'s filesystem now, each with its own id, token and
+        lifetime (``timeout``), its metadata and variables; the source keeps its id and lifetime. A
+        child past the server's or the key's limit is an error in its place."""
+        if count is None:
+            count = 1
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_FORK:
+            raise ServeError(400, f"count must be a whole number in 1..{MAX_FORK}, e.g. 2")
+        seconds = self._timeout(timeout)
+        served = self.get(owner, sandbox_id)
+        got = self._reserve(owner, count)
+        try:
+            with served.gate:
+                with self.lock:
+                    if self.served.get(served.id) is not served:
+                        raise ServeError(404, f"sandbox {served.id} was not found")
+                if served.paused:
+                    raise ServeError(409, f"sandbox {served.id} is paused and cannot be forked; resume it first")
+                try:
+                    children = served.sandbox.fork(got)
+                except (SandboxError, OSError) as exc:
+                    raise ServeError(500, f"sandbox {served.id} could not be forked: {exc}") from None
+            made: list[Served | ServeError] = [
+                self._register(owner, served.template, child, dict(served.metadata), dict(served.envs), seconds)
+                for child in children
+            ]
+        finally:
+            self._unreserve(owner, got)
+        limit = ServeError(
+            429, "the server or this API key holds its maximum of sandboxes (--max-sandboxes, --max-per-key)"
+        )
+        return made + [limit] * (count - got)
+
     def kill(self, owner: str, sandbox_id: str) -> None:
         served = self.get(owner, sandbox_id)
         self._close(served)
@@ -312,7 +348,7 @@ class Registry:
             if self.served.get(served.id) is not served:
                 return
             del self.served[served.id]
-        with served.gate:  # a pause under way ends first
+        with served.gate:  # a pause or fork under way ends first
             pass
         try:
             served.procs.kill_all()
