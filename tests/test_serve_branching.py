@@ -1,4 +1,4 @@
-"""Branching through ``jailbox serve``: pause, resume on connect, fork and the timeout lifecycle, driven
+"""Branching through ``jailbox serve``: pause, resume on connect, fork, snapshots and the timeout lifecycle, driven
 by the unmodified E2B SDK (sync and async) and by raw requests for what the SDK checks before sending.
 
 The server runs as a subprocess on loopback; the SDK runs in a fresh interpreter. Real jails, real kernel.
@@ -21,9 +21,18 @@ from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     _sdk()
     tmp = tmp_path_factory.mktemp("serve-branching")
-    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--max-per-key", "6")
+    served = start_server(tmp, *_flags(tmp), env=_store(tmp))
     yield served
     served.stop()
+
+
+def _flags(tmp: Path) -> list[str]:
+    return ["--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--max-per-key", "6"]
+
+
+def _store(tmp: Path) -> dict[str, str]:
+    """A store of the module's own: its snapshots are no other test's."""
+    return {"JAILBOX_CACHE_DIR": str(tmp / "cache")}
 
 
 def _envd(server: Served, sid: str, token: str, method: str, path: str, data: bytes | None) -> tuple[int, dict]:
@@ -415,3 +424,205 @@ def test_bad_lifecycles_are_named(server: Served) -> None:
         assert status == 400 and field in answer["message"], (body, answer)  # type: ignore[index]
     _, listed = api(server, "GET", "/v2/sandboxes", KEY_A)
     assert listed == []
+
+
+def test_snapshots_start_sandboxes_list_by_sandbox_and_name_and_delete(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        from e2b import Sandbox, SandboxException
+
+        sb = Sandbox.create(template="host")
+        sb.files.write("/root/app/config.json", '{"env": "test"}')
+        sb.commands.run("sleep 1000", background=True, timeout=0)
+        plain = sb.create_snapshot()
+        assert plain.snapshot_id.startswith("snap-") and plain.names == [], plain
+        sb.files.write("/root/app/config.json", "v2")
+        named = sb.create_snapshot(name="team/my_snap:v1")
+        assert named.names == ["team/my_snap:v1"], named
+        assert sb.files.read("/root/app/config.json") == "v2"  # the source runs on
+
+        one = Sandbox.create(plain.snapshot_id)
+        assert one.files.read("/root/app/config.json") == '{"env": "test"}'
+        assert one.commands.list() == []  # a snapshot keeps files, not processes
+        assert one.get_info().template_id == plain.snapshot_id
+        two = Sandbox.create("team/my_snap:v1")  # by its name, '/', ':' and '_' in it
+        assert two.files.read("/root/app/config.json") == "v2"
+        two.files.write("/root/app/config.json", "mine")
+        assert Sandbox.create(named.snapshot_id).files.read("/root/app/config.json") == "v2"
+
+        ids = lambda p: [s.snapshot_id for s in p.next_items()]
+        assert ids(Sandbox.list_snapshots()) == [named.snapshot_id, plain.snapshot_id]  # newest first
+        assert ids(Sandbox.list_snapshots(sandbox_id=sb.sandbox_id)) == [named.snapshot_id, plain.snapshot_id]
+        assert ids(Sandbox.list_snapshots(sandbox_id=one.sandbox_id)) == []
+        assert ids(Sandbox.list_snapshots(name="team/my_snap:v1")) == [named.snapshot_id]
+        assert ids(Sandbox.list_snapshots(name="team/my_snap:v1-does-not-exist")) == []
+        pages = Sandbox.list_snapshots(limit=1)
+        assert ids(pages) == [named.snapshot_id] and pages.has_next
+        assert ids(pages) == [plain.snapshot_id] and not pages.has_next
+        assert [s.names for s in Sandbox.list_snapshots(name=named.snapshot_id).next_items()] == [["team/my_snap:v1"]]
+
+        try:
+            sb.create_snapshot(mode="full")
+            raise AssertionError("a memory snapshot was made")
+        except SandboxException as exc:
+            assert exc.status_code == 400 and "memory" in str(exc), exc
+        try:
+            Sandbox.delete_snapshot(plain.snapshot_id)  # one's jail runs over it
+            raise AssertionError("a snapshot in use was deleted")
+        except SandboxException as exc:
+            assert exc.status_code == 409, exc
+        for made in Sandbox.list().next_items():
+            if made.sandbox_id != sb.sandbox_id:
+                Sandbox.kill(made.sandbox_id)
+        assert Sandbox.delete_snapshot(plain.snapshot_id) is True
+        assert Sandbox.delete_snapshot(plain.snapshot_id) is False
+        assert Sandbox.delete_snapshot("team/my_snap:v1") is True  # by name, percent-encoded on the way
+        assert ids(Sandbox.list_snapshots()) == []
+        try:
+            Sandbox.create(plain.snapshot_id)
+            raise AssertionError("a deleted snapshot started a sandbox")
+        except SandboxException as exc:
+            assert exc.status_code == 400 and "templateID" in str(exc), exc
+        sb.kill()
+        """,
+    )
+
+
+def test_a_keys_snapshots_are_invisible_to_another_key(server: Served, tmp_path: Path) -> None:
+    made = sdk(
+        server,
+        tmp_path,
+        """
+        from e2b import Sandbox
+
+        sb = Sandbox.create(template="host")
+        sb.files.write("/root/secret", "of key a")
+        print(sb.create_snapshot(name="mine").snapshot_id)
+        sb.kill()
+        """,
+    ).strip()
+    try:
+        sdk(
+            server,
+            tmp_path,
+            f"""
+            from e2b import Sandbox, SandboxException
+
+            assert Sandbox.list_snapshots().next_items() == []
+            assert Sandbox.list_snapshots(name="mine").next_items() == []
+            for ref in ("{made}", "mine"):
+                try:
+                    Sandbox.create(ref)
+                    raise AssertionError("another key started from a snapshot")
+                except SandboxException as exc:
+                    assert exc.status_code == 400, exc
+                assert Sandbox.delete_snapshot(ref) is False
+            """,
+            key=KEY_B,
+        )
+        status, listed = api(server, "GET", "/snapshots", KEY_A)
+        assert status == 200 and [s["snapshotID"] for s in listed] == [made]  # type: ignore[union-attr]
+    finally:
+        api(server, "DELETE", f"/templates/{made}", KEY_A)
+
+
+def test_snapshots_outlive_the_server(server: Served, tmp_path: Path) -> None:
+    tmp = tmp_path / "second"
+    tmp.mkdir()
+    first = start_server(tmp, *_flags(tmp), env=_store(tmp))
+    try:
+        made = sdk(
+            first,
+            tmp,
+            """
+            from e2b import Sandbox
+
+            sb = Sandbox.create(template="host")
+            sb.files.write("/root/kept", "across a restart")
+            print(sb.create_snapshot(name="kept").snapshot_id)
+            """,
+        ).strip()
+    finally:
+        first.stop()
+    again = start_server(tmp, *_flags(tmp), env=_store(tmp))
+    try:
+        sdk(
+            again,
+            tmp,
+            f"""
+            from e2b import Sandbox
+
+            assert [s.snapshot_id for s in Sandbox.list_snapshots().next_items()] == ["{made}"]
+            sb = Sandbox.create("kept")
+            assert sb.files.read("/root/kept") == "across a restart"
+            sb.kill()
+            assert Sandbox.delete_snapshot("{made}")
+            """,
+        )
+    finally:
+        again.stop()
+
+
+def test_bad_snapshot_requests_are_named(server: Served) -> None:
+    status, made = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host"})
+    sid = made["sandboxID"]  # type: ignore[index]
+    try:
+        for body, field in (
+            ({"name": ""}, "name"),
+            ({"name": "a" * 65}, "name"),
+            ({"name": "../x"}, "name"),
+            ({"name": "a b"}, "name"),
+            ({"name": "x@y"}, "name"),
+            ({"name": "snap-0123456789ab"}, "name"),  # an id's shape
+            ({"name": 7}, "name"),
+            ({"memory": True}, "memory"),
+            ({"memory": "no"}, "memory"),
+        ):
+            status, answer = api(server, "POST", f"/sandboxes/{sid}/snapshots", KEY_A, body)
+            assert status == 400 and field in answer["message"], (body, answer)  # type: ignore[index]
+        for query, field in (
+            ("limit=0", "limit"),
+            ("limit=101", "limit"),
+            ("limit=x", "limit"),
+            ("nextToken=-1", "nextToken"),
+            ("nextToken=abc", "nextToken"),
+            ("name=" + "a" * 300, "name"),
+            ("sandboxID=" + "a" * 300, "sandboxID"),
+        ):
+            status, answer = api(server, "GET", f"/snapshots?{query}", KEY_A)
+            assert status == 400 and field in answer["message"], (query, answer)  # type: ignore[index]
+        for ref in ("%ff%fe", "a" * 300, "%00"):
+            status, answer = api(server, "DELETE", f"/templates/{ref}", KEY_A)
+            assert status == 400 and "snapshot id" in answer["message"], (ref, answer)  # type: ignore[index]
+        assert api(server, "DELETE", "/templates/default", KEY_A)[0] == 404  # a root filesystem is not deleted
+        assert api(server, "POST", f"/sandboxes/{sid}/snapshots", KEY_B, {})[0] == 404  # another key's sandbox
+        assert api(server, "GET", "/snapshots", KEY_A) == (200, [])  # nothing half made
+    finally:
+        api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)
+
+
+def test_a_keys_snapshots_are_bounded(server: Served) -> None:
+    status, made = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host"})
+    sid = made["sandboxID"]  # type: ignore[index]
+    taken: list[str] = []
+    try:
+        while True:
+            status, answer = api(server, "POST", f"/sandboxes/{sid}/snapshots", KEY_A, {})
+            if status != 201:
+                break
+            taken.append(answer["snapshotID"])  # type: ignore[index]
+            assert len(taken) <= 64
+        assert status == 429 and "64 snapshots" in answer["message"], answer  # type: ignore[index]
+        _, held = api(server, "GET", "/snapshots", KEY_A)
+        assert len(held) == 64  # type: ignore[arg-type]  # the key's, made here or left by another test
+        assert api(server, "GET", "/snapshots", KEY_B) == (200, [])  # another key's bound is its own
+        assert api(server, "DELETE", f"/templates/{taken.pop()}", KEY_A)[0] == 204
+        status, answer = api(server, "POST", f"/sandboxes/{sid}/snapshots", KEY_A, {})
+        assert status == 201, answer
+        taken.append(answer["snapshotID"])  # type: ignore[index]
+    finally:
+        for ref in taken:
+            api(server, "DELETE", f"/templates/{ref}", KEY_A)
+        api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)

@@ -1,5 +1,5 @@
 """The E2B control plane over HTTP: create, list, get, kill, set the timeout of, connect to (resuming),
-pause and fork sandboxes.
+pause, fork and snapshot sandboxes; list and delete snapshots.
 
 Runs in the serving host process, on a request's thread. Every request needs an API key
 (``X-API-Key``); a missing or unknown one is 401 before anything else is looked at, and a sandbox of
@@ -19,12 +19,16 @@ from email.message import Message
 from ..keys import Keys
 from . import envd
 from .httpd import Request, Response
-from .registry import Registry, Served, ServeError
+from .registry import Kept, Registry, Served, ServeError
 
 CLIENT_ID = "jailbox"
 SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([A-Za-z0-9_-]{1,64})(/[a-z]+)?$")
 ENVD_HOST = re.compile(r"^\d{1,5}-([a-z0-9]{1,64})\.")
 MAX_LIST = 1000
+MAX_SNAPSHOT_PAGE = 100
+"""Snapshots one list page holds at most (E2B's own cap)."""
+MAX_REF = 256
+"""Characters of a snapshot id or name in a path or query, checked before it is looked up."""
 MAX_JSON = 1 << 20
 
 
@@ -125,6 +129,17 @@ class ControlPlane:
 
     def _route(self, owner: str, request: Request) -> Response:
         method, path = request.method, request.path
+        if path == "/snapshots" and method == "GET":
+            return self._snapshots(owner, request)
+        if path.startswith("/templates/") and method == "DELETE":
+            try:
+                ref = urllib.parse.unquote(path[len("/templates/") :], errors="strict")
+            except UnicodeDecodeError:
+                ref = ""
+            if not ref or len(ref) > MAX_REF or "\0" in ref:
+                raise ServeError(400, f"the snapshot id must be 1 to {MAX_REF} characters, e.g. snap-0123456789ab")
+            self.registry.delete_snapshot(owner, ref)
+            return Response(204)
         if path in ("/sandboxes", "/v2/sandboxes"):
             if method == "POST":
                 return _json(201, created(self.registry.create(owner, self._body(request))))
@@ -157,6 +172,11 @@ class ControlPlane:
             if self.registry.pause(owner, sandbox_id):
                 return Response(204)
             return error(409, f"sandbox {sandbox_id} is already paused")
+        if action == "/snapshots" and method == "POST":
+            body = self._body(request)
+            _flag(body, "memory", False, "a snapshot keeps the filesystem, not processes (mode='filesystem')")
+            kept = self.registry.snapshot(owner, sandbox_id, body.get("name"))
+            return _json(201, _snapshot_info(kept))
         if action == "/fork" and method == "POST":
             body = self._body(request)
             children = self.registry.fork(owner, sandbox_id, body.get("count"), body.get("timeout"))
@@ -170,7 +190,31 @@ class ControlPlane:
                 ],
             )
         self.registry.get(owner, sandbox_id)  # another key's sandbox stays not found
-        return error(501, f"{method} {path} is not served by jailbox (snapshots, metrics and logs are not)")
+        return error(501, f"{method} {path} is not served by jailbox (metrics and logs are not)")
+
+    def _snapshots(self, owner: str, request: Request) -> Response:
+        """``GET /snapshots``: the key's snapshots, newest first, by ``sandboxID`` and ``name``, paged."""
+        sandbox_id, name = request.arg("sandboxID"), request.arg("name")
+        for field, value in (("sandboxID", sandbox_id), ("name", name)):
+            if value is not None and not 1 <= len(value) <= MAX_REF:
+                raise ServeError(400, f"{field} must be 1 to {MAX_REF} characters, e.g. {field}=jb0123")
+        try:
+            limit = int(request.arg("limit") or MAX_SNAPSHOT_PAGE)
+            start = int(request.arg("nextToken") or 0)
+        except ValueError:
+            raise ServeError(400, "limit and nextToken must be whole numbers, e.g. limit=100") from None
+        if not 1 <= limit <= MAX_SNAPSHOT_PAGE or start < 0:
+            raise ServeError(
+                400, f"limit must be 1..{MAX_SNAPSHOT_PAGE} and nextToken what a page gave, e.g. limit=100"
+            )
+        kept = [
+            k
+            for k in self.registry.snapshots(owner)
+            if (sandbox_id is None or k.sandbox_id == sandbox_id) and (name is None or name in (k.id, k.name))
+        ]
+        page = kept[start : start + limit]
+        headers = {"x-next-token": str(start + limit)} if start + limit < len(kept) else {}
+        return _json(200, [_snapshot_info(k) for k in page], headers)
 
     def _list(self, owner: str, request: Request) -> Response:
         wanted: dict[str, str] = {}
@@ -219,3 +263,7 @@ def _flag(body: dict, name: str, only: bool | None, why: str) -> None:
         raise ServeError(400, f'{name} must be true or false, e.g. {{"{name}": true}}')
     if only is not None and value != only:
         raise ServeError(400, f"{name}: {value} is not served by jailbox: {why}")
+
+
+def _snapshot_info(kept: Kept) -> dict:
+    return {"snapshotID": kept.id, "names": [kept.name] if kept.name else []}

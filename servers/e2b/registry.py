@@ -6,12 +6,20 @@ deadline, whatever its commands are doing, which frees its jail, cgroup and disk
 was made with ``autoPause``. A paused sandbox keeps its processes, memory and files while the server
 lives; its deadline does not run until it is resumed, and it keeps its slot. A fork's children are
 sandboxes of their own (id, token, deadline). Slots are counted before a jail is built, so
-concurrent creates and forks cannot pass the limits. Pause, resume, fork and close of one sandbox
-take its ``gate`` in turn, so none of them sees another half done.
+concurrent creates and forks cannot pass the limits. Pause, resume, fork, snapshot and close of one
+sandbox take its ``gate`` in turn, so none of them sees another half done.
+
+A key's E2B snapshots are durable jailbox snapshots (``sandbox/snapshots.py``) in the server user's
+store, named ``e2b/<key's tenant>/<sandbox id>/<8 hex>[/<E2B name>]``: the name is the only mark of
+which key a snapshot is of and which sandbox it was taken of, so another key never sees, starts from
+or removes it, and a restarted server with the same key finds it again. The E2B snapshot id is the
+jailbox id (``snap-<12 hex>``); an E2B name is kept as given (``_`` stored as ``+``, which a name
+may not hold), and several snapshots may carry one name (the newest answers to it).
 """
 
 from __future__ import annotations
 
+import builtins
 import hmac
 import math
 import re
@@ -21,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from ...sandbox import Limits, Sandbox, SandboxPool
-from ...sandbox.errors import PauseFailed, SandboxClosed, SandboxError
+from ...sandbox import Limits, Sandbox, SandboxPool, snapshots
+from ...sandbox.errors import BranchError, PauseFailed, SandboxClosed, SandboxError, SnapshotNotFound
 from ...sandbox.serving import Store, check_env
 from .fs import Watchers
 from .processes import ProcessTable
@@ -34,7 +42,21 @@ MAX_TEXT = 4096
 MAX_POOLS = 4
 MAX_FORK = 20
 """Children one fork request may ask for (the E2B SDK's own bound)."""
+MAX_KEY_SNAPSHOTS = 64
+"""Snapshots one key keeps at once (each holds a copy of what its sandbox wrote, on the server's disk)."""
+SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$")
+"""An E2B snapshot name (``my-snapshot``, ``team/my-snapshot:v1``; ``_`` too, checked apart): 64
+characters at most, so the jailbox name it goes into stays within its 128."""
 SDK_DEFAULT = "base"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One of a key's snapshots, as the E2B API shows it."""
+
+    id: str  # the jailbox snapshot id, which is the E2B snapshot id
+    name: str | None  # the E2B name it was given
+    sandbox_id: str  # the served sandbox it was taken of
 
 
 class ServeError(Exception):
@@ -108,6 +130,7 @@ class Registry:
         self.lock = threading.Condition()
         self.served: dict[str, Served] = {}
         self.reserved: dict[str, int] = {}
+        self.taking: dict[str, int] = {}  # snapshots under way, per key
         self.closed = False
         self.reaper = threading.Thread(target=self._reap, name="jailbox-serve-reaper", daemon=True)
         self.reaper.start()
@@ -168,17 +191,23 @@ class Registry:
 
     def create(self, owner: str, body: dict) -> Served:
         template = body.get("templateID")
-        if not isinstance(template, str) or not TEMPLATE_NAME.match(template):
+        kept = None
+        if not isinstance(template, str) or not (TEMPLATE_NAME.match(template) or SNAPSHOT_NAME.match(template)):
             raise ServeError(
-                400, "templateID must name a stored root filesystem or 'host' (e.g. 'default'), not a path"
+                400, "templateID must name a stored root filesystem, 'host' or a snapshot (e.g. 'default'), not a path"
             )
         if template == SDK_DEFAULT:  # what the SDK asks for when its caller names no template
             template = "default" if Store().resolve("default") is not None else "host"
-        if template != "host" and Store().resolve(template) is None:
-            # a name the store lacks would be tried as a directory relative to the server's cwd
-            raise ServeError(
-                400, f"templateID {template!r} is not a stored root filesystem (jailbox rootfs list; or use 'host')"
-            )
+        if template != "host" and (not TEMPLATE_NAME.match(template) or Store().resolve(template) is None):
+            # a stored root filesystem's name wins over a snapshot's; a name neither has would be
+            # tried as a directory relative to the server's cwd
+            kept = self.find_snapshot(owner, template)
+            if kept is None:
+                raise ServeError(
+                    400,
+                    f"templateID {template!r} is neither a stored root filesystem (jailbox rootfs list; or use "
+                    "'host') nor a snapshot of this key",
+                )
         timeout = self._timeout(body.get("timeout"))
         metadata = _strings(body.get("metadata"), "metadata", MAX_METADATA)
         envs = _strings(body.get("envVars"), "envVars", MAX_ENV)
@@ -190,14 +219,85 @@ class Registry:
         self._reserve(owner, 1)
         try:
             try:
-                sandbox = self._sandbox(template)
+                if kept is not None:
+                    sandbox, template = Sandbox(snapshot=kept.id, limits=self.bounds), kept.id
+                else:
+                    sandbox = self._sandbox(template)
             except (SandboxError, ValueError) as exc:
-                raise ServeError(400, f"cannot create a sandbox from template {template!r}: {exc}") from None
+                raise ServeError(400, f"cannot create a sandbox from templateID {template!r}: {exc}") from None
             served = self._register(owner, template, sandbox, metadata, envs, timeout)
             served.auto_pause, served.auto_resume = auto_pause, auto_resume
             return served
         finally:
             self._unreserve(owner, 1)
+
+    def _snapshot_prefix(self, owner: str) -> str:
+        return f"e2b/{owner[:16]}/"
+
+    def snapshots(self, owner: str) -> list[Kept]:
+        """The key's snapshots, newest first."""
+        prefix = self._snapshot_prefix(owner)
+        kept = []
+        for snap in snapshots.list():
+            if snap.name is None or not snap.name.startswith(prefix):
+                continue
+            parts = snap.name[len(prefix) :].split("/", 2)  # sandbox id, random, E2B name
+            if len(parts) >= 2:
+                kept.append(Kept(snap.id, parts[2].replace("+", "_") if len(parts) == 3 else None, parts[0]))
+        return kept
+
+    def find_snapshot(self, owner: str, ref: str) -> Kept | None:
+        """The key's newest snapshot whose id or E2B name is ``ref``."""
+        return next((k for k in self.snapshots(owner) if ref in (k.id, k.name)), None)
+
+    def snapshot(self, owner: str, sandbox_id: str, name: object) -> Kept:
+        """Keep a sandbox's filesystem as a durable snapshot of the key (its processes are not kept)."""
+        if name is not None and (
+            not isinstance(name, str) or not SNAPSHOT_NAME.match(name.replace("_", "-")) or snapshots.ID.fullmatch(name)
+        ):
+            raise ServeError(
+                400, "name must be up to 64 letters, digits and ._:/- (not a snap- id), e.g. 'repo-ready:v1'"
+            )
+        served = self.get(owner, sandbox_id)
+        with self.lock:
+            taking = self.taking.get(owner, 0)
+            if taking + len(self.snapshots(owner)) >= MAX_KEY_SNAPSHOTS:
+                raise ServeError(
+                    429, f"this API key keeps its maximum of {MAX_KEY_SNAPSHOTS} snapshots: delete_snapshot one first"
+                )
+            self.taking[owner] = taking + 1
+        try:
+            tag = f"{self._snapshot_prefix(owner)}{served.id}/{secrets.token_hex(4)}"
+            with served.gate:
+                with self.lock:
+                    if self.served.get(served.id) is not served:
+                        raise ServeError(404, f"sandbox {served.id} was not found")
+                try:
+                    snap = served.sandbox.snapshot(tag + (f"/{name.replace('_', '+')}" if name else ""))
+                except (SandboxError, OSError) as exc:
+                    raise ServeError(500, f"sandbox {served.id} could not be snapshotted: {exc}") from None
+            return Kept(snap.id, name if isinstance(name, str) else None, served.id)
+        finally:
+            with self.lock:
+                self.taking[owner] -= 1
+                if not self.taking[owner]:
+                    del self.taking[owner]
+
+    def delete_snapshot(self, owner: str, ref: str) -> None:
+        """Remove the key's snapshots that ``ref`` names (an id: one; an E2B name: every one of it)."""
+        gone = [k for k in self.snapshots(owner) if ref in (k.id, k.name)]
+        if not gone:
+            raise ServeError(404, f"snapshot {ref} was not found")
+        busy = []
+        for kept in gone:
+            try:
+                snapshots.remove(kept.id)
+            except SnapshotNotFound:  # removed meanwhile
+                pass
+            except BranchError:
+                busy.append(kept.id)
+        if busy:
+            raise ServeError(409, f"snapshot {', '.join(busy)} is in use by a running sandbox: kill it first")
 
     def _sandbox(self, template: str) -> Sandbox:
         """A jail of ``template``: from its warm pool if it has one. A template gets a pool (up to
@@ -306,7 +406,7 @@ class Registry:
                 self.lock.notify_all()
             return True
 
-    def fork(self, owner: str, sandbox_id: str, count: object, timeout: object) -> list[Served | ServeError]:
+    def fork(self, owner: str, sandbox_id: str, count: object, timeout: object) -> builtins.list[Served | ServeError]:
         """``count`` new sandboxes from ``sandbox_id``'s filesystem now, each with its own id, token and
         lifetime (``timeout``), its metadata and variables; the source keeps its id and lifetime. A
         child past the server's or the key's limit is an error in its place."""
@@ -328,7 +428,7 @@ class Registry:
                     children = served.sandbox.fork(got)
                 except (SandboxError, OSError) as exc:
                     raise ServeError(500, f"sandbox {served.id} could not be forked: {exc}") from None
-            made: list[Served | ServeError] = [
+            made: builtins.list[Served | ServeError] = [
                 self._register(owner, served.template, child, dict(served.metadata), dict(served.envs), seconds)
                 for child in children
             ]
