@@ -7,6 +7,7 @@ The server runs as a subprocess on loopback; the SDK runs in a fresh interpreter
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import JAILBOX
 from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start_server
 
 
@@ -626,3 +628,90 @@ def test_a_keys_snapshots_are_bounded(server: Served) -> None:
         for ref in taken:
             api(server, "DELETE", f"/templates/{ref}", KEY_A)
         api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)
+
+
+def test_a_sandbox_paused_at_a_stop_is_served_paused_again_with_fresh_processes(server: Served, tmp_path: Path) -> None:
+    tmp = tmp_path / "restart"
+    tmp.mkdir()
+    first = start_server(tmp, *_flags(tmp), env=_store(tmp))
+    try:
+        made = sdk(
+            first,
+            tmp,
+            """
+            from e2b import Sandbox
+
+            sb = Sandbox.create(template="host", timeout=120, metadata={"kept": "yes"}, envs={"KEPT": "env"},
+                                lifecycle={"on_timeout": "pause", "auto_resume": False})
+            sb.files.write("/root/kept", "across a restart")
+            sb.commands.run("sleep 1000", background=True, timeout=0)
+            sb.pause()
+            Sandbox.create(template="host")  # running: closed with the server, not kept
+            print(sb.sandbox_id, sb._envd_access_token)
+            """,
+        ).split()
+    finally:
+        first.stop()
+    sid, token = made
+    records = tmp / "keys.paused"
+    assert records.stat().st_mode & 0o777 == 0o700
+    assert [p.name for p in records.iterdir()] == [f"{sid}.json"]
+    assert (records / f"{sid}.json").stat().st_mode & 0o777 == 0o600
+    (tmp / "keys").write_text(KEY_B + "\n")  # a key file without the key that made it: not served
+    other_key = start_server(tmp, "--api-key-file", str(tmp / "keys"), env=_store(tmp))
+    try:
+        assert api(other_key, "GET", "/v2/sandboxes", KEY_B) == (200, [])
+        assert api(other_key, "POST", f"/v2/sandboxes/{sid}/connect", KEY_B, {})[0] == 404
+    finally:
+        other_key.stop()
+    assert [p.name for p in records.iterdir()] == [f"{sid}.json"]
+    again = start_server(tmp, *_flags(tmp), env=_store(tmp))
+    try:
+        sdk(
+            again,
+            tmp,
+            f"""
+            from datetime import datetime, timezone
+            from e2b import Sandbox, SandboxState
+
+            listed = Sandbox.list().next_items()
+            assert [(s.sandbox_id, s.state) for s in listed] == [("{sid}", SandboxState.PAUSED)], listed
+            assert Sandbox.list_snapshots().next_items() == []  # what keeps it is not the key's snapshot
+            info = Sandbox.get_info("{sid}")
+            assert info.metadata == {{"kept": "yes"}}
+            assert info.lifecycle == {{"on_timeout": "pause", "auto_resume": False}}
+            sb = Sandbox.connect("{sid}")
+            assert sb._envd_access_token == "{token}"  # a handle from before the stop works on
+            assert sb.files.read("/root/kept") == "across a restart"
+            assert sb.commands.list() == []  # processes do not outlive the server
+            assert sb.commands.run("echo $KEPT").stdout == "env\\n"
+            left = (sb.get_info().end_at - datetime.now(timezone.utc)).total_seconds()
+            assert 100 <= left <= 121, left  # the lifetime it had left
+            sb.kill()
+            """,
+        )
+        assert list(records.iterdir()) == []
+        assert [p.name for p in (tmp / "cache" / "snapshots").iterdir() if p.name.startswith("snap-")] == []
+    finally:
+        again.stop()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keys").write_text(KEY_B + "\n")
+    (other / "keys").chmod(0o600)
+    (other / "keys.paused").mkdir(mode=0o755)
+    (other / "keys.paused").chmod(0o755)
+    refused = start_server_failing(other, "--api-key-file", str(other / "keys"))
+    assert "keys.paused" in refused and "0700" in refused and "--api-key-file" in refused, refused
+
+
+def start_server_failing(tmp: Path, *args: str) -> str:
+    r = subprocess.run(
+        [*JAILBOX, "serve", "--port", "0", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        timeout=60,
+    )
+    assert r.returncode != 0, r.stderr
+    return r.stderr

@@ -15,6 +15,10 @@ which key a snapshot is of and which sandbox it was taken of, so another key nev
 or removes it, and a restarted server with the same key finds it again. The E2B snapshot id is the
 jailbox id (``snap-<12 hex>``); an E2B name is kept as given (``_`` stored as ``+``, which a name
 may not hold), and several snapshots may carry one name (the newest answers to it).
+
+A sandbox paused when the server stops is kept (``dormant.py``): a snapshot named
+``e2b/<tenant>/<sandbox id>/resume`` and a record; the next server with the key file starts a jail
+from it, paused, under the same id and token, and removes both once that sandbox is closed.
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from ...sandbox import Limits, Sandbox, SandboxPool, snapshots
 from ...sandbox.errors import BranchError, PauseFailed, SandboxClosed, SandboxError, SnapshotNotFound
 from ...sandbox.serving import Store, check_env
+from . import dormant
 from .fs import Watchers
 from .processes import ProcessTable
 
@@ -84,6 +91,8 @@ class Served:
     auto_pause: bool = False  # at the deadline: paused, not closed
     auto_resume: bool = False  # a daemon request to it while paused resumes it
     left: float | None = None  # seconds of its lifetime left when it was paused; None while it runs
+    restored: str | None = None  # the snapshot a restarted server started it from (removed with it)
+    kept: bool = False  # its record now names a newer snapshot, taken as the server stopped
     gate: threading.Lock = field(default_factory=threading.Lock)
     watchers: Watchers = field(default_factory=Watchers)
 
@@ -118,8 +127,18 @@ class Registry:
     sandbox is bounded by ``bounds`` (``jailbox serve``'s flags: the E2B API has no way to ask)."""
 
     def __init__(
-        self, max_total: int, max_per_key: int, default_timeout: int, max_timeout: int, warm: int, bounds: Limits
+        self,
+        max_total: int,
+        max_per_key: int,
+        default_timeout: int,
+        max_timeout: int,
+        warm: int,
+        bounds: Limits,
+        paused: Path | None = None,
+        owners: Collection[str] = (),
     ) -> None:
+        """``paused``: where paused sandboxes are kept across a stop (``dormant.py``; None: they are
+        not), of which those of ``owners`` (the keys' tenants) are served again now."""
         self.max_total = max_total
         self.bounds = bounds
         self.warm = warm
@@ -131,6 +150,9 @@ class Registry:
         self.served: dict[str, Served] = {}
         self.reserved: dict[str, int] = {}
         self.taking: dict[str, int] = {}  # snapshots under way, per key
+        self.paused_dir = paused
+        if paused is not None:
+            self._restore(paused, set(owners))
         self.closed = False
         self.reaper = threading.Thread(target=self._reap, name="jailbox-serve-reaper", daemon=True)
         self.reaper.start()
@@ -242,7 +264,7 @@ class Registry:
             if snap.name is None or not snap.name.startswith(prefix):
                 continue
             parts = snap.name[len(prefix) :].split("/", 2)  # sandbox id, random, E2B name
-            if len(parts) >= 2:
+            if len(parts) >= 2 and parts[1] != "resume":  # not one kept of a paused sandbox at a stop
                 kept.append(Kept(snap.id, parts[2].replace("+", "_") if len(parts) == 3 else None, parts[0]))
         return kept
 
@@ -454,6 +476,77 @@ class Registry:
             served.procs.kill_all()
         finally:  # closing the jail kills whatever is left in it
             served.sandbox.close()
+            if served.restored is not None:
+                try:
+                    snapshots.remove(served.restored)
+                except SandboxError:  # gone already, or another jail of this user holds it
+                    pass
+            if self.paused_dir is not None and not served.kept:
+                dormant.forget(self.paused_dir, served.id)
+
+    def _keep(self, paused: Path, served: Served) -> None:
+        """Keep a paused sandbox for the next server: its filesystem, then its record."""
+        with served.gate:
+            snap = served.sandbox.snapshot(f"{self._snapshot_prefix(served.owner)}{served.id}/resume")
+        record = dormant.Record(
+            id=served.id,
+            owner=served.owner,
+            access_token=served.access_token,
+            template=served.template,
+            metadata=served.metadata,
+            envs=served.envs,
+            auto_pause=served.auto_pause,
+            auto_resume=served.auto_resume,
+            left=served.left or 0.0,
+            started=served.started.isoformat(),
+            snapshot=snap.id,
+        )
+        try:
+            dormant.keep(paused, record)
+        except OSError:
+            snapshots.remove(snap.id)
+            raise
+        served.kept = True
+
+    def _restore(self, paused: Path, owners: set[str]) -> None:
+        """Serve again, paused, the sandboxes a stopped server kept, within the limits; a record of
+        another key file, past the limits, or whose jail cannot be started stays on disk."""
+        for record in dormant.load(paused):
+            mine = sum(1 for s in self.served.values() if s.owner == record.owner)
+            if record.owner not in owners or len(self.served) >= self.max_total or mine >= self.max_per_key:
+                continue
+            try:
+                metadata = _strings(record.metadata, "metadata", MAX_METADATA)
+                envs = _strings(record.envs, "envVars", MAX_ENV)
+                started = datetime.fromisoformat(record.started)
+                sandbox = Sandbox(snapshot=record.snapshot, limits=self.bounds)
+            except SnapshotNotFound:  # its filesystem is gone: nothing left to resume
+                dormant.forget(paused, record.id)
+                continue
+            except (ServeError, SandboxError, ValueError):
+                continue
+            try:
+                sandbox.pause()
+            except SandboxError:
+                sandbox.close()
+                continue
+            self.served[record.id] = Served(
+                id=record.id,
+                owner=record.owner,
+                template=record.template,
+                metadata=metadata,
+                access_token=record.access_token,
+                sandbox=sandbox,
+                started=started,
+                deadline=math.inf,
+                end_at=_wall(record.left),
+                procs=ProcessTable(sandbox, envs),
+                envs=envs,
+                auto_pause=record.auto_pause,
+                auto_resume=record.auto_resume,
+                left=record.left,
+                restored=record.snapshot,
+            )
 
     def _reap(self) -> None:
         while True:
@@ -484,6 +577,11 @@ class Registry:
             everyone = list(self.served.values())
             self.lock.notify_all()
         for served in everyone:
+            try:
+                if served.paused and self.paused_dir is not None:
+                    self._keep(self.paused_dir, served)
+            except Exception:  # not kept: it is closed as a running one is
+                pass
             try:
                 self._close(served)
             except Exception:  # one that fails to close must not keep the others open
