@@ -107,6 +107,65 @@ def test_pause_and_resume_on_connect_keep_processes_files_id_and_token(server: S
     )
 
 
+def test_filesystem_mode_and_reboot_end_the_processes_and_keep_the_files(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import time
+        from e2b import Sandbox, SandboxState
+
+        def started(sb):
+            sb.files.write("/root/kept", "files stay")
+            return sb.commands.run("sleep 1000", background=True, timeout=0).pid
+
+        def fresh(sb):
+            assert sb.is_running()
+            assert sb.files.read("/root/kept") == "files stay"
+            assert sb.commands.list() == [], sb.commands.list()
+            assert sb.commands.run("echo again").stdout == "again\\n"
+
+        sb = Sandbox.create(template="host")
+        started(sb)
+        assert sb.pause(mode="filesystem") is True
+        assert not sb.is_running() and sb.get_info().state == SandboxState.PAUSED
+        sb.connect()
+        fresh(sb)
+
+        started(sb)
+        assert sb.pause() is True  # full: the processes are kept...
+        assert sb.get_info().state == SandboxState.PAUSED
+        sb.connect(on_resume="reboot")  # ...unless the resume asks to reboot
+        fresh(sb)
+        sb.connect(on_resume="reboot")  # running: nothing to reboot
+        assert sb.commands.run("echo still").stdout == "still\\n"
+        sb.kill()
+
+        lifecycle = {"on_timeout": {"action": "pause", "keep_memory": False}}
+        sb = Sandbox.create(template="host", timeout=300, lifecycle=lifecycle)
+        started(sb)
+        sb.set_timeout(0)
+        deadline = time.monotonic() + 30
+        while Sandbox.get_info(sb.sandbox_id).state != SandboxState.PAUSED:
+            assert time.monotonic() < deadline, "not paused at its timeout"
+            time.sleep(0.2)
+        sb.connect()
+        fresh(sb)
+        sb.kill()
+        """,
+    )
+    _, made = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host"})
+    sid = made["sandboxID"]  # type: ignore[index]
+    try:
+        for memory, mode in ((False, "filesystem"), (True, "full"), (None, "full")):
+            body = {} if memory is None else {"memory": memory}
+            assert api(server, "POST", f"/sandboxes/{sid}/pause", KEY_A, body)[0] == 204
+            assert api(server, "GET", f"/sandboxes/{sid}", KEY_A)[1]["pauseMode"] == mode  # type: ignore[index]
+            assert api(server, "POST", f"/sandboxes/{sid}/connect", KEY_A, {})[0] == 201
+    finally:
+        api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)
+
+
 def test_a_paused_sandbox_answers_envd_exactly_as_a_missing_one(server: Served) -> None:
     status, made = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host"})
     assert status == 201, made
@@ -208,7 +267,6 @@ def test_bad_pause_and_connect_requests_are_named(server: Served) -> None:
             status, answer = api(server, "POST", f"/sandboxes/{sid}/pause", KEY_A, body)
             assert status == 400 and field in answer["message"], (body, answer)  # type: ignore[index]
         for body, field in (
-            ({"memory": False}, "memory"),
             ({"memory": 0}, "memory"),
             ({"timeout": 0}, "timeout"),
             ({"timeout": "60"}, "timeout"),
@@ -417,6 +475,8 @@ def test_bad_lifecycles_are_named(server: Served) -> None:
     for body, field in (
         ({"autoPause": "yes"}, "autoPause"),
         ({"autoPause": True, "autoPauseMemory": 1}, "autoPauseMemory"),
+        ({"autoPauseMemory": False}, "autoPauseMemory"),  # without autoPause
+        ({"autoPause": False, "autoPauseMemory": True}, "autoPauseMemory"),
         ({"autoPause": True, "autoResume": True}, "autoResume"),
         ({"autoPause": True, "autoResume": {"enabled": "1"}}, "autoResume"),
         ({"autoPause": True, "autoResume": {"enabled": True, "x": 1}}, "autoResume"),

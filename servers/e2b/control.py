@@ -56,9 +56,9 @@ def created(served: Served) -> dict:
 
 
 def detail(served: Served) -> dict:
-    """``GET /sandboxes/{id}`` and a list's entries: ``state`` paused or running; a pause keeps the
-    processes and memory (``pauseMode`` full), whatever mode was asked."""
-    extra: dict[str, object] = {"pauseMode": "full"} if served.paused else {}
+    """``GET /sandboxes/{id}`` and a list's entries: ``state`` paused or running, and how it was paused
+    (``pauseMode``: full, its processes kept, or filesystem)."""
+    extra: dict[str, object] = {"pauseMode": served.pause_mode} if served.paused else {}
     return extra | {
         "templateID": served.template,
         "alias": served.template,
@@ -162,14 +162,14 @@ class ControlPlane:
             return Response(204)
         if action in ("/connect", "/resume") and method == "POST":
             body = self._body(request)
-            _flag(body, "memory", True, "a resume keeps the processes (on_resume='restore')")
-            served, resumed = self.registry.connect(owner, sandbox_id, body.get("timeout"))
+            _flag(body, "memory", None, "")
+            served, resumed = self.registry.connect(owner, sandbox_id, body.get("timeout"), body.get("memory") is False)
             return _json(201 if resumed else 200, created(served))
         if action == "/pause" and method == "POST":
             body = self._body(request)
             _flag(body, "memory", None, "")
             _flag(body, "requireHealthyGuest", None, "")
-            if self.registry.pause(owner, sandbox_id):
+            if self.registry.pause(owner, sandbox_id, body.get("memory") is not False):
                 return Response(204)
             return error(409, f"sandbox {sandbox_id} is already paused")
         if action == "/snapshots" and method == "POST":

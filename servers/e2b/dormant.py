@@ -48,6 +48,7 @@ class Record:
     left: float  # seconds of its lifetime left
     started: str  # ISO 8601, as first created
     snapshot: str  # the jailbox snapshot of its filesystem
+    auto_pause_memory: bool = True
 
 
 def directory(key_file: Path) -> Path:
@@ -129,6 +130,7 @@ def _read(file: Path) -> Record | None:
         )
         and isinstance(record.auto_pause, bool)
         and isinstance(record.auto_resume, bool)
+        and isinstance(record.auto_pause_memory, bool)
         and isinstance(record.left, (int, float))
         and 0 <= record.left < 10**9
     ):

@@ -4,7 +4,10 @@ Runs in the serving host process. A sandbox belongs to the API key that made it 
 every other key (it answers as not found). Each has a deadline; a reaper thread closes it at the
 deadline, whatever its commands are doing, which frees its jail, cgroup and disk, or pauses it if it
 was made with ``autoPause``. A paused sandbox keeps its processes, memory and files while the server
-lives; its deadline does not run until it is resumed, and it keeps its slot. A fork's children are
+lives, or, paused in filesystem mode (``memory`` false), only its files: its processes are ended at
+the pause (a new jail over its filesystem, ``Sandbox.checkpoint()`` and ``rollback()``), and so
+they are when a resume asks to reboot. Its deadline does not run until it is resumed, and it keeps
+its slot. A fork's children are
 sandboxes of their own (id, token, deadline). Slots are counted before a jail is built, so
 concurrent creates and forks cannot pass the limits. Pause, resume, fork, snapshot and close of one
 sandbox take its ``gate`` in turn, so none of them sees another half done.
@@ -89,6 +92,8 @@ class Served:
     procs: ProcessTable
     envs: dict[str, str]
     auto_pause: bool = False  # at the deadline: paused, not closed
+    auto_pause_memory: bool = True  # that pause keeps the processes (False: filesystem mode)
+    pause_mode: str = "full"  # of its last pause: "full" (processes kept) or "filesystem"
     auto_resume: bool = False  # a daemon request to it while paused resumes it
     left: float | None = None  # seconds of its lifetime left when it was paused; None while it runs
     restored: str | None = None  # the snapshot a restarted server started it from (removed with it)
@@ -237,7 +242,7 @@ class Registry:
             check_env(envs)
         except ValueError as exc:
             raise ServeError(400, f'envVars: {exc} (e.g. {{"DEBUG": "1"}})') from None
-        auto_pause, auto_resume = _lifecycle(body)
+        auto_pause, auto_pause_memory, auto_resume = _lifecycle(body)
         self._reserve(owner, 1)
         try:
             try:
@@ -248,7 +253,7 @@ class Registry:
             except (SandboxError, ValueError) as exc:
                 raise ServeError(400, f"cannot create a sandbox from templateID {template!r}: {exc}") from None
             served = self._register(owner, template, sandbox, metadata, envs, timeout)
-            served.auto_pause, served.auto_resume = auto_pause, auto_resume
+            served.auto_pause, served.auto_pause_memory, served.auto_resume = auto_pause, auto_pause_memory, auto_resume
             return served
         finally:
             self._unreserve(owner, 1)
@@ -378,11 +383,22 @@ class Registry:
             self.lock.notify_all()
         return served
 
-    def pause(self, owner: str, sandbox_id: str) -> bool:
-        """Pause a sandbox; False if it was paused already."""
-        return self._pause(self.get(owner, sandbox_id))
+    def pause(self, owner: str, sandbox_id: str, memory: bool) -> bool:
+        """Pause a sandbox, its processes kept or (``memory`` False) ended; False if it was paused already."""
+        return self._pause(self.get(owner, sandbox_id), memory)
 
-    def _pause(self, served: Served) -> bool:
+    def _fresh(self, served: Served) -> None:
+        """End every process of a sandbox, its files kept: a new jail over its filesystem now (the
+        caller holds its gate). Its commands' numbers start again."""
+        served.procs.kill_all()
+        cut = served.sandbox.checkpoint()
+        try:
+            served.sandbox.rollback(cut)
+        finally:
+            cut.drop()
+        served.procs = ProcessTable(served.sandbox, served.envs)
+
+    def _pause(self, served: Served, memory: bool) -> bool:
         with served.gate:
             with self.lock:
                 if self.served.get(served.id) is not served:
@@ -390,37 +406,49 @@ class Registry:
                 if served.paused:
                     return False
             try:
+                if not memory:
+                    self._fresh(served)
                 served.sandbox.pause()
             except PauseFailed as exc:
                 raise ServeError(500, f"sandbox {served.id} could not be paused, it runs on: {exc}") from None
             except SandboxClosed as exc:
                 raise ServeError(409, f"sandbox {served.id} cannot be paused: {exc}") from None
+            except SandboxError as exc:  # the filesystem could not be cut
+                raise ServeError(500, f"sandbox {served.id} could not be paused in filesystem mode: {exc}") from None
             with self.lock:
                 served.left = max(0.0, served.deadline - time.monotonic())
                 served.deadline = math.inf
+                served.pause_mode = "full" if memory else "filesystem"
             return True
 
-    def connect(self, owner: str, sandbox_id: str, timeout: object) -> tuple[Served, bool]:
-        """A sandbox connected to, resumed if it was paused (then True): its id and token stay.
-        ``timeout`` only ever extends its lifetime."""
+    def connect(self, owner: str, sandbox_id: str, timeout: object, reboot: bool = False) -> tuple[Served, bool]:
+        """A sandbox connected to, resumed if it was paused (then True): its id and token stay;
+        ``reboot`` resumes it with fresh processes. ``timeout`` only ever extends its lifetime."""
         served = self.get(owner, sandbox_id)
         seconds = None if timeout is None else self._timeout(timeout)
-        if self._resume(served, seconds):
+        if self._resume(served, seconds, reboot):
             return served, True
         if seconds is not None:
             self.set_timeout(owner, sandbox_id, seconds, extend_only=True)
         return served, False
 
-    def _resume(self, served: Served, seconds: int | None) -> bool:
-        """Resume a paused sandbox; False if it was running. Its lifetime goes on from what was left,
-        or ``seconds`` if longer; one paused at its deadline gets ``seconds`` or the default."""
+    def _resume(self, served: Served, seconds: int | None, reboot: bool = False) -> bool:
+        """Resume a paused sandbox (``reboot``: with fresh processes); False if it was running. Its
+        lifetime goes on from what was left, or ``seconds`` if longer; one paused at its deadline
+        gets ``seconds`` or the default."""
         with served.gate:
             with self.lock:
                 if self.served.get(served.id) is not served:
                     raise ServeError(404, f"sandbox {served.id} was not found")
                 if served.left is None:
                     return False
-            served.sandbox.resume()
+            if reboot and served.pause_mode == "full":
+                try:
+                    self._fresh(served)  # the new jail runs: the paused one is retired
+                except SandboxError as exc:
+                    raise ServeError(500, f"sandbox {served.id} could not be rebooted: {exc}") from None
+            else:
+                served.sandbox.resume()
             with self.lock:
                 left = served.left or float(seconds or self.default_timeout)
                 served.left = None
@@ -496,6 +524,7 @@ class Registry:
             metadata=served.metadata,
             envs=served.envs,
             auto_pause=served.auto_pause,
+            auto_pause_memory=served.auto_pause_memory,
             auto_resume=served.auto_resume,
             left=served.left or 0.0,
             started=served.started.isoformat(),
@@ -543,6 +572,8 @@ class Registry:
                 procs=ProcessTable(sandbox, envs),
                 envs=envs,
                 auto_pause=record.auto_pause,
+                auto_pause_memory=record.auto_pause_memory,
+                pause_mode="filesystem",  # its processes ended with the server that kept it
                 auto_resume=record.auto_resume,
                 left=record.left,
                 restored=record.snapshot,
@@ -563,7 +594,7 @@ class Registry:
                 try:
                     if served.auto_pause:
                         try:
-                            self._pause(served)
+                            self._pause(served, served.auto_pause_memory)
                             continue
                         except Exception:  # it could not be paused: closed, as without autoPause
                             pass
@@ -590,8 +621,8 @@ class Registry:
             pool.close()
 
 
-def _lifecycle(body: dict) -> tuple[bool, bool]:
-    """``autoPause`` and ``autoResume`` of a create request (``lifecycle=`` in the SDK)."""
+def _lifecycle(body: dict) -> tuple[bool, bool, bool]:
+    """``autoPause``, ``autoPauseMemory`` and ``autoResume`` of a create request (``lifecycle=`` in the SDK)."""
     auto_pause = body.get("autoPause")
     if auto_pause is None:
         auto_pause = False
@@ -600,11 +631,14 @@ def _lifecycle(body: dict) -> tuple[bool, bool]:
     memory = body.get("autoPauseMemory")
     if memory is not None and not isinstance(memory, bool):
         raise ServeError(400, 'autoPauseMemory must be true or false, e.g. {"autoPauseMemory": true}')
+    if memory is not None and not auto_pause:
+        raise ServeError(400, 'autoPauseMemory needs autoPause: true (lifecycle on_timeout="pause")')
+    memory = True if memory is None else memory
     resume = body.get("autoResume")
     if resume is None:
-        return auto_pause, False
+        return auto_pause, memory, False
     if not isinstance(resume, dict) or set(resume) - {"enabled"} or not isinstance(resume.get("enabled"), bool):
         raise ServeError(400, 'autoResume must be an object with a boolean "enabled", e.g. {"enabled": true}')
     if resume["enabled"] and not auto_pause:
         raise ServeError(400, 'autoResume needs autoPause: true (lifecycle on_timeout="pause")')
-    return auto_pause, resume["enabled"]
+    return auto_pause, memory, resume["enabled"]
