@@ -7,10 +7,9 @@ was made with ``autoPause``. A paused sandbox keeps its processes, memory and fi
 lives, or, paused in filesystem mode (``memory`` false), only its files: its processes are ended at
 the pause (a new jail over its filesystem, ``Sandbox.checkpoint()`` and ``rollback()``), and so
 they are when a resume asks to reboot. Its deadline does not run until it is resumed, and it keeps
-its slot. A fork's children are
-sandboxes of their own (id, token, deadline). Slots are counted before a jail is built, so
-concurrent creates and forks cannot pass the limits. Pause, resume, fork, snapshot and close of one
-sandbox take its ``gate`` in turn, so none of them sees another half done.
+its slot. A fork's children are sandboxes of their own (id, token, deadline). Slots are counted
+before a jail is built, so concurrent creates and forks cannot pass the limits. Pause, resume,
+fork, snapshot and close of one sandbox take its ``gate`` in turn, so none sees another half done.
 
 A key's E2B snapshots are durable jailbox snapshots (``sandbox/snapshots.py``) in the server user's
 store, named ``e2b/<key's tenant>/<sandbox id>/<8 hex>[/<E2B name>]``: the name is the only mark of
@@ -154,7 +153,8 @@ class Registry:
         self.lock = threading.Condition()
         self.served: dict[str, Served] = {}
         self.reserved: dict[str, int] = {}
-        self.taking: dict[str, int] = {}  # snapshots under way, per key
+        self.snapshot_lock = threading.Lock()
+        self.taking: dict[str, int] = {}  # snapshots under way, per key (under snapshot_lock)
         self.paused_dir = paused
         if paused is not None:
             self._restore(paused, set(owners))
@@ -286,7 +286,7 @@ class Registry:
                 400, "name must be up to 64 letters, digits and ._:/- (not a snap- id), e.g. 'repo-ready:v1'"
             )
         served = self.get(owner, sandbox_id)
-        with self.lock:
+        with self.snapshot_lock:  # not the registry's lock: the count reads the store
             taking = self.taking.get(owner, 0)
             if taking + len(self.snapshots(owner)) >= MAX_KEY_SNAPSHOTS:
                 raise ServeError(
@@ -304,8 +304,8 @@ class Registry:
                 except (SandboxError, OSError) as exc:
                     raise ServeError(500, f"sandbox {served.id} could not be snapshotted: {exc}") from None
             return Kept(snap.id, name if isinstance(name, str) else None, served.id)
-        finally:
-            with self.lock:
+        finally:  # once it is in the store, where the next count sees it
+            with self.snapshot_lock:
                 self.taking[owner] -= 1
                 if not self.taking[owner]:
                     del self.taking[owner]
