@@ -395,6 +395,26 @@ def test_async_sdk(server: Served, tmp_path: Path) -> None:
     )
 
 
+def test_open_command_streams_do_not_hold_up_other_requests(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        from e2b import Sandbox
+
+        sb = Sandbox.create(template="host")
+        sleepers = [sb.commands.run("sleep 1000", background=True, timeout=0) for _ in range(4)]
+        # the SDK sends each command's request chunked: four streams open, more than a key's two
+        # large transfers, must not keep the next requests waiting (they timed out after 60 s)
+        assert sb.commands.run("echo next", request_timeout=20).stdout == "next\\n"
+        sb.files.write("/tmp/after", "x", request_timeout=20)
+        assert sb.files.read("/tmp/after", request_timeout=20) == "x"
+        assert len(sb.commands.list(request_timeout=20)) == 4
+        sb.kill()
+        """,
+    )
+
+
 def test_missing_or_wrong_key_is_401_and_creates_nothing(server: Served) -> None:
     _, before = api(server, "GET", "/v2/sandboxes", KEY_A)
     for key in (None, "", "jbx_" + "c" * 40, KEY_A + "x", KEY_A[:-1]):
