@@ -58,8 +58,8 @@ def test_pause_and_resume_on_connect_keep_processes_files_id_and_token(server: S
 
         sb = Sandbox.create(template="host", timeout=300, metadata={"suite": "pause"})
         sb.files.write("/tmp/kept", "before the pause")
-        # one background command: with two, the SDK's next file request waits 60 s for a connection
-        sleeper = sb.commands.run("echo $$ > /tmp/shell; sleep 1000", background=True, timeout=0)
+        sleeper = sb.commands.run("sleep 1000", background=True, timeout=0)
+        sb.commands.run("echo $$ > /tmp/shell; sleep 1000", background=True, timeout=0)
         assert sb.is_running()
         assert sb.get_info().state == SandboxState.RUNNING
         assert sb.get_info().lifecycle == {"on_timeout": "kill", "auto_resume": False}
