@@ -725,6 +725,11 @@ def test_a_sandbox_paused_at_a_stop_is_served_paused_again_with_fresh_processes(
     finally:
         other_key.stop()
     assert [p.name for p in records.iterdir()] == [f"{sid}.json"]
+    passing = start_server(tmp, *_flags(tmp), env=_store(tmp))  # serves it paused, and keeps it again
+    try:
+        assert api(passing, "GET", f"/sandboxes/{sid}", KEY_A)[1]["state"] == "paused"  # type: ignore[index]
+    finally:
+        passing.stop()
     again = start_server(tmp, *_flags(tmp), env=_store(tmp))
     try:
         sdk(
