@@ -43,12 +43,9 @@ from mcp.types import ToolAnnotations
 from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
 
-from ..sandbox import AsyncSandbox, Limits, NetworkPolicy, SandboxConfig, snapshots
-from ..sandbox.config import SNAPSHOT_ID, SNAPSHOT_NAME
+from ..sandbox import AsyncSandbox, Limits, NetworkPolicy, SandboxConfig, Snapshot, snapshots
 from ..sandbox.errors import BranchError, SandboxError, SandboxPaused, SnapshotNotFound
-from ..sandbox.layers import Checkpoint
-from ..sandbox.serving import Store, stored
-from ..sandbox.snapshots import Snapshot
+from ..sandbox.serving import SNAPSHOT_ID, SNAPSHOT_NAME, Checkpoint, Store, stored
 from . import keys
 from .listen import BadFlag, refused
 
