@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from . import cacerts, hostroot, idmap, snapshots, state
+from . import cacerts, hostids, hostroot, snapshots, state
 from .channel import Channel
 from .child.protocol import Created, CreateRequest, Failed, Step, decode
 from .child.spec import Bind, JailSpec, SeccompSpec
@@ -66,7 +66,7 @@ class Jail:
     def _build(self, config: SandboxConfig, layers: tuple[Layer, ...]) -> None:
         from .rootfs.resolve import apply_stored_rootfs
 
-        self._idmap = self._disk_ids = idmap.plan(config.idmap)
+        self._idmap = self._disk_ids = hostids.plan(config.idmap)
         # a checkpoint's layers hold the generated /etc files as the sandbox left them; a
         # snapshot's and the image's get this configuration's
         self._fresh_etc = not layers
@@ -163,14 +163,14 @@ class Jail:
         return lower, tuple(Bind(**b) for b in binds), generated
 
     def _claim_own_ids(self, lower: str, undo: contextlib.ExitStack) -> None:
-        """As host root: host ids of this jail's own where it can have them (``idmap.claim_own_ids``),
+        """As host root: host ids of this jail's own where it can have them (``hostids.claim_own_ids``),
         held until everything else is undone; its lower and binds are then mounted idmapped."""
         if not self.config.userns:
             return
-        own = idmap.claim_own_ids(self.config.idmap, [lower, *(str(m.src) for m in self.config.mounts)])
+        own = hostids.claim_own_ids(self.config.idmap, [lower, *(str(m.src) for m in self.config.mounts)])
         if own is None:
             return
-        undo.callback(idmap.release_slot, own.lock)
+        undo.callback(hostids.release_slot, own.lock)
         self._idmap, self._shown_as, self._ids_lock = own.idmap, own.shown_as, own.lock
 
     def _make_dir(self, base: Path, undo: contextlib.ExitStack) -> Path | None:
@@ -202,14 +202,14 @@ class Jail:
         undo.callback(budget.release_counters, base, self.id)
         return counters
 
-    def _claim_maker(self, base: Path, undo: contextlib.ExitStack) -> idmap.Maker | None:
-        """The id this jail's epoll instances are made as (``idmap.claim_maker``); a slot's lock is
+    def _claim_maker(self, base: Path, undo: contextlib.ExitStack) -> hostids.Maker | None:
+        """The id this jail's epoll instances are made as (``hostids.claim_maker``); a slot's lock is
         held until everything else is undone. None without a filter: nothing would send it calls."""
         if not self.config.userns or self.config.seccomp is None:
             return None
-        maker = idmap.claim_maker(self._idmap, self._shown_as is not None, base)
+        maker = hostids.claim_maker(self._idmap, self._shown_as is not None, base)
         if maker is not None and maker.lock is not None:
-            undo.callback(idmap.release_slot, maker.lock)
+            undo.callback(hostids.release_slot, maker.lock)
         return maker
 
     def _spec(self, base: Path, lower: str, system_binds: tuple[Bind, ...], generated: dict[str, str]) -> JailSpec:
@@ -267,7 +267,7 @@ class Jail:
             idmap=self._idmap,
             shown_as=self._shown_as,
             pids_budget=planned.nproc_budget,
-            creator=idmap.namespace_creator() if cfg.userns else None,
+            creator=hostids.namespace_creator() if cfg.userns else None,
             counters=self._counters,
             counter_budget=budget.rlimit_budget(),
             ipc=planned.ipc,
@@ -395,8 +395,8 @@ def _give_binds(cfg: SandboxConfig, id_map: IdMap) -> None:
     uid, gid = id_map.host_root()
     for m in cfg.mounts:
         if m.give:
-            idmap.give_tree(m.src, uid, gid)
-        elif not m.readonly and not idmap.writable_by(m.src, uid, gid):
+            hostids.give_tree(m.src, uid, gid)
+        elif not m.readonly and not hostids.writable_by(m.src, uid, gid):
             warnings.warn(
                 f"mount {m.dst}: the jail's root (host uid {uid}) cannot write {m.src}; give it the tree with "
                 f"Mount(src, dst, readonly=False, give=True) (CLI: SRC:DST:give), or chown -R {uid}:{gid} {m.src}",

@@ -1,7 +1,7 @@
 """The id map of a user namespace, and writing it for a process that just unshared one.
 
 Runs in the launcher (for each jail's child A) and on the host (for the unpack worker). The map
-itself is planned on the host (``sandbox/idmap.py``); this module only carries and applies it.
+itself is planned on the host (``sandbox/hostids.py``); this module only carries and applies it.
 Stdlib only.
 """
 
@@ -17,7 +17,7 @@ HELPERS = (("newuidmap", "uid_map"), ("newgidmap", "gid_map"))
 
 @dataclass(frozen=True)
 class IdMap:
-    """Which host ids a user namespace maps; planned by ``sandbox/idmap.py`` on the host."""
+    """Which host ids a user namespace maps; planned by ``sandbox/hostids.py`` on the host."""
 
     uid_map: str  # "inside outside count" triples, as /proc/PID/uid_map takes them
     gid_map: str  # the same for groups

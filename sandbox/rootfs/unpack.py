@@ -10,7 +10,7 @@ API (all raise ``UnsafeArchive`` naming the member for a refused member, ``Rootf
 - ``rmtree(path)``, ``du(path)``: for trees owned by subordinate ids.
 
 Owners: files get the archive's ids as the jail will see them (``max_id`` from the jail's default
-map, ``idmap.plan("auto")``). Without subordinate ids (a single-id map) everything belongs to the
+map, ``hostids.plan("auto")``). Without subordinate ids (a single-id map) everything belongs to the
 user, i.e. to root inside. As host root the extraction runs in that map too (``0 R 65536``): the
 tree, its top directory included, is owned R.. on the host. See ``untar`` for what is refused and
 why setuid bits are kept.
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from .. import idmap
+from .. import hostids
 from ..errors import RootfsError, UnsafeArchive
 from ..floor import boot
 from ..floor.idmap import IdMap, write_maps
@@ -36,7 +36,7 @@ from ..limits import IMAGE_ENTRIES_MAX, IMAGE_MEMBER_MAX, IMAGE_TOTAL_MAX
 
 def jail_map() -> IdMap:
     """The id map of a default jail (``idmap="auto"``): what stored trees are owned for."""
-    return idmap.plan("auto")
+    return hostids.plan("auto")
 
 
 def max_id(plan: IdMap) -> int:

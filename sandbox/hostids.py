@@ -1,5 +1,11 @@
 """Which host ids a jail's user namespace maps, decided on the host before forking.
 
+Runs in the host process. What it decides is an ``IdMap`` (``floor/idmap.py``: the map itself, its
+wire form, writing it, what it holds), which the launcher and the unpack worker load under
+``python -I -S``; this module stays apart, host-side, because it reads and allocates subordinate
+ranges under shadow's locks, holds slot locks and registers a fork hook, none of which belongs in
+those processes.
+
 Rootless: the caller's uid becomes 0 inside. With ``/etc/subuid`` + ``/etc/subgid`` entries and
 the setuid ``newuidmap``/``newgidmap`` helpers, ids 1..N map to the subordinate range too, so
 programs that switch ids (apt's ``_apt``, pip building as ``nobody``) work.
