@@ -382,10 +382,10 @@ class Jail:
 
 def _user(cfg: SandboxConfig, lower: str, generated: dict[str, str], id_map: IdMap) -> User | None:
     """The ids to switch commands to; None for root (what the init is already)."""
-    from .rootfs import unpack, users
+    from .rootfs import users
 
     assert cfg.user is not None
-    user = users.lookup(cfg.user, lower, generated, unpack.max_id(id_map))
+    user = users.lookup(cfg.user, lower, generated, id_map.max_id())
     return None if (user.uid, user.gid) == (0, 0) else user
 
 
