@@ -37,6 +37,7 @@ import sys
 from collections.abc import Iterable, Sequence
 
 from .. import hostids
+from ..floor import small
 from ..floor.idmap import IdMap
 from . import proc
 from .enforcement import Enforcement, Verdict, held
@@ -189,15 +190,9 @@ def _in_queues(pid: int, most: int) -> tuple[int, int]:
             try:
                 if not os.readlink(entry.path).startswith("socket:"):
                     continue
-                fd = os.open(f"/proc/{pid}/fdinfo/{entry.name}", os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 continue
-            try:
-                info = os.read(fd, 4096)
-            except OSError:
-                continue
-            finally:
-                os.close(fd)
+            info = small.read(f"/proc/{pid}/fdinfo/{entry.name}", 4096)
             at = info.find(b"scm_fds:")
             if at >= 0:
                 with contextlib.suppress(ValueError, IndexError):
