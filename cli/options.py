@@ -5,6 +5,7 @@ Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,30 @@ CA_CERT_HELP = (
     "Trust the CA certificates of PEM file FILE inside the jail too (repeatable): appended to the root filesystem's "
     "bundles (system, pip's certifi) in its writable layer, for a TLS-intercepting proxy."
 )
+
+
+def _group(name: str, *options: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``options`` (click options, or groups of them such as ``_shaping_options``), shown in that order, that
+    reach the command as one argument ``name``: a dict of their values by parameter name, for a builder that
+    takes them as keywords. A command of many flags then declares a few groups, not a parameter a flag."""
+
+    def probe() -> None: ...
+
+    for option in options:
+        option(probe)
+    names = {param.name for param in getattr(probe, "__click_params__", ())}
+
+    def add(func: Any) -> Any:
+        @functools.wraps(func)  # click reads the help from the docstring, and the options declared below
+        def command(**given: Any) -> Any:
+            rest = {key: value for key, value in given.items() if key not in names}
+            return func(**rest, **{name: {key: given[key] for key in names}})
+
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return add
 
 
 def _size_text(size: int) -> str:
