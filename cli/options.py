@@ -216,6 +216,20 @@ def _llm_bounds(max_reply: str, timeout: float) -> dict[str, Any]:
         return {"max_reply_bytes": parse_size(max_reply), "timeout": {"total": timeout}}
 
 
+def _endpoint(llm_name: str, base_url: str | None, api_key: str | None) -> dict[str, Any]:
+    """``LLMConfig``'s model, base_url and api_key from the endpoint flags `run` and `bench` share: a litellm
+    provider prefix of the name picks its endpoint (``route_model``) unless --llm-base-url names one."""
+    from ..agent.llm import route_model
+
+    model, provider_url = route_model(llm_name)
+    fields: dict[str, Any] = {"model": model}
+    if base_url or provider_url:
+        fields["base_url"] = base_url or provider_url
+    if api_key:
+        fields["api_key"] = api_key
+    return fields
+
+
 def _agent_jail_options(func: Any) -> Any:
     """``_jail_options`` with the agent commands' defaults: the paper's environment and network."""
     return _jail_options(func, rootfs=None, network="full")

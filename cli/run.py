@@ -25,6 +25,7 @@ from .options import (
     ROOTFS_DEFAULT_HELP,
     RUN_NETWORK_HELP,
     SETTINGS_HELP,
+    _endpoint,
     _group,
     _llm_bound_options,
     _llm_bounds,
@@ -316,15 +317,12 @@ def _llm_fields(
     extra_body: str | None,
 ) -> dict[str, Any]:
     """``LLMConfig``'s fields from ``_model_options``' flags (``llm_name`` given); a flag's own error names it."""
-    from ..agent.llm import route_model
-
-    model, provider_url = route_model(llm_name)
     with _fed_by("--extra-body"):
         extra = _extra_body(extra_body) if extra_body else {}
     with _fed_by("--llm-base-url"):
         _check_url(llm_base_url)
     fields: dict[str, Any] = {
-        "model": model,
+        **_endpoint(llm_name, llm_base_url, api_key),
         "temperature": temperature,
         "max_tokens": max_tokens_per_call,
         "extra_body": extra,
@@ -332,10 +330,6 @@ def _llm_fields(
     }
     with _fed_by():
         fields.update(_llm_bounds(llm_max_reply, llm_timeout))
-    if llm_base_url or provider_url:
-        fields["base_url"] = llm_base_url or provider_url
-    if api_key:
-        fields["api_key"] = api_key
     return fields
 
 
