@@ -30,6 +30,10 @@ class IdMap:
         """The host uid and gid that the namespace's root is."""
         return int(self.uid_map.split()[1]), int(self.gid_map.split()[1])
 
+    def triples(self) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+        """The (inside, outside, count) triples of the uid map and of the gid map (on one line or several)."""
+        return _triples(self.uid_map), _triples(self.gid_map)
+
     def max_id(self) -> int:
         """The highest id inside the namespace that maps to a host id, for users and groups both
         (0: a single-id map): the top of what an archive's owners or a jail's user may be."""
@@ -53,6 +57,11 @@ class IdMap:
             helper=wire.typed(f, "helper", bool),
             deny_setgroups=wire.typed(f, "deny_setgroups", bool),
         )
+
+
+def _triples(text: str) -> list[tuple[int, int, int]]:
+    words = [int(word) for word in text.split()]
+    return [(words[i], words[i + 1], words[i + 2]) for i in range(0, len(words) - 2, 3)]
 
 
 def write_maps(pid: int, idmap: IdMap) -> None:
