@@ -28,8 +28,9 @@ from .options import (
     _shaped,
     _shaping_options,
     _time_limit_option,
+    default_rootfs,
 )
-from .run import _trim, default_rootfs, llm_advice
+from .run import _trim, llm_advice
 
 
 @main.command("bench")

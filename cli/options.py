@@ -359,3 +359,11 @@ def _env_pairs(envs: tuple[str, ...]) -> dict[str, str]:
             raise ValueError(f"{item!r}: expected K=V, e.g. --env LANG=C.UTF-8")
         env[key] = value
     return env
+
+
+def default_rootfs() -> str:
+    """What ``run``, ``bench`` and ``replay`` start from unless told: the paper's environment (``default``, the
+    name ``jailbox rootfs build`` gives the default recipe's tree) when the store holds it, else the host's."""
+    from ..sandbox.rootfs.store import Store
+
+    return "default" if Store().get("default") is not None else "host"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -15,27 +15,26 @@ from ..sandbox.errors import SandboxError  # stdlib only, and every command catc
 from ..sandbox.escapes import printable  # stdlib only: what others chose is printed through it
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
+
+    from ..agent.llm import Retry
+    from ..agent.trajectory import Trajectory
 
 
 from .app import main
-from .errors import _check_url, _fed_by, _flag_error, _read_text
-from .options import (
-    COPY_OUT_HELP,
-    ROOTFS_DEFAULT_HELP,
-    RUN_NETWORK_HELP,
-    SETTINGS_HELP,
-    _endpoint,
-    _group,
-    _llm_bound_options,
-    _llm_bounds,
-    _llm_retries_option,
-    _shaped,
-    _shaping_options,
-    _time_limit_option,
-)
+from .errors import _fed_by, _flag_error, _read_text
+from .options import SETTINGS_HELP
 from .rootfs import _progress
-from .settings import _read_settings
+from .run_options import (
+    _agent_options,
+    _files_options,
+    _llm_fields,
+    _model_options,
+    _run_jail_options,
+    _run_settings,
+    _sandbox_fields,
+)
 
 
 def llm_advice(error: str, url: str) -> str:
@@ -58,102 +57,6 @@ def llm_advice(error: str, url: str) -> str:
 def _trim(text: str, limit: int = 600) -> str:
     text = text.strip()
     return text if len(text) <= limit else f"{text[: limit // 2]}\n[...]\n{text[-limit // 2 :]}"
-
-
-_model_options = _group(
-    "model",
-    click.option(
-        "--llm-name",
-        "--llm_name",
-        "--model",
-        "llm_name",
-        default=None,
-        help="Model name at the endpoint; a litellm provider prefix (openai/, hosted_vllm/, openrouter/...) is "
-        "dropped.",
-    ),
-    click.option(
-        "--llm-base-url",
-        "--llm_base_url",
-        "llm_base_url",
-        default=None,
-        help="Endpoint, e.g. http://localhost:8000/v1 (default $OPENAI_BASE_URL or $LLM_BASE_URL).",
-    ),
-    click.option("--api-key", "--api_key", default=None, help="Default $OPENAI_API_KEY."),
-    _llm_retries_option,
-    _llm_bound_options("the model"),
-    click.option("--temperature", type=float, default=1.0, show_default=True),
-    click.option(
-        "--max-tokens-per-call", "--max_tokens_per_call", type=click.IntRange(min=1), default=65536, show_default=True
-    ),
-    click.option(
-        "--extra-body",
-        "--extra_body",
-        default=None,
-        help="JSON (or a Python literal, as the reference takes it) merged into each request body, e.g. "
-        '\'{"chat_template_kwargs": {"thinking": true}}\'.',
-    ),
-)
-"""Which model is asked, where and how: ``_llm_fields`` builds ``LLMConfig``'s fields from them."""
-
-_agent_options = _group(
-    "agent",
-    click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True),
-    click.option(
-        "--max-token-limit",
-        "--max_token_limit",
-        type=int,  # checked by AgentConfig, whose error names the flag (FLAGS)
-        default=65536,
-        show_default=True,
-        help="Tokens the conversation may hold, checked before each call.",
-    ),
-    click.option(
-        "--max-format-errors",
-        "--max_format_errors",
-        type=click.IntRange(min=1),
-        default=None,
-        help="End after N replies in a row without a usable tool call [default: nudge and go on].",
-    ),
-    _time_limit_option("the run"),
-    click.option("--text-mode", is_flag=True, help="For models without tool calling: one fenced action per reply."),
-)
-"""How long the agent goes on, and how it acts: ``AgentConfig``'s fields, as they are named."""
-
-_files_options = _group(
-    "files",
-    click.option(
-        "--input-dir",
-        "--input_dir",
-        type=click.Path(exists=True, file_okay=False),
-        default=None,
-        help="Copied into the jail's input directory (writable there), at most 1 GiB.",
-    ),
-    click.option(
-        "--output-dir",
-        "--output_dir",
-        type=click.Path(file_okay=False),
-        default="./output",
-        show_default=True,
-        help="Each run records into a new OUTPUT_DIR/YYYYMMDD_HHMMSS/ (answer and copies in its files/).",
-    ),
-    click.option("--copy-out", "--copy_out", "copy_out", multiple=True, metavar="PATH", help=COPY_OUT_HELP),
-)
-"""What goes into the jail, and where the run is recorded."""
-
-_run_jail_options = _group(
-    "jail",
-    click.option("--rootfs", default=None, help=ROOTFS_DEFAULT_HELP),
-    click.option(
-        "--docker-image",
-        "--docker_image",
-        "docker_image",
-        default=None,
-        metavar="REF",
-        help="Image to run in, pulled into the store unless it is there already (instead of --rootfs).",
-    ),
-    click.option("--network", default="full", show_default=True, metavar="MODE", help=RUN_NETWORK_HELP),
-    _shaping_options,
-)
-"""The jail the agent works in: ``_sandbox_fields`` builds ``SandboxConfig``'s fields from them."""
 
 
 @main.command("run", context_settings={"help_option_names": ["-h", "--help"]})
@@ -193,7 +96,7 @@ def run_cmd(
     """
     from ..agent import prompts as prompt_configs
     from ..agent.inputs import InputDirError
-    from ..agent.llm import LLMConfig, Retry
+    from ..agent.llm import LLMConfig
     from ..agent.loop import AgentConfig
     from ..agent.run import FILES, check_copy_out, fresh_dir, run_task
     from ..sandbox import SandboxConfig
@@ -223,43 +126,13 @@ def run_cmd(
     if docker_image is not None:
         sandbox = sandbox.model_copy(update={"rootfs": _docker_image(docker_image, quiet or as_json)})
 
-    import json
     from pathlib import Path
 
     with _fed_by("--output-dir"):
         run_dir = fresh_dir(Path(files["output_dir"]))
     if not quiet and not as_json:
         click.echo(f"Recording into {run_dir} (rootfs {sandbox.rootfs}, network {jail['network']})", err=True)
-    started, tokens, max_steps = time.monotonic(), [0], agent["max_steps"]
-
-    def show(step: Any) -> None:
-        steps.append(step.index)
-        tokens[0] += step.prompt_tokens + step.completion_tokens
-        if step.reasoning:
-            click.echo(click.style(printable(_trim(step.reasoning, 400)), dim=True))
-        for action, observation in zip(step.actions, step.observations, strict=False):
-            line = f"> {action.function} {_trim(json.dumps(action.parameters), 300)}"
-            click.echo(click.style(printable(line), fg="cyan"))
-            click.echo(printable(_trim(observation)))
-        if step.note:
-            click.echo(click.style(printable(step.note), fg="yellow"))
-        status = f"[step {step.index}/{max_steps} | {tokens[0]} tokens | {time.monotonic() - started:.0f}s]"
-        click.echo(click.style(status, bold=True))
-
-    steps: list[Any] = []
-
-    def retrying(retry: Retry) -> None:
-        again = (
-            f"retry {retry.attempt}/{retry.retries} in {retry.seconds:.1f}s{' (Retry-After)' if retry.hinted else ''}"
-            if retry.backoff
-            else "asking again now"
-        )
-        status = (
-            f"[LLM request failed: {retry.cause} | {again} | step {len(steps) + 1}/{max_steps} | "
-            f"{time.monotonic() - started:.0f}s]"
-        )
-        click.echo(click.style(printable(status), fg="yellow", bold=True), err=True)
-
+    show, retrying = _printers(agent["max_steps"])
     try:
         trajectory = run_task(
             query,
@@ -282,6 +155,50 @@ def run_cmd(
         hint = " (or --network none: run's default is full)" if str(exc).startswith("network 'full'") else ""
         click.echo(printable(f"jailbox: {exc}{hint}"), err=True)
         sys.exit(125)
+    _report(trajectory, run_dir, llm.base_url, as_json)
+
+
+def _printers(max_steps: int) -> tuple[Callable[[Any], None], Callable[[Retry], None]]:
+    """What a run prints as it goes: each step (its reasoning, actions and observations, then a status line),
+    and each failed model request about to be sent again (on stderr)."""
+    import json
+
+    started, tokens, steps = time.monotonic(), [0], []
+
+    def show(step: Any) -> None:
+        steps.append(step.index)
+        tokens[0] += step.prompt_tokens + step.completion_tokens
+        if step.reasoning:
+            click.echo(click.style(printable(_trim(step.reasoning, 400)), dim=True))
+        for action, observation in zip(step.actions, step.observations, strict=False):
+            line = f"> {action.function} {_trim(json.dumps(action.parameters), 300)}"
+            click.echo(click.style(printable(line), fg="cyan"))
+            click.echo(printable(_trim(observation)))
+        if step.note:
+            click.echo(click.style(printable(step.note), fg="yellow"))
+        status = f"[step {step.index}/{max_steps} | {tokens[0]} tokens | {time.monotonic() - started:.0f}s]"
+        click.echo(click.style(status, bold=True))
+
+    def retrying(retry: Retry) -> None:
+        again = (
+            f"retry {retry.attempt}/{retry.retries} in {retry.seconds:.1f}s{' (Retry-After)' if retry.hinted else ''}"
+            if retry.backoff
+            else "asking again now"
+        )
+        status = (
+            f"[LLM request failed: {retry.cause} | {again} | step {len(steps) + 1}/{max_steps} | "
+            f"{time.monotonic() - started:.0f}s]"
+        )
+        click.echo(click.style(printable(status), fg="yellow", bold=True), err=True)
+
+    return show, retrying
+
+
+def _report(trajectory: Trajectory, run_dir: Path, base_url: str, as_json: bool) -> NoReturn:
+    """The run's outcome (JSON with --json), advice on stderr when the model's endpoint failed it, and its exit
+    status: 0 when the agent submitted, else 1."""
+    import json
+
     summary = {
         "exit_status": trajectory.exit_status,
         "answer": trajectory.answer,
@@ -300,99 +217,15 @@ def run_cmd(
             )
         )
     if trajectory.exit_status == "llm_error":
-        advice = llm_advice(trajectory.error or "", llm.base_url)
+        advice = llm_advice(trajectory.error or "", base_url)
         click.echo(printable(f"jailbox: {trajectory.error}; {advice}"), err=True)
     sys.exit(0 if trajectory.exit_status == "submitted" else 1)
-
-
-def _llm_fields(
-    llm_name: str,
-    llm_base_url: str | None,
-    api_key: str | None,
-    llm_max_retries: int,
-    llm_timeout: float,
-    llm_max_reply: str,
-    temperature: float,
-    max_tokens_per_call: int,
-    extra_body: str | None,
-) -> dict[str, Any]:
-    """``LLMConfig``'s fields from ``_model_options``' flags (``llm_name`` given); a flag's own error names it."""
-    with _fed_by("--extra-body"):
-        extra = _extra_body(extra_body) if extra_body else {}
-    with _fed_by("--llm-base-url"):
-        _check_url(llm_base_url)
-    fields: dict[str, Any] = {
-        **_endpoint(llm_name, llm_base_url, api_key),
-        "temperature": temperature,
-        "max_tokens": max_tokens_per_call,
-        "extra_body": extra,
-        "max_retries": llm_max_retries,
-    }
-    with _fed_by():
-        fields.update(_llm_bounds(llm_max_reply, llm_timeout))
-    return fields
-
-
-def _sandbox_fields(rootfs: str | None, network: str, **shaping: Any) -> dict[str, Any]:
-    """``SandboxConfig``'s fields from ``_run_jail_options``' flags but --docker-image (pulled last, once the
-    other flags are known good); a bound's own error names its flag."""
-    return {"rootfs": rootfs or default_rootfs(), "network": network, **_shaped(**shaping)}
 
 
 def _drop_if_empty(run_dir: Path) -> None:
     """A run directory the run never recorded into (no jail, or its input refused) is not left behind."""
     with suppress(OSError):
         run_dir.rmdir()
-
-
-def _extra_body(text: str) -> dict[str, Any]:
-    """--extra_body as JSON, or as the Python literal the reference's README writes ({"thinking": True}); the
-    strings "true" and "false" become booleans, as the reference makes them."""
-    import ast
-    import json
-
-    try:
-        value = json.loads(text)
-    except ValueError:
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            raise ValueError(f"not JSON ({text[:80]!r}); write an object") from None
-    if not isinstance(value, dict):
-        raise ValueError("expected a JSON object")
-    return _booleans(value)
-
-
-def _booleans(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _booleans(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_booleans(item) for item in value]
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    return value
-
-
-def _run_settings(path: str | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    import yaml
-
-    try:
-        data = yaml.safe_load(_read_settings(path)) or {}
-    except yaml.YAMLError as exc:
-        raise click.UsageError(f"--settings {path}: not YAML ({exc}); e.g. 'llm_name: openai/gpt-4o'") from None
-    if not isinstance(data, dict):
-        raise click.UsageError(f"--settings {path}: expected a YAML mapping, e.g. 'llm_name: openai/gpt-4o'")
-    return {key: str(value) for key, value in data.items() if value not in (None, "")}
-
-
-def default_rootfs() -> str:
-    """What ``run``, ``bench`` and ``replay`` start from unless told: the paper's environment (``default``, the
-    name ``jailbox rootfs build`` gives the default recipe's tree) when the store holds it, else the host's."""
-    from ..sandbox.rootfs.store import Store
-
-    return "default" if Store().get("default") is not None else "host"
 
 
 def _docker_image(ref: str, quiet: bool) -> str:
