@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.results import CaseResult, Row, Target
 from bench.settings import Settings
 from bench.timing import Summary
-from jailbox.sandbox import Mount, Sandbox, SandboxConfig, idmap
+from jailbox.sandbox import Mount, Sandbox, SandboxConfig, hostids
 from jailbox.sandbox.net.secrets import Secret
 
 BOUND, PLAIN = "bound.bench.test", "plain.bench.test"
@@ -166,7 +166,7 @@ def _tree(scratch: Path) -> Path:
     shutil.copyfile(HOST_BUNDLE, root / "etc/ssl/certs/ca-certificates.crt")
     scratch.chmod(0o755)
     if os.getuid() == 0:  # root's jails run as a subordinate id: the tree is their root's, as an image is
-        uid, gid = idmap.plan("auto").host_root()
+        uid, gid = hostids.plan("auto").host_root()
         for top, dirs, files, fd in os.fwalk(root):
             os.chown(top, uid, gid, follow_symlinks=False)
             for name in dirs + files:
