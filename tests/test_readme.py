@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from conftest import need, require
 from support.llm_server import ScriptedServer, reply
+from support.service_probe import own_service
 
 from jailbox.sandbox.rootfs.build import load_recipe
 
@@ -185,6 +186,10 @@ def test_a_readme_block_runs_as_written(block: Block, tmp_path: Path, registry_c
         else [sys.executable, "-c", block.code]
     )
     with contextlib.ExitStack() as stack:
+        # a state directory (so a per-user service) of the block's own: the service a block starts
+        # serves that block's store, and is stopped with it
+        own = stack.enter_context(own_service())
+        env.update({k: own[k] for k in ("JAILBOX_STATE_DIR", "JAILBOX_SERVICE_IDLE")})
         endpoint = re.search(r"http://localhost:(\d+)/v1", block.code)
         if block.skip == "needs an LLM endpoint":
             assert endpoint, f"{block}: needs an LLM endpoint but names no http://localhost:PORT/v1"
