@@ -37,6 +37,11 @@ except ImportError as exc:  # the host turns this into a one-line error naming t
 
 KERNEL_START = 60.0  # seconds a kernel may take to answer its first request
 REPLY_WAIT = 30.0  # seconds a silent helper request (env vars) may take
+# Kept under the host's bound on a line (INTERPRETER_LINE_MAX, 32 MiB), which ends this process: a
+# kernel buffers a tight print loop into one message of any size, so streams go out in pieces, and a
+# result too large to send is named on stderr instead.
+STREAM_PIECE = 1 << 20  # characters
+RESULT_MAX = 30 << 20  # bytes of a result's line
 # Run silently in each new kernel: tracebacks without colour codes, data frames also as
 # e2b's ``e2b/data`` (a dict of columns, ``DataFrame.to_dict(orient="list")`` in JSON types).
 SETUP = r"""
@@ -82,6 +87,9 @@ out_lock = threading.Lock()
 
 def send(line: dict[str, Any]) -> None:
     data = json.dumps(line, separators=(",", ":"), default=str) + "\n"
+    if line.get("type") == "result" and len(data) > RESULT_MAX:
+        note = f"a result of {len(data)} bytes was dropped: over the interpreter's {RESULT_MAX} bytes\n"
+        data = json.dumps({"id": line["id"], "type": "stderr", "text": note}) + "\n"
     with out_lock:
         sys.stdout.write(data)
         sys.stdout.flush()
@@ -126,7 +134,9 @@ class Context:
         self.silent(SETUP)
 
     def silent(self, code: str, expressions: dict[str, str] | None = None) -> dict[str, Any]:
-        msg_id = self.client.execute(code, silent=True, store_history=False, user_expressions=expressions or {})
+        msg_id = self.client.execute(
+            code, silent=True, store_history=False, user_expressions=expressions or {}, stop_on_error=False
+        )
         while True:
             reply = self.client.get_shell_msg(timeout=REPLY_WAIT)
             if reply["parent_header"].get("msg_id") == msg_id:
@@ -171,7 +181,9 @@ class Context:
                 )
 
     def run(self, rid: str, code: str) -> None:
-        msg_id = self.client.execute(code, store_history=True)
+        # stop_on_error off: after an error (an interrupt too) ipykernel would otherwise abort the requests
+        # that reach it next, and runs here are one at a time per context anyway
+        msg_id = self.client.execute(code, store_history=True, stop_on_error=False)
         while True:
             msg = self.client.get_iopub_msg()
             if msg["parent_header"].get("msg_id") != msg_id:
@@ -182,7 +194,12 @@ class Context:
             if kind == "execute_input":
                 send({"id": rid, "type": "number_of_executions", "execution_count": content["execution_count"]})
             elif kind == "stream":
-                send({"id": rid, "type": content["name"], "text": content["text"], "timestamp": stamp})
+                text = content["text"]  # the host judges what the kernel (the jail's code) sent: passed as is
+                pieces = [text]
+                if isinstance(text, str) and len(text) > STREAM_PIECE:
+                    pieces = [text[at : at + STREAM_PIECE] for at in range(0, len(text), STREAM_PIECE)]
+                for piece in pieces:
+                    send({"id": rid, "type": content["name"], "text": piece, "timestamp": stamp})
             elif kind in ("execute_result", "display_data"):
                 send({"id": rid, **result_line(content, kind == "execute_result")})
             elif kind == "error":
