@@ -13,7 +13,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from bench import agent_loop, branching, burst, cases, cli_rows, density, epoll, report, serve, stored_rootfs
+from bench import (
+    agent_loop,
+    branching,
+    burst,
+    cases,
+    cli_rows,
+    code_interpreter,
+    density,
+    epoll,
+    report,
+    serve,
+    stored_rootfs,
+)
 from bench.machine import machine_info
 from bench.results import CaseResult
 from bench.settings import FULL, QUICK, Settings
@@ -34,6 +46,7 @@ CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "agent_loop": agent_loop.agent_loop,
     "serve": serve.serve,
     "branching": branching.branching,
+    "code_interpreter": code_interpreter.code_interpreter,
 }
 
 

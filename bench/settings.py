@@ -30,6 +30,8 @@ class Settings:
     branch_reps: int = 5
     fork_children: int = 16
     snapshot_starts: int = 100  # sandboxes started from one snapshot at once
+    code_reps: int = 300  # run_code("1+1") on a warm context
+    code_starts: int = 5  # sandboxes created to their first run_code result (a kernel start each)
     image: str = "docker.io/library/busybox:latest"
 
     def as_dict(self) -> dict[str, object]:
@@ -61,4 +63,6 @@ QUICK = Settings(
     epoll_reps=50,
     epoll_rounds=2,
     pause_reps=10,
+    code_reps=20,
+    code_starts=1,
 )

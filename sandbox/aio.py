@@ -175,4 +175,8 @@ def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[T], Any] | Non
     """``callback`` run on ``loop`` rather than the worker thread calling it, in call order."""
     if callback is None:
         return None
-    return lambda value: loop.call_soon_threadsafe(callback, value)
+
+    def hand_over(value: T) -> None:
+        loop.call_soon_threadsafe(callback, value)
+
+    return hand_over

@@ -6,27 +6,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
 
 import psutil
 import pytest
-from conftest import require
 
 from jailbox.sandbox import AsyncSandbox, Sandbox, interpreter
 from jailbox.sandbox.errors import InterpreterError, InterpreterTimeout
+from jailbox.sandbox.rootfs.build import load_recipe
 
-PACKAGES = "python3-ipykernel python3-jupyter-client python3-numpy python3-pandas python3-matplotlib"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _kernel_installed() -> None:
-    found = subprocess.run(
-        ["/usr/bin/python3", "-c", "import ipykernel, jupyter_client, matplotlib, pandas, numpy"], capture_output=True
-    )
-    require(found.returncode == 0, "a Jupyter kernel and the data stack on the host", f"apt-get install {PACKAGES}")
+pytestmark = pytest.mark.needs("kernel")
 
 
 @pytest.fixture(scope="module")
@@ -329,6 +320,14 @@ def test_a_stopped_gateway_is_killed_after_the_grace(monkeypatch: pytest.MonkeyP
             )
         assert time.monotonic() - started < 2 + 1 + 5
         assert sb.run_code("3").text == "3"
+
+
+def test_the_recipe_has_the_kernel_and_the_paper_trees_do_not():
+    recipe = load_recipe("code-interpreter")
+    for package in ("python3-ipykernel", "python3-jupyter-client", "python3-pandas", "python3-matplotlib"):
+        assert package in recipe.packages
+    for paper in ("default", "debian"):
+        assert not [p for p in load_recipe(paper).packages if "ipykernel" in p or "jupyter" in p]
 
 
 def test_the_host_rootfs_imports_matplotlib():
