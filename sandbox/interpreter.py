@@ -10,7 +10,7 @@ most ``INTERPRETER_LINE_MAX`` bytes, an execution at most ``INTERPRETER_EXECUTIO
 ``INTERPRETER_RESULTS_MAX`` results, every wait has a deadline, and every line is checked against the
 typed records below before anything uses it. A gateway that breaks a rule is killed (with its kernels)
 and the call raises ``InterpreterError``; the next call starts a fresh one. An execution's records are
-e2b-code-interpreter's ``/execute`` lines one for one (``Record.to_line()``), so a server can stream
+e2b-code-interpreter's ``/execute`` lines one for one (``to_line(record)``), so a server can stream
 them unchanged.
 """
 
@@ -152,11 +152,11 @@ class EndRecord(_Strict):
     type: Literal["end_of_execution"]
 
 
-Record = Annotated[StreamRecord | ResultRecord | ErrorRecord | CountRecord | EndRecord, Field(discriminator="type")]
+Record = StreamRecord | ResultRecord | ErrorRecord | CountRecord | EndRecord
 """One line of an execution, as e2b-code-interpreter's ``/execute`` streams it."""
 
 
-def to_line(record: StreamRecord | ResultRecord | ErrorRecord | CountRecord | EndRecord) -> str:
+def to_line(record: Record) -> str:
     """The record as e2b's server writes it: JSON, absent fields left out, no newline."""
     return record.model_dump_json(by_alias=True, exclude_none=True)
 
@@ -182,7 +182,7 @@ class FailureReply(_Strict):
 
 
 Reply = Annotated[ContextReply | ContextsReply | DoneReply | FailureReply, Field(discriminator="type")]
-_RECORD: TypeAdapter[StreamRecord | ResultRecord | ErrorRecord | CountRecord | EndRecord] = TypeAdapter(Record)
+_RECORD: TypeAdapter[Record] = TypeAdapter(Annotated[Record, Field(discriminator="type")])
 _REPLY: TypeAdapter[ContextReply | ContextsReply | DoneReply | FailureReply] = TypeAdapter(Reply)
 
 
@@ -411,9 +411,7 @@ class Gateway:
             raise InterpreterError(f"the interpreter could not {request['op']}: {reply.message}")
         return reply
 
-    def execute(
-        self, code: str, context: str | None, envs: dict[str, str] | None, timeout: float
-    ) -> Iterator[StreamRecord | ResultRecord | ErrorRecord | CountRecord | EndRecord]:
+    def execute(self, code: str, context: str | None, envs: dict[str, str] | None, timeout: float) -> Iterator[Record]:
         started = time.monotonic()
         deadline = started + timeout
         request = {"op": "execute", "code": code, "context": context, "env_vars": envs}
@@ -425,9 +423,7 @@ class Gateway:
                     with contextlib.suppress(InterpreterError):
                         self._interrupt(context)
 
-    def _records(
-        self, waiter: _Waiter, context: str | None, timeout: float, deadline: float
-    ) -> Iterator[StreamRecord | ResultRecord | ErrorRecord | CountRecord | EndRecord]:
+    def _records(self, waiter: _Waiter, context: str | None, timeout: float, deadline: float) -> Iterator[Record]:
         interrupted = False
         while True:
             try:
@@ -514,7 +510,7 @@ class Interpreter:
         context: CodeContext | str | None,
         envs: dict[str, str] | None,
         timeout: float | None,
-    ) -> Iterator[StreamRecord | ResultRecord | ErrorRecord | CountRecord | EndRecord]:
+    ) -> Iterator[Record]:
         """The execution's records as they come (e2b's ``/execute`` lines)."""
         if language is not None and context is not None:
             raise InterpreterError("run_code: give language= or context=, not both (e.g. context=ctx)")

@@ -23,7 +23,7 @@ from .limits.enforcement import render
 from .results import ExecResult, SandboxStats
 
 if TYPE_CHECKING:
-    from .interpreter import CodeContext, Execution, ExecutionError, Interpreter, OutputMessage, Result
+    from .interpreter import CodeContext, Execution, ExecutionError, Interpreter, OutputMessage, Record, Result
     from .net.proxy import NetworkLogEntry
     from .snapshots import Snapshot
 
@@ -267,6 +267,19 @@ class Sandbox:
         ``InterpreterTimeout`` raised; the context keeps working. The callbacks get each output as
         it comes. Needs ipykernel in the jail's root filesystem (docs/code-interpreter.md)."""
         return self._code().run(code, language, context, on_stdout, on_stderr, on_result, on_error, envs, timeout)
+
+    def stream_code(
+        self,
+        code: str,
+        language: str | None = None,
+        context: CodeContext | str | None = None,
+        envs: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[Record]:
+        """``run_code``'s records as they come, each one of e2b-code-interpreter's ``/execute`` lines
+        (``interpreter.to_line(record)`` is its JSON), the last an ``end_of_execution``. Closing the
+        iterator before that interrupts the code (a client that went away)."""
+        return self._code().stream(code, language, context, envs, timeout)
 
     def create_code_context(self, cwd: str | None = None, language: str | None = None) -> CodeContext:
         """A new kernel with state of its own, started in ``cwd`` (the sandbox's workdir if None)."""

@@ -80,7 +80,7 @@ def test_callbacks_stream_in_order_as_the_records_come(sb: Sandbox):
     )
     assert seen == [("out", "a\n"), ("err", "b\n"), ("result", "1"), ("out", "c\n"), ("error", "ZeroDivisionError")]
     assert execution.logs.stderr == ["b\n"]
-    records = [r.type for r in sb._code().stream("print(1)\n2", None, None, None, None)]
+    records = [r.type for r in sb.stream_code("print(1)\n2")]
     assert records == ["number_of_executions", "stdout", "result", "end_of_execution"]
     line = interpreter.to_line(interpreter.StreamRecord(type="stdout", text="1\n"))
     assert line == '{"type":"stdout","text":"1\\n"}'  # e2b's /execute line: absent fields left out
