@@ -143,6 +143,15 @@ def test_a_timeout_interrupts_the_kernel_and_the_next_run_works(sb: Sandbox):
     assert sb.run_code("kept").text == "yes"
 
 
+def test_closing_the_stream_early_interrupts_the_code(sb: Sandbox):
+    records = sb.stream_code("import sys, time\nprint('started'); sys.stdout.flush()\ntime.sleep(60)")
+    assert [next(records).type, next(records).type] == ["number_of_executions", "stdout"]
+    started = time.monotonic()
+    records.close()  # a client that went away
+    assert sb.run_code("'next'", timeout=20).text == "next"
+    assert time.monotonic() - started < 20
+
+
 def test_async_twins_run_callbacks_on_the_loop():
     async def main() -> None:
         async with AsyncSandbox() as sb:
