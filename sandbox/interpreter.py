@@ -266,7 +266,8 @@ class Gateway:
     def _pump(self) -> None:
         try:
             result = run_sync(self.run, None)
-            why = f"the interpreter ended (exit {result.exit_code}): {result.stderr[-300:].strip()}"
+            said = result.stderr[-300:].strip()
+            why = f"the interpreter ended (exit {result.exit_code})" + (f": {said}" if said else "")
         except SandboxClosed:
             why = "the sandbox was closed"
         except BaseException as exc:

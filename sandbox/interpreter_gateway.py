@@ -22,12 +22,16 @@ import os
 import queue
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import uuid
 from typing import Any
 
+# jupyter_client finds the kernel through ipykernel, whose bundled debugger warns on stderr (the host's
+# reason if this process ends) that CPython's frozen modules may hide breakpoints
+os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
 try:
     from jupyter_client.manager import KernelManager
 except ImportError as exc:  # the host turns this into a one-line error naming the packages
@@ -126,8 +130,9 @@ class Context:
     def start(self) -> None:
         # figures as PNG: matplotlib_inline hooks itself into the kernel when matplotlib is first imported
         env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
-        # the kernel's own stdout goes to this process's stderr, never into the protocol on stdout
-        self.manager.start_kernel(cwd=self.cwd, env=env, stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno())
+        # the kernel's own fd 1 and 2 never reach the protocol on this process's stdout, nor its stderr (the
+        # host's reason when this process ends): ipykernel sends what is written to them as stream messages
+        self.manager.start_kernel(cwd=self.cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=KERNEL_START)

@@ -293,6 +293,18 @@ def test_a_gateway_that_does_not_start_says_why(monkeypatch: pytest.MonkeyPatch)
         sb.run_code("1")
 
 
+def test_code_that_kills_its_gateway_leaves_no_kernel_and_the_next_call_recovers():
+    with Sandbox() as sb:
+        sb.run_code("1")
+        with pytest.raises(InterpreterError, match="the interpreter ended"):
+            sb.run_code("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", timeout=20)
+        deadline = time.monotonic() + 10
+        while "ipykernel_launcher" in sb.exec("ps -eo args").stdout:  # the kernel notices its parent went
+            assert time.monotonic() < deadline, "an orphaned kernel outlived its gateway"
+            time.sleep(0.2)
+        assert sb.run_code("2").text == "2"
+
+
 def test_a_kernel_sending_malformed_messages_ends_only_its_gateway():
     """The code drives its kernel's own iopub socket: a stream whose text is not a string."""
     with Sandbox() as sb:
