@@ -432,10 +432,10 @@ class Gateway:
             except TimeoutError:
                 if interrupted:
                     self._break("an interrupted execution did not end: the interpreter was killed")
-                    raise InterpreterTimeout(
-                        f"the code ran past its {timeout:g} s timeout and did not stop when interrupted; "
-                        "its context is gone with the interpreter"
-                    ) from None
+                    gone = "did not stop when interrupted; its context is gone with the interpreter"
+                    if waiter.over is not None:
+                        raise InterpreterError(f"the execution sent {waiter.over} and {gone}") from None
+                    raise InterpreterTimeout(f"the code ran past its {timeout:g} s timeout and {gone}") from None
                 self._interrupt(context)
                 interrupted, deadline = True, time.monotonic() + INTERRUPT_GRACE
                 continue

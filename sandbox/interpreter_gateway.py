@@ -122,6 +122,9 @@ class Context:
         self.language = language
         self.cwd = cwd
         self.jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        # set by an interrupt: the run's backlog of output (a print loop can queue a hundred MiB in the
+        # kernel's socket) is drained unsent, so the run ends within the host's grace
+        self.quiet = threading.Event()
         self.manager = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, uuid.uuid4().hex))
         self.start()
         self.id = uuid.uuid4().hex
@@ -160,6 +163,7 @@ class Context:
             job = self.jobs.get()
             if job is None:
                 return
+            self.quiet.clear()
             try:
                 self.execute(job)
             except Exception as exc:
@@ -198,6 +202,8 @@ class Context:
             stamp = stamp.isoformat() if hasattr(stamp, "isoformat") else stamp
             if kind == "execute_input":
                 send({"id": rid, "type": "number_of_executions", "execution_count": content["execution_count"]})
+            elif kind in ("stream", "execute_result", "display_data") and self.quiet.is_set():
+                continue
             elif kind == "stream":
                 text = content["text"]  # the host judges what the kernel (the jail's code) sent: passed as is
                 pieces = [text]
@@ -261,6 +267,7 @@ def main() -> None:
                     if op == "restart":
                         context.restart()
                     elif op == "interrupt":
+                        context.quiet.set()
                         context.manager.interrupt_kernel()
                     else:
                         contexts.pop(context.id).shutdown()

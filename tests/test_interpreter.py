@@ -274,7 +274,7 @@ def test_endless_lines_are_bounded_per_execution(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(interpreter, "INTERRUPT_GRACE", 2.0)
     endless = f"while True: {_line(type='stdout', text='z' * 1000)}"
     with _hostile(monkeypatch, endless) as sb:
-        with pytest.raises(InterpreterTimeout, match="did not stop when interrupted"):
+        with pytest.raises(InterpreterError, match=f"sent over {1 << 20} bytes and did not stop when interrupted"):
             sb.run_code("1", timeout=60)
         gateway = sb._code().gateway
         assert gateway is not None and gateway.broken is not None
@@ -328,6 +328,35 @@ def test_endless_output_and_results_are_bounded_per_execution(monkeypatch: pytes
         with pytest.raises(InterpreterError, match="over 20 results"):
             sb.run_code("while True: display(1)", timeout=60)
         assert sb.run_code("kept").text == "1"  # interrupted, not killed: the context kept its state
+
+
+@pytest.mark.slow
+def test_a_print_flood_costs_the_host_one_execution_bound():
+    """At the default bounds: the host keeps at most an execution's 64 MiB (and a line) of what a tight
+    print loop sends; the kernel's backlog is its own (the sandbox's memory bound), and a context that
+    cannot drain it in the grace goes with its gateway."""
+    me = psutil.Process()
+    with Sandbox() as sb:
+        sb.run_code("1")
+        base, peak, done = me.memory_info().rss, [0], threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], me.memory_info().rss)
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            with pytest.raises(InterpreterError, match=f"over {interpreter.INTERPRETER_EXECUTION_MAX} bytes"):
+                sb.run_code("while True: print('y' * 100000)", timeout=120)
+        finally:
+            done.set()
+            watcher.join()
+        slack = 32 << 20  # the interpreter's Python objects around the text, allocator slack
+        bound = interpreter.INTERPRETER_EXECUTION_MAX + interpreter.INTERPRETER_LINE_MAX + slack
+        assert peak[0] - base < bound, f"the host grew {(peak[0] - base) >> 20} MiB"  # measured: 68-71 MiB
+        assert sb.run_code("'after'").text == "after"
 
 
 def test_a_stopped_gateway_is_killed_after_the_grace(monkeypatch: pytest.MonkeyPatch):
