@@ -113,6 +113,20 @@ def test_contexts_are_independent_and_restart_and_remove(sb: Sandbox):
     assert sb.run_code("1 + 1").text == "2"
 
 
+def test_a_long_run_in_one_context_does_not_hold_up_another(sb: Sandbox):
+    other = sb.create_code_context()
+    slow = threading.Thread(target=sb.run_code, args=("import time\ntime.sleep(5)",), kwargs={"context": other})
+    slow.start()
+    try:
+        time.sleep(0.5)
+        assert slow.is_alive()
+        assert sb.run_code("'quick'", timeout=4).text == "quick"  # while the other context sleeps
+        assert slow.is_alive()
+    finally:
+        slow.join()
+        sb.remove_code_context(other)
+
+
 def test_envs_are_set_for_one_run_then_restored(sb: Sandbox):
     probe = "import os; (os.environ.get('JB_MODE'), os.environ.get('LANG'))"
     before = sb.run_code(probe).text
