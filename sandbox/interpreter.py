@@ -216,6 +216,7 @@ class Gateway:
 
     def __init__(self, sb: Sandbox) -> None:
         self.jail = sb._jail
+        self.paused_for = sb._jail.pausing.paused_for  # seconds the sandbox spent paused: no timeout counts them
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
         self.waiters: dict[str, _Waiter] = {}
@@ -426,10 +427,15 @@ class Gateway:
 
     def _records(self, waiter: _Waiter, context: str | None, timeout: float, deadline: float) -> Iterator[Record]:
         interrupted = False
+        paused = self.paused_for()
         while True:
             try:
                 line = self._next(waiter, deadline)
             except TimeoutError:
+                if self.paused_for() > paused:  # the code could not run meanwhile: its deadline moves on
+                    deadline += self.paused_for() - paused
+                    paused = self.paused_for()
+                    continue
                 if interrupted:
                     self._break("an interrupted execution did not end: the interpreter was killed")
                     gone = "did not stop when interrupted; its context is gone with the interpreter"

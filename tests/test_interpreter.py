@@ -166,6 +166,21 @@ def test_closing_the_stream_early_interrupts_the_code(sb: Sandbox):
     assert time.monotonic() - started < 20
 
 
+def test_a_timeout_does_not_count_time_paused(sb: Sandbox):
+    """As exec's: 2 s of running in a 3 s timeout, with the sandbox paused 3 s meanwhile."""
+    sb.run_code("'warm'")  # the gateway started: the pause falls inside the run
+    done: list[str | None] = []
+    code = "import time\nfor _ in range(20): time.sleep(0.1)\n'ran'"
+    run = threading.Thread(target=lambda: done.append(sb.run_code(code, timeout=3).text))
+    run.start()
+    time.sleep(0.5)
+    assert sb.pause()
+    time.sleep(3)
+    sb.resume()
+    run.join()
+    assert done == ["ran"]
+
+
 def test_async_twins_run_callbacks_on_the_loop():
     async def main() -> None:
         async with AsyncSandbox() as sb:
