@@ -222,6 +222,7 @@ class Gateway:
         self.waiters: dict[str, _Waiter] = {}
         self.buffer = bytearray()
         self.broken: str | None = None
+        self.closed = False
         self.started = _Waiter()
         self.send_lock = threading.Lock()  # whole request lines, one caller at a time
         read_end, self.stdin = os.pipe2(os.O_CLOEXEC)
@@ -238,19 +239,22 @@ class Gateway:
         self.thread = threading.Thread(target=self._pump, name=f"jailbox-interpreter-{sb.id}", daemon=True)
         self.thread.start()
         try:
-            first = self._next(self.started, time.monotonic() + INTERPRETER_START)
-        except TimeoutError:
-            self._break(f"the interpreter did not start in {INTERPRETER_START:g} s")
-            raise InterpreterError(self.broken or "the interpreter did not start") from None
-        except InterpreterError:
-            self.close()
+            self.default: str = self._ready()
+        except BaseException:
+            self.close()  # the command killed, its reader joined, both pipe ends closed
             raise
         finally:
             self.waiters.pop("", None)
+
+    def _ready(self) -> str:
+        """Wait for the gateway's first line; the default context's id."""
+        try:
+            first = self._next(self.started, time.monotonic() + INTERPRETER_START)
+        except TimeoutError:
+            raise InterpreterError(f"the interpreter did not start in {INTERPRETER_START:g} s") from None
         if isinstance(first, _Over):
             first = {}
         if first.get("type") == "missing":
-            self.kill()
             raise InterpreterError(
                 f"the jail's python3 has no Jupyter kernel ({str(first.get('message'))[:200]}): install "
                 f"it in the root filesystem (the host's, for rootfs='host': apt-get install {PACKAGES}), "
@@ -258,9 +262,8 @@ class Gateway:
             )
         default = first.get("default")
         if first.get("type") != "ready" or not isinstance(default, str):
-            self._break("the interpreter did not start: its first line was not 'ready'")
-            raise InterpreterError(self.broken or "the interpreter did not start")
-        self.default: str = default
+            raise InterpreterError("the interpreter did not start: its first line was not 'ready'")
+        return default
 
     # --- the reading thread ---
 
@@ -339,11 +342,16 @@ class Gateway:
             self.run.kill()
 
     def close(self) -> None:
+        """Kill the gateway, join its reader, close both ends of its stdin pipe; once."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
         self.kill()
-        with contextlib.suppress(OSError):
-            os.close(self.stdin)
+        os.close(self.stdin)
         self.thread.join(timeout=INTERRUPT_GRACE)
-        self.source.close()
+        if not self.thread.is_alive():  # else the reader still polls it: the end goes with the object
+            self.source.close()
 
     # --- calls ---
 
