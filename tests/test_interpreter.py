@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -320,6 +321,12 @@ def test_a_gateway_that_does_not_start_says_why(monkeypatch: pytest.MonkeyPatch)
             sb.run_code("1")
     with _hostile(monkeypatch, "pass", first="{}\n") as sb, pytest.raises(InterpreterError, match="'ready'"):
         sb.run_code("1")
+    with _hostile(monkeypatch, "pass", first="{}\n") as sb:
+        fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+        for _ in range(3):
+            with pytest.raises(InterpreterError, match="'ready'"):
+                sb.run_code("1")
+        assert len(os.listdir("/proc/self/fd")) <= fds and threading.active_count() <= threads  # nothing kept
 
 
 def test_code_that_kills_its_gateway_leaves_no_kernel_and_the_next_call_recovers():
