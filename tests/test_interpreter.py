@@ -217,6 +217,27 @@ def test_close_leaves_no_process_and_no_thread():
         sb.run_code("1")
 
 
+def test_close_during_a_run_ends_it_with_a_typed_error():
+    sb = Sandbox()
+    sb.run_code("1")
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sb.run_code("import time\ntime.sleep(60)")
+        except BaseException as exc:
+            raised.append(exc)
+
+    waiting = threading.Thread(target=run)
+    waiting.start()
+    time.sleep(1)
+    started = time.monotonic()
+    sb.close()
+    waiting.join(20)
+    assert not waiting.is_alive() and time.monotonic() - started < 20
+    assert len(raised) == 1 and isinstance(raised[0], InterpreterError), raised
+
+
 def test_reset_starts_a_fresh_interpreter():
     with Sandbox() as sb:
         sb.run_code("v = 1")
