@@ -35,10 +35,12 @@ from .execution import ExecRun, run_sync
 from .limits import (
     INTERPRETER_EXECUTION_MAX,
     INTERPRETER_LINE_MAX,
+    INTERPRETER_LINE_VALUES,
     INTERPRETER_RESULTS_MAX,
     INTERPRETER_START,
     INTERPRETER_WAIT,
 )
+from .rootfs.image import json_values
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
@@ -300,6 +302,10 @@ class Gateway:
                 return
 
     def _line(self, raw: bytes) -> None:
+        values = json_values(raw, strings_blanked=False)
+        if values > INTERPRETER_LINE_VALUES:  # a line of empty lists builds twenty times its size
+            self._break(f"the interpreter sent a line of {values} JSON values, over {INTERPRETER_LINE_VALUES}")
+            return
         try:
             line = json.loads(raw)
         except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack

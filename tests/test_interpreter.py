@@ -299,6 +299,20 @@ def test_garbage_from_the_gateway_is_a_typed_error_that_ends_it(monkeypatch, ans
         assert sb.exec("true").exit_code == 0  # the sandbox itself is fine
 
 
+def test_a_line_of_many_small_values_is_refused_before_it_is_parsed(monkeypatch: pytest.MonkeyPatch):
+    """28 MiB of empty lists, under the line bound: parsing it built 723 MB here."""
+    lists = "dict(id=rid, type='stdout', text=[[]] * 10_000_000)"
+    flood = f"sys.stdout.write(json.dumps({lists}, separators=(',', ':')) + '\\n')"
+    me = psutil.Process()
+    with _hostile(monkeypatch, flood) as sb:
+        sb.exec("true")
+        base = me.memory_info().rss
+        with pytest.raises(InterpreterError, match=f"JSON values, over {interpreter.INTERPRETER_LINE_VALUES}"):
+            sb.run_code("1", timeout=60)
+        grown = (me.memory_info().rss - base) >> 20
+        assert grown < 160, f"the host grew {grown} MiB"  # the line and a copy of it, and slack
+
+
 def test_garbage_in_a_context_reply_is_typed_too(monkeypatch: pytest.MonkeyPatch):
     context = "dict(id='c', language='python', cwd='/')"
     many = f"sys.stdout.write(json.dumps(dict(id=rid, type='contexts', contexts=[{context}] * 20000)) + '\\n')"
