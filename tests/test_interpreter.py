@@ -39,6 +39,8 @@ def test_a_notebook_run_keeps_variables_plots_and_explains_errors(sb: Sandbox):
     assert figure.png is not None and not figure.is_main_result and not figure.extra
     assert base64.b64decode(figure.png)[:8] == b"\x89PNG\r\n\x1a\n"
 
+    big = sb.run_code("import numpy as np, pandas as pd\npd.DataFrame(np.zeros((1000, 600)))")
+    assert big.error is None and big.results[0].data is None  # over 500,000 cells: text and HTML only
     frame = sb.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', None]})")
     assert frame.results[0].data == {"a": [1, 2], "b": ["x", None]}
     assert frame.results[0].html is not None and "<table" in frame.results[0].html
