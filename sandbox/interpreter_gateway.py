@@ -67,6 +67,21 @@ def __jailbox_setup():
             return {str(c): json.loads(obj[c].to_json(orient="values", date_format="iso")) for c in obj.columns}
 
     ip.display_formatter.formatters["e2b/data"] = DataFormatter(parent=ip.display_formatter)
+
+    # ipykernel buffers a stream for 0.2 s and sends it as one message, however large: a print loop
+    # made messages of hundreds of MB that took seconds to cross, even after an interrupt. Past 1 MiB
+    # the writer waits for its buffer to be sent, as a pipe's writer would.
+    import sys
+    for stream in (sys.stdout, sys.stderr):
+        write = type(stream).write
+
+        def bounded(self, text, write=write):
+            written = write(self, text)
+            if self._buffer.tell() > 1 << 20:
+                self.flush()
+            return written
+
+        stream.write = bounded.__get__(stream)
 __jailbox_setup()
 del __jailbox_setup
 """
