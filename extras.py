@@ -1,7 +1,7 @@
 """The optional parts and the extras that install them: one table, one message.
 
 ``pip install jailbox`` carries what ``jailbox exec`` and ``jailbox run`` need. Each optional part is an
-extra (``serve``, ``mcp``, ``math``, ``ray``; ``test`` brings them all), imported only when that part
+extra (``serve``, ``mcp``, ``math``, ``ray``, ``secrets``; ``test`` brings them all), imported only when that part
 is used, and its absence is one line naming the extra and the command that installs it.
 """
 
@@ -13,6 +13,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "mcp": ("mcp", "mcp"),  # jailbox mcp: the official Model Context Protocol SDK
     "sympy": ("math", "sympy"),  # scorer 'math': symbolic answer equivalence
     "ray": ("ray", "ray"),  # jailbox bench --executor ray
+    "cryptography": ("secrets", "cryptography"),  # SandboxConfig.secrets: the sandbox's CA and its certificates
 }
 
 

@@ -23,6 +23,7 @@ from bench import (
     density,
     epoll,
     report,
+    secrets,
     serve,
     stored_rootfs,
 )
@@ -46,6 +47,7 @@ CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "agent_loop": agent_loop.agent_loop,
     "serve": serve.serve,
     "branching": branching.branching,
+    "secrets": secrets.secrets,
     "code_interpreter": code_interpreter.code_interpreter,
 }
 

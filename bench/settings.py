@@ -30,6 +30,7 @@ class Settings:
     branch_reps: int = 5
     fork_children: int = 16
     snapshot_starts: int = 100  # sandboxes started from one snapshot at once
+    secret_reps: int = 200  # HTTPS requests with and without a secret added at the proxy
     code_reps: int = 300  # run_code("1+1") on a warm context
     code_starts: int = 5  # sandboxes created to their first run_code result (a kernel start each)
     image: str = "docker.io/library/busybox:latest"
@@ -59,6 +60,7 @@ QUICK = Settings(
     branch_reps=2,
     fork_children=2,
     snapshot_starts=4,
+    secret_reps=10,
     serve_idle=8,
     epoll_reps=50,
     epoll_rounds=2,

@@ -2,7 +2,8 @@
 
 One module per group of commands (``execute``, ``sandboxes``, ``run``, ``bench``, ``rootfs``, ``snapshots``,
 ``servers``, ``host``), each a set of thin declarations over library calls; the option groups they share are
-``options``, the config file ``settings``, and every way a command fails ``errors``.
+``options`` (``run``'s own: ``run_options``), the config file ``settings``, and every way a command fails
+``errors``.
 
 Import-light: a user times every ``jailbox exec`` from a shell, so these modules load click and the stdlib
 it shares, nothing else. Each command imports what it uses inside its body (the jail for ``exec``, the
@@ -14,7 +15,7 @@ from . import bench, execute, host, rootfs, run, sandboxes, servers, snapshots  
 from .app import main
 from .bench import bench_cmd
 from .execute import exec_cmd
-from .options import _config
-from .run import default_rootfs, run_cmd
+from .options import _config, default_rootfs
+from .run import run_cmd
 
 __all__ = ["_config", "bench_cmd", "default_rootfs", "exec_cmd", "main", "run_cmd"]

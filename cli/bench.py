@@ -21,14 +21,16 @@ from .options import (
     RUN_NETWORK_HELP,
     _agent_jail_options,
     _config,
+    _endpoint,
     _llm_bound_options,
     _llm_bounds,
     _llm_retries_option,
     _shaped,
     _shaping_options,
     _time_limit_option,
+    default_rootfs,
 )
-from .run import _trim, default_rootfs, llm_advice
+from .run import _trim, llm_advice
 
 
 @main.command("bench")
@@ -119,7 +121,7 @@ def bench_cmd(
 
     from ..agent.batch import Batch, BatchConfig, find_executor
     from ..agent.executors import ExecutorError
-    from ..agent.llm import LLMConfig, route_model
+    from ..agent.llm import LLMConfig
     from ..agent.loop import AgentConfig
     from ..agent.progress import Progress
     from ..agent.report import common_failure, write_summary
@@ -165,12 +167,7 @@ def bench_cmd(
         out.rename(aside)
         click.echo(f"jailbox: moved the earlier run in {out} to {aside}", err=True)
     with _fed_by():
-        model, provider_url = route_model(llm_name)  # as run routes it: a provider prefix picks its endpoint
-        fields: dict[str, Any] = {"model": model, "max_retries": llm_max_retries, **bounds}
-        if llm_base_url or provider_url:
-            fields["base_url"] = llm_base_url or provider_url
-        if api_key:
-            fields["api_key"] = api_key
+        fields = {**_endpoint(llm_name, llm_base_url, api_key), "max_retries": llm_max_retries, **bounds}
         config = BatchConfig(
             workers=workers,
             max_starting=min(workers, 4),

@@ -45,6 +45,7 @@ FLAGS: dict[tuple[str, str], tuple[str, str]] = {
     # ``_fed_by`` around it names that flag.
     ("SandboxConfig", "rootfs"): ("--rootfs", "--rootfs host"),
     ("SandboxConfig", "snapshot"): ("--snapshot", "--snapshot repo-ready"),
+    ("SandboxConfig", "secrets"): ("--secret", "--secret GITHUB_TOKEN@api.github.com"),
     ("SandboxConfig", "mounts"): ("--bind", "--bind ./data:/testbed/data:ro"),
     ("SandboxConfig", "env"): ("--env", "--env PIP_INDEX_URL=http://localhost:3141/simple"),
     ("SandboxConfig", "workdir"): ("--workdir", "--workdir /testbed"),

@@ -5,6 +5,8 @@ Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +53,30 @@ CA_CERT_HELP = (
     "Trust the CA certificates of PEM file FILE inside the jail too (repeatable): appended to the root filesystem's "
     "bundles (system, pip's certifi) in its writable layer, for a TLS-intercepting proxy."
 )
+
+
+def _group(name: str, *options: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``options`` (click options, or groups of them such as ``_shaping_options``), shown in that order, that
+    reach the command as one argument ``name``: a dict of their values by parameter name, for a builder that
+    takes them as keywords. A command of many flags then declares a few groups, not a parameter a flag."""
+
+    def probe() -> None: ...
+
+    for option in options:
+        option(probe)
+    names = {param.name for param in getattr(probe, "__click_params__", ())}
+
+    def add(func: Any) -> Any:
+        @functools.wraps(func)  # click reads the help from the docstring, and the options declared below
+        def command(**given: Any) -> Any:
+            rest = {key: value for key, value in given.items() if key not in names}
+            return func(**rest, **{name: {key: given[key] for key in names}})
+
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return add
 
 
 def _size_text(size: int) -> str:
@@ -190,6 +216,20 @@ def _llm_bounds(max_reply: str, timeout: float) -> dict[str, Any]:
         return {"max_reply_bytes": parse_size(max_reply), "timeout": {"total": timeout}}
 
 
+def _endpoint(llm_name: str, base_url: str | None, api_key: str | None) -> dict[str, Any]:
+    """``LLMConfig``'s model, base_url and api_key from the endpoint flags `run` and `bench` share: a litellm
+    provider prefix of the name picks its endpoint (``route_model``) unless --llm-base-url names one."""
+    from ..agent.llm import route_model
+
+    model, provider_url = route_model(llm_name)
+    fields: dict[str, Any] = {"model": model}
+    if base_url or provider_url:
+        fields["base_url"] = base_url or provider_url
+    if api_key:
+        fields["api_key"] = api_key
+    return fields
+
+
 def _agent_jail_options(func: Any) -> Any:
     """``_jail_options`` with the agent commands' defaults: the paper's environment and network."""
     return _jail_options(func, rootfs=None, network="full")
@@ -219,6 +259,14 @@ def _jail_options(func: Any, rootfs: str | None = "host", network: str = "none")
         ),
         click.option("--workdir", default=None, help="Working directory inside [default: the image's, else /testbed]."),
         click.option("--env", "envs", multiple=True, metavar="K=V", help="Set a variable inside (repeatable)."),
+        click.option(
+            "--secret",
+            "secrets",
+            multiple=True,
+            metavar="NAME@HOST[,HOST][:FILE]",
+            help="A credential commands see only as a placeholder in $NAME; its value from $NAME here, or FILE; "
+            "added at the allow proxy to HTTPS requests to HOST (repeatable; docs/secrets.md).",
+        ),
         click.option(
             "--network",
             default=network,
@@ -253,6 +301,7 @@ def _config(
     binds: tuple[str, ...],
     workdir: str | None,
     envs: tuple[str, ...],
+    secrets: tuple[str, ...],
     network: str,
     publishes: tuple[str, ...],
     hostname: str,
@@ -263,6 +312,12 @@ def _config(
 
     with _fed_by("--env"):
         env = _env_pairs(envs)
+    held = []
+    if secrets:
+        from ..sandbox.net.secrets import from_flag
+
+        with _fed_by("--secret"):
+            held = [from_flag(text, dict(os.environ)) for text in secrets]
     with _fed_by("--bind"):
         mounts = [Mount.parse(b) for b in binds]
     with _fed_by("--network"):
@@ -272,6 +327,8 @@ def _config(
             policy = NetworkPolicy(mode=policy.mode, publish=publishes)
     shaped = _shaped(**shaping)
     extra: dict[str, Any] = {"workdir": workdir} if workdir else {}
+    if held:
+        extra["secrets"] = held
     if snapshot is not None:
         extra["snapshot"] = snapshot
         if _given("rootfs"):
@@ -302,3 +359,11 @@ def _env_pairs(envs: tuple[str, ...]) -> dict[str, str]:
             raise ValueError(f"{item!r}: expected K=V, e.g. --env LANG=C.UTF-8")
         env[key] = value
     return env
+
+
+def default_rootfs() -> str:
+    """What ``run``, ``bench`` and ``replay`` start from unless told: the paper's environment (``default``, the
+    name ``jailbox rootfs build`` gives the default recipe's tree) when the store holds it, else the host's."""
+    from ..sandbox.rootfs.store import Store
+
+    return "default" if Store().get("default") is not None else "host"

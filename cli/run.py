@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -15,25 +15,26 @@ from ..sandbox.errors import SandboxError  # stdlib only, and every command catc
 from ..sandbox.escapes import printable  # stdlib only: what others chose is printed through it
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
+
+    from ..agent.llm import Retry
+    from ..agent.trajectory import Trajectory
 
 
 from .app import main
-from .errors import _check_url, _fed_by, _flag_error, _read_text
-from .options import (
-    COPY_OUT_HELP,
-    ROOTFS_DEFAULT_HELP,
-    RUN_NETWORK_HELP,
-    SETTINGS_HELP,
-    _llm_bound_options,
-    _llm_bounds,
-    _llm_retries_option,
-    _shaped,
-    _shaping_options,
-    _time_limit_option,
-)
+from .errors import _fed_by, _flag_error, _read_text
+from .options import SETTINGS_HELP
 from .rootfs import _progress
-from .settings import _read_settings
+from .run_options import (
+    _agent_options,
+    _files_options,
+    _llm_fields,
+    _model_options,
+    _run_jail_options,
+    _run_settings,
+    _sandbox_fields,
+)
 
 
 def llm_advice(error: str, url: str) -> str:
@@ -60,118 +61,31 @@ def _trim(text: str, limit: int = 600) -> str:
 
 @main.command("run", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--query", "--problem", required=True, help="The task (text, or @FILE to read it from a file).")
-@click.option(
-    "--llm-name",
-    "--llm_name",
-    "--model",
-    "llm_name",
-    default=None,
-    help="Model name at the endpoint; a litellm provider prefix (openai/, hosted_vllm/, openrouter/...) is dropped.",
-)
-@click.option(
-    "--llm-base-url",
-    "--llm_base_url",
-    "llm_base_url",
-    default=None,
-    help="Endpoint, e.g. http://localhost:8000/v1 (default $OPENAI_BASE_URL or $LLM_BASE_URL).",
-)
-@click.option("--api-key", "--api_key", default=None, help="Default $OPENAI_API_KEY.")
-@_llm_retries_option
-@_llm_bound_options("the model")
-@click.option(
-    "--input-dir",
-    "--input_dir",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="Copied into the jail's input directory (writable there), at most 1 GiB.",
-)
-@click.option(
-    "--output-dir",
-    "--output_dir",
-    type=click.Path(file_okay=False),
-    default="./output",
-    show_default=True,
-    help="Each run records into a new OUTPUT_DIR/YYYYMMDD_HHMMSS/ (answer and copies in its files/).",
-)
-@click.option("--prompt-config", "--prompt_config", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--temperature", type=float, default=1.0, show_default=True)
-@click.option("--max-steps", "--max_steps", type=int, default=100, show_default=True)
-@click.option(
-    "--max-token-limit",
-    "--max_token_limit",
-    type=int,  # checked by AgentConfig, whose error names the flag (FLAGS)
-    default=65536,
-    show_default=True,
-    help="Tokens the conversation may hold, checked before each call.",
-)
-@click.option(
-    "--max-tokens-per-call", "--max_tokens_per_call", type=click.IntRange(min=1), default=65536, show_default=True
-)
-@click.option(
-    "--max-format-errors",
-    "--max_format_errors",
-    type=click.IntRange(min=1),
-    default=None,
-    help="End after N replies in a row without a usable tool call [default: nudge and go on].",
-)
-@click.option(
-    "--extra-body",
-    "--extra_body",
-    default=None,
-    help="JSON (or a Python literal, as the reference takes it) merged into each request body, e.g. "
-    '\'{"chat_template_kwargs": {"thinking": true}}\'.',
-)
-@_time_limit_option("the run")
-@click.option("--text-mode", is_flag=True, help="For models without tool calling: one fenced action per reply.")
-@click.option("--rootfs", default=None, help=ROOTFS_DEFAULT_HELP)
-@click.option(
-    "--docker-image",
-    "--docker_image",
-    "docker_image",
-    default=None,
-    metavar="REF",
-    help="Image to run in, pulled into the store unless it is there already (instead of --rootfs).",
-)
+@_model_options
 @click.option("--settings", type=click.Path(exists=True, dir_okay=False), default=None, help=SETTINGS_HELP)
+@click.option("--prompt-config", "--prompt_config", type=click.Path(exists=True, dir_okay=False), default=None)
+@_agent_options
+@_files_options
+@_run_jail_options
 @click.option(
     "--save-litellm-response",
     "--save_litellm_response",
     is_flag=True,
     help="Accepted for the reference's command lines; trajectory.json already holds every reply.",
 )
-@click.option("--network", default="full", show_default=True, metavar="MODE", help=RUN_NETWORK_HELP)
-@_shaping_options
-@click.option("--copy-out", "--copy_out", "copy_out", multiple=True, metavar="PATH", help=COPY_OUT_HELP)
 @click.option("--quiet", is_flag=True, help="No per-step output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final result as JSON.")
 def run_cmd(
     query: str,
-    llm_name: str | None,
-    llm_base_url: str | None,
-    api_key: str | None,
-    llm_max_retries: int,
-    llm_timeout: float,
-    llm_max_reply: str,
-    input_dir: str | None,
-    output_dir: str,
-    prompt_config: str | None,
-    temperature: float,
-    max_steps: int,
-    max_token_limit: int,
-    max_tokens_per_call: int,
-    max_format_errors: int | None,
-    extra_body: str | None,
-    time_limit: float | None,
-    text_mode: bool,
-    rootfs: str | None,
-    docker_image: str | None,
+    model: dict[str, Any],
     settings: str | None,
+    prompt_config: str | None,
+    agent: dict[str, Any],
+    files: dict[str, Any],
+    jail: dict[str, Any],
     save_litellm_response: bool,
-    network: str,
-    copy_out: tuple[str, ...],
     quiet: bool,
     as_json: bool,
-    **shaping: Any,
 ) -> None:
     """Give a model a fresh sandbox and let it work on QUERY until it submits.
 
@@ -182,7 +96,7 @@ def run_cmd(
     """
     from ..agent import prompts as prompt_configs
     from ..agent.inputs import InputDirError
-    from ..agent.llm import LLMConfig, Retry, route_model
+    from ..agent.llm import LLMConfig
     from ..agent.loop import AgentConfig
     from ..agent.run import FILES, check_copy_out, fresh_dir, run_task
     from ..sandbox import SandboxConfig
@@ -190,60 +104,66 @@ def run_cmd(
     with _fed_by("--query"):
         if query.startswith("@"):
             query = _read_text(query[1:])
-    if rootfs is not None and docker_image is not None:
+    docker_image = jail.pop("docker_image")
+    if jail["rootfs"] is not None and docker_image is not None:
         raise click.UsageError("--rootfs and --docker_image both name the filesystem: give one, e.g. --rootfs host")
     defaults = _run_settings(settings)
-    llm_name = llm_name or defaults.get("llm_name")
-    llm_base_url = llm_base_url or defaults.get("llm_base_url")
-    api_key = api_key or defaults.get("api_key")
+    model.update({key: model[key] or defaults.get(key) for key in ("llm_name", "llm_base_url", "api_key")})
     prompt_config = prompt_config or defaults.get("prompt_config")
-    if not llm_name:
+    if not model["llm_name"]:
         raise click.UsageError("--llm_name is required (or llm_name in --settings), e.g. --llm_name openai/gpt-4o")
     if save_litellm_response and not quiet and not as_json:
         click.echo("jailbox: --save_litellm_response: every request and reply is in trajectory.json already", err=True)
-    model, provider_url = route_model(llm_name)
-    with _fed_by("--extra-body"):
-        extra = _extra_body(extra_body) if extra_body else {}
-    with _fed_by("--llm-base-url"):
-        _check_url(llm_base_url)
-    shaped = _shaped(**shaping)
+    llm_fields, sandbox_fields = _llm_fields(**model), _sandbox_fields(**jail)
     with _fed_by():
-        llm_fields: dict[str, Any] = {
-            "model": model,
-            "temperature": temperature,
-            "max_tokens": max_tokens_per_call,
-            "extra_body": extra,
-            "max_retries": llm_max_retries,
-            **_llm_bounds(llm_max_reply, llm_timeout),
-        }
-        if llm_base_url or provider_url:
-            llm_fields["base_url"] = llm_base_url or provider_url
-        if api_key:
-            llm_fields["api_key"] = api_key
         llm = LLMConfig(**llm_fields)
-        sandbox = SandboxConfig(rootfs=rootfs or default_rootfs(), network=network, **shaped)
-        agent = AgentConfig(
-            max_steps=max_steps,
-            max_token_limit=max_token_limit,
-            max_format_errors=max_format_errors,
-            time_limit=time_limit,
-            text_mode=text_mode,
-        )
+        sandbox = SandboxConfig(**sandbox_fields)
+        agent_config = AgentConfig(**agent)
     with _fed_by("--prompt-config"):
         prompts = prompt_configs.load(prompt_config)
     with _fed_by("--copy-out"):
-        copy_out = tuple(check_copy_out(rel) for rel in copy_out)
+        copy_out = tuple(check_copy_out(rel) for rel in files["copy_out"])
     if docker_image is not None:
         sandbox = sandbox.model_copy(update={"rootfs": _docker_image(docker_image, quiet or as_json)})
 
-    import json
     from pathlib import Path
 
     with _fed_by("--output-dir"):
-        run_dir = fresh_dir(Path(output_dir))
+        run_dir = fresh_dir(Path(files["output_dir"]))
     if not quiet and not as_json:
-        click.echo(f"Recording into {run_dir} (rootfs {sandbox.rootfs}, network {network})", err=True)
-    started, tokens = time.monotonic(), [0]
+        click.echo(f"Recording into {run_dir} (rootfs {sandbox.rootfs}, network {jail['network']})", err=True)
+    show, retrying = _printers(agent["max_steps"])
+    try:
+        trajectory = run_task(
+            query,
+            llm,
+            run_dir,
+            input_dir=Path(files["input_dir"]) if files["input_dir"] else None,
+            prompts=prompts,
+            agent=agent_config,
+            sandbox=sandbox,
+            on_step=None if quiet or as_json else show,
+            copy_out=copy_out,
+            on_retry=None if quiet else retrying,
+            outputs=FILES,
+        )
+    except InputDirError as exc:
+        _drop_if_empty(run_dir)
+        _flag_error("--input-dir", str(exc))
+    except SandboxError as exc:
+        _drop_if_empty(run_dir)
+        hint = " (or --network none: run's default is full)" if str(exc).startswith("network 'full'") else ""
+        click.echo(printable(f"jailbox: {exc}{hint}"), err=True)
+        sys.exit(125)
+    _report(trajectory, run_dir, llm.base_url, as_json)
+
+
+def _printers(max_steps: int) -> tuple[Callable[[Any], None], Callable[[Retry], None]]:
+    """What a run prints as it goes: each step (its reasoning, actions and observations, then a status line),
+    and each failed model request about to be sent again (on stderr)."""
+    import json
+
+    started, tokens, steps = time.monotonic(), [0], []
 
     def show(step: Any) -> None:
         steps.append(step.index)
@@ -259,8 +179,6 @@ def run_cmd(
         status = f"[step {step.index}/{max_steps} | {tokens[0]} tokens | {time.monotonic() - started:.0f}s]"
         click.echo(click.style(status, bold=True))
 
-    steps: list[Any] = []
-
     def retrying(retry: Retry) -> None:
         again = (
             f"retry {retry.attempt}/{retry.retries} in {retry.seconds:.1f}s{' (Retry-After)' if retry.hinted else ''}"
@@ -273,28 +191,14 @@ def run_cmd(
         )
         click.echo(click.style(printable(status), fg="yellow", bold=True), err=True)
 
-    try:
-        trajectory = run_task(
-            query,
-            llm,
-            run_dir,
-            input_dir=Path(input_dir) if input_dir else None,
-            prompts=prompts,
-            agent=agent,
-            sandbox=sandbox,
-            on_step=None if quiet or as_json else show,
-            copy_out=copy_out,
-            on_retry=None if quiet else retrying,
-            outputs=FILES,
-        )
-    except InputDirError as exc:
-        _drop_if_empty(run_dir)
-        _flag_error("--input-dir", str(exc))
-    except SandboxError as exc:
-        _drop_if_empty(run_dir)
-        hint = " (or --network none: run's default is full)" if str(exc).startswith("network 'full'") else ""
-        click.echo(printable(f"jailbox: {exc}{hint}"), err=True)
-        sys.exit(125)
+    return show, retrying
+
+
+def _report(trajectory: Trajectory, run_dir: Path, base_url: str, as_json: bool) -> NoReturn:
+    """The run's outcome (JSON with --json), advice on stderr when the model's endpoint failed it, and its exit
+    status: 0 when the agent submitted, else 1."""
+    import json
+
     summary = {
         "exit_status": trajectory.exit_status,
         "answer": trajectory.answer,
@@ -313,7 +217,7 @@ def run_cmd(
             )
         )
     if trajectory.exit_status == "llm_error":
-        advice = llm_advice(trajectory.error or "", llm.base_url)
+        advice = llm_advice(trajectory.error or "", base_url)
         click.echo(printable(f"jailbox: {trajectory.error}; {advice}"), err=True)
     sys.exit(0 if trajectory.exit_status == "submitted" else 1)
 
@@ -322,56 +226,6 @@ def _drop_if_empty(run_dir: Path) -> None:
     """A run directory the run never recorded into (no jail, or its input refused) is not left behind."""
     with suppress(OSError):
         run_dir.rmdir()
-
-
-def _extra_body(text: str) -> dict[str, Any]:
-    """--extra_body as JSON, or as the Python literal the reference's README writes ({"thinking": True}); the
-    strings "true" and "false" become booleans, as the reference makes them."""
-    import ast
-    import json
-
-    try:
-        value = json.loads(text)
-    except ValueError:
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            raise ValueError(f"not JSON ({text[:80]!r}); write an object") from None
-    if not isinstance(value, dict):
-        raise ValueError("expected a JSON object")
-    return _booleans(value)
-
-
-def _booleans(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _booleans(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_booleans(item) for item in value]
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    return value
-
-
-def _run_settings(path: str | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    import yaml
-
-    try:
-        data = yaml.safe_load(_read_settings(path)) or {}
-    except yaml.YAMLError as exc:
-        raise click.UsageError(f"--settings {path}: not YAML ({exc}); e.g. 'llm_name: openai/gpt-4o'") from None
-    if not isinstance(data, dict):
-        raise click.UsageError(f"--settings {path}: expected a YAML mapping, e.g. 'llm_name: openai/gpt-4o'")
-    return {key: str(value) for key, value in data.items() if value not in (None, "")}
-
-
-def default_rootfs() -> str:
-    """What ``run``, ``bench`` and ``replay`` start from unless told: the paper's environment (``default``, the
-    name ``jailbox rootfs build`` gives the default recipe's tree) when the store holds it, else the host's."""
-    from ..sandbox.rootfs.store import Store
-
-    return "default" if Store().get("default") is not None else "host"
 
 
 def _docker_image(ref: str, quiet: bool) -> str:

@@ -110,7 +110,10 @@ def create(name: str | None, **jail: Any) -> None:
     if config.rootfs != "host" and os.sep in config.rootfs:
         config = config.model_copy(update={"rootfs": os.path.abspath(config.rootfs)})  # the service's cwd is /
     try:
-        request = protocol.Create(op="create", config=config.model_dump(mode="json"), name=name)
+        dumped = config.model_dump(mode="json")
+        # the values travel to the user's own service over its private socket; JSON masks them
+        dumped["secrets"] = [{**s.model_dump(mode="json"), "value": s.value.get_secret_value()} for s in config.secrets]
+        request = protocol.Create(op="create", config=dumped, name=name)
     except ValidationError:
         raise click.BadParameter(
             f"{name!r}: letters, digits, '_', '.', '-', at most 64, e.g. --name web-1", param_hint="--name"
@@ -263,7 +266,9 @@ def resume(ref: str) -> None:
 
 @main.command()
 @click.argument("ref", metavar="ID")
-@click.option("-n", "count", type=click.IntRange(1, 64), default=1, show_default=True, help="How many children.")
+@click.option(
+    "-n", "--count", "count", type=click.IntRange(1, 64), default=1, show_default=True, help="How many children."
+)
 def fork(ref: str, count: int) -> None:
     """Fork a sandbox (ID, unique ID prefix or name) into N new ones, each starting from its files now, with
     its settings, and print their IDs. Its processes are not copied; it is paused only for the cut. Each

@@ -89,10 +89,24 @@ def serve_cmd(
     "first start).",
 )
 @click.option("--max-sandboxes", type=click.IntRange(1, 1024), default=8, show_default=True, help="Per session.")
+@click.option(
+    "--max-checkpoints",
+    type=click.IntRange(0, 1024),
+    default=8,
+    show_default=True,
+    help="Per sandbox (each holds a copy of what the sandbox wrote, on this host's disk).",
+)
+@click.option(
+    "--max-snapshots",
+    type=click.IntRange(0, 100_000),
+    default=32,
+    show_default=True,
+    help="Snapshots in your store past which clients may take no more (each outlives the server).",
+)
 @click.option("--allow-host-network", is_flag=True, help="Let clients ask for network 'host' (unconfined).")
 @click.option("--idle-timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True, help="With --http.")
 def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeout: float, **limits: Any) -> None:
-    """Serve sandboxes to an MCP client: tools to create, run, read, write, list and kill; they end with the session.
+    """Serve sandboxes to an MCP client: tools to create, run, read, write, branch and kill; they end with the session.
 
     \b
     Example:

@@ -1,4 +1,4 @@
-"""Durable snapshots in the user's store: ``jailbox snapshots`` lists them, ``jailbox snapshots rm``
+"""Durable snapshots in the user's store: ``jailbox snapshots [list]`` lists them, ``jailbox snapshots rm``
 removes them (``jailbox snapshot ID`` takes one, ``--snapshot`` starts from one). Runs in the user's
 process, reading the store directly (no service needed)."""
 
@@ -13,19 +13,27 @@ from .errors import failing
 
 
 @main.group("snapshots", invoke_without_command=True)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def snapshots_group(ctx: click.Context, as_json: bool) -> None:
-    """Snapshots kept by jailbox snapshot ID (or Sandbox.snapshot()), newest first: ID, name, size, when,
-    the root filesystem it goes over.
+def snapshots_group(ctx: click.Context) -> None:
+    """Snapshots kept by jailbox snapshot ID (or Sandbox.snapshot()): alone, as jailbox snapshots list.
 
     \b
-    Examples:
-      jailbox snapshots
+    Example:
       jailbox snapshots rm repo-ready
     """
-    if ctx.invoked_subcommand is not None:
-        return
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(snapshots_list)
+
+
+@snapshots_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def snapshots_list(as_json: bool = False) -> None:
+    """Snapshots newest first: ID, name, size, when, the root filesystem it goes over.
+
+    \b
+    Example:
+      jailbox snapshots list --json
+    """
     import json
 
     from ..sandbox import snapshots

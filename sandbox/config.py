@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from . import cacerts
 from .floor.linux import CAPABILITIES
 from .limits import DEFAULT_DISK, DEFAULT_INODES, DEFAULT_MEMORY, DEFAULT_PIDS
-from .net.policy import NetworkPolicy, fields_of
+from .net.policy import NetworkPolicy, Rules, fields_of
+from .net.secrets import Secret
+from .net.secrets import check_all as check_secrets
 from .seccomp.policy import SeccompPolicy
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -198,6 +200,11 @@ class SandboxConfig(BaseModel):
         description="PEM files of CA certificates the jail's TLS clients trust on top of the root filesystem's "
         "(appended to its system bundle and pip's, in the writable layer)",
     )
+    secrets: list[Secret] = Field(
+        default_factory=list,
+        description="credentials commands see only as placeholders; the allow proxy adds each to HTTPS requests "
+        "to its hosts (network allow, a root filesystem)",
+    )
     seccomp: SeccompPolicy | None = Field(default_factory=SeccompPolicy, description="None turns it off (warns)")
     limits: Limits = Field(default_factory=Limits)
     output_limit: int = Field(1 << 20, description="bytes kept per stream per exec (head and tail)")
@@ -235,6 +242,34 @@ class SandboxConfig(BaseModel):
         v = [p.expanduser().absolute() for p in v]
         cacerts.bundle(v)
         return v
+
+    @model_validator(mode="after")
+    def _secrets_have_a_home(self) -> SandboxConfig:
+        if not self.secrets:
+            return self
+        check_secrets(self.secrets)
+        if self.network.mode not in ("allow", "full"):
+            raise ValueError(
+                "secrets are added by jailbox's proxy: set network='allow:HOST,...' naming their hosts, or "
+                f"'full' (with {self.network.mode!r} networking the jail's requests would not pass through it)"
+            )
+        if self.rootfs == "host":
+            raise ValueError(
+                "secrets need a root filesystem, whose bundles get the sandbox's CA (the host rootfs's /etc is "
+                "the host's, read-only), e.g. rootfs='default'"
+            )
+        rules = Rules(self.network.allow, self.network.deny) if self.network.mode == "allow" else Rules(("*:*",), ())
+        for secret in self.secrets:
+            for host in secret.hosts:
+                if not rules.check_name(host, 443)[0]:
+                    raise ValueError(
+                        f"secret {secret.name} is bound to {host}, which the network rules do not allow; "
+                        f"allow it, e.g. network='allow:{host}'"
+                    )
+        clash = sorted({s.name for s in self.secrets} & set(self.env))
+        if clash:
+            raise ValueError(f"{clash[0]} is both a secret and an env variable; keep it in one")
+        return self
 
     @field_validator("hostname")
     @classmethod

@@ -129,9 +129,9 @@ def _jail_root() -> tuple[int, int] | None:
     so they can make mount points and files in it; rootless it is already the user's."""
     if os.getuid() != 0:
         return None
-    from . import idmap
+    from . import hostids
 
-    return idmap.plan("auto").host_root()
+    return hostids.plan("auto").host_root()
 
 
 def _build(
@@ -160,7 +160,7 @@ def _build(
             (tmp / bind["dst"].lstrip("/")).mkdir(parents=True, exist_ok=True)
         os.chmod(tmp, 0o755)
         if owner is not None:
-            from .idmap import give_tree
+            from .hostids import give_tree
 
             give_tree(tmp, *owner)
         try:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from . import cacerts, hostroot, idmap, snapshots, state
+from . import cacerts, hostids, hostroot, snapshots, state
 from .channel import Channel
 from .child.protocol import Created, CreateRequest, Failed, Step, decode
 from .child.spec import Bind, JailSpec, SeccompSpec
@@ -38,6 +38,7 @@ from .limits.enforcement import Enforcement
 from .limits.watch import WATCHER, Watched
 from .messages import Ready
 from .net import modes
+from .net.secrets import Vault
 from .pause import Pause
 from .seccomp import bpf, syscalls
 from .seccomp.policy import SeccompPolicy
@@ -50,10 +51,12 @@ EXIT_WAIT = 2.0
 
 
 class Jail:
-    def __init__(self, config: SandboxConfig, layers: tuple[Layer, ...] = ()) -> None:
+    def __init__(self, config: SandboxConfig, layers: tuple[Layer, ...] = (), vault: Vault | None = None) -> None:
         """``layers``: read-only layers over the root filesystem, topmost first (a checkpoint's);
-        without them, a ``config.snapshot``'s."""
+        without them, a ``config.snapshot``'s. ``vault``: the secrets' placeholders and CA of the
+        sandbox's earlier jail, which its files may hold (a rollback, a fork); else made here."""
         self._snapshot: Layer | None = None
+        self.vault = vault
         try:
             self._build(config, layers)
         finally:
@@ -63,7 +66,7 @@ class Jail:
     def _build(self, config: SandboxConfig, layers: tuple[Layer, ...]) -> None:
         from .rootfs.resolve import apply_stored_rootfs
 
-        self._idmap = self._disk_ids = idmap.plan(config.idmap)
+        self._idmap = self._disk_ids = hostids.plan(config.idmap)
         # a checkpoint's layers hold the generated /etc files as the sandbox left them; a
         # snapshot's and the image's get this configuration's
         self._fresh_etc = not layers
@@ -79,8 +82,10 @@ class Jail:
         # a stored image's Env, WorkingDir and User, under the config's own; and its tree
         self.config, self._lower = apply_stored_rootfs(config)
         self.id = uuid.uuid4().hex[:12]
-        self.mode = modes.for_policy(self.config.network)
-        self.env = self.mode.env()
+        if self.config.secrets and self.vault is None:
+            self.vault = Vault(self.config.secrets, self.id)
+        self.mode = modes.for_policy(self.config.network, self.vault)
+        self.env = {**self.mode.env(), **(self.vault.env() if self.vault is not None else {})}
         self._shown_as: IdMap | None = None
         self._ids_lock: int | None = None  # the lock of this jail's own host ids, while it holds them
         base = state.state_dir(self.config.state_dir)
@@ -158,14 +163,14 @@ class Jail:
         return lower, tuple(Bind(**b) for b in binds), generated
 
     def _claim_own_ids(self, lower: str, undo: contextlib.ExitStack) -> None:
-        """As host root: host ids of this jail's own where it can have them (``idmap.claim_own_ids``),
+        """As host root: host ids of this jail's own where it can have them (``hostids.claim_own_ids``),
         held until everything else is undone; its lower and binds are then mounted idmapped."""
         if not self.config.userns:
             return
-        own = idmap.claim_own_ids(self.config.idmap, [lower, *(str(m.src) for m in self.config.mounts)])
+        own = hostids.claim_own_ids(self.config.idmap, [lower, *(str(m.src) for m in self.config.mounts)])
         if own is None:
             return
-        undo.callback(idmap.release_slot, own.lock)
+        undo.callback(hostids.release_slot, own.lock)
         self._idmap, self._shown_as, self._ids_lock = own.idmap, own.shown_as, own.lock
 
     def _make_dir(self, base: Path, undo: contextlib.ExitStack) -> Path | None:
@@ -197,14 +202,14 @@ class Jail:
         undo.callback(budget.release_counters, base, self.id)
         return counters
 
-    def _claim_maker(self, base: Path, undo: contextlib.ExitStack) -> idmap.Maker | None:
-        """The id this jail's epoll instances are made as (``idmap.claim_maker``); a slot's lock is
+    def _claim_maker(self, base: Path, undo: contextlib.ExitStack) -> hostids.Maker | None:
+        """The id this jail's epoll instances are made as (``hostids.claim_maker``); a slot's lock is
         held until everything else is undone. None without a filter: nothing would send it calls."""
         if not self.config.userns or self.config.seccomp is None:
             return None
-        maker = idmap.claim_maker(self._idmap, self._shown_as is not None, base)
+        maker = hostids.claim_maker(self._idmap, self._shown_as is not None, base)
         if maker is not None and maker.lock is not None:
-            undo.callback(idmap.release_slot, maker.lock)
+            undo.callback(hostids.release_slot, maker.lock)
         return maker
 
     def _spec(self, base: Path, lower: str, system_binds: tuple[Bind, ...], generated: dict[str, str]) -> JailSpec:
@@ -262,7 +267,7 @@ class Jail:
             idmap=self._idmap,
             shown_as=self._shown_as,
             pids_budget=planned.nproc_budget,
-            creator=idmap.namespace_creator() if cfg.userns else None,
+            creator=hostids.namespace_creator() if cfg.userns else None,
             counters=self._counters,
             counter_budget=budget.rlimit_budget(),
             ipc=planned.ipc,
@@ -270,12 +275,13 @@ class Jail:
 
     def _ca_certs(self) -> str:
         """The config's CA files, read again now (they may have changed since it was validated)."""
+        secrets_ca = self.vault.ca_pem if self.vault is not None else ""
         if not self.config.ca_certs:
-            return ""
+            return secrets_ca
         if self._lower is None:
             raise ConfigError("ca_certs needs a root filesystem: the host rootfs's /etc is the host's, read-only")
         try:
-            return cacerts.bundle(self.config.ca_certs)
+            return cacerts.bundle(self.config.ca_certs) + secrets_ca
         except ValueError as exc:
             raise ConfigError(f"ca_certs: {exc}") from None
 
@@ -306,7 +312,8 @@ class Jail:
         if not wire.wait_readable(sock, self.config.setup_timeout):
             raise SandboxSetupError(f"the jail was not ready within {self.config.setup_timeout}s")
         try:
-            msg = wire.recv(sock, max_fds=4)
+            # the diag socket, a proxy listener, two namespaces (full with secrets), the writable layer
+            msg = wire.recv(sock, max_fds=5)
         except wire.WireError as exc:
             raise ProtocolError(f"bad message from the jail during setup: {exc}") from exc
         if msg is None:
@@ -375,10 +382,10 @@ class Jail:
 
 def _user(cfg: SandboxConfig, lower: str, generated: dict[str, str], id_map: IdMap) -> User | None:
     """The ids to switch commands to; None for root (what the init is already)."""
-    from .rootfs import unpack, users
+    from .rootfs import users
 
     assert cfg.user is not None
-    user = users.lookup(cfg.user, lower, generated, unpack.max_id(id_map))
+    user = users.lookup(cfg.user, lower, generated, id_map.max_id())
     return None if (user.uid, user.gid) == (0, 0) else user
 
 
@@ -388,8 +395,8 @@ def _give_binds(cfg: SandboxConfig, id_map: IdMap) -> None:
     uid, gid = id_map.host_root()
     for m in cfg.mounts:
         if m.give:
-            idmap.give_tree(m.src, uid, gid)
-        elif not m.readonly and not idmap.writable_by(m.src, uid, gid):
+            hostids.give_tree(m.src, uid, gid)
+        elif not m.readonly and not hostids.writable_by(m.src, uid, gid):
             warnings.warn(
                 f"mount {m.dst}: the jail's root (host uid {uid}) cannot write {m.src}; give it the tree with "
                 f"Mount(src, dst, readonly=False, give=True) (CLI: SRC:DST:give), or chown -R {uid}:{gid} {m.src}",

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 
 from .errors import PauseFailed, SandboxClosed
+from .floor import procstat, small
 from .limits import procs
 from .limits.cgroups import Cgroup
 
@@ -207,7 +208,9 @@ class Stopper:
             for tid, state in states.items():
                 if state == b"T" and tid not in self.seized and _ptrace(PTRACE_SEIZE, tid):
                     self.seized.add(tid)
-            view[pid] = _Process(start, {tid: _small(f"/proc/{pid}/task/{tid}/schedstat") for tid in tids}, running)
+            view[pid] = _Process(
+                start, {tid: small.read(f"/proc/{pid}/task/{tid}/schedstat", SMALL_MAX) for tid in tids}, running
+            )
             for tid in tids:
                 children = _children(pid, tid)
                 if children is None:
@@ -278,19 +281,6 @@ def _ptrace(request: int, tid: int) -> bool:
     return bool(_LIBC.ptrace(request, tid, None, None) == 0)
 
 
-def _small(path: str) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        return os.read(fd, SMALL_MAX)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-
-
 def _tids(pid: int) -> list[int]:
     try:
         return [int(name) for name in os.listdir(f"/proc/{pid}/task") if name.isdigit()]
@@ -298,21 +288,15 @@ def _tids(pid: int) -> list[int]:
         return []
 
 
-def _fields(line: bytes) -> list[bytes]:
-    """A stat line's fields from the state on: after the last ``)``, the name being the jail's choice."""
-    end = line.rfind(b")")
-    return [] if end < 0 else line[end + 2 :].split()
-
-
 def _state(pid: int, tid: int) -> bytes:
-    found = _fields(_small(f"/proc/{pid}/task/{tid}/stat"))
+    found = procstat.after_name(small.read(f"/proc/{pid}/task/{tid}/stat", SMALL_MAX))
     return found[0] if found else b"X"
 
 
 def _start(pid: int, ended: bool = True) -> bytes | None:
     """When ``pid`` started (clock ticks since boot); None if it is gone, or if it has ended (a
     zombie, whose threads may still run if its first one alone has ended) and ``ended`` is False."""
-    found = _fields(_small(f"/proc/{pid}/stat"))
+    found = procstat.after_name(small.read(f"/proc/{pid}/stat", SMALL_MAX))
     return found[19] if len(found) > 19 and (ended or found[0] not in (b"Z", b"X")) else None
 
 

@@ -25,6 +25,7 @@ from .results import ExecResult, SandboxStats
 if TYPE_CHECKING:
     from .interpreter import CodeContext, Execution, ExecutionError, Interpreter, OutputMessage, Record, Result
     from .net.proxy import NetworkLogEntry
+    from .net.secrets import Vault
     from .snapshots import Snapshot
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -104,8 +105,9 @@ class Sandbox:
         return sb
 
     @classmethod
-    def _over(cls, config: SandboxConfig, below: tuple[layers.Layer, ...]) -> Sandbox:
-        """A sandbox of ``config`` whose filesystem starts from ``below`` (a fork's child)."""
+    def _over(cls, config: SandboxConfig, below: tuple[layers.Layer, ...], vault: Vault | None) -> Sandbox:
+        """A sandbox of ``config`` whose filesystem starts from ``below`` (a fork's child), with the
+        secrets' placeholders and CA its files were made with."""
         sb = cls.__new__(cls)
         sb.config = config
         sb._ids = itertools.count(1)
@@ -116,7 +118,7 @@ class Sandbox:
         sb._checkpoints = []
         sb._cuts = _Cuts()
         sb._interpreter = None
-        sb._jail = Jail(config, below)
+        sb._jail = Jail(config, below, vault)
         return sb
 
     @property
@@ -336,15 +338,14 @@ class Sandbox:
         Its cost is a copy of what the sandbox wrote since it started (or last rolled back):
         the layers below are shared. Checkpoints nest."""
         self._check_open()
-        jail = self._jail
         with self._frozen():
-            cut = layers.cut(jail)
-        try:
-            cp = layers.Checkpoint(cut, self)
-        finally:
-            cut[0].release()  # the checkpoint holds it now
-        with self._lock:
-            self._checkpoints.append(cp)
+            cut = layers.cut(self._jail)
+            try:
+                cp = layers.Checkpoint(cut, self)
+            finally:
+                cut[0].release()  # the checkpoint holds it now
+            with self._lock:  # within the cut: close() waits for it, then drops what is listed
+                self._checkpoints.append(cp)
         return cp
 
     def rollback(self, checkpoint: layers.Checkpoint) -> None:
@@ -356,7 +357,7 @@ class Sandbox:
             raise BranchError("rollback: that checkpoint is of another sandbox; take one with sb.checkpoint()")
         if not checkpoint.valid:
             raise BranchError("rollback: that checkpoint was dropped (cp.drop(), a rollback to an older one, close())")
-        fresh = Jail(self.config, checkpoint.layers)  # a failure here leaves the sandbox as it was
+        fresh = Jail(self.config, checkpoint.layers, self._jail.vault)  # a failure leaves the sandbox as it was
         with self._lock:
             old, self._jail = self._jail, fresh
             self._ids = itertools.count(1)
@@ -381,7 +382,7 @@ class Sandbox:
             # built side by side: each jail's setup waits on its init, and the launcher takes requests
             # from any number of threads
             with concurrent.futures.ThreadPoolExecutor(min(n, FORK_THREADS), "jailbox-fork") as pool:
-                futures = [pool.submit(Sandbox._over, self.config, cut) for _ in range(n)]
+                futures = [pool.submit(Sandbox._over, self.config, cut, self._jail.vault) for _ in range(n)]
                 concurrent.futures.wait(futures)
         finally:
             cut[0].release()  # the children hold it now
@@ -401,17 +402,17 @@ class Sandbox:
         self._check_open()
         if name is not None:
             snapshots.check_name(name)
-        jail = self._jail
         with self._frozen():
-            return snapshots.take(jail, jail.id, name)
+            return snapshots.take(self._jail, self._jail.id, name)
 
     @contextlib.contextmanager
     def _frozen(self) -> Iterator[None]:
         """The jail held still for a cut, so the copy is the filesystem at one instant: paused for
         it (``pause()``), and resumed after unless it was paused already. A jail that cannot be
         stopped whole raises ``PauseFailed`` and is cut nowhere."""
-        pausing = self._jail.pausing
         with self._cuts.held():
+            self._check_open()  # close() waits for cuts under way, and none starts after it
+            pausing = self._jail.pausing
             stopped = pausing.pause()
             try:
                 yield
@@ -463,7 +464,7 @@ class Sandbox:
         the background; otherwise it builds a new jail and tears the old one down.
         """
         self._check_open()
-        fresh = self._source.take_jail() if self._source is not None else Jail(self.config)
+        fresh = self._source.take_jail() if self._source is not None else Jail(self.config, vault=self._jail.vault)
         with self._lock:
             old, self._jail = self._jail, fresh
             self._ids = itertools.count(1)
@@ -471,6 +472,7 @@ class Sandbox:
         self._retire(old)
 
     def _retire(self, old: Jail) -> None:
+        self._cuts.wait()  # a cut under way may be reading ``old``'s writable layer
         if self._source is not None:
             self._source.retire(old)
         else:
@@ -482,8 +484,10 @@ class Sandbox:
             if self._closed:
                 return
             self._closed = True
+        self._cuts.wait()  # a cut under way reads the jail's writable layer through its descriptor
+        with self._lock:
             dropped, self._checkpoints = self._checkpoints, []
-        interpreter, self._interpreter = self._interpreter, None
+            interpreter, self._interpreter = self._interpreter, None
         self._retire(self._jail)
         if interpreter is not None:  # its gateway died with the jail: this joins the thread that read it
             interpreter.close()

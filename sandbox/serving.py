@@ -4,7 +4,9 @@ Imported by host processes only. Each name is a piece a server needs that a user
 not: streaming a command's output as it comes (``ExecRun``, ``TtyCommand``, ``run_sync``), finding a
 stored tree by the name a client sends (``Store``, ``stored``), checking a client's paths and
 environment as ``SandboxConfig`` does (``jail_path``, ``check_env``), and telling a live process from
-a reused pid in the per-user state directory (``state_dir``, ``start_ticks``). The servers import
+a reused pid in the per-user state directory (``state_dir``, ``start_ticks``), holding a client's
+checkpoints by type and telling a snapshot's id from its name before asking the store
+(``Checkpoint``, ``SNAPSHOT_ID``, ``SNAPSHOT_NAME``). The servers import
 ``jailbox.sandbox``, ``jailbox.sandbox.errors``, this module, and ``jailbox.sandbox.floor.wire`` (the
 stdlib-only frame format of the console script's fast path) and nothing else of the jail
 (``tests/test_layout.py`` pins that; ``tests/test_exported_members.py`` this list).
@@ -12,11 +14,25 @@ stdlib-only frame format of the console script's fast path) and nothing else of 
 
 from __future__ import annotations
 
-from .config import check_env, jail_path
+from .config import SNAPSHOT_ID, SNAPSHOT_NAME, check_env, jail_path
 from .execution import ExecRun, TtyCommand, run_sync
 from .floor.procstat import start_ticks
+from .layers import Checkpoint
 from .rootfs.resolve import stored
 from .rootfs.store import Store
 from .state import state_dir
 
-__all__ = ["ExecRun", "Store", "TtyCommand", "check_env", "jail_path", "run_sync", "start_ticks", "state_dir", "stored"]
+__all__ = [
+    "SNAPSHOT_ID",
+    "SNAPSHOT_NAME",
+    "Checkpoint",
+    "ExecRun",
+    "Store",
+    "TtyCommand",
+    "check_env",
+    "jail_path",
+    "run_sync",
+    "start_ticks",
+    "state_dir",
+    "stored",
+]

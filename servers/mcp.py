@@ -2,10 +2,13 @@
 
 Runs in the host process that an MCP client starts (stdio, the default) or connects to (streamable
 HTTP with ``--http``), never in a jail. A client creates sandboxes, runs commands in them, reads and
-writes their files, lists and kills them. What a client sends is bounded here: sandboxes per
-session, seconds per command, bytes kept of each output stream, bytes per file read or written, the
-HTTP request body. A sandbox belongs to the session that made it, is invisible to every other
-session, and dies with it: on stdio when the client closes the pipe or the process is stopped;
+writes their files, branches them (checkpoint, rollback, fork), pauses, lists and kills them, and
+keeps them as durable snapshots in the server's user's store, which every session of the server
+shares. What a client sends is bounded here: sandboxes per session (children of a fork included),
+checkpoints per sandbox, snapshots in the store, snapshots per listing, seconds per command, bytes
+kept of each output stream, bytes per file read or written, the HTTP request body. A sandbox and
+its checkpoints belong to the session that made them, are invisible to every other session, and
+die with it: on stdio when the client closes the pipe or the process is stopped;
 over HTTP when the client ends its session, when the session has had no request in flight for
 ``Options.idle_timeout`` seconds (a client that went without saying so), or when the server stops.
 Over HTTP the server binds loopback unless told otherwise, refuses Host and Origin headers that are
@@ -22,15 +25,16 @@ import contextlib
 import ipaddress
 import json
 import os
+import secrets
 import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -39,14 +43,15 @@ from mcp.types import ToolAnnotations
 from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
 
-from ..sandbox import AsyncSandbox, Limits, NetworkPolicy, SandboxConfig
-from ..sandbox.errors import SandboxError
-from ..sandbox.serving import Store, stored
+from ..sandbox import AsyncSandbox, Limits, NetworkPolicy, SandboxConfig, Snapshot, snapshots
+from ..sandbox.errors import BranchError, SandboxError, SandboxPaused, SnapshotNotFound
+from ..sandbox.serving import SNAPSHOT_ID, SNAPSHOT_NAME, Checkpoint, Store, stored
 from . import keys
 from .listen import BadFlag, refused
 
 SESSION_HEADER = "mcp-session-id"
 STDIO = "stdio"  # the one session a stdio server has
+T = TypeVar("T")
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -67,6 +72,11 @@ EXAMPLES = {  # field -> a valid value, for the one-line errors
     "path": "'/tmp/notes.txt'",
     "content": "'hello'",
     "encoding": "'text' or 'base64'",
+    "checkpoint_id": "an id from checkpoint, e.g. 'cp-1a2b3c4d'",
+    "count": "2",
+    "name": "'repo-ready'",
+    "snapshot": "'snap-0123456789ab' or 'repo-ready' (list_snapshots shows them)",
+    "ref": "'snap-0123456789ab' or 'repo-ready' (list_snapshots shows them)",
 }
 
 
@@ -74,7 +84,14 @@ EXAMPLES = {  # field -> a valid value, for the one-line errors
 class Options:
     """What one server allows its clients."""
 
-    max_sandboxes: int = 8  # per session
+    max_sandboxes: int = 8  # per session, a fork's children included
+    # per sandbox: each holds a copy of what the sandbox had written, up to its disk bound, on the
+    # host's disk outside that bound
+    max_checkpoints: int = 8
+    # in the user's store, which outlives the server: each holds up to a sandbox's disk bound; made
+    # by anyone (the CLI, the library) but refused here past this many
+    max_snapshots: int = 32
+    max_listed: int = 1000  # snapshots in one list_snapshots reply (the newest)
     max_total: int = 64  # in all sessions together
     max_timeout: float = 3600.0  # seconds per command
     output_limit: int = 64 << 10  # bytes kept per stream per command (head and tail)
@@ -107,6 +124,9 @@ class SandboxInfo(BaseModel):
     network: str
     workdir: str
     created: str = Field(description="UTC, ISO 8601")
+    snapshot: str | None = Field(None, description="the id of the snapshot it started from, if one")
+    paused: bool = False
+    checkpoints: list[str] = Field(default_factory=list, description="its checkpoint ids, oldest first")
 
 
 class SandboxList(BaseModel):
@@ -140,6 +160,52 @@ class Killed(BaseModel):
     killed: bool
 
 
+class CheckpointMade(BaseModel):
+    sandbox_id: str
+    checkpoint_id: str
+
+
+class RolledBack(BaseModel):
+    sandbox_id: str
+    checkpoint_id: str
+    dropped: list[str] = Field(description="the newer checkpoint ids, dropped by the rollback")
+
+
+class CheckpointDropped(BaseModel):
+    sandbox_id: str
+    checkpoint_id: str
+    dropped: bool
+
+
+class Forked(BaseModel):
+    sandbox_id: str = Field(description="the sandbox forked, which keeps running")
+    sandbox_ids: list[str] = Field(description="the new sandboxes, each held by this session")
+
+
+class PauseState(BaseModel):
+    sandbox_id: str
+    paused: bool
+
+
+class SnapshotInfo(BaseModel):
+    id: str = Field(description="snap- and 12 hex digits")
+    name: str | None = Field(description="its name, unless a newer snapshot was given it")
+    created: str = Field(description="UTC, ISO 8601")
+    size: int = Field(description="bytes it holds on the host's disk")
+    image: str = Field(description="the template it was made over, which a sandbox from it runs over")
+    source: str = Field(description="the id of the sandbox's jail it was taken of (new after each rollback)")
+
+    @classmethod
+    def of(cls, snap: Snapshot) -> SnapshotInfo:
+        created = datetime.fromtimestamp(snap.created, timezone.utc).isoformat(timespec="seconds")
+        return cls(id=snap.id, name=snap.name, created=created, size=snap.size, image=snap.image, source=snap.source)
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotInfo] = Field(description="newest first")
+    left_out: int = Field(description="older snapshots not listed (past the server's limit per listing)")
+
+
 # --- who holds which sandbox --------------------------------------------------------------------
 
 
@@ -147,6 +213,11 @@ class Killed(BaseModel):
 class _Held:
     box: AsyncSandbox
     info: SandboxInfo
+    checkpoints: dict[str, Checkpoint] = field(default_factory=dict)  # by id, oldest first
+    # one branching call (checkpoint, rollback, drop, fork, snapshot, pause, resume) at a time, and the
+    # close after them: each checks the bounds and the checkpoints it finds before it waits on the
+    # sandbox, and a cut never reads a jail that is being closed
+    branching: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 @dataclass
@@ -157,14 +228,24 @@ class _Session:
     last_seen: float = field(default_factory=time.monotonic)
 
 
+async def _closed_after_branching(held: _Held) -> None:
+    """``held`` closed once no checkpoint or fork of it is in flight: the library's ``close()`` ends
+    the jail whose writable layer a cut reads. A branching call that comes after finds the sandbox
+    gone from its session and undoes what it made."""
+    async with held.branching:
+        held.checkpoints.clear()  # close() drops them
+        await held.box.close()
+
+
 class Sandboxes:
     """Every sandbox this server holds, by the session that made it."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
         self._sessions: dict[str, _Session] = {}
-        self._making: set[asyncio.Task[_Held]] = set()
+        self._making: set[asyncio.Task[Any]] = set()  # creations and branchings, which outlive a cancelled call
         self._in_flight: dict[str, int] = {}  # HTTP requests (an open event stream too) per session id
+        self._snapshotting = asyncio.Lock()  # one snapshot at a time: the store's count is checked before each
 
     async def create(self, key: str, config: SandboxConfig, template: str, network: str) -> _Held:
         session = self._sessions.setdefault(key, _Session())
@@ -179,12 +260,22 @@ class Sandboxes:
                 "--max-sandboxes); free one first, e.g. kill_sandbox(sandbox_id=...)"
             )
         session.making += 1
-        # Shielded: a client that gives up on the call must not leave a jail nobody holds; the task
-        # registers what it made, or closes it if the session ended meanwhile.
-        task = asyncio.ensure_future(self._make(session, config, template, network))
+        return await self._shielded(self._make(session, config, template, network))
+
+    def _shielded(self, work: Coroutine[Any, Any, T]) -> Awaitable[T]:
+        """``work`` run to its end even if the client gives up on the call: it registers what it
+        made (a jail, a checkpoint), or undoes it if the session ended meanwhile, so nothing is held
+        that no one can see or free. ``close()`` waits for it."""
+        task = asyncio.ensure_future(work)
         self._making.add(task)
-        task.add_done_callback(self._making.discard)
-        return await asyncio.shield(task)
+
+        def done(task: asyncio.Task[T]) -> None:
+            self._making.discard(task)
+            if not task.cancelled():
+                task.exception()  # retrieved: a caller that gave up is not told
+
+        task.add_done_callback(done)
+        return asyncio.shield(task)
 
     async def _make(self, session: _Session, config: SandboxConfig, template: str, network: str) -> _Held:
         try:
@@ -196,7 +287,12 @@ class Sandboxes:
         held = _Held(
             box,
             SandboxInfo(
-                sandbox_id=sb.id, template=template, network=network, workdir=sb.config.workdir, created=created
+                sandbox_id=sb.id,
+                template=template,
+                network=network,
+                workdir=sb.config.workdir,
+                created=created,
+                snapshot=config.snapshot,
             ),
         )
         if session.ended:
@@ -218,12 +314,155 @@ class Sandboxes:
 
     def listed(self, key: str) -> list[SandboxInfo]:
         session = self._sessions.get(key)
-        return [held.info for held in session.sandboxes.values()] if session is not None else []
+        if session is None:
+            return []
+        return [
+            h.info.model_copy(update={"paused": h.box.paused, "checkpoints": list(h.checkpoints)})
+            for h in session.sandboxes.values()
+        ]
 
     async def kill(self, key: str, sandbox_id: str) -> None:
         held = self.get("kill_sandbox", key, sandbox_id)
-        self._sessions[key].sandboxes.pop(sandbox_id, None)
-        await held.box.close()
+        async with held.branching:
+            held = self.get("kill_sandbox", key, sandbox_id)  # not killed meanwhile
+            self._sessions[key].sandboxes.pop(sandbox_id, None)
+        await _closed_after_branching(held)
+
+    # --- branching ------------------------------------------------------------------------------
+
+    def _holds(self, key: str, sandbox_id: str, held: _Held) -> bool:
+        session = self._sessions.get(key)
+        return session is not None and not session.ended and session.sandboxes.get(sandbox_id) is held
+
+    def _checkpoint_of(self, tool: str, key: str, sandbox_id: str, held: _Held, checkpoint_id: str) -> Checkpoint:
+        found = held.checkpoints.get(checkpoint_id)
+        if found is not None:
+            return found
+        shown = repr(checkpoint_id[:64]) + ("..." if len(checkpoint_id) > 64 else "")
+        for other_id, other in self._sessions[key].sandboxes.items():
+            if checkpoint_id in other.checkpoints:
+                raise ToolError(
+                    f"{tool}: checkpoint_id: {shown} is a checkpoint of sandbox {other_id!r}, not of {sandbox_id!r}; "
+                    f"use it with that sandbox, or take one of this, e.g. checkpoint(sandbox_id={sandbox_id!r})"
+                )
+        raise ToolError(
+            f"{tool}: checkpoint_id: no checkpoint {shown} of this sandbox (dropped, or never taken); "
+            f"list_sandboxes shows its checkpoints, checkpoint(sandbox_id={sandbox_id!r}) takes one"
+        )
+
+    async def checkpoint(self, key: str, sandbox_id: str) -> str:
+        held = self.get("checkpoint", key, sandbox_id)
+        return await self._shielded(self._checkpoint(key, sandbox_id, held))
+
+    async def _checkpoint(self, key: str, sandbox_id: str, held: _Held) -> str:
+        tool = "checkpoint"
+        async with held.branching:
+            if len(held.checkpoints) >= self.options.max_checkpoints:
+                raise ToolError(
+                    f"{tool}: sandbox_id: {sandbox_id!r} already holds {self.options.max_checkpoints} checkpoints "
+                    "(the server's --max-checkpoints); free one first, e.g. drop_checkpoint(sandbox_id=..., "
+                    "checkpoint_id=...)"
+                )
+            cp: Checkpoint = await _sandbox_call(tool, held.box.checkpoint(), sandbox_id=sandbox_id)
+            if not self._holds(key, sandbox_id, held):  # killed, or the session ended, during the cut
+                cp.drop()
+                raise ToolError(f"{tool}: sandbox_id: {sandbox_id!r} was killed while its checkpoint was taken")
+            taken = {c for h in self._sessions[key].sandboxes.values() for c in h.checkpoints}
+            checkpoint_id = f"cp-{secrets.token_hex(4)}"
+            while checkpoint_id in taken:
+                checkpoint_id = f"cp-{secrets.token_hex(4)}"
+            held.checkpoints[checkpoint_id] = cp
+            return checkpoint_id
+
+    async def rollback(self, key: str, sandbox_id: str, checkpoint_id: str) -> list[str]:
+        """Back to the checkpoint; the ids of the newer ones, which the rollback dropped."""
+        tool = "rollback"
+        held = self.get(tool, key, sandbox_id)
+        self._checkpoint_of(tool, key, sandbox_id, held, checkpoint_id)
+        return await self._shielded(self._rollback(key, sandbox_id, held, checkpoint_id))
+
+    async def _rollback(self, key: str, sandbox_id: str, held: _Held, checkpoint_id: str) -> list[str]:
+        tool = "rollback"
+        async with held.branching:
+            cp = self._checkpoint_of(tool, key, sandbox_id, held, checkpoint_id)  # a drop may have come first
+            await _sandbox_call(tool, held.box.rollback(cp), sandbox_id=sandbox_id)
+            dropped = [c for c, handle in held.checkpoints.items() if not handle.valid]
+            for c in dropped:
+                del held.checkpoints[c]
+            return dropped
+
+    async def drop_checkpoint(self, key: str, sandbox_id: str, checkpoint_id: str) -> None:
+        tool = "drop_checkpoint"
+        held = self.get(tool, key, sandbox_id)
+        async with held.branching:
+            cp = self._checkpoint_of(tool, key, sandbox_id, held, checkpoint_id)
+            del held.checkpoints[checkpoint_id]
+            await asyncio.to_thread(cp.drop)  # removes its layers from disk when nothing else holds them
+
+    async def fork(self, key: str, sandbox_id: str, count: int) -> list[str]:
+        tool = "fork_sandbox"
+        held = self.get(tool, key, sandbox_id)
+        session = self._sessions[key]
+        holds = len(session.sandboxes) + session.making
+        everywhere = sum(len(s.sandboxes) + s.making for s in self._sessions.values())
+        if count < 1:
+            raise _bad(tool, "count", f"{count} is not a positive number of new sandboxes")
+        refusal = None
+        if holds + count > self.options.max_sandboxes:
+            room = self.options.max_sandboxes - holds
+            refusal = f"this session holds {holds} of its {self.options.max_sandboxes} (the server's --max-sandboxes)"
+        elif everywhere + count > self.options.max_total:
+            room = self.options.max_total - everywhere
+            refusal = f"this server holds {everywhere} of its {self.options.max_total} in all sessions"
+        if refusal is not None:
+            raise ToolError(
+                f"{tool}: count: {count} more sandboxes than there is room for: {refusal}; "
+                + (f"e.g. count={room}" if room > 0 else "free one first, e.g. kill_sandbox(sandbox_id=...)")
+            )
+        session.making += count  # counted before the fork, so concurrent calls cannot pass the cap together
+        return await self._shielded(self._fork(session, sandbox_id, held, count))
+
+    async def _fork(self, session: _Session, sandbox_id: str, held: _Held, count: int) -> list[str]:
+        tool = "fork_sandbox"
+        try:
+            async with held.branching:
+                children: list[AsyncSandbox] = await _sandbox_call(tool, held.box.fork(count), sandbox_id=sandbox_id)
+        finally:
+            session.making -= count
+        if session.ended:
+            await asyncio.gather(*(child.close() for child in children), return_exceptions=True)
+            raise ToolError(f"{tool}: the session ended while its sandboxes were being made")
+        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        made = []
+        for child in children:
+            sb = child.sandbox
+            info = held.info.model_copy(update={"sandbox_id": sb.id, "created": created})
+            session.sandboxes[sb.id] = _Held(child, info)
+            made.append(sb.id)
+        return made
+
+    async def snapshot(self, key: str, sandbox_id: str, name: str | None) -> Snapshot:
+        held = self.get("snapshot_sandbox", key, sandbox_id)
+        return await self._shielded(self._snapshot(key, sandbox_id, held, name))
+
+    async def _snapshot(self, key: str, sandbox_id: str, held: _Held, name: str | None) -> Snapshot:
+        tool = "snapshot_sandbox"
+        async with self._snapshotting, held.branching:
+            if not self._holds(key, sandbox_id, held):
+                raise ToolError(f"{tool}: sandbox_id: {sandbox_id!r} was killed before its snapshot was taken")
+            there = len(await _store_call(tool, "sandbox_id", snapshots.list))
+            if there >= self.options.max_snapshots:
+                raise ToolError(
+                    f"{tool}: the store holds {there} snapshots, this server's limit (--max-snapshots); "
+                    "delete one first, e.g. delete_snapshot(ref=...)"
+                )
+            snap: Snapshot = await _sandbox_call(tool, held.box.snapshot(name), sandbox_id=sandbox_id)
+            return snap
+
+    async def pause(self, tool: str, key: str, sandbox_id: str, paused: bool) -> None:
+        held = self.get(tool, key, sandbox_id)
+        async with held.branching:
+            await _sandbox_call(tool, held.box.pause() if paused else held.box.resume(), sandbox_id=sandbox_id)
 
     async def end(self, key: str) -> None:
         """The session is over: close its sandboxes, and any still being made once they are."""
@@ -233,7 +472,7 @@ class Sandboxes:
         session.ended = True
         held = list(session.sandboxes.values())
         session.sandboxes.clear()
-        await asyncio.gather(*(h.box.close() for h in held), return_exceptions=True)
+        await asyncio.gather(*(_closed_after_branching(h) for h in held), return_exceptions=True)
 
     async def close(self) -> None:
         """The server stops: every session ends, and nothing being made outlives it."""
@@ -345,9 +584,51 @@ def _decode(tool: str, content: str, encoding: str, limit: int) -> bytes:
     return data
 
 
-async def _sandbox_call(tool: str, call: Awaitable[Any], path_field: str = "path") -> Any:
+def _snapshot_ref(tool: str, field: str, ref: str) -> str:
+    if not (SNAPSHOT_ID.fullmatch(ref) or SNAPSHOT_NAME.fullmatch(ref)):
+        raise _bad(tool, field, f"{ref[:80]!r} is not a snapshot id or name")
+    return ref
+
+
+async def _store_call(tool: str, field: str, call: Callable[..., T], *args: Any) -> T:
+    """A call of the snapshot store, run off the loop; its refusals as one line naming ``field``."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except SnapshotNotFound:
+        raise _bad(tool, field, f"no snapshot {args[0]!r} in the store") from None
+    except BranchError:  # removal only: a jail runs over it, which holds it
+        raise ToolError(
+            f"{tool}: {field}: {args[0]!r} is in use by a running sandbox started from it (of a session, or of "
+            "the jailbox command); kill those first, e.g. kill_sandbox(sandbox_id=...)"
+        ) from None
+    except SandboxError as exc:
+        raise ToolError(f"{tool}: {_one_line(exc)}") from None
+
+
+async def _from_snapshot(tool: str, ref: str, template: str | None) -> Snapshot:
+    """The snapshot a new sandbox starts from: found now (so a name that moves later does not change
+    it), made over ``template`` if given, and over a template this server serves: never a directory."""
+    snap = await _store_call(tool, "snapshot", snapshots.get, _snapshot_ref(tool, "snapshot", ref))
+    if template is not None and template != snap.image:
+        raise _bad(tool, "template", f"{template[:80]!r}, but {snap.id} was made over {snap.image!r}: leave it out")
+    if snap.image != "host" and await asyncio.to_thread(stored, snap.image) is None:
+        raise _bad(
+            tool,
+            "snapshot",
+            f"{snap.id} was made over {snap.image[:80]!r}, which is not 'host' or a stored root filesystem, "
+            "the only templates this server starts sandboxes over",
+        )
+    return snap
+
+
+async def _sandbox_call(tool: str, call: Awaitable[Any], path_field: str = "path", sandbox_id: str = "") -> Any:
     try:
         return await call
+    except SandboxPaused:  # the library's text names its own resume(), and the jail's id, not this server's
+        raise ToolError(
+            f"{tool}: sandbox_id: {sandbox_id!r} is paused; resume it first, "
+            f"e.g. resume_sandbox(sandbox_id={sandbox_id!r})"
+        ) from None
     except SandboxError as exc:
         raise ToolError(f"{tool}: {_one_line(exc)}") from None
     except ValueError as exc:  # a path the jail cannot hold ('..', a NUL byte)
@@ -363,7 +644,9 @@ def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
         version=__version__,
         instructions=(
             "Linux sandboxes for running untrusted commands. create_sandbox first, then run_command, "
-            "read_file and write_file with its sandbox_id; kill_sandbox when done. Sandboxes end with the session."
+            "read_file and write_file with its sandbox_id; kill_sandbox when done. checkpoint and rollback keep and "
+            "restore a sandbox's files, fork_sandbox copies one, snapshot_sandbox keeps one past the session. "
+            "Sandboxes end with the session."
         ),
         log_level="WARNING",
     )
@@ -372,8 +655,12 @@ def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
     async def create_sandbox(
         ctx: Context[Any, Any],
         template: Annotated[
-            str, Field(description="'host' (this machine's system, read-only) or a stored root filesystem's name")
-        ] = "host",
+            str | None,
+            Field(
+                description="'host' (this machine's system, read-only, the default) or a stored root filesystem's "
+                "name; with a snapshot, the one it was made over"
+            ),
+        ] = None,
         network: Annotated[
             str, Field(description="'none' (loopback only), 'full', or 'allow:RULES' through a proxy")
         ] = "none",
@@ -381,15 +668,25 @@ def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
         cpus: Annotated[float | None, Field(description="CPU time per wall second, e.g. 1.5")] = None,
         pids: Annotated[int | None, Field(description="processes and threads at once (default 512)")] = None,
         disk: Annotated[str | None, Field(description="bytes the sandbox may write, e.g. '2G' (default 4G)")] = None,
+        snapshot: Annotated[
+            str | None, Field(description="a snapshot's id or name (list_snapshots) to start from, e.g. 'repo-ready'")
+        ] = None,
     ) -> SandboxInfo:
         """Create a sandbox and return its sandbox_id. It lives until kill_sandbox or the end of the session."""
         tool = "create_sandbox"
         key = _session_key(ctx, http)
-        await asyncio.to_thread(_check_template, tool, template)
+        if snapshot is not None:
+            snap = await _from_snapshot(tool, snapshot, template)
+            template, snapshot = snap.image, snap.id
+        else:
+            template = template if template is not None else "host"
+            await asyncio.to_thread(_check_template, tool, template)
         policy = _network(tool, network, options)
         limits = _limits(tool, {"memory": memory, "cpus": cpus, "pids": pids, "disk": disk})
         try:
-            config = SandboxConfig(rootfs=template, network=policy, limits=limits, output_limit=options.output_limit)
+            config = SandboxConfig(
+                rootfs=template, snapshot=snapshot, network=policy, limits=limits, output_limit=options.output_limit
+            )
         except ValidationError as exc:
             raise _validation_error(tool, exc) from None
         made: _Held = await _sandbox_call(tool, held.create(key, config, template, network.strip()))
@@ -412,7 +709,7 @@ def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
             raise _bad(tool, "timeout", f"{timeout} is outside 0 < timeout <= {options.max_timeout:g}")
         if not command.strip():
             raise _bad(tool, "command", "empty")
-        result = await _sandbox_call(tool, target.box.exec(command, timeout=timeout, cwd=cwd), "cwd")
+        result = await _sandbox_call(tool, target.box.exec(command, timeout=timeout, cwd=cwd), "cwd", sandbox_id)
         return CommandResult(
             exit_code=result.exit_code,
             signal=result.signal,
@@ -433,7 +730,7 @@ def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
         """Read a regular file from a sandbox (up to the server's limit, 1 MiB by default)."""
         tool = "read_file"
         target = held.get(tool, _session_key(ctx, http), sandbox_id)
-        data: bytes = await _sandbox_call(tool, target.box.read_file(path, options.max_file))
+        data: bytes = await _sandbox_call(tool, target.box.read_file(path, options.max_file), sandbox_id=sandbox_id)
         if encoding == "base64":
             return FileContent(path=path, encoding="base64", content=base64.b64encode(data).decode(), size=len(data))
         try:
@@ -454,7 +751,7 @@ def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
         tool = "write_file"
         target = held.get(tool, _session_key(ctx, http), sandbox_id)
         data = _decode(tool, content, encoding, options.max_file)
-        await _sandbox_call(tool, target.box.write_file(path, data))
+        await _sandbox_call(tool, target.box.write_file(path, data), sandbox_id=sandbox_id)
         return Written(path=path, size=len(data))
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
@@ -467,6 +764,109 @@ def build(options: Options, held: Sandboxes, http: bool) -> MCPServer[Any]:
         """Kill a sandbox: its processes end and its files are removed."""
         await held.kill(_session_key(ctx, http), sandbox_id)
         return Killed(sandbox_id=sandbox_id, killed=True)
+
+    @server.tool(
+        annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=False, open_world_hint=False),
+        description=(
+            "Keep a sandbox's files as they are now, to roll back to later; returns a checkpoint_id. Processes "
+            f"are not kept. At most {options.max_checkpoints} per sandbox; each holds a copy of what the sandbox "
+            "wrote. The sandbox is paused only while its files are copied."
+        ),
+    )
+    async def checkpoint(ctx: Context[Any, Any], sandbox_id: str) -> CheckpointMade:
+        made = await held.checkpoint(_session_key(ctx, http), sandbox_id)
+        return CheckpointMade(sandbox_id=sandbox_id, checkpoint_id=made)
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False, open_world_hint=False))
+    async def rollback(ctx: Context[Any, Any], sandbox_id: str, checkpoint_id: str) -> RolledBack:
+        """Put a sandbox's files back as they were at a checkpoint. Every process running in it is ended
+        (processes are not part of a checkpoint); later commands start fresh, with the same sandbox_id.
+        Checkpoints taken after this one are dropped; this one stays, to roll back to again."""
+        dropped = await held.rollback(_session_key(ctx, http), sandbox_id, checkpoint_id)
+        return RolledBack(sandbox_id=sandbox_id, checkpoint_id=checkpoint_id, dropped=dropped)
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False, open_world_hint=False))
+    async def drop_checkpoint(ctx: Context[Any, Any], sandbox_id: str, checkpoint_id: str) -> CheckpointDropped:
+        """Drop a checkpoint of a sandbox, freeing the disk it holds; the sandbox is untouched."""
+        await held.drop_checkpoint(_session_key(ctx, http), sandbox_id, checkpoint_id)
+        return CheckpointDropped(sandbox_id=sandbox_id, checkpoint_id=checkpoint_id, dropped=True)
+
+    @server.tool(
+        annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=False, open_world_hint=False),
+        description=(
+            "Make count new sandboxes, each starting from a copy of this sandbox's files now, with its template, "
+            "network and limits; returns their sandbox_ids. Each is separate (what one writes no other sees), "
+            "counts in this session's sandboxes as one made by create_sandbox, and is killed on its own. "
+            f"Processes are not copied; the sandbox forked keeps running. At most {options.max_sandboxes} "
+            "sandboxes per session in all."
+        ),
+    )
+    async def fork_sandbox(
+        ctx: Context[Any, Any],
+        sandbox_id: str,
+        count: Annotated[int, Field(description="how many new sandboxes, e.g. 2")] = 1,
+    ) -> Forked:
+        made = await held.fork(_session_key(ctx, http), sandbox_id, count)
+        return Forked(sandbox_id=sandbox_id, sandbox_ids=made)
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=False))
+    async def pause_sandbox(ctx: Context[Any, Any], sandbox_id: str) -> PauseState:
+        """Stop every process of a sandbox where it is, using no CPU, until resume_sandbox; its files and
+        memory stay. Meanwhile run_command, read_file and write_file are refused, and a command already
+        running waits without its timeout counting."""
+        await held.pause("pause_sandbox", _session_key(ctx, http), sandbox_id, True)
+        return PauseState(sandbox_id=sandbox_id, paused=True)
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=False))
+    async def resume_sandbox(ctx: Context[Any, Any], sandbox_id: str) -> PauseState:
+        """Continue a sandbox's processes where pause_sandbox stopped them."""
+        await held.pause("resume_sandbox", _session_key(ctx, http), sandbox_id, False)
+        return PauseState(sandbox_id=sandbox_id, paused=False)
+
+    @server.tool(
+        annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=False, open_world_hint=False),
+        description=(
+            "Keep a sandbox's files as a durable snapshot, which outlives the sandbox, the session and the server; "
+            "create_sandbox(snapshot=...) starts new sandboxes from it. Processes and /tmp are not kept. The "
+            "snapshots are the server's user's, shared with every session of this server and the jailbox command; "
+            "a name already given to one moves to the new one. The sandbox is paused only while its files are "
+            f"copied. Refused while the store holds {options.max_snapshots}."
+        ),
+    )
+    async def snapshot_sandbox(
+        ctx: Context[Any, Any],
+        sandbox_id: str,
+        name: Annotated[
+            str | None,
+            Field(description="a name to start sandboxes from it by, e.g. 'repo-ready' (letters, digits, ._:/+@-)"),
+        ] = None,
+    ) -> SnapshotInfo:
+        tool = "snapshot_sandbox"
+        key = _session_key(ctx, http)
+        if name is not None and (not SNAPSHOT_NAME.fullmatch(name) or SNAPSHOT_ID.fullmatch(name)):
+            raise _bad(
+                tool, "name", f"{name[:80]!r} is not a name: letters, digits and ._:/+@- up to 128, not a snapshot id"
+            )
+        return SnapshotInfo.of(await held.snapshot(key, sandbox_id, name))
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    async def list_snapshots(ctx: Context[Any, Any]) -> SnapshotList:
+        """The durable snapshots in the store, newest first (the server's user's, shared by every session)."""
+        _session_key(ctx, http)
+        found = await _store_call("list_snapshots", "ref", snapshots.list)
+        kept = found[: options.max_listed]
+        return SnapshotList(snapshots=[SnapshotInfo.of(s) for s in kept], left_out=len(found) - len(kept))
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False, open_world_hint=False))
+    async def delete_snapshot(
+        ctx: Context[Any, Any],
+        ref: Annotated[str, Field(description="the snapshot's id or name, e.g. 'snap-0123456789ab' or 'repo-ready'")],
+    ) -> SnapshotInfo:
+        """Remove a durable snapshot from the store, for every session and the jailbox command; refused while a
+        sandbox started from it runs."""
+        tool = "delete_snapshot"
+        _session_key(ctx, http)
+        return SnapshotInfo.of(await _store_call(tool, "ref", snapshots.remove, _snapshot_ref(tool, "ref", ref)))
 
     return server
 

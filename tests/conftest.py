@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 import pytest
 
-from jailbox.sandbox import ExecResult, Mount, Sandbox, SandboxConfig, idmap
+from jailbox.sandbox import ExecResult, Mount, Sandbox, SandboxConfig, hostids
 from jailbox.sandbox.limits import cgroups
 from jailbox.sandbox.rootfs.store import Store
 
@@ -90,7 +90,7 @@ def need(thing: str) -> None:
         )
     elif thing == "subids":
         require(
-            os.getuid() == 0 or idmap.full_range_available(),
+            os.getuid() == 0 or hostids.full_range_available(),
             "a subordinate id range for this user (/etc/subuid, /etc/subgid) and newuidmap",
             SUBIDS_FIX,
         )
@@ -332,7 +332,7 @@ def mini_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def own_for_jails(tree: Path) -> None:
     """Give a directory tree to the jails' root (host root's jails map a subordinate range)."""
-    uid, gid = idmap.plan("auto").host_root()
+    uid, gid = hostids.plan("auto").host_root()
     for top, dirs, files, fd in os.fwalk(tree):
         os.chown(top, uid, gid, follow_symlinks=False)
         for name in dirs + files:

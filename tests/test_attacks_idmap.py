@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from test_attacks_devices import host_nodes
 
-from jailbox.sandbox import Mount, Sandbox, idmap
+from jailbox.sandbox import Mount, Sandbox, hostids
 from jailbox.sandbox.errors import ConfigError, SandboxFileError, SandboxSetupError
 from jailbox.sandbox.rootfs.store import Store
 
-RANGE = idmap.ROOT_RANGE
+RANGE = hostids.ROOT_RANGE
 
 
 def jail_root() -> tuple[int, int]:
-    return idmap.plan("auto").host_root()
+    return hostids.plan("auto").host_root()
 
 
 def host_view(top: Path) -> dict[str, os.stat_result]:
@@ -146,7 +146,7 @@ def test_the_hosts_dev_null_keeps_its_mode_and_owner(tmp_path: Path, jail: dict)
 @pytest.mark.root
 def test_jail_root_is_a_subordinate_id_on_the_host() -> None:
     """Of the jail's own range (a slot of the ``jailbox-jails`` pool), clear of every host user's."""
-    pool = idmap._pool_range(str(idmap.SUBUID), str(idmap.SUBGID))
+    pool = hostids._pool_range(str(hostids.SUBUID), str(hostids.SUBGID))
     for mode in ("auto", "single"):
         with Sandbox(idmap=mode) as sb:
             inside = sb.exec("cat /proc/self/uid_map /proc/self/gid_map").stdout.split()
@@ -155,7 +155,7 @@ def test_jail_root_is_a_subordinate_id_on_the_host() -> None:
         count = "1" if mode == "single" else str(RANGE)
         assert inside == ["0", str(uid), count, "0", str(gid), count]
         for first, own in zip(pool, (uid, gid), strict=True):
-            assert first <= own < first + idmap.POOL_SLOTS * RANGE and (own - first) % RANGE == 0
+            assert first <= own < first + hostids.POOL_SLOTS * RANGE and (own - first) % RANGE == 0
         ids = {line.split(":")[0]: line.split()[1:] for line in status.splitlines() if line[:4] in ("Uid:", "Gid:")}
         assert ids == {"Uid": [str(uid)] * 4, "Gid": [str(gid)] * 4}, status
 
@@ -177,13 +177,13 @@ def test_the_range_is_allocated_clear_of_every_other_entry(tmp_path: Path) -> No
     subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
     write_ids(subuid, ["jailbox-ci:165536:65536", "alice:100000:65536", "bob:262144:1"])
     write_ids(subgid, ["jailbox-ci:165536:65536", "carol:327680:10"])
-    start = idmap._file_range(str(subuid), str(subgid))
+    start = hostids._file_range(str(subuid), str(subgid))
     assert start == (393216, 393216)  # 131072.. holds alice and jailbox-ci, 262144 bob, 327680 carol
     for path in (subuid, subgid):
         assert path.read_text().endswith("jailbox:393216:65536\n")
         assert stat.S_IMODE(path.stat().st_mode) == 0o644
-    idmap._file_range.cache_clear()
-    assert idmap._file_range(str(subuid), str(subgid)) == (393216, 393216)  # found, not added again
+    hostids._file_range.cache_clear()
+    assert hostids._file_range(str(subuid), str(subgid)) == (393216, 393216)  # found, not added again
     assert subuid.read_text().count("jailbox:") == 1
 
 
@@ -191,7 +191,7 @@ def test_an_existing_entry_is_used_and_a_file_without_final_newline_stays_well_f
     subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
     subuid.write_text("jailbox:1000000:65536\nother:100000:65536")
     subgid.write_text("other:100000:65536")
-    assert idmap._file_range(str(subuid), str(subgid)) == (1000000, 196608)
+    assert hostids._file_range(str(subuid), str(subgid)) == (1000000, 196608)
     assert subgid.read_text() == "other:100000:65536\njailbox:196608:65536\n"
     assert subuid.read_text() == "jailbox:1000000:65536\nother:100000:65536"
 
@@ -199,23 +199,23 @@ def test_an_existing_entry_is_used_and_a_file_without_final_newline_stays_well_f
 def test_no_entry_and_no_way_to_write_one_is_refused_with_the_fix(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dir"
     with pytest.raises(ConfigError, match="JAILBOX_ROOT_RANGE=1000000:65536"):
-        idmap._file_range(str(missing / "subuid"), str(missing / "subgid"))
+        hostids._file_range(str(missing / "subuid"), str(missing / "subgid"))
     short = tmp_path / "subuid"
     short.write_text("jailbox:100000:10\n")
     with pytest.raises(ConfigError, match="fix that line"):
-        idmap._file_range(str(short), str(short))
+        hostids._file_range(str(short), str(short))
 
 
 @pytest.mark.parametrize("value", ["0:65536", "200000", "200000:100", "x:65536", "-1:65536", "4294967000:65536"])
 def test_a_bad_range_override_is_refused_with_an_example(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
-    monkeypatch.setenv(idmap.RANGE_ENV, value)
+    monkeypatch.setenv(hostids.RANGE_ENV, value)
     with pytest.raises(ConfigError, match="JAILBOX_ROOT_RANGE=200000:65536"):
-        idmap.root_range()
+        hostids.root_range()
 
 
 @pytest.mark.root
 def test_the_range_override_is_what_jails_map(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(idmap.RANGE_ENV, "1048576:65536")
+    monkeypatch.setenv(hostids.RANGE_ENV, "1048576:65536")
     with Sandbox() as sb:
         assert sb.exec("cat /proc/self/uid_map").stdout.split() == ["0", "1048576", str(RANGE)]
 
@@ -244,7 +244,7 @@ def test_an_imported_tree_is_owned_in_the_range(tmp_path: Path, store: Store) ->
     )
     entry = import_rootfs(archive, "owned", store=store)
     uid, _gid = jail_root()
-    assert uid >= idmap.FIRST_ID  # never host root
+    assert uid >= hostids.FIRST_ID  # never host root
     seen = host_view(entry.tree)
     assert seen["."].st_uid == uid
     assert seen["etc/hello"].st_uid == uid and seen["home/u"].st_uid == uid + 1000
@@ -281,7 +281,7 @@ def test_an_entry_stored_with_the_identity_map_is_shifted_into_the_range(store: 
     tree = _identity_entry(store, "old")
     assert stored("old") is not None  # what every jail on it does first
     uid, gid = jail_root()
-    assert uid >= idmap.FIRST_ID  # never host root
+    assert uid >= hostids.FIRST_ID  # never host root
     seen = host_view(tree)
     assert seen["."].st_uid == uid and seen["etc/hello"].st_uid == uid and seen["etc/hello"].st_gid == gid
     assert seen["home/u"].st_uid == uid + 1000

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from conftest import require
 
-from jailbox.sandbox import Sandbox, idmap
+from jailbox.sandbox import Sandbox, hostids
 from jailbox.sandbox.errors import ConfigError
 
-RANGE = idmap.ROOT_RANGE
-POOL = idmap.POOL_SLOTS * RANGE
+RANGE = hostids.ROOT_RANGE
+POOL = hostids.POOL_SLOTS * RANGE
 ROUNDS = 40
 SHADOW = shutil.which("useradd", path="/usr/sbin:/sbin:/usr/bin:/bin")
 
@@ -56,14 +56,14 @@ def prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     etc.mkdir()
     shutil.copy("/etc/login.defs", etc / "login.defs")
     reset(etc)
-    monkeypatch.setattr(idmap, "SUBUID", etc / "subuid")
-    monkeypatch.setattr(idmap, "SUBGID", etc / "subgid")
-    monkeypatch.delenv(idmap.RANGE_ENV, raising=False)
-    idmap._file_range.cache_clear()
-    idmap._pool_range.cache_clear()
+    monkeypatch.setattr(hostids, "SUBUID", etc / "subuid")
+    monkeypatch.setattr(hostids, "SUBGID", etc / "subgid")
+    monkeypatch.delenv(hostids.RANGE_ENV, raising=False)
+    hostids._file_range.cache_clear()
+    hostids._pool_range.cache_clear()
     yield tmp_path
-    idmap._file_range.cache_clear()  # the next test's jails find the host's own lines again
-    idmap._pool_range.cache_clear()
+    hostids._file_range.cache_clear()  # the next test's jails find the host's own lines again
+    hostids._pool_range.cache_clear()
 
 
 def lines(path: Path) -> list[tuple[str, int, int]]:
@@ -80,14 +80,14 @@ def assert_held(etc: Path, users: list[str]) -> tuple[int, int]:
     first = {}
     for name in ("subuid", "subgid"):
         found = lines(etc / name)
-        ours = {n: (s, c) for n, s, c in found if n in (idmap.ROOT_ENTRY, idmap.POOL_ENTRY)}
-        assert [n for n, _, _ in found].count(idmap.ROOT_ENTRY) == 1, (name, found)
-        assert [n for n, _, _ in found].count(idmap.POOL_ENTRY) == 1, (name, found)
+        ours = {n: (s, c) for n, s, c in found if n in (hostids.ROOT_ENTRY, hostids.POOL_ENTRY)}
+        assert [n for n, _, _ in found].count(hostids.ROOT_ENTRY) == 1, (name, found)
+        assert [n for n, _, _ in found].count(hostids.POOL_ENTRY) == 1, (name, found)
         assert {n for n, _, _ in found} - set(ours) == set(users), (name, found)
         for start, count in ours.values():
             clash = [e for e in found if e[0] not in ours and e[1] < start + count and start < e[1] + e[2]]
             assert not clash, (name, found)
-        first[name] = (ours[idmap.ROOT_ENTRY][0], ours[idmap.POOL_ENTRY][0])
+        first[name] = (ours[hostids.ROOT_ENTRY][0], ours[hostids.POOL_ENTRY][0])
     return first["subuid"]
 
 
@@ -116,8 +116,8 @@ def test_jails_started_against_useradd_and_usermod_keep_their_lines_and_ids(pref
     rng = random.Random(37)
     for round_ in range(ROUNDS):
         reset(etc)
-        idmap._file_range.cache_clear()
-        idmap._pool_range.cache_clear()
+        hostids._file_range.cache_clear()
+        hostids._pool_range.cache_clear()
         shape = ("useradd", "usermod")[round_ % 2]
         tools = racer(prefix, round_, shape)
         time.sleep(rng.uniform(0, 0.05))
@@ -137,7 +137,7 @@ def test_useradd_waits_while_the_lines_are_added(prefix: Path) -> None:
     """Our lock is shadow's: a useradd started while it is held writes nothing until it is given back."""
     require(SHADOW is not None, "shadow's useradd", "apt-get install passwd")
     etc = prefix / "etc"
-    with idmap._shadow_locked((str(etc / "subuid"), str(etc / "subgid"))):
+    with hostids._shadow_locked((str(etc / "subuid"), str(etc / "subgid"))):
         lock = (etc / "subuid.lock").read_bytes()
         tool = subprocess.Popen(["useradd", "--prefix", str(prefix), "-M", "waiter"], stderr=subprocess.PIPE)
         time.sleep(1.5)  # shadow retries once a second for 15 s
@@ -158,7 +158,7 @@ def test_useradd_on_the_hosts_own_files_waits_on_lckpwdf_while_we_hold_them() ->
     require(SHADOW is not None, "shadow's useradd and userdel", "apt-get install passwd")
     user = f"jbxlck{os.getpid()}"
     try:
-        with idmap._shadow_locked(("/etc/subuid", "/etc/subgid")):
+        with hostids._shadow_locked(("/etc/subuid", "/etc/subgid")):
             tool = subprocess.Popen(["useradd", "-M", "-s", "/usr/sbin/nologin", user], stderr=subprocess.PIPE)
             time.sleep(1.5)
             assert tool.poll() is None and f"\n{user}:" not in Path("/etc/passwd").read_text()
@@ -179,24 +179,24 @@ def test_a_stale_lock_is_taken_and_a_live_one_waited_for_then_refused(
     gone = subprocess.Popen(["true"])
     gone.wait()
     (etc / "subuid.lock").write_bytes(f"{gone.pid}\0".encode())  # left by a tool that crashed
-    assert idmap._file_range(str(etc / "subuid"), str(etc / "subgid"))
+    assert hostids._file_range(str(etc / "subuid"), str(etc / "subgid"))
     assert not (etc / "subuid.lock").exists()
 
-    idmap._pool_range.cache_clear()
-    monkeypatch.setattr(idmap, "LOCK_WAIT", 0.5)
+    hostids._pool_range.cache_clear()
+    monkeypatch.setattr(hostids, "LOCK_WAIT", 0.5)
     holder = subprocess.Popen(["sleep", "30"])
     try:
         for content in (f"{holder.pid}\0", "", "not a pid\n"):
             (etc / "subgid.lock").write_text(content)
             with pytest.raises(ConfigError, match=r"subgid\.lock stayed locked for 0\.5 s .*fix: ") as caught:
-                idmap._pool_range(str(etc / "subuid"), str(etc / "subgid"))
+                hostids._pool_range(str(etc / "subuid"), str(etc / "subgid"))
             assert "\n" not in str(caught.value)
             assert (etc / "subgid.lock").read_text() == content  # not ours to remove
             assert not (etc / "subuid.lock").exists()  # what we took is given back
     finally:
         holder.kill()
         holder.wait()
-    assert idmap.POOL_ENTRY not in (etc / "subuid").read_text()
+    assert hostids.POOL_ENTRY not in (etc / "subuid").read_text()
 
 
 @pytest.mark.root
@@ -206,7 +206,7 @@ def test_the_files_are_rewritten_as_shadow_does_keeping_owner_and_mode(prefix: P
     os.chown(etc / "subuid", 0, 42)
     (etc / "subuid").chmod(0o640)
     before = (etc / "subuid").stat().st_ino
-    uid, gid = idmap._file_range(str(etc / "subuid"), str(etc / "subgid"))
+    uid, gid = hostids._file_range(str(etc / "subuid"), str(etc / "subgid"))
     st = (etc / "subuid").stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 42, 0o640)
     assert st.st_ino != before  # replaced by rename, as shadow does: a reader sees the old file or the new
@@ -216,9 +216,9 @@ def test_the_files_are_rewritten_as_shadow_does_keeping_owner_and_mode(prefix: P
                                        "subuid"]  # fmt: skip
     (etc / "subgid").unlink()
     (etc / "subgid").symlink_to(prefix / "elsewhere")
-    idmap._file_range.cache_clear()
+    hostids._file_range.cache_clear()
     with pytest.raises(ConfigError, match="could not be added"):
-        idmap._pool_range(str(etc / "subuid"), str(etc / "subgid"))
+        hostids._pool_range(str(etc / "subuid"), str(etc / "subgid"))
     assert not (prefix / "elsewhere").exists()
     assert gid == uid
 
@@ -234,7 +234,7 @@ LOSSES = {
 
 @pytest.mark.root
 @pytest.mark.parametrize("loss", sorted(LOSSES))
-@pytest.mark.parametrize("entry", [idmap.ROOT_ENTRY, idmap.POOL_ENTRY])
+@pytest.mark.parametrize("entry", [hostids.ROOT_ENTRY, hostids.POOL_ENTRY])
 @pytest.mark.parametrize("name", ["subuid", "subgid"])
 def test_a_jail_is_refused_a_range_the_files_no_longer_give_jailbox(
     prefix: Path, loss: str, entry: str, name: str
@@ -250,13 +250,13 @@ def test_a_jail_is_refused_a_range_the_files_no_longer_give_jailbox(
             sb.exec("true")
     message = str(caught.value)
     assert "\n" not in message and f"no longer gives {entry!r} alone" in message, message
-    assert f"fix: restore the line '{entry}:{first}:" in message and idmap.RANGE_ENV in message, message
+    assert f"fix: restore the line '{entry}:{first}:" in message and hostids.RANGE_ENV in message, message
 
 
 def test_doctor_says_when_another_entry_has_ids_in_roots_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from jailbox.sandbox.checks import doctor
 
-    monkeypatch.delenv(idmap.RANGE_ENV, raising=False)
+    monkeypatch.delenv(hostids.RANGE_ENV, raising=False)
     subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
     subgid.write_text("jailbox:131072:65536\n")
     host = doctor.Host(subuid=subuid, subgid=subgid, uid=0, user="root")

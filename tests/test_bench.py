@@ -29,6 +29,7 @@ CASES = (
     "agent_loop",
     "serve",
     "branching",
+    "secrets",
     "code_interpreter",
 )
 

@@ -19,6 +19,7 @@ from support.waits import wait_until
 from jailbox.sandbox import Sandbox
 from jailbox.sandbox.child.layers import MAX_DEPTH, MAX_LAYERS
 from jailbox.sandbox.errors import BranchError
+from jailbox.sandbox.layers import Checkpoint
 
 
 @pytest.fixture
@@ -355,4 +356,28 @@ def test_a_call_made_during_a_cut_waits_for_it_and_the_cut_is_whole(left: Callab
             sb.rollback(cp)
             seen = sb.exec("cat /root/log").stdout.split()
             assert seen == final[: len(seen)]
+    assert left() == []
+
+
+@pytest.mark.slow
+def test_close_during_a_cut_waits_for_it_and_leaves_nothing(left: Callable[[], list[str]]) -> None:
+    import threading
+
+    outcome: list[object] = []
+    sb = Sandbox()
+    sb.exec("cd /root && mkdir many && cd many && for i in $(seq 1 3000); do : > $i; done")
+
+    def cut() -> None:
+        try:
+            outcome.append(sb.checkpoint())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=cut)
+    thread.start()
+    wait_until(lambda: sb.paused, "the jail paused for the cut", 60, every=0.001)
+    sb.close()  # waits for the cut, then drops the checkpoint it made
+    thread.join()
+    [cp] = outcome
+    assert isinstance(cp, Checkpoint) and not cp.valid, cp
     assert left() == []

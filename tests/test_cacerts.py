@@ -8,23 +8,20 @@ tree is never written, the environment never changes, and a hostile tree's links
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import own_for_jails, snapshot
 from pydantic import ValidationError
+from support.bundle_tree import CERTIFI, HOST_BUNDLE, USR, bundle_tree, tree_config
 from support.cli import JAILBOX
 from support.paper_tree import paper_store
 from support.standin import StandIn, make_ca
 
 from jailbox.sandbox import Mount, Sandbox, SandboxConfig
 
-HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-CERTIFI = "usr/local/lib/python3.11/site-packages/certifi/cacert.pem"
 PIP_CERTIFI = "usr/local/lib/python3.11/site-packages/pip/_vendor/certifi/cacert.pem"
-USR = ("bin", "sbin", "lib", "lib64", "share")  # the host's, bound in; /usr/local stays the tree's own
 
 
 @pytest.fixture
@@ -37,37 +34,6 @@ def server(pki: tuple[Path, Path, Path]):
     standin = StandIn(cert=(pki[1], pki[2]))
     yield standin
     standin.close()
-
-
-def _tree(top: Path, links: dict[str, str] | None = None) -> Path:
-    """A root filesystem of its own /etc and /usr/local (with a certifi bundle, as pip's wheels
-    bring) under the host's /usr binaries: the bundles it holds are copies of the host's, which
-    do not name the test CA. ``links``: tree path -> symlink target, in place of those files."""
-    root = top / "tree"
-    for rel in ("etc/ssl/certs", "usr/local/lib/python3.11/site-packages/certifi", "root", "tmp"):
-        (root / rel).mkdir(parents=True, exist_ok=True)
-    for name in ("bin", "lib", "lib64", "sbin"):
-        (root / name).symlink_to(f"usr/{name}")
-    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
-    for rel in ("etc/ssl/certs/ca-certificates.crt", CERTIFI):
-        shutil.copyfile(HOST_BUNDLE, root / rel)
-    (root / "usr/lib").mkdir(parents=True, exist_ok=True)  # mount points of the host's /usr
-    for rel, target in (links or {}).items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
-        path.symlink_to(target)
-    if os.getuid() == 0:
-        own_for_jails(root)
-    return root
-
-
-def _config(root: Path, **kw) -> SandboxConfig:
-    mounts = [Mount(f"/usr/{d}", f"/usr/{d}") for d in USR if Path(f"/usr/{d}").is_dir()]
-    return SandboxConfig(rootfs=str(root), network="host", mounts=mounts + kw.pop("mounts", []), **kw)
 
 
 def _fetch(server: StandIn) -> str:
@@ -85,13 +51,13 @@ def _fetch(server: StandIn) -> str:
 
 @pytest.mark.needs("openssl", "curl")
 def test_a_named_ca_is_trusted_by_curl_python_and_certifi_and_nothing_else_changes(tmp_path, pki, server):
-    root = _tree(tmp_path)
+    root = bundle_tree(tmp_path)
     before = snapshot(root)
-    with Sandbox(_config(root)) as sb:
+    with Sandbox(tree_config(root)) as sb:
         refused = sb.exec(_fetch(server))
         env = sb.exec("env | sort").stdout
     assert refused.stdout == "curl=60\nurllib=1\ncertifi=1\n", refused.stderr
-    with Sandbox(_config(root, ca_certs=[pki[0]])) as sb:
+    with Sandbox(tree_config(root, ca_certs=[pki[0]])) as sb:
         trusted = sb.exec(_fetch(server))
         assert sb.exec("env | sort").stdout == env  # no SSL_CERT_FILE or the like: the model sees the same
         # the tree's certificates are all still there, the test CA once at the end
@@ -103,10 +69,10 @@ def test_a_named_ca_is_trusted_by_curl_python_and_certifi_and_nothing_else_chang
 
 @pytest.mark.needs("openssl")
 def test_a_tree_without_a_final_newline_and_with_two_paths_to_one_bundle_gets_each_certificate_once(tmp_path, pki):
-    root = _tree(tmp_path, links={"etc/ssl/cert.pem": "certs/ca-certificates.crt"})
+    root = bundle_tree(tmp_path, links={"etc/ssl/cert.pem": "certs/ca-certificates.crt"})
     bundle = root / "etc/ssl/certs/ca-certificates.crt"
     bundle.write_bytes(bundle.read_bytes().rstrip(b"\n"))
-    with Sandbox(_config(root, ca_certs=[pki[0], pki[0]])) as sb:
+    with Sandbox(tree_config(root, ca_certs=[pki[0], pki[0]])) as sb:
         r = sb.exec("tail -c 2000 /etc/ssl/certs/ca-certificates.crt; grep -c 'BEGIN CERTIFICATE' /etc/ssl/cert.pem")
     ca = pki[0].read_text()
     assert r.stdout.count(ca) == 2  # the two files named, in order
@@ -129,11 +95,13 @@ def test_a_tree_without_a_final_newline_and_with_two_paths_to_one_bundle_gets_ea
 )
 def test_a_hostile_tree_cannot_point_the_bundles_outside_itself(tmp_path, pki, outside, links):
     links = {rel: target.format(outside=outside) for rel, target in links.items()}
-    root = _tree(tmp_path, links)
+    root = bundle_tree(tmp_path, links)
     (outside / "python3.11" / "site-packages" / "certifi").mkdir(parents=True)
     (outside / "python3.11" / "site-packages" / "certifi" / "cacert.pem").write_text("host bundle\n")
     host = snapshot(outside)
-    with Sandbox(_config(root, ca_certs=[pki[0]], mounts=[Mount(outside, "/data", readonly=False, give=True)])) as sb:
+    with Sandbox(
+        tree_config(root, ca_certs=[pki[0]], mounts=[Mount(outside, "/data", readonly=False, give=True)])
+    ) as sb:
         assert sb.exec("true").exit_code == 0
         assert sb.exec("cat /data/secret").stdout == "host secret\n"
     assert snapshot(outside) == host
@@ -141,12 +109,12 @@ def test_a_hostile_tree_cannot_point_the_bundles_outside_itself(tmp_path, pki, o
 
 @pytest.mark.needs("openssl")
 def test_a_fifo_bundle_is_passed_over_not_waited_on(tmp_path, pki):
-    root = _tree(tmp_path)
+    root = bundle_tree(tmp_path)
     (root / CERTIFI).unlink()
     os.mkfifo(root / CERTIFI)
     if os.getuid() == 0:
         own_for_jails(root)
-    with Sandbox(_config(root, ca_certs=[pki[0]], setup_timeout=20)) as sb:
+    with Sandbox(tree_config(root, ca_certs=[pki[0]], setup_timeout=20)) as sb:
         assert sb.exec("grep -c 'jailbox test CA' /etc/ssl/certs/ca-certificates.crt || true").exit_code == 0
 
 
@@ -157,7 +125,7 @@ def test_bad_certificate_files_are_refused_naming_the_field(tmp_path, pki):
     broken = pki[0].read_text().replace("\n", "\nAAAA", 2)
     (tmp_path / "broken.pem").write_text(broken)
     os.mkfifo(tmp_path / "fifo.pem")
-    root = _tree(tmp_path)
+    root = bundle_tree(tmp_path)
     cases = {
         tmp_path / "missing.pem": "cannot read",
         tmp_path: "cannot read|not a regular file",
@@ -175,7 +143,7 @@ def test_bad_certificate_files_are_refused_naming_the_field(tmp_path, pki):
 
 @pytest.mark.needs("openssl", "curl")
 def test_the_ca_cert_flag_feeds_the_field_and_a_bad_one_is_named(tmp_path, pki, server):
-    root = _tree(tmp_path)
+    root = bundle_tree(tmp_path)
     usr = [f"--bind=/usr/{d}:/usr/{d}" for d in USR if Path(f"/usr/{d}").is_dir()]
     cli = [*JAILBOX, "exec", "--rootfs", str(root), "--network", "host", *usr]
     url = f"https://127.0.0.1:{server.port}/hello"

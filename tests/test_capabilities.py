@@ -20,7 +20,7 @@ import pytest
 from conftest import _libs, need, own_for_jails, require
 from support.cli import JAILBOX
 
-from jailbox.sandbox import Mount, Sandbox, SandboxConfig, idmap
+from jailbox.sandbox import Mount, Sandbox, SandboxConfig, hostids
 from jailbox.sandbox.config import DOCKER_CAPS
 from jailbox.sandbox.floor import linux as L
 from jailbox.sandbox.floor.idmap import IdMap
@@ -397,7 +397,7 @@ print(json.dumps({
 def on_disk() -> IdMap:
     """The host ids a jail's ids are on a bind: its own map rootless; as root, root's shared range
     (a jail with ids of its own sees its binds through an idmapped mount of that range)."""
-    return idmap.plan("auto")
+    return hostids.plan("auto")
 
 
 def _host_id(id_map: str, jail_id: int) -> int | None:

@@ -60,7 +60,20 @@ def test_an_unknown_name_is_an_attribute_error():
         raise AssertionError("jailbox.NoSuchThing resolved")
 
 
-SERVING = ["ExecRun", "Store", "TtyCommand", "check_env", "jail_path", "run_sync", "start_ticks", "state_dir", "stored"]
+SERVING = [
+    "SNAPSHOT_ID",
+    "SNAPSHOT_NAME",
+    "Checkpoint",
+    "ExecRun",
+    "Store",
+    "TtyCommand",
+    "check_env",
+    "jail_path",
+    "run_sync",
+    "start_ticks",
+    "state_dir",
+    "stored",
+]
 
 
 def test_the_servers_internal_surface_is_exactly_its_list():

@@ -22,6 +22,7 @@ LINES = {
     "mcp": "mcp needs the 'mcp' extra (mcp): pip install 'jailbox[mcp]'",
     "math": "scorer 'math' needs the 'math' extra (sympy): pip install 'jailbox[math]'",
     "ray": "executor 'ray' needs the 'ray' extra (ray): pip install 'jailbox[ray]'",
+    "secrets": "secrets needs the 'secrets' extra (cryptography): pip install 'jailbox[secrets]'",
 }
 # Equal only symbolically (neither side is a plain number or fraction), so scoring them needs sympy.
 ROOT_EIGHT, TWO_ROOT_TWO = r"\sqrt{8}", r"2\sqrt{2}"
@@ -62,11 +63,15 @@ def test_each_extra_installs_its_distribution_the_core_none_and_test_all() -> No
         ("mcp.server.mcpserver", "mcp"),  # mcp 1.x: the 2.x server API is missing
         ("sympy", "math"),
         ("ray", "ray"),
+        ("cryptography", "secrets"),
+        ("cryptography.x509", "secrets"),
     ],
 )
 def test_a_module_of_an_extra_names_the_extra(name: str, extra: str) -> None:
     exc = ModuleNotFoundError(f"No module named {name!r}", name=name)  # as the import system raises it
-    part = {"serve": "serve", "mcp": "mcp", "math": "scorer 'math'", "ray": "executor 'ray'"}[extra]
+    part = {"serve": "serve", "mcp": "mcp", "math": "scorer 'math'", "ray": "executor 'ray'", "secrets": "secrets"}[
+        extra
+    ]
     assert missing(part, exc) == LINES[extra]
 
 

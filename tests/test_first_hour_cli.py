@@ -21,7 +21,7 @@ from support.llm_server import ScriptedServer, error
 
 from jailbox import cli
 from jailbox.agent.tasks import read_results
-from jailbox.sandbox import idmap
+from jailbox.sandbox import hostids
 from jailbox.sandbox.checks import doctor
 
 HANG_GUARD = 300
@@ -296,13 +296,13 @@ def test_free_range_skips_every_range_in_either_file(tmp_path: Path) -> None:
     subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
     subuid.write_text("alice:100000:65536\n# a comment\nbroken line\n")
     subgid.write_text("alice:100000:65536\nbob:165536:65536\n")
-    assert idmap.free_range(65536, (subuid, subgid)) == 231072
-    assert idmap.free_range(65536, (subuid,)) == 165536
+    assert hostids.free_range(65536, (subuid, subgid)) == 231072
+    assert hostids.free_range(65536, (subuid,)) == 165536
     subuid.write_text("carol:100000:1000\ndave:200000:65536\n")  # a gap big enough for 65536, then not
-    assert idmap.free_range(65536, (subuid,)) == 101000
-    assert idmap.free_range(100000, (subuid,)) == 265536
-    assert idmap.free_range(65536, (tmp_path / "missing",)) == 100000
-    assert idmap.subuid_fix("erin", (subuid, subgid)) == (
+    assert hostids.free_range(65536, (subuid,)) == 101000
+    assert hostids.free_range(100000, (subuid,)) == 265536
+    assert hostids.free_range(65536, (tmp_path / "missing",)) == 100000
+    assert hostids.subuid_fix("erin", (subuid, subgid)) == (
         "sudo usermod --add-subuids 265536-331071 --add-subgids 265536-331071 erin"
     )
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jailbox.sandbox import Sandbox, idmap
+from jailbox.sandbox import Sandbox, hostids
 from jailbox.sandbox.errors import ConfigError
 
 
@@ -49,11 +49,11 @@ def test_rootless_userns_false_is_refused():
 
 @pytest.mark.root
 def test_root_uses_a_user_namespace_with_its_own_range():
-    pool = idmap._pool_range(str(idmap.SUBUID), str(idmap.SUBGID))[0]
-    assert pool >= idmap.FIRST_ID
+    pool = hostids._pool_range(str(hostids.SUBUID), str(hostids.SUBGID))[0]
+    assert pool >= hostids.FIRST_ID
     with Sandbox() as sb:
         [[inside, start, count]] = _uid_map(sb)
-        assert (inside, count) == (0, 65536) and pool <= start < pool + idmap.POOL_SLOTS * 65536
+        assert (inside, count) == (0, 65536) and pool <= start < pool + hostids.POOL_SLOTS * 65536
         ns_inside = sb.exec("readlink /proc/self/ns/user").stdout.strip()
         assert ns_inside != os.readlink("/proc/self/ns/user")
 
@@ -86,7 +86,7 @@ def test_kernel_refusal_names_the_sysctl_that_fixes_it():
 def _in_userns_with_roots_range(script: str) -> subprocess.CompletedProcess:
     """``script`` as root of a new user namespace that maps host root and root's jail range.
     The shell waits for its maps, then execs a new shell: capabilities come with that exec."""
-    uid, gid = idmap.plan("auto").host_root()
+    uid, gid = hostids.plan("auto").host_root()
     proc = subprocess.Popen(
         ["unshare", "--user", "sh", "-c", 'read go && exec sh -c "$0"', script],
         stdin=subprocess.PIPE,

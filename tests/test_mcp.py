@@ -15,7 +15,7 @@ import socket
 import stat
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -28,13 +28,36 @@ from mcp.client.streamable_http import streamable_http_client
 from support.cli import JAILBOX
 from support.waits import wait_until
 
-TOOLS = {"create_sandbox", "run_command", "read_file", "write_file", "list_sandboxes", "kill_sandbox"}
+from jailbox import snapshots
+from jailbox.sandbox import Sandbox
+
+TOOLS = {
+    *("create_sandbox", "run_command", "read_file", "write_file", "list_sandboxes", "kill_sandbox"),
+    *("checkpoint", "rollback", "drop_checkpoint", "fork_sandbox", "pause_sandbox", "resume_sandbox"),
+    *("snapshot_sandbox", "list_snapshots", "delete_snapshot"),
+}
+SNAP_ID = re.compile(r"snap-[0-9a-f]{12}")
 SERVER = [*JAILBOX, "mcp"]
+
+
+@pytest.fixture
+def shelf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A store of the test's own, which the servers it starts inherit; its snapshots are removed after
+    (they may hold subordinate ids)."""
+    monkeypatch.setenv("JAILBOX_CACHE_DIR", str(tmp_path / "cache"))
+    yield snapshots.root()
+    for snap in snapshots.list():
+        snapshots.remove(snap.id)
 
 
 def _sandbox_dirs(state: Path) -> list[str]:
     top = state / "sandboxes"
     return sorted(p.name for p in top.iterdir()) if top.is_dir() else []
+
+
+def _layers(state: Path) -> int:
+    """Read-only layers on disk, which checkpoints and forks hold."""
+    return sum(name.startswith("layer-") for name in _sandbox_dirs(state))
 
 
 async def _call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
@@ -138,6 +161,18 @@ async def _exercise(session: ClientSession) -> None:
     assert "base64" in await _error(session, "read_file", sandbox_id=sid, path="b.bin")
     listed = await _call(session, "list_sandboxes")
     assert [s["sandbox_id"] for s in listed["sandboxes"]] == [sid]
+    await _call(session, "write_file", sandbox_id=sid, path="state", content="v1")
+    cp = (await _call(session, "checkpoint", sandbox_id=sid))["checkpoint_id"]
+    await _call(session, "write_file", sandbox_id=sid, path="state", content="v2")
+    assert (await _call(session, "rollback", sandbox_id=sid, checkpoint_id=cp))["dropped"] == []
+    assert (await _call(session, "read_file", sandbox_id=sid, path="state"))["content"] == "v1"
+    assert (await _call(session, "drop_checkpoint", sandbox_id=sid, checkpoint_id=cp))["dropped"] is True
+    [child] = (await _call(session, "fork_sandbox", sandbox_id=sid))["sandbox_ids"]
+    assert (await _call(session, "read_file", sandbox_id=child, path="state"))["content"] == "v1"
+    assert (await _call(session, "pause_sandbox", sandbox_id=child))["paused"] is True
+    assert "resume_sandbox" in await _error(session, "read_file", sandbox_id=child, path="state")
+    assert (await _call(session, "resume_sandbox", sandbox_id=child))["paused"] is False
+    assert (await _call(session, "kill_sandbox", sandbox_id=child))["killed"] is True
     assert (await _call(session, "kill_sandbox", sandbox_id=sid))["killed"] is True
     assert "no sandbox" in await _error(session, "run_command", sandbox_id=sid, command="true")
     assert (await _call(session, "list_sandboxes"))["sandboxes"] == []
@@ -241,6 +276,339 @@ def test_sandboxes_per_session_are_capped():
     asyncio.run(scenario())
 
 
+def test_rollback_restores_files_ends_processes_and_drops_newer_checkpoints(_state_dir):
+    async def scenario() -> None:
+        async with _stdio() as session:
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            await _call(session, "run_command", sandbox_id=sid, command="echo v1 > s; mkdir d; ln -s s d/l")
+            await _call(session, "run_command", sandbox_id=sid, command="sleep 1000 >/dev/null 2>&1 &")
+            first = (await _call(session, "checkpoint", sandbox_id=sid))["checkpoint_id"]
+            await _call(session, "run_command", sandbox_id=sid, command="echo v2 > s; rm -r d; touch new")
+            second = (await _call(session, "checkpoint", sandbox_id=sid))["checkpoint_id"]
+            await _call(session, "run_command", sandbox_id=sid, command="echo v3 > s")
+            third = (await _call(session, "checkpoint", sandbox_id=sid))["checkpoint_id"]
+            assert len({first, second, third}) == 3
+            [info] = (await _call(session, "list_sandboxes"))["sandboxes"]
+            assert info["checkpoints"] == [first, second, third]
+
+            back = await _call(session, "rollback", sandbox_id=sid, checkpoint_id=second)
+            assert back["dropped"] == [third]
+            ran = await _call(session, "run_command", sandbox_id=sid, command="cat s; ls; pgrep -c sleep")
+            assert ran["stdout"] == "v2\nnew\ns\n0\n", ran  # the sleep of before the checkpoints is gone
+
+            back = await _call(session, "rollback", sandbox_id=sid, checkpoint_id=first)
+            assert back["dropped"] == [second]
+            ran = await _call(
+                session, "run_command", sandbox_id=sid, command="cat s; readlink d/l; test -e new || echo absent"
+            )
+            assert ran["stdout"] == "v1\ns\nabsent\n", ran
+            for gone in (second, third):
+                text = await _error(session, "rollback", sandbox_id=sid, checkpoint_id=gone)
+                assert text.startswith("rollback: checkpoint_id: no checkpoint"), text
+            [info] = (await _call(session, "list_sandboxes"))["sandboxes"]
+            assert (info["sandbox_id"], info["checkpoints"]) == (sid, [first])  # the id outlives the rollback
+
+            await _call(session, "run_command", sandbox_id=sid, command="echo v4 > s")  # again to the same one
+            await _call(session, "rollback", sandbox_id=sid, checkpoint_id=first)
+            assert (await _call(session, "read_file", sandbox_id=sid, path="s"))["content"] == "v1\n"
+
+    asyncio.run(scenario())
+    wait_until(lambda: _sandbox_dirs(_state_dir) == [], "the sandbox and its checkpoints to go", 30)
+
+
+def test_checkpoints_are_bounded_per_sandbox_and_freed_with_it(_state_dir):
+    async def scenario() -> None:
+        async with _stdio("--max-checkpoints", "2") as session:
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            await _call(session, "write_file", sandbox_id=sid, path="f", content="x")
+            kept = [(await _call(session, "checkpoint", sandbox_id=sid))["checkpoint_id"] for _ in range(2)]
+            assert _layers(_state_dir) == 2
+            text = await _error(session, "checkpoint", sandbox_id=sid)
+            assert text.startswith("checkpoint: sandbox_id:") and "--max-checkpoints" in text, text
+            assert "drop_checkpoint" in text, text
+            assert _layers(_state_dir) == 2  # the refusal cut nothing
+            other = (await _call(session, "create_sandbox"))["sandbox_id"]
+            await _call(session, "checkpoint", sandbox_id=other)  # the bound is per sandbox
+
+            await _call(session, "drop_checkpoint", sandbox_id=sid, checkpoint_id=kept[0])
+            assert _layers(_state_dir) == 2  # kept[0]'s layer is gone, other's is new
+            text = await _error(session, "drop_checkpoint", sandbox_id=sid, checkpoint_id=kept[0])
+            assert text.startswith("drop_checkpoint: checkpoint_id: no checkpoint"), text
+            kept.append((await _call(session, "checkpoint", sandbox_id=sid))["checkpoint_id"])
+
+            await _call(session, "kill_sandbox", sandbox_id=sid)
+            assert _layers(_state_dir) == 1  # other's checkpoint only
+            text = await _error(session, "rollback", sandbox_id=sid, checkpoint_id=kept[-1])
+            assert text.startswith("rollback: sandbox_id: no sandbox"), text
+
+    asyncio.run(scenario())
+    wait_until(lambda: _sandbox_dirs(_state_dir) == [], "the session's sandboxes and checkpoints to go", 30)
+
+
+def test_a_checkpoint_given_up_on_or_killed_under_is_held_or_freed_never_lost(_state_dir):
+    """A client that cancels a checkpoint mid-copy still has it (listed, counted, freed with its
+    sandbox); a kill during one waits for it and removes it with the sandbox."""
+
+    async def scenario() -> None:
+        async with _stdio("--max-checkpoints", "1") as session:
+            many = "mkdir m; for i in $(seq 2000); do echo $i > m/$i; done"
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            await _call(session, "run_command", sandbox_id=sid, command=many)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(session.call_tool("checkpoint", {"sandbox_id": sid}), 0.05)
+            during = await _call(session, "run_command", sandbox_id=sid, command="echo during")
+            assert during["stdout"] == "during\n"  # waits for the cut: not told to resume what it never paused
+
+            async def listed() -> list[str]:
+                [info] = (await _call(session, "list_sandboxes"))["sandboxes"]
+                return list(info["checkpoints"])
+
+            for _ in range(1200):  # the copy goes on after the cancel: minutes on a loaded machine
+                if await listed():
+                    break
+                await asyncio.sleep(0.25)
+            [kept] = await listed()
+            assert _layers(_state_dir) == 1
+            assert "--max-checkpoints" in await _error(session, "checkpoint", sandbox_id=sid)
+            await _call(session, "rollback", sandbox_id=sid, checkpoint_id=kept)
+            ran = await _call(session, "run_command", sandbox_id=sid, command="ls m | wc -l")
+            assert ran["stdout"] == "2000\n"
+            await _call(session, "kill_sandbox", sandbox_id=sid)
+            assert _layers(_state_dir) == 0
+
+            other = (await _call(session, "create_sandbox"))["sandbox_id"]
+            await _call(session, "run_command", sandbox_id=other, command=many)
+            cut = asyncio.ensure_future(session.call_tool("checkpoint", {"sandbox_id": other}))
+            await asyncio.sleep(0.05)
+            assert (await _call(session, "kill_sandbox", sandbox_id=other))["killed"] is True
+            await cut  # taken before the kill, or refused: either way not left behind
+            assert (await _call(session, "list_sandboxes"))["sandboxes"] == []
+            assert _layers(_state_dir) == 0
+
+    asyncio.run(scenario())
+    wait_until(lambda: _sandbox_dirs(_state_dir) == [], "every sandbox and layer to go", 30)
+
+
+def test_branching_refusals_name_the_tool_and_field():
+    async def scenario() -> None:
+        async with _stdio() as session:
+            one = (await _call(session, "create_sandbox"))["sandbox_id"]
+            two = (await _call(session, "create_sandbox"))["sandbox_id"]
+            cp = (await _call(session, "checkpoint", sandbox_id=one))["checkpoint_id"]
+            for tool, arguments, field in [
+                ("checkpoint", {"sandbox_id": "nope"}, "sandbox_id"),
+                ("rollback", {"sandbox_id": "nope", "checkpoint_id": cp}, "sandbox_id"),
+                ("rollback", {"sandbox_id": one, "checkpoint_id": "cp-00000000"}, "checkpoint_id"),
+                ("rollback", {"sandbox_id": one, "checkpoint_id": "x" * 10000}, "checkpoint_id"),
+                ("rollback", {"sandbox_id": two, "checkpoint_id": cp}, "checkpoint_id"),  # of another sandbox
+                ("rollback", {"sandbox_id": one}, "checkpoint_id"),
+                ("drop_checkpoint", {"sandbox_id": two, "checkpoint_id": cp}, "checkpoint_id"),
+                ("drop_checkpoint", {"sandbox_id": "nope", "checkpoint_id": cp}, "sandbox_id"),
+                ("fork_sandbox", {"sandbox_id": "nope"}, "sandbox_id"),
+                ("fork_sandbox", {"sandbox_id": one, "count": 0}, "count"),
+                ("fork_sandbox", {"sandbox_id": one, "count": -3}, "count"),
+                ("fork_sandbox", {"sandbox_id": one, "count": "many"}, "count"),
+                ("fork_sandbox", {"sandbox_id": one, "count": 10**12}, "count"),
+                ("pause_sandbox", {"sandbox_id": "nope"}, "sandbox_id"),
+                ("resume_sandbox", {"sandbox_id": "nope"}, "sandbox_id"),
+            ]:
+                text = await _error(session, tool, **arguments)
+                assert text.startswith(f"{tool}: {field}"), text
+                assert "e.g." in text or "list_sandboxes" in text, text
+                assert len(text) < 400, text  # an id sent is shown cut short
+            text = await _error(session, "rollback", sandbox_id=two, checkpoint_id=cp)
+            assert f"checkpoint of sandbox {one!r}" in text, text
+            assert (await _call(session, "rollback", sandbox_id=one, checkpoint_id=cp))["dropped"] == []
+            assert len((await _call(session, "list_sandboxes"))["sandboxes"]) == 2  # no refusal made one
+
+    asyncio.run(scenario())
+
+
+def test_fork_makes_separate_sandboxes_counted_in_the_session(_state_dir):
+    async def scenario() -> None:
+        async with _stdio("--max-sandboxes", "4") as session:
+            parent = await _call(session, "create_sandbox")
+            sid = parent["sandbox_id"]
+            await _call(session, "run_command", sandbox_id=sid, command="echo base > s; sleep 1000 >/dev/null 2>&1 &")
+            cp = (await _call(session, "checkpoint", sandbox_id=sid))["checkpoint_id"]
+            forked = await _call(session, "fork_sandbox", sandbox_id=sid, count=2)
+            assert forked["sandbox_id"] == sid
+            kids = forked["sandbox_ids"]
+            assert len(set(kids) | {sid}) == 3
+            listed = {s["sandbox_id"]: s for s in (await _call(session, "list_sandboxes"))["sandboxes"]}
+            assert set(listed) == {sid, *kids}
+            for kid in kids:
+                assert (listed[kid]["template"], listed[kid]["network"]) == (parent["template"], parent["network"])
+                assert listed[kid]["checkpoints"] == []  # the parent's stay its own
+                ran = await _call(session, "run_command", sandbox_id=kid, command="cat s; pgrep -c sleep")
+                assert ran["stdout"] == "base\n0\n", ran  # the files, not the processes
+            await _call(session, "write_file", sandbox_id=kids[0], path="s", content="mine\n")
+            for other in (sid, kids[1]):
+                assert (await _call(session, "read_file", sandbox_id=other, path="s"))["content"] == "base\n"
+            assert await _pid_ns(session, kids[0]) != await _pid_ns(session, kids[1])
+            text = await _error(session, "rollback", sandbox_id=kids[0], checkpoint_id=cp)
+            assert text.startswith("rollback: checkpoint_id:") and "checkpoint of sandbox" in text, text
+
+            # three held of four: room for one more, counted before the fork
+            text = await _error(session, "fork_sandbox", sandbox_id=sid, count=2)
+            assert text.startswith("fork_sandbox: count:") and "--max-sandboxes" in text, text
+            assert "count=1" in text, text
+            assert len((await _call(session, "list_sandboxes"))["sandboxes"]) == 3
+            one, two = await asyncio.gather(
+                session.call_tool("fork_sandbox", {"sandbox_id": kids[0], "count": 1}),
+                session.call_tool("fork_sandbox", {"sandbox_id": kids[1], "count": 1}),
+            )
+            assert sorted([one.is_error, two.is_error]) == [False, True], (one, two)
+            assert len((await _call(session, "list_sandboxes"))["sandboxes"]) == 4
+            assert "--max-sandboxes" in await _error(session, "create_sandbox")
+
+            # a child is closed on its own; a fork of a fork reads what its parent wrote
+            await _call(session, "kill_sandbox", sandbox_id=sid)
+            [grandchild] = (await _call(session, "fork_sandbox", sandbox_id=kids[0]))["sandbox_ids"]
+            assert (await _call(session, "read_file", sandbox_id=grandchild, path="s"))["content"] == "mine\n"
+
+    asyncio.run(scenario())
+    wait_until(lambda: _sandbox_dirs(_state_dir) == [], "every sandbox and layer to go", 30)
+
+
+def test_a_paused_sandbox_refuses_its_tools_naming_resume_sandbox():
+    async def scenario() -> None:
+        async with _stdio() as session:
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            await _call(session, "write_file", sandbox_id=sid, path="s", content="before")
+            await _call(session, "run_command", sandbox_id=sid, command="sleep 1000 >/dev/null 2>&1 &")
+            assert (await _call(session, "pause_sandbox", sandbox_id=sid))["paused"] is True
+            assert (await _call(session, "pause_sandbox", sandbox_id=sid))["paused"] is True  # again: no change
+            [info] = (await _call(session, "list_sandboxes"))["sandboxes"]
+            assert info["paused"] is True
+            for tool, extra in [
+                ("run_command", {"command": "true"}),
+                ("read_file", {"path": "s"}),
+                ("write_file", {"path": "s", "content": "during"}),
+            ]:
+                text = await _error(session, tool, sandbox_id=sid, **extra)
+                assert text.startswith(f"{tool}: sandbox_id:") and f"resume_sandbox(sandbox_id={sid!r})" in text, text
+            # what a paused sandbox still does: a checkpoint of it, which leaves it paused, and a fork
+            cp = (await _call(session, "checkpoint", sandbox_id=sid))["checkpoint_id"]
+            [kid] = (await _call(session, "fork_sandbox", sandbox_id=sid))["sandbox_ids"]
+            assert (await _call(session, "read_file", sandbox_id=kid, path="s"))["content"] == "before"
+            assert "resume_sandbox" in await _error(session, "run_command", sandbox_id=sid, command="true")
+
+            assert (await _call(session, "resume_sandbox", sandbox_id=sid))["paused"] is False
+            assert (await _call(session, "resume_sandbox", sandbox_id=sid))["paused"] is False
+            ran = await _call(session, "run_command", sandbox_id=sid, command="cat s; echo; pgrep -cx sleep")
+            assert ran["stdout"] == "before\n1\n", ran  # its processes were kept
+            await _call(session, "pause_sandbox", sandbox_id=sid)
+            await _call(session, "rollback", sandbox_id=sid, checkpoint_id=cp)  # a fresh jail: running
+            [info] = [s for s in (await _call(session, "list_sandboxes"))["sandboxes"] if s["sandbox_id"] == sid]
+            assert info["paused"] is False
+            assert (await _call(session, "read_file", sandbox_id=sid, path="s"))["content"] == "before"
+
+    asyncio.run(scenario())
+
+
+def test_a_snapshot_outlives_its_session_and_server_and_starts_sandboxes(_state_dir, shelf, tmp_path):
+    """Taken over stdio, listed, started from and deleted over HTTP by another server."""
+
+    async def take() -> dict[str, Any]:
+        async with _stdio() as session:
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            await _call(session, "run_command", sandbox_id=sid, command="echo kept > s; mkdir d; ln -s ../s d/l")
+            await _call(session, "run_command", sandbox_id=sid, command="sleep 1000 >/dev/null 2>&1 &")
+            snap = await _call(session, "snapshot_sandbox", sandbox_id=sid, name="ready")
+            assert SNAP_ID.fullmatch(snap["id"]), snap
+            assert (snap["name"], snap["image"], snap["source"]) == ("ready", "host", sid)
+            assert snap["size"] > 0 and snap["created"].endswith("+00:00"), snap
+            ran = await _call(session, "run_command", sandbox_id=sid, command="cat s; pgrep -cx sleep")
+            assert ran["stdout"] == "kept\n1\n"  # the sandbox taken goes on as it was
+            return snap
+
+    snap = asyncio.run(take())
+    wait_until(lambda: _sandbox_dirs(_state_dir) == [], "the stdio server's sandbox to go", 30)
+    server = HttpServer(tmp_path / "config")
+
+    async def use() -> None:
+        async with _http(server.url, server.token) as session:
+            assert (await _call(session, "list_snapshots")) == {"snapshots": [snap], "left_out": 0}
+            for ref in ("ready", snap["id"]):
+                made = await _call(session, "create_sandbox", snapshot=ref)
+                assert (made["template"], made["snapshot"]) == ("host", snap["id"])
+                sid = made["sandbox_id"]
+                ran = await _call(session, "run_command", sandbox_id=sid, command="cat d/l; pgrep -cx sleep")
+                assert ran["stdout"] == "kept\n0\n", ran  # its files, none of its processes
+                await _call(session, "write_file", sandbox_id=sid, path="s", content="mine")
+            second = await _call(session, "snapshot_sandbox", sandbox_id=sid)  # of a sandbox started from one
+            assert second["name"] is None and second["id"] != snap["id"]
+            later = (await _call(session, "create_sandbox", snapshot=second["id"]))["sandbox_id"]
+            assert (await _call(session, "read_file", sandbox_id=later, path="d/l"))["content"] == "mine"
+            text = await _error(session, "delete_snapshot", ref="ready")
+            assert text.startswith("delete_snapshot: ref:") and "in use" in text, text
+            for s in (await _call(session, "list_sandboxes"))["sandboxes"]:
+                await _call(session, "kill_sandbox", sandbox_id=s["sandbox_id"])
+            assert await _call(session, "delete_snapshot", ref="ready") == snap
+            assert (await _call(session, "list_snapshots")) == {"snapshots": [second], "left_out": 0}
+            await _call(session, "delete_snapshot", ref=second["id"])
+            text = await _error(session, "delete_snapshot", ref=snap["id"])
+            assert text.startswith("delete_snapshot: ref: no snapshot"), text
+            text = await _error(session, "create_sandbox", snapshot="ready")
+            assert text.startswith("create_sandbox: snapshot: no snapshot"), text
+
+    try:
+        asyncio.run(use())
+    finally:
+        assert server.stop() == 0
+    assert _sandbox_dirs(_state_dir) == []
+    assert snapshots.list() == []
+
+
+def test_snapshots_are_bounded_in_the_store_and_refusals_name_the_field(shelf, mini_rootfs):
+    with Sandbox(rootfs=str(mini_rootfs)) as sb:  # a snapshot over a directory, as the library may take one
+        over_a_dir = sb.snapshot(name="over-a-dir").id
+
+    async def scenario() -> None:
+        async with _stdio("--max-snapshots", "2") as session:
+            sid = (await _call(session, "create_sandbox"))["sandbox_id"]
+            for tool, arguments, field in [
+                ("snapshot_sandbox", {"sandbox_id": "nope"}, "sandbox_id"),
+                ("snapshot_sandbox", {"sandbox_id": sid, "name": "has space"}, "name"),
+                ("snapshot_sandbox", {"sandbox_id": sid, "name": "../up"}, "name"),
+                ("snapshot_sandbox", {"sandbox_id": sid, "name": "x" * 129}, "name"),
+                ("snapshot_sandbox", {"sandbox_id": sid, "name": "snap-0123456789ab"}, "name"),  # an id's form
+                ("create_sandbox", {"snapshot": "no-such"}, "snapshot"),
+                ("create_sandbox", {"snapshot": "/etc"}, "snapshot"),
+                ("create_sandbox", {"snapshot": "x" * 10000}, "snapshot"),
+                ("create_sandbox", {"snapshot": over_a_dir}, "snapshot"),  # made over a host directory
+                ("delete_snapshot", {"ref": "no-such"}, "ref"),
+                ("delete_snapshot", {"ref": "../../x"}, "ref"),
+                ("delete_snapshot", {}, "ref"),
+            ]:
+                text = await _error(session, tool, **arguments)
+                assert text.startswith(f"{tool}: {field}"), text
+                assert "e.g." in text or "list_sandboxes" in text, text
+                assert len(text) < 400, text
+
+            # the store holds one (over_a_dir): room for one more, taken by one of two at once
+            other = (await _call(session, "create_sandbox"))["sandbox_id"]
+            one, two = await asyncio.gather(
+                session.call_tool("snapshot_sandbox", {"sandbox_id": sid, "name": "a"}),
+                session.call_tool("snapshot_sandbox", {"sandbox_id": other, "name": "b"}),
+            )
+            assert sorted([one.is_error, two.is_error]) == [False, True], (one, two)
+            refused = (one if one.is_error else two).content[0].text
+            assert refused.startswith("snapshot_sandbox:") and "--max-snapshots" in refused, refused
+            assert len(snapshots.list()) == 2
+            made = (one if two.is_error else two).structured_content
+            assert made is not None
+            text = await _error(session, "create_sandbox", snapshot=made["id"], template="default")
+            assert text.startswith("create_sandbox: template:"), text
+            await _call(session, "delete_snapshot", ref=over_a_dir)
+            again = await _call(session, "snapshot_sandbox", sandbox_id=sid, name=made["name"])  # the name moves
+            listed = (await _call(session, "list_snapshots"))["snapshots"]
+            assert [(s["id"], s["name"]) for s in listed] == [(again["id"], made["name"]), (made["id"], None)]
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.slow
 def test_stdio_client_going_away_ends_its_sandboxes(_state_dir):
     """Two ways a stdio client goes: it closes the session (pipe closed), or it is killed mid-command."""
@@ -312,14 +680,24 @@ async def _two_sessions(server: HttpServer, state: Path, sig: int) -> str:
         kept_id = (await _call(keeper, "create_sandbox"))["sandbox_id"]
         await _call(keeper, "run_command", sandbox_id=kept_id, command="sleep 1000 >/dev/null 2>&1 &")
         kept_ns = await _pid_ns(keeper, kept_id)
+        kept_cp = (await _call(keeper, "checkpoint", sandbox_id=kept_id))["checkpoint_id"]
         async with _http(server.url, server.token) as other:
             assert (await _call(other, "list_sandboxes"))["sandboxes"] == []
-            for tool, extra in [("run_command", {"command": "id"}), ("read_file", {"path": "/etc/hostname"})]:
+            for tool, extra in [
+                ("run_command", {"command": "id"}),
+                ("read_file", {"path": "/etc/hostname"}),
+                ("checkpoint", {}),
+                ("rollback", {"checkpoint_id": kept_cp}),
+                ("drop_checkpoint", {"checkpoint_id": kept_cp}),
+                ("fork_sandbox", {"count": 1}),
+                ("pause_sandbox", {}),
+                ("resume_sandbox", {}),
+            ]:
                 assert "no sandbox" in await _error(other, tool, sandbox_id=kept_id, **extra)
             assert "no sandbox" in await _error(other, "kill_sandbox", sandbox_id=kept_id)
             gone_ns = await _pid_ns(other, (await _call(other, "create_sandbox"))["sandbox_id"])
         wait_until(lambda: jail_processes(gone_ns) == [], "the killed session's jail to end", 30)
-        wait_until(lambda: len(_sandbox_dirs(state)) == 1, "one sandbox directory left", 30)
+        wait_until(lambda: len(_sandbox_dirs(state)) == 2, "one sandbox and its checkpoint left", 30)
         alive = await _call(keeper, "run_command", sandbox_id=kept_id, command="echo alive")
         assert alive["stdout"] == "alive\n"
         assert server.stop(sig) == 0  # with the keeper's session still open

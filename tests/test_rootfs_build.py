@@ -294,6 +294,6 @@ def test_failed_build_reports_mmdebstrap_and_stores_nothing(tmp_path, cache):
 
 
 def _has_subids() -> bool:
-    from jailbox.sandbox import idmap
+    from jailbox.sandbox import hostids
 
-    return idmap.full_range_available()
+    return hostids.full_range_available()

@@ -17,7 +17,7 @@ import pytest
 from support.cli import JAILBOX
 from support.oci_images import E, Layout, content, raw_header, raw_tar_gz, tar_bytes, tree_of
 
-from jailbox.sandbox import Sandbox, idmap
+from jailbox.sandbox import Sandbox, hostids
 from jailbox.sandbox.errors import RootfsError, UnsafeArchive
 from jailbox.sandbox.rootfs.importer import import_rootfs
 from jailbox.sandbox.rootfs.store import Store
@@ -34,7 +34,7 @@ ROOTFS = [
 
 
 def jail_id(inside: int) -> int:
-    return inside if idmap.full_range_available() else 0
+    return inside if hostids.full_range_available() else 0
 
 
 def check_rootfs(tree: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from support.cli import JAILBOX
 from support.oci_images import E, Layout, LocalRegistry, Proxy, content, tar_bytes, tree_of
 
-from jailbox.sandbox import Sandbox, SandboxConfig, idmap
+from jailbox.sandbox import Sandbox, SandboxConfig, hostids
 from jailbox.sandbox.errors import ConfigError, DigestMismatch, RegistryError, RootfsNotFound
 from jailbox.sandbox.rootfs.pull import pull
 from jailbox.sandbox.rootfs.store import Store
@@ -56,7 +56,9 @@ CONFIG = {"Env": ["PATH=/custom/bin:/usr/bin:/bin", "FOO=from-image"], "WorkingD
 def jail_id(inside: int) -> int:
     """How the jail shows a file the image gives to ``inside``: itself, or everything root
     when this user has no subordinate ids (a single-id map)."""
-    single = idmap.plan("auto").uid_map.split()[2:3] == ["1"] and os.getuid() != 0 and not idmap.full_range_available()
+    single = (
+        hostids.plan("auto").uid_map.split()[2:3] == ["1"] and os.getuid() != 0 and not hostids.full_range_available()
+    )
     return 0 if single else inside
 
 

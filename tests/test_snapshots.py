@@ -291,7 +291,7 @@ def test_fork_snapshot_and_start_from_one_on_the_command_line(shelf: Path) -> No
         )
         jailbox(env, "stop", made)
         assert jailbox(env, "snapshots", "rm", "repo-ready").stdout == f"removed {ident}\n"
-        assert jailbox(env, "snapshots", "--json").stdout.strip() == "[]"
+        assert jailbox(env, "snapshots", "list", "--json").stdout.strip() == "[]"
 
 
 def test_snapshot_refusals_on_the_command_line_are_one_line(shelf: Path) -> None:

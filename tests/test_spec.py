@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from jailbox.sandbox import Sandbox, idmap, messages
+from jailbox.sandbox import Sandbox, hostids, messages
 from jailbox.sandbox.checks import diagnose
 from jailbox.sandbox.child import replies
 from jailbox.sandbox.child.protocol import Created, CreateRequest, Failed, InitPid, Step, decode
@@ -161,8 +161,8 @@ def test_diagnosis_goes_by_step_and_errno_not_wording(step: Step, err: int, says
 def test_a_refused_id_map_is_explained_as_one(monkeypatch: pytest.MonkeyPatch):
     """A real refusal: the launcher writes a map the kernel rejects (overlapping ranges)."""
     bad = IdMap("0 0 1\n0 0 1\n", "0 0 1\n0 0 1\n", helper=False, deny_setgroups=False)
-    monkeypatch.setattr(idmap, "plan", lambda mode: bad)
-    monkeypatch.setattr(idmap, "claim_own_ids", lambda mode, paths: None)  # as root, the planned map itself
+    monkeypatch.setattr(hostids, "plan", lambda mode: bad)
+    monkeypatch.setattr(hostids, "claim_own_ids", lambda mode, paths: None)  # as root, the planned map itself
     with pytest.raises(KernelRefused, match="Writing the user namespace's id map failed"):
         Sandbox(idmap="single")
 

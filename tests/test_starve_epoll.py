@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from support.per_uid_fills import WATCH_ONE, WATCHES, started
 
-from jailbox.sandbox import Sandbox, SeccompPolicy, idmap
+from jailbox.sandbox import Sandbox, SeccompPolicy, hostids
 from jailbox.sandbox.errors import SecurityWarning
 
 # alone: root's shared slots and the user's epoll watches are shared with every worker's jails
@@ -141,7 +141,7 @@ def shared_map(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Whether the test's jails share one map: rootless always; as root, where they have no ids of
     their own (a range named by JAILBOX_ROOT_RANGE, inherited by the test's other processes)."""
     if request.param != "as made":
-        monkeypatch.setenv(idmap.RANGE_ENV, f"{idmap.root_range()[0]}:{idmap.ROOT_RANGE}")
+        monkeypatch.setenv(hostids.RANGE_ENV, f"{hostids.root_range()[0]}:{hostids.ROOT_RANGE}")
     return os.getuid() != 0 or request.param != "as made"
 
 
@@ -174,7 +174,7 @@ def test_a_jail_that_takes_every_watch_it_can_leaves_its_roots_uid_and_its_neigh
 def test_makers_take_the_lowest_free_slot_and_share_the_highest_id_once_all_are_held(
     shared_map: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(idmap, "MAKER_SLOTS", 2)
+    monkeypatch.setattr(hostids, "MAKER_SLOTS", 2)
     with contextlib.ExitStack() as stack:
         jails = [stack.enter_context(Sandbox()) for _ in range(3)]
         for sb in jails:

@@ -4,7 +4,7 @@ Some counts are kept per host uid, whatever the user namespace: epoll watches
 (``fs.epoll.max_user_watches``), descriptors sent in UNIX messages and not yet received (a sender is
 refused with ETOOMANYREFS once its uid has more in flight than the sender's RLIMIT_NOFILE), pipe
 buffers past ``fs.pipe-user-pages-soft``. As root, each jail runs under host ids of its own (a slot
-of the ``jailbox-jails`` pool, ``idmap.claim_own_ids``), its lower and binds mounted idmapped, so
+of the ``jailbox-jails`` pool, ``hostids.claim_own_ids``), its lower and binds mounted idmapped, so
 one jail filling such a count leaves its neighbour's alone. Before, root's jails shared one range:
 one jail's fill refused the next jail's descriptor passing and epoll registrations. Rootless, the
 jail's root is the user, and these counts are shared with the user's own processes (docs/bounds.md): every
@@ -28,12 +28,12 @@ from pathlib import Path
 import pytest
 from support.per_uid_fills import WATCH_ONE, WATCHES, started
 
-from jailbox.sandbox import Mount, Sandbox, idmap
+from jailbox.sandbox import Mount, Sandbox, hostids
 
 # alone: root's shared slots are taken by every worker's jails
 pytestmark = [pytest.mark.root, pytest.mark.alone]
 
-RANGE = idmap.ROOT_RANGE
+RANGE = hostids.ROOT_RANGE
 
 # Descriptors in flight: /dev/null, 253 a message (the kernel's most), over socket pairs nobody
 # reads, until the kernel refuses the sender. Then the filler holds them there.
@@ -82,7 +82,7 @@ def sysctl(name: str, value: str) -> Iterator[None]:
 
 
 def test_root_jails_run_under_host_ids_of_their_own(tmp_path: Path) -> None:
-    shared = idmap.plan("auto").host_root()
+    shared = hostids.plan("auto").host_root()
     binds = [tmp_path / "a", tmp_path / "b"]
     for b in binds:
         b.mkdir()
@@ -111,13 +111,13 @@ def test_root_jails_run_under_host_ids_of_their_own(tmp_path: Path) -> None:
 
 def test_slots_are_taken_lowest_first_and_free_again(tmp_path: Path) -> None:
     slots = tmp_path / "ids"
-    first, second = idmap._lock_slot(slots, 4), idmap._lock_slot(slots, 4)
+    first, second = hostids._lock_slot(slots, 4), hostids._lock_slot(slots, 4)
     assert first is not None and second is not None and (first[0], second[0]) == (0, 1)
-    idmap.release_slot(first[1])
-    third = idmap._lock_slot(slots, 4)
+    hostids.release_slot(first[1])
+    third = hostids._lock_slot(slots, 4)
     assert third is not None and third[0] == 0
     for _, fd in (second, third):
-        idmap.release_slot(fd)
+        hostids.release_slot(fd)
 
 
 def _sleep_in_child() -> None:
@@ -161,9 +161,9 @@ def test_without_a_place_for_the_slot_locks_a_jail_shares_roots_range(
 ) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.setattr(idmap, "SLOTS", blocker / "ids")  # mkdir there fails (ENOTDIR), as on a read-only /run
+    monkeypatch.setattr(hostids, "SLOTS", blocker / "ids")  # mkdir there fails (ENOTDIR), as on a read-only /run
     with Sandbox() as sb:
-        assert host_uid(sb) == idmap.plan("auto").host_root()[0]
+        assert host_uid(sb) == hostids.plan("auto").host_root()[0]
         assert sb.enforcement["host_ids"].startswith("shared")
 
 
@@ -177,7 +177,7 @@ def test_a_bind_that_cannot_be_idmapped_leaves_the_jail_in_roots_shared_range(tm
             subprocess.run(["mount", "-t", "proc", "proc", str(src / "proc")], check=True)
             undo.callback(subprocess.run, ["umount", "-l", str(src / "proc")], check=True)
         with Sandbox(mounts=[Mount(src, "/mnt/src")]) as sb:
-            assert host_uid(sb) == idmap.plan("auto").host_root()[0]
+            assert host_uid(sb) == hostids.plan("auto").host_root()[0]
             assert sb.enforcement["host_ids"].startswith("shared")
             assert sb.exec("ls /mnt/src >/dev/null && echo read").stdout == "read\n"
 

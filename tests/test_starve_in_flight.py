@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jailbox.sandbox import Sandbox, idmap
+from jailbox.sandbox import Sandbox, hostids
 from jailbox.sandbox.limits import flight
 
 # alone: descriptors in flight are counted per user: another worker's jails' count toward the mark too
@@ -139,7 +139,7 @@ def shared_root_uid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if os.getuid() == 0:
         blocker = tmp_path / "a-file"
         blocker.write_text("")
-        monkeypatch.setattr(idmap, "SLOTS", blocker / "ids")
+        monkeypatch.setattr(hostids, "SLOTS", blocker / "ids")
 
 
 def probes() -> list[psutil.Process]:

@@ -78,13 +78,19 @@ def test_a_default_sandbox_takes_no_more_of_the_hosts_memory_than_its_bounds_at_
             f"{(bound >> 20) + 1024} MiB of available memory (a host with less could not let the hog past the bound)",
             "run it on a host with more free memory",
         )
-        with lowest_available() as lowest:
-            before = lowest[0]
-            r = sb.exec(DEFAULT_HOG, timeout=120)
-        assert r.oom_killed, (r.exit_code, r.stdout, r.stderr)
-        taken = before - lowest[0]
-        assert taken <= bound, (taken // MiB, bound // MiB)
-        assert sb.exec("rm -f /dev/shm/fill /tmp/fill; echo usable").stdout == "usable\n"
+        # Other workers' processes move MemAvailable too, and only ever add to what seems taken; a
+        # jail past its bound is past it every time: the lesser of two runs is judged.
+        taken = []
+        for _ in range(2):
+            with lowest_available() as lowest:
+                before = lowest[0]
+                r = sb.exec(DEFAULT_HOG, timeout=120)
+            assert r.oom_killed, (r.exit_code, r.stdout, r.stderr)
+            taken.append(before - lowest[0])
+            assert sb.exec("rm -f /dev/shm/fill /tmp/fill; echo usable").stdout == "usable\n"
+            if taken[-1] <= bound:
+                break
+        assert min(taken) <= bound, ([t // MiB for t in taken], bound // MiB)
 
 
 @pytest.mark.parametrize("target", ["/tmp/fill", "/dev/shm/fill", "/tmp/a /dev/shm/b"])

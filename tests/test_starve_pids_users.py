@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import require
 
-from jailbox.sandbox import idmap
+from jailbox.sandbox import hostids
 from jailbox.sandbox.limits import budget
 
 # alone: the host's pids budget is shared with every worker's jails
@@ -231,7 +231,7 @@ def test_every_account_computes_parts_that_sum_to_the_budget(tmp_path: Path, mon
     )
     monkeypatch.setattr(budget, "PASSWD", passwd)
     monkeypatch.setattr(budget, "SHELLS", shells)
-    monkeypatch.setattr(idmap, "SUBUID", subuid)
+    monkeypatch.setattr(hostids, "SUBUID", subuid)
     assert budget.accounts() == {"120", "1000", "1002", "ldapuser"}
     for total in (600, 16384, 1_000_003):
         counted = [budget.pids_share(total, uid) for uid in (120, 1000, 1002)]

@@ -19,12 +19,12 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from .. import idmap
+from .. import hostids
 from .. import state as state_dirs
 from ..child.spec import DEV_INODES, DEV_SIZE, PTYS
 from ..errors import ConfigError
 from ..floor import linux as L
-from ..idmap import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
+from ..hostids import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
 from ..limits import budget, cgroups, flight, hostfiles, memory, sockets
 
 Status = Literal["ok", "degraded", "failing"]
@@ -179,24 +179,24 @@ def id_ranges(host: Host) -> Probe:
 
 
 def root_range(host: Host) -> Probe:
-    """Root's jails map the ``jailbox`` subordinate range (``sandbox/idmap.py``); it is allocated
+    """Root's jails map the ``jailbox`` subordinate range (``sandbox/hostids.py``); it is allocated
     on the first jail, so here it is only looked up."""
     name = "id ranges"
     if os.environ.get(RANGE_ENV) is not None:
         try:
-            uid, gid = idmap.root_range()
+            uid, gid = hostids.root_range()
         except ConfigError as exc:
             return Probe(name=name, status="failing", detail=str(exc), fix=f"unset {RANGE_ENV} or correct it")
         return Probe(name=name, status="ok", detail=f"uids {uid}+{ROOT_RANGE}, gids {gid}+{ROOT_RANGE} ({RANGE_ENV})")
     uids = subordinate_range(host.subuid, -1, ROOT_ENTRY)
     gids = subordinate_range(host.subgid, -1, ROOT_ENTRY)
     if uids and gids:
-        pool = [subordinate_range(path, -1, idmap.POOL_ENTRY) for path in (host.subuid, host.subgid)]
+        pool = [subordinate_range(path, -1, hostids.POOL_ENTRY) for path in (host.subuid, host.subgid)]
         try:  # as each jail checks: another entry with ids inside them would share the jails' files
-            idmap.check_given(str(host.subuid), str(host.subgid), ROOT_ENTRY, ROOT_RANGE, (uids[0], gids[0]))
+            hostids.check_given(str(host.subuid), str(host.subgid), ROOT_ENTRY, ROOT_RANGE, (uids[0], gids[0]))
             if pool[0] and pool[1]:
                 first = (pool[0][0], pool[1][0])
-                idmap.check_given(str(host.subuid), str(host.subgid), idmap.POOL_ENTRY, pool[0][1], first)
+                hostids.check_given(str(host.subuid), str(host.subgid), hostids.POOL_ENTRY, pool[0][1], first)
         except ConfigError as exc:
             message = str(exc)
             return Probe(name=name, status="failing", detail=message.split("; fix: ")[0],
@@ -226,9 +226,9 @@ def _own_ids(host: Host) -> str:
     """Whether each root jail gets host ids of its own over the store and state directories."""
     from ..rootfs.store import cache_dir
 
-    refused = idmap.own_ids_refused([str(_existing(cache_dir())), str(_existing(state_dirs.state_dir()))])
+    refused = hostids.own_ids_refused([str(_existing(cache_dir())), str(_existing(state_dirs.state_dir()))])
     if refused is None:
-        return f"each jail: host ids of its own, one of {idmap.POOL_SLOTS} ranges of {idmap.POOL_ENTRY!r}"
+        return f"each jail: host ids of its own, one of {hostids.POOL_SLOTS} ranges of {hostids.POOL_ENTRY!r}"
     return f"jails share that range ({refused}), and with it the counts the kernel keeps per host uid"
 
 
@@ -333,13 +333,13 @@ def _descriptor_charge() -> str:
 def _per_uid_counts(uid: int) -> str:
     """How the counts the kernel keeps per host uid are held: epoll watches (made by each jail's
     maker, ``child/epoll.py``) and descriptors in flight (by the jail's root's uid)."""
-    if not idmap.kernel_at_least(idmap.EPOLL_KERNEL):
+    if not hostids.kernel_at_least(hostids.EPOLL_KERNEL):
         epoll = f"epoll watches: not bounded (Linux {os.uname().release} is older than 5.14)"
-    elif uid == 0 or idmap.full_range_available():
+    elif uid == 0 or hostids.full_range_available():
         epoll = "epoll watches: made by each jail's maker, as a uid no other live jail's maker has"
     else:
         epoll = "epoll watches: not bounded (no subordinate range: a jail maps no id but its root, which is you)"
-    if not idmap.kernel_at_least(flight.FDINFO_KERNEL):
+    if not hostids.kernel_at_least(flight.FDINFO_KERNEL):
         in_flight = f"descriptors in flight: not bounded (Linux {os.uname().release} is older than 5.6)"
     else:
         own = " (per jail where root's jails have host ids of their own)" if uid == 0 else ""

@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..floor import linux as L
-from ..floor import procstat, wire
+from ..floor import procstat, small, wire
 from . import mounts, netns
 from .epoll import EpollMaker
 from .protocol import InitReady, Step, failure, step
@@ -677,9 +677,8 @@ def _slack_of(pid: int) -> int:
 def _proc_int(pid: int, name: str, otherwise: int) -> int:
     """The number in ``/proc/PID/name``, or ``otherwise`` if the process is gone."""
     try:
-        with open(f"/proc/{pid}/{name}", "rb") as f:
-            return int(f.read(32))
-    except (OSError, ValueError):
+        return int(small.read(f"/proc/{pid}/{name}", 32))
+    except ValueError:  # gone (nothing read), or not a number
         return otherwise
 
 

@@ -137,7 +137,7 @@ class JailSpec:
     caps: int  # bit mask of the user namespace's capabilities a command executed as uid 0 holds
     seccomp: SeccompSpec | None  # None: no filter (the host warned)
     userns: bool  # a new user namespace (False only as root, on request)
-    idmap: IdMap  # the user namespace's map, written by the launcher (sandbox/idmap.py plans it)
+    idmap: IdMap  # the user namespace's map, written by the launcher (sandbox/hostids.py plans it)
     # ids of its own (root's jails): the lower's and user binds' ids on disk (the shared range, as
     # "on-disk host count" triples) shown as this jail's, through idmapped mounts; None: as they are
     shown_as: IdMap | None

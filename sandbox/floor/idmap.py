@@ -1,12 +1,14 @@
 """The id map of a user namespace, and writing it for a process that just unshared one.
 
-Runs in the launcher (for each jail's child A) and on the host (for the unpack worker). The map
-itself is planned on the host (``sandbox/idmap.py``); this module only carries and applies it.
-Stdlib only.
+Runs in the launcher (for each jail's child A) and on the host (for the unpack worker; and
+``max_id``, which ids a jail's user and a stored tree's owners may have). The map itself is
+planned on the host (``sandbox/hostids.py``); this module carries it, applies it and answers what
+it holds. Stdlib only.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import asdict, dataclass
 
@@ -17,7 +19,7 @@ HELPERS = (("newuidmap", "uid_map"), ("newgidmap", "gid_map"))
 
 @dataclass(frozen=True)
 class IdMap:
-    """Which host ids a user namespace maps; planned by ``sandbox/idmap.py`` on the host."""
+    """Which host ids a user namespace maps; planned by ``sandbox/hostids.py`` on the host."""
 
     uid_map: str  # "inside outside count" triples, as /proc/PID/uid_map takes them
     gid_map: str  # the same for groups
@@ -27,6 +29,21 @@ class IdMap:
     def host_root(self) -> tuple[int, int]:
         """The host uid and gid that the namespace's root is."""
         return int(self.uid_map.split()[1]), int(self.gid_map.split()[1])
+
+    def triples(self) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+        """The (inside, outside, count) triples of the uid map and of the gid map (on one line or several)."""
+        return _triples(self.uid_map), _triples(self.gid_map)
+
+    def max_id(self) -> int:
+        """The highest id inside the namespace that maps to a host id, for users and groups both
+        (0: a single-id map): the top of what an archive's owners or a jail's user may be."""
+        if os.getuid() == 0:
+            return int(self.uid_map.split()[2]) - 1
+        counts = []
+        for text in (self.uid_map, self.gid_map):
+            fields = [int(x) for x in text.split()]
+            counts.append(max(fields[i] + fields[i + 2] for i in range(0, len(fields), 3)) - 1)
+        return min(counts)
 
     def to_wire(self) -> dict[str, object]:
         return asdict(self)
@@ -40,6 +57,11 @@ class IdMap:
             helper=wire.typed(f, "helper", bool),
             deny_setgroups=wire.typed(f, "deny_setgroups", bool),
         )
+
+
+def _triples(text: str) -> list[tuple[int, int, int]]:
+    words = [int(word) for word in text.split()]
+    return [(words[i], words[i + 1], words[i + 2]) for i in range(0, len(words) - 2, 3)]
 
 
 def write_maps(pid: int, idmap: IdMap) -> None:

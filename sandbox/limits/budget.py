@@ -59,7 +59,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import idmap, state
+from .. import hostids, state
 from ..errors import ConfigError
 from .enforcement import Enforcement, Verdict, held
 
@@ -154,7 +154,7 @@ def caller() -> int:
         return uid
     try:
         with open("/proc/self/uid_map") as f:
-            lines = f.read(idmap.MAX_SUBID_FILE).splitlines()
+            lines = f.read(hostids.MAX_SUBID_FILE).splitlines()
     except OSError:
         return uid
     return next((int(f[1]) for f in (line.split() for line in lines) if len(f) == 3 and f[0] == "0"), uid)
@@ -179,7 +179,7 @@ def accounts() -> frozenset[str]:
     hold): a login shell listed in /etc/shells, or a range in /etc/subuid (by name or uid; jailbox's
     own entries aside). Local files every user reads alike, read bounded; read again only once one
     of them changed (each jail asks)."""
-    files = (PASSWD, SHELLS, Path(idmap.SUBUID))
+    files = (PASSWD, SHELLS, Path(hostids.SUBUID))
     return _accounts(files, tuple(_signature(path) for path in files))
 
 
@@ -205,8 +205,8 @@ def _accounts(files: tuple[Path, Path, Path], _signatures: tuple[tuple[int, int,
         uids[fields[0]] = fields[2]
         if fields[6].strip() in shells:
             found.add(fields[2])
-    for name, _, _ in idmap.entries(subuid):
-        if name not in (idmap.ROOT_ENTRY, idmap.POOL_ENTRY):
+    for name, _, _ in hostids.entries(subuid):
+        if name not in (hostids.ROOT_ENTRY, hostids.POOL_ENTRY):
             found.add(uids.get(name, name))
     return frozenset(found - {"0"})
 

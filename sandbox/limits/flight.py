@@ -36,7 +36,8 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 
-from .. import idmap
+from .. import hostids
+from ..floor import small
 from ..floor.idmap import IdMap
 from . import proc
 from .enforcement import Enforcement, Verdict, held
@@ -189,15 +190,9 @@ def _in_queues(pid: int, most: int) -> tuple[int, int]:
             try:
                 if not os.readlink(entry.path).startswith("socket:"):
                     continue
-                fd = os.open(f"/proc/{pid}/fdinfo/{entry.name}", os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 continue
-            try:
-                info = os.read(fd, 4096)
-            except OSError:
-                continue
-            finally:
-                os.close(fd)
+            info = small.read(f"/proc/{pid}/fdinfo/{entry.name}", 4096)
             at = info.find(b"scm_fds:")
             if at >= 0:
                 with contextlib.suppress(ValueError, IndexError):
@@ -213,7 +208,7 @@ def probed_ids(id_map: IdMap, own: bool, userns: bool) -> tuple[int, int] | None
     them is shared (rootless: yours; as root, root's shared range), which the watcher then probes;
     None where the root is host root (whom the kernel never refuses) or ids of the jail's own."""
     uid, gid = id_map.host_root() if userns else (os.getuid(), os.getgid())
-    if uid == 0 or own or not idmap.kernel_at_least(FDINFO_KERNEL):
+    if uid == 0 or own or not hostids.kernel_at_least(FDINFO_KERNEL):
         return None
     return uid, gid
 
@@ -226,7 +221,7 @@ def plan(id_map: IdMap, own: bool, userns: bool) -> Enforcement:
         return held(
             "in_flight", f"per jail: its root is host uid {uid}, no other jail's, so what it holds refuses only itself"
         )
-    if ids is None and not idmap.kernel_at_least(FDINFO_KERNEL):
+    if ids is None and not hostids.kernel_at_least(FDINFO_KERNEL):
         why = f"Linux {os.uname().release} is older than 5.6, whose sockets show what is in flight"
         return Enforcement("in_flight", Verdict.NOT_BOUNDED, why)
     if ids is None:

@@ -10,7 +10,7 @@ namespace, which the kernel keeps as that namespace's cap.
 
 from __future__ import annotations
 
-from .. import idmap
+from .. import hostids
 from . import budget
 from .enforcement import Enforcement, Verdict, held, unbounded
 
@@ -46,7 +46,7 @@ def plan_budget(pids_budget: int, cgroup: str | None, userns: bool) -> Enforceme
         by.append(
             f"RLIMIT_NPROC={pids_budget} of the user namespace's creator: forks fail while this user has that many, "
             "its own processes on the host included"
-            if idmap.namespace_creator() is None
+            if hostids.namespace_creator() is None
             else f"RLIMIT_NPROC={pids_budget} of the host uid every root jail's user namespace is created as: forks "
             "fail while all root's sandboxes on this host together have that many, whichever process or cgroup made "
             "them"

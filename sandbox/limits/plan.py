@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import idmap
+from .. import hostids
 from ..config import SandboxConfig
 from ..floor.idmap import IdMap
 from . import budget, built, cpus, disk, enforcement, flight, hostfiles, memory, pids, rlimits, scratch, sockets, uids
@@ -36,7 +36,7 @@ class Jail:
     counters: dict[str, int]  # its share of the per-user kernel counters (``budget.claim_counters``)
     id_map: IdMap
     own_ids: bool  # host ids of its own (as root, a slot of the jails' range)
-    maker: idmap.Maker | None  # the id its epoll instances are made as, if one was claimed
+    maker: hostids.Maker | None  # the id its epoll instances are made as, if one was claimed
     made: bool  # whether its filter sends epoll_create to the init's maker
     own_netns: bool  # a network namespace of its own
     proxied: bool  # an ``allow`` jail, served by the proxy

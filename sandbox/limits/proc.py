@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..floor import procstat
+from ..floor import procstat, small
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ROLLUP_KEYS = (b"Pss_Anon:", b"Pss_Shmem:", b"SwapPss:")
@@ -42,23 +42,26 @@ def descendants(tree: dict[int, list[int]], pid: int) -> list[int]:
 
 def statm(pid: int) -> tuple[int, int]:
     """(pages of address space, bytes resident but not file-backed) of ``pid``."""
+    fields = small.read(f"/proc/{pid}/statm", 256).split()
     try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            fields = f.read(256).split()
         return int(fields[0]), max(0, int(fields[1]) - int(fields[2])) * PAGE
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):
         return 0, 0
 
 
 def proportional(pid: int) -> int:
-    """This process's share of anonymous, shared-memory and swapped pages (smaps_rollup), in bytes."""
+    """This process's share of anonymous, shared-memory and swapped pages (smaps_rollup), in bytes;
+    where that cannot be read (nothing read: the kernel always writes its header), its resident
+    anonymous bytes."""
     total = 0
+    rollup = small.read(f"/proc/{pid}/smaps_rollup", 4096)
+    if not rollup:
+        return statm(pid)[1]
     try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            for line in f.read(4096).splitlines():
-                if line.startswith(ROLLUP_KEYS):
-                    total += int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        for line in rollup.splitlines():
+            if line.startswith(ROLLUP_KEYS):
+                total += int(line.split()[1]) * 1024
+    except (ValueError, IndexError):
         return statm(pid)[1]
     return total
 
@@ -134,7 +137,6 @@ def mapped_files(pid: int) -> int:
 def map_count_max() -> int:
     """vm.max_map_count: the most mappings one process may hold."""
     try:
-        with open(MAP_COUNT, "rb") as f:
-            return int(f.read(64))
-    except (OSError, ValueError):
+        return int(small.read(MAP_COUNT, 64))
+    except ValueError:  # unreadable (nothing read), or not a number
         return 65530

@@ -23,7 +23,7 @@ with CAP_NET_ADMIN in its namespace could address the netlink socket. The socket
 the kernel (nothing else can deliver to it) and every batch's sender is checked; reads never
 block; a count stops once past the caller's bound, ``MAX_SOCKETS`` or ``DUMP_TIME``, and what is
 left of a dump is drained (not parsed) on later calls, at most ``DRAIN_BYTES`` at a time; every
-length is checked against what was received. Stdlib only.
+length is checked against what was received. Stdlib and the floor only.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
+
+from ..floor import small
 
 SOCK_DIAG_BY_FAMILY = 20
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
@@ -97,9 +99,8 @@ INET_SOCKET_OBJECT = 3584
 
 def _default_send_buffer() -> int:
     try:
-        with open("/proc/sys/net/core/wmem_default", "rb") as f:
-            return max(4096, int(f.read(64)))
-    except (OSError, ValueError):
+        return max(4096, int(small.read("/proc/sys/net/core/wmem_default", 64)))
+    except ValueError:  # unreadable (nothing read), or not a number
         return 212992
 
 

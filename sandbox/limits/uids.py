@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .. import idmap
+from .. import hostids
 from ..floor.idmap import IdMap
 from .enforcement import Enforcement, Verdict, held
 
@@ -31,8 +31,8 @@ def plan_host_ids(id_map: IdMap, own: bool, userns: bool, epoll_made: bool) -> E
     elif os.getuid() == 0:
         how = (
             f"shared: host uid {uid} and the ids after it, every root jail's that has no range of its own "
-            f"(a filesystem without idmapped mounts, a kernel before 6.3, {idmap.RANGE_ENV} set, no "
-            f"{idmap.SLOTS} for the locks, or all {idmap.POOL_SLOTS} ranges in use); {counted}, so with those jails"
+            f"(a filesystem without idmapped mounts, a kernel before 6.3, {hostids.RANGE_ENV} set, no "
+            f"{hostids.SLOTS} for the locks, or all {hostids.POOL_SLOTS} ranges in use); {counted}, so with those jails"
         )
     else:
         how = f"yours: the jail's root is host uid {uid}; {counted}, so with your own processes"
@@ -40,7 +40,7 @@ def plan_host_ids(id_map: IdMap, own: bool, userns: bool, epoll_made: bool) -> E
 
 
 def plan_epoll(
-    id_map: IdMap, own: bool, userns: bool, seccomp: bool, claimed: idmap.Maker | None, made: bool
+    id_map: IdMap, own: bool, userns: bool, seccomp: bool, claimed: hostids.Maker | None, made: bool
 ) -> Enforcement:
     """Whose count the jail's epoll watches take: the maker's (``claimed``, and ``made`` by the
     filter), else each id's own."""
@@ -49,10 +49,11 @@ def plan_epoll(
         if own:
             whose = "this jail's own"
         elif claimed.own:
-            whose = f"no other live jail's maker's: a slot of {idmap.MAKER_DIR} in the state directory"
+            whose = f"no other live jail's maker's: a slot of {hostids.MAKER_DIR} in the state directory"
         else:
             whose = (
-                f"shared with other jails: all {idmap.MAKER_SLOTS} slots in the state directory held, or no place there"
+                f"shared with other jails: all {hostids.MAKER_SLOTS} slots in the state directory held, "
+                "or no place there"
             )
         return held(
             "epoll",
@@ -67,7 +68,7 @@ def plan_epoll(
     elif claimed is None:
         why = (
             f"Linux {os.uname().release} is older than 5.14"
-            if not idmap.kernel_at_least(idmap.EPOLL_KERNEL)
+            if not hostids.kernel_at_least(hostids.EPOLL_KERNEL)
             else "the jail maps no id but its root (idmap='single', or rootless without a subordinate range)"
         )
     else:

@@ -13,6 +13,7 @@ from .slirp import Slirp
 
 if TYPE_CHECKING:  # the proxy is imported by the modes that use it: exec with --network none never loads it
     from .proxy import NetworkLogEntry, Tenant
+    from .secrets import Vault
 
 PROXY_PORT = 3128
 PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
@@ -26,8 +27,9 @@ class Mode:
 
     The default is a mode of its own namespace with nothing in it but loopback (``none``)."""
 
-    def __init__(self, policy: NetworkPolicy) -> None:
+    def __init__(self, policy: NetworkPolicy, vault: Vault | None = None) -> None:
         self.policy = policy
+        self.vault = vault  # the sandbox's secrets (allow only: config validation sees to it)
 
     def child_spec(self, userns: bool) -> NetSpec:
         """What the init does in the jail's namespace (``child/netns.py``), and which descriptors it
@@ -93,7 +95,7 @@ class AllowNetwork(Mode):
         (listener,) = fds
         from .proxy import PROXY
 
-        return Network(tenant=PROXY.attach(sandbox_id, listener, self.policy))
+        return Network(tenant=PROXY.attach(sandbox_id, listener, self.policy, self.vault))
 
 
 class FullNetwork(Mode):
@@ -105,10 +107,18 @@ class FullNetwork(Mode):
     def child_spec(self, userns: bool) -> NetSpec:
         return NetSpec(
             new_netns=True,
-            proxy_port=0,
+            proxy_port=PROXY_PORT if self.vault is not None else 0,  # the secrets' way out (``env``)
             namespaces=("net", "user") if userns else ("net",),  # slirp4netns joins the user namespace too
             unreachable=tuple(blocked_routes(self.policy.lan, SLIRP_NET)),
         )
+
+    def env(self) -> dict[str, str]:
+        """With secrets, HTTPS goes through the proxy, which adds them for their hosts and lets
+        everything else through as ``full`` does (no loopback, LAN or host address but ``lan``'s);
+        a client that ignores the variables reaches its host directly, with the placeholder."""
+        if self.vault is None:
+            return {}
+        return {"https_proxy": PROXY_URL, "HTTPS_PROXY": PROXY_URL, "no_proxy": NO_PROXY, "NO_PROXY": NO_PROXY}
 
     def files(self, generated: dict[str, str]) -> dict[str, str]:
         extra = "".join(f"{addr}\t{name}\n" for name, addr in self.policy.hosts.items())
@@ -119,15 +129,28 @@ class FullNetwork(Mode):
         }
 
     def attach(self, sandbox_id: str, fds: list[int], timeout: float) -> Network:
-        return Network(slirp=Slirp(fds, self.policy.publish, self.policy.lan, timeout))
+        if self.vault is None:
+            return Network(slirp=Slirp(fds, self.policy.publish, self.policy.lan, timeout))
+        from .proxy import PROXY
+
+        listener, *namespaces = fds
+        anywhere = NetworkPolicy.model_construct(  # full's reach, as the proxy's rules: every name, every port
+            mode="allow", allow=("*:*", *(str(net) for net in self.policy.lan)), deny=(), hosts=self.policy.hosts
+        )
+        tenant = PROXY.attach(sandbox_id, listener, anywhere, self.vault)
+        try:
+            return Network(tenant=tenant, slirp=Slirp(namespaces, self.policy.publish, self.policy.lan, timeout))
+        except BaseException:
+            PROXY.detach(tenant)
+            raise
 
 
 MODES: dict[str, type[Mode]] = {"none": NoNetwork, "host": HostNetwork, "allow": AllowNetwork, "full": FullNetwork}
 
 
-def for_policy(policy: NetworkPolicy) -> Mode:
+def for_policy(policy: NetworkPolicy, vault: Vault | None = None) -> Mode:
     """The one place the mode name is looked at."""
-    return MODES[policy.mode](policy)
+    return MODES[policy.mode](policy, vault)
 
 
 class Network:

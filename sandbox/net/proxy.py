@@ -30,15 +30,19 @@ import concurrent.futures
 import ipaddress
 import os
 import socket
+import ssl
 import threading
 import time
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import SandboxSetupError
 from .policy import IPAddress, NetworkPolicy, Rules, normalize_host
+
+if TYPE_CHECKING:
+    from .secrets import Vault
 
 CHUNK = 16 * 1024
 HIGH_WATER = 32 * 1024
@@ -110,8 +114,9 @@ class _Record:
 class Tenant:
     """One sandbox as the proxy sees it: its rules, its listener, its connections, its log."""
 
-    def __init__(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+    def __init__(self, sandbox_id: str, policy: NetworkPolicy, vault: Vault | None = None) -> None:
         self.id = sandbox_id
+        self.vault = vault  # its secrets: CONNECTs to their hosts end here (``secrets.py``)
         self.rules = Rules(policy.allow, policy.deny)
         self.hosts = {name: ipaddress.ip_address(str(addr)) for name, addr in policy.hosts.items()}
         self.log: collections.deque[_Record] = collections.deque(maxlen=LOG_LIMIT)
@@ -227,8 +232,8 @@ def _authority(text: str, default_port: int | None) -> tuple[str, int, IPAddress
         raise _BadRequest(f"{host!r} is not a host name") from None
 
 
-def parse_head(head: bytes) -> _Request:
-    """The request line and headers of one proxy request (``head`` ends with an empty line)."""
+def _split_head(head: bytes) -> tuple[str, str, str, list[tuple[str, str]]]:
+    """(method, target, version, headers) of a request head ending with an empty line."""
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -242,6 +247,12 @@ def parse_head(head: bytes) -> _Request:
         if not sep or not name or name != name.strip():
             raise _BadRequest("malformed header line")
         headers.append((name, value.strip()))
+    return method, target, version, headers
+
+
+def parse_head(head: bytes) -> _Request:
+    """The request line and headers of one proxy request (``head`` ends with an empty line)."""
+    method, target, version, headers = _split_head(head)
     if method == "CONNECT":
         host, port, literal = _authority(target, None)
         return _Request(method, host, port, literal, None)
@@ -258,7 +269,30 @@ def parse_head(head: bytes) -> _Request:
     return _Request(method, host, port, literal, forward.encode("latin-1"), _body_of(headers))
 
 
-def _check_host_header(headers: list[tuple[str, str]], host: str, port: int) -> None:
+def parse_inner(head: bytes, host: str, port: int, vault: Vault) -> tuple[bytes, _Body, list[str]]:
+    """One request inside TLS the proxy ended for ``host`` (a secret's): the head to send the real
+    server, with the secrets bound to ``host`` in place of their placeholders, where its body ends,
+    and the names of the secrets put in. Origin-form only, with a ``Host`` naming ``host``."""
+    method, target, version, headers = _split_head(head)
+    if not target.startswith("/"):
+        raise _BadRequest(f"inside TLS to {host}, a request names a path, not {target[:64]!r}")
+    if not any(n.lower() == "host" for n, _ in headers):
+        raise _BadRequest("a request without a Host header")
+    _check_host_header(headers, host, port, default_port=443)
+    body = _body_of(headers)
+    kept = [(n, v) for n, v in headers if n.lower() not in HOP_BY_HOP and n.lower() != "host"]
+    swapped, used = vault.swap(host, kept)
+    authority = host if port == 443 else f"{host}:{port}"
+    lines = [
+        f"{method} {target} {version}",
+        f"Host: {authority}",
+        *(f"{n}: {v}" for n, v in swapped),
+        "Connection: close",
+    ]
+    return ("\r\n".join([*lines, "", ""])).encode("latin-1"), body, used
+
+
+def _check_host_header(headers: list[tuple[str, str]], host: str, port: int, default_port: int = 80) -> None:
     """The server answers for the ``Host`` header, not for the URL the rules were checked on: they must
     name the same place (the proxy then sends the URL's own ``Host``)."""
     given = [v for n, v in headers if n.lower() == "host"]
@@ -266,7 +300,7 @@ def _check_host_header(headers: list[tuple[str, str]], host: str, port: int) -> 
         raise _BadRequest("more than one Host header")
     if given:
         try:
-            named = _authority(given[0], 80)[:2]
+            named = _authority(given[0], default_port)[:2]
         except _BadRequest:
             raise _BadRequest(f"bad Host header {given[0]!r}") from None
         if named != (host, port):
@@ -287,6 +321,12 @@ def _body_of(headers: list[tuple[str, str]]) -> _Body:
     return _Body(int(next(iter(lengths))) if lengths else 0)
 
 
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"its certificate is not trusted here ({exc.verify_message})"
+    return getattr(exc, "strerror", None) or str(exc) or "timed out"
+
+
 def _response(status: int, phrase: str, message: str) -> bytes:
     body = f"jailbox proxy: {message}\n".encode(errors="replace")
     head = (
@@ -305,6 +345,7 @@ class _Side(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.view = memoryview(bytearray(CHUNK))
         self.eof = False
+        self.tls = False  # TLS ended here (``_Conn.end_tls``) or spoken to the real server
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -324,7 +365,7 @@ class _Side(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self.eof = True
         self.conn.eof(self)
-        return True
+        return not self.tls  # half-close where TCP has it; TLS has none, and closes its transport itself
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn.lost(self)
@@ -353,6 +394,7 @@ class _Conn:
         self.body: _Body | None = None
         self.body_overrun = False
         self.moved = 0.0  # loop time a byte last moved through the relay
+        self.inner: tuple[_Request, list[IPAddress]] | None = None  # TLS ended here: the CONNECT, its addresses
 
     def accepted(self) -> None:
         p = self.proxy
@@ -397,13 +439,16 @@ class _Conn:
             self.tenant.record("-", "", 0, "denied", "request head too large")
             self.reply(431, "Request Header Fields Too Large", f"request head over {HEAD_LIMIT} bytes")
             return
+        if self.inner is not None and not self.client.tls:
+            return  # TLS with the jail is still being set up: ``end_tls`` reads it then
         assert self.client.transport is not None
         self.client.transport.pause_reading()
         if self.timer is not None:
             self.timer.cancel()
         head, extra = bytes(self.head[: end + 4]), bytes(self.head[end + 4 :])
         self.head = bytearray()
-        self.task = asyncio.get_running_loop().create_task(self.open(head, extra))
+        opening = self.open(head, extra) if self.inner is None else self.open_inner(head, extra)
+        self.task = asyncio.get_running_loop().create_task(opening)
 
     async def open(self, head: bytes, extra: bytes) -> None:
         try:
@@ -430,37 +475,59 @@ class _Conn:
             else:
                 self.reply(403, "Forbidden", f"{req.method} {req.host}:{req.port} refused: {reason}")
             return
+        vault = self.tenant.vault
+        if req.forward is None and vault is not None and vault.binds(req.host):
+            await self.end_tls(req, candidates, extra, vault)
+            return
+        if not await self.connect(req, candidates):
+            return
+        assert self.server is not None and self.server.transport is not None and self.client.transport is not None
+        self.start_relay(req.body, head if req.forward is not None else b"", req.forward, extra)
+
+    async def connect(self, req: _Request, candidates: list[IPAddress], tls: ssl.SSLContext | None = None) -> bool:
+        """Connect ``self.server`` to the first of ``candidates`` that answers (TLS verified for
+        ``req.host`` with ``tls``); else reply 502 and return False."""
+        assert self.record is not None
         error = ""
         for addr in candidates:
             side = _Side(self, upstream=True)
+            side.tls = tls is not None
 
             def protocol(side: _Side = side) -> _Side:
                 return side
 
             try:
                 loop = asyncio.get_running_loop()
-                await asyncio.wait_for(loop.create_connection(protocol, str(addr), req.port), CONNECT_TIMEOUT)
+                made = loop.create_connection(
+                    protocol, str(addr), req.port, ssl=tls, server_hostname=None if tls is None else req.host
+                )
+                await asyncio.wait_for(made, CONNECT_TIMEOUT)
             except (OSError, asyncio.TimeoutError) as exc:
-                error = f"connecting to {addr} port {req.port}: {getattr(exc, 'strerror', None) or 'timed out'}"
+                error = f"connecting to {addr} port {req.port}: {_why(exc)}"
                 continue
             if self.closed:
                 assert side.transport is not None
                 side.transport.abort()
-                return
+                return False
             self.server = side
             break
         if self.server is None or self.server.transport is None or self.client.transport is None:
             self.record.verdict, self.record.reason = "failed", error
             self.reply(502, "Bad Gateway", error)
-            return
+            return False
+        return True
+
+    def start_relay(self, body: _Body | None, head: bytes, forward: bytes | None, extra: bytes) -> None:
+        assert self.server is not None and self.server.transport is not None and self.client.transport is not None
+        assert self.record is not None
         self.relaying = True
-        self.body = req.body
+        self.body = body
         self.moved = asyncio.get_running_loop().time()
         self.idle_check()
-        if req.forward is None:
+        if forward is None:
             self.client.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
-            self.server.transport.write(req.forward)
+            self.server.transport.write(forward)
             self.record.sent += len(head)
         if extra:
             self.received(self.client, extra)
@@ -468,6 +535,55 @@ class _Conn:
             self.eof(self.client)
         self.client.transport.resume_reading()
         self.server.transport.resume_reading()
+
+    async def end_tls(self, req: _Request, candidates: list[IPAddress], extra: bytes, vault: Vault) -> None:
+        """A CONNECT to a host a secret is bound to: TLS with the jail ends here, under a certificate of
+        the sandbox's CA for that name; the request inside is read next (``open_inner``)."""
+        assert self.client.transport is not None and self.record is not None
+        if extra:  # bytes before the 200: nothing a TLS client sends, and never relayed unread
+            self.record.verdict, self.record.reason = "denied", "bytes sent before the tunnel was open"
+            self.reply(400, "Bad Request", "send nothing after CONNECT until its 200")
+            return
+        self.client.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        loop = asyncio.get_running_loop()
+        # the request may come in the same read as the handshake's end, before start_tls returns:
+        # it is kept in ``head`` from here, and read once the transport is the TLS one
+        self.inner, self.task = (req, candidates), None
+        try:
+            context = vault.server_context(req.host)
+            tls = await asyncio.wait_for(
+                loop.start_tls(self.client.transport, self.client, context, server_side=True), HEAD_TIMEOUT
+            )
+        except (OSError, ValueError, asyncio.TimeoutError) as exc:
+            self.record.verdict, self.record.reason = "failed", f"TLS with the jail for {req.host}: {_why(exc)}"
+            self.abort()
+            return
+        if self.closed or tls is None:
+            return
+        tls.set_write_buffer_limits(high=HIGH_WATER)
+        self.client.transport, self.client.tls = tls, True
+        self.timer = loop.call_later(HEAD_TIMEOUT, self.close)
+        early, self.head = bytes(self.head), bytearray()
+        if early:
+            self.received(self.client, early)
+
+    async def open_inner(self, head: bytes, extra: bytes) -> None:
+        """The request inside TLS ended here: checked, its secrets put in, sent over TLS to the real
+        server (verified against the host's trust store), one request per connection."""
+        assert self.inner is not None and self.tenant.vault is not None
+        req, candidates = self.inner
+        try:
+            forward, body, used = parse_inner(head, req.host, req.port, self.tenant.vault)
+        except _BadRequest as exc:
+            self.tenant.record("-", req.host, req.port, "denied", str(exc))
+            self.reply(400, "Bad Request", str(exc))
+            return
+        method = head.split(b" ", 1)[0].decode("latin-1")
+        reason = "TLS ended at the proxy; " + (f"secrets {', '.join(used)} added" if used else "no secret in it")
+        self.record = self.tenant.record(method, req.host, req.port, "allowed", reason)
+        if not await self.connect(req, candidates, self.tenant.vault.upstream):
+            return
+        self.start_relay(body, forward, forward, extra)
 
     def idle_check(self) -> None:
         """Cut the relay once nothing has moved for ``idle_timeout`` seconds; else look again then."""
@@ -592,14 +708,14 @@ class Proxy:
         self.refused_over_limit = 0
         self.peak_buffer = 0
 
-    def attach(self, sandbox_id: str, listener_fd: int, policy: NetworkPolicy) -> Tenant:
+    def attach(self, sandbox_id: str, listener_fd: int, policy: NetworkPolicy, vault: Vault | None = None) -> Tenant:
         """Serve ``listener_fd`` (a listening TCP socket inside the jail) with ``policy``; takes the fd."""
         listener = socket.socket(fileno=listener_fd)
         try:
             if listener.type != socket.SOCK_STREAM or not listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                 raise SandboxSetupError("the jail's init handed over something that is not a listening TCP socket")
             listener.setblocking(False)
-            tenant = Tenant(sandbox_id, policy)
+            tenant = Tenant(sandbox_id, policy, vault)
             with self._lock:
                 if self._loop is None or self._pid != os.getpid():
                     self._start()

@@ -176,12 +176,12 @@ def _host_ca() -> Path | None:
 def _mode() -> str:
     if os.getuid() == 0:
         return "root"
-    from .. import idmap
+    from .. import hostids
 
-    if not idmap.full_range_available():
+    if not hostids.full_range_available():
         raise RootfsBuildError(
             "a rootless build needs this user's subordinate ids (mmdebstrap --mode=unshare); fix: "
-            f"sudo apt-get install uidmap && {idmap.subuid_fix(os.environ.get('USER') or str(os.getuid()))}"
+            f"sudo apt-get install uidmap && {hostids.subuid_fix(os.environ.get('USER') or str(os.getuid()))}"
         )
     return "unshare"
 

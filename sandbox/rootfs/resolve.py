@@ -83,10 +83,6 @@ def apply_image(config: SandboxConfig, entry: Entry | None) -> SandboxConfig:
         if workdir and workdir not in RESERVED_WORKDIRS:
             update["workdir"] = workdir
     if "user" not in config.model_fields_set and image.user and image.user not in ROOT_USERS:
-        from . import unpack
-
-        if (
-            entry.idmap and unpack.max_id(IdMap.from_wire(entry.idmap)) > 0
-        ):  # a flattened tree (no subordinate ids): all root
+        if entry.idmap and IdMap.from_wire(entry.idmap).max_id() > 0:  # a flattened tree (no subordinate ids): all root
             update["user"] = image.user
     return config.model_copy(update=update) if update else config

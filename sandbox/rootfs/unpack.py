@@ -9,11 +9,11 @@ API (all raise ``UnsafeArchive`` naming the member for a refused member, ``Rootf
 - ``extract_layers(paths, dest)``: OCI/Docker layer blobs in order, with whiteouts.
 - ``rmtree(path)``, ``du(path)``: for trees owned by subordinate ids.
 
-Owners: files get the archive's ids as the jail will see them (``max_id`` from the jail's default
-map, ``idmap.plan("auto")``). Without subordinate ids (a single-id map) everything belongs to the
-user, i.e. to root inside. As host root the extraction runs in that map too (``0 R 65536``): the
-tree, its top directory included, is owned R.. on the host. See ``untar`` for what is refused and
-why setuid bits are kept.
+Owners: files get the archive's ids as the jail will see them (up to ``IdMap.max_id`` of the
+jail's default map, ``hostids.plan("auto")``). Without subordinate ids (a single-id map)
+everything belongs to the user, i.e. to root inside. As host root the extraction runs in that map
+too (``0 R 65536``): the tree, its top directory included, is owned R.. on the host. See ``untar``
+for what is refused and why setuid bits are kept.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from .. import idmap
+from .. import hostids
 from ..errors import RootfsError, UnsafeArchive
 from ..floor import boot
 from ..floor.idmap import IdMap, write_maps
@@ -36,18 +36,7 @@ from ..limits import IMAGE_ENTRIES_MAX, IMAGE_MEMBER_MAX, IMAGE_TOTAL_MAX
 
 def jail_map() -> IdMap:
     """The id map of a default jail (``idmap="auto"``): what stored trees are owned for."""
-    return idmap.plan("auto")
-
-
-def max_id(plan: IdMap) -> int:
-    """Highest id inside the namespace that maps to a host id (0: a single-id map)."""
-    if os.getuid() == 0:
-        return int(plan.uid_map.split()[2]) - 1
-    counts = []
-    for text in (plan.uid_map, plan.gid_map):
-        fields = [int(x) for x in text.split()]
-        counts.append(max(fields[i] + fields[i + 2] for i in range(0, len(fields), 3)) - 1)
-    return min(counts)
+    return hostids.plan("auto")
 
 
 def extract_tar(
@@ -92,7 +81,7 @@ def du(path: str | Path) -> dict:
 
 def _extract(sources: list[dict], dest: str | Path, layer: bool, limits: dict, stream: IO[bytes] | None) -> dict:
     plan = jail_map()
-    top = max_id(plan)
+    top = plan.max_id()
     if os.getuid() == 0:  # the tree is the jail's /: its root's, and writable by the worker as that root
         os.chown(dest, *plan.host_root(), follow_symlinks=False)
     req = {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..floor import linux as L
-from ..idmap import subuid_fix
+from ..hostids import subuid_fix
 
 MAX_DB = 4 << 20
 

@@ -17,7 +17,12 @@ class SeccompPolicy(BaseModel):
     """Which syscalls a jail may make, by name. The default is Docker's default profile.
 
     ``default``: what happens to a syscall in neither list. ``deny`` wins over ``allow``. Refused
-    calls fail with ``errno`` and are reported by name in each ``ExecResult``. Every policy keeps
+    calls fail with ``errno``; each ``ExecResult`` names them (``refused_syscalls``) where the jail's
+    init lives under the policy: ``default="allow"`` with none of the init's own calls denied. A
+    policy the init cannot live under (``default="deny"``, say) is installed by each command's own
+    child before it runs, and its refusals are not named. A runtime's essentials left out of
+    ``allow`` (``mmap``, ``futex``, ...) end programs as they end anywhere such a call fails:
+    often by SIGSEGV or SIGABRT, not by an error message. Every policy keeps
     the jail's argument rules (``clone`` with namespace flags, AF_ALG/AF_VSOCK/NETLINK_USERSOCK sockets, TIOCSTI,
     ``prctl(PR_SET_TIMERSLACK)``).
     """

@@ -1,4 +1,5 @@
-"""The E2B control plane over HTTP: create, list, get, kill, set the timeout of, and connect to sandboxes.
+"""The E2B control plane over HTTP: create, list, get, kill, set the timeout of, connect to (resuming),
+pause, fork and snapshot sandboxes; list and delete snapshots.
 
 Runs in the serving host process, on a request's thread. Every request needs an API key
 (``X-API-Key``); a missing or unknown one is 401 before anything else is looked at, and a sandbox of
@@ -18,12 +19,16 @@ from email.message import Message
 from ..keys import Keys
 from . import envd
 from .httpd import Request, Response
-from .registry import Registry, Served, ServeError
+from .registry import Kept, Registry, Served, ServeError
 
 CLIENT_ID = "jailbox"
 SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([A-Za-z0-9_-]{1,64})(/[a-z]+)?$")
 ENVD_HOST = re.compile(r"^\d{1,5}-([a-z0-9]{1,64})\.")
 MAX_LIST = 1000
+MAX_SNAPSHOT_PAGE = 100
+"""Snapshots one list page holds at most (E2B's own cap)."""
+MAX_REF = 256
+"""Characters of a snapshot id or name in a path or query, checked before it is looked up."""
 MAX_JSON = 1 << 20
 
 
@@ -51,7 +56,10 @@ def created(served: Served) -> dict:
 
 
 def detail(served: Served) -> dict:
-    return {
+    """``GET /sandboxes/{id}`` and a list's entries: ``state`` paused or running, and how it was paused
+    (``pauseMode``: full, its processes kept, or filesystem)."""
+    extra: dict[str, object] = {"pauseMode": served.pause_mode} if served.paused else {}
+    return extra | {
         "templateID": served.template,
         "alias": served.template,
         "sandboxID": served.id,
@@ -62,8 +70,9 @@ def detail(served: Served) -> dict:
         "cpuCount": int(served.sandbox.config.limits.cpus or 1),
         "memoryMB": (served.sandbox.config.limits.memory or 0) >> 20,
         "diskSizeMB": (served.sandbox.config.limits.disk or 0) >> 20,
-        "state": "running",
+        "state": "paused" if served.paused else "running",
         "metadata": served.metadata,
+        "lifecycle": {"autoResume": served.auto_resume, "onTimeout": "pause" if served.auto_pause else "kill"},
     }
 
 
@@ -120,6 +129,17 @@ class ControlPlane:
 
     def _route(self, owner: str, request: Request) -> Response:
         method, path = request.method, request.path
+        if path == "/snapshots" and method == "GET":
+            return self._snapshots(owner, request)
+        if path.startswith("/templates/") and method == "DELETE":
+            try:
+                ref = urllib.parse.unquote(path[len("/templates/") :], errors="strict")
+            except UnicodeDecodeError:
+                ref = ""
+            if not ref or len(ref) > MAX_REF or "\0" in ref:
+                raise ServeError(400, f"the snapshot id must be 1 to {MAX_REF} characters, e.g. snap-0123456789ab")
+            self.registry.delete_snapshot(owner, ref)
+            return Response(204)
         if path in ("/sandboxes", "/v2/sandboxes"):
             if method == "POST":
                 return _json(201, created(self.registry.create(owner, self._body(request))))
@@ -142,23 +162,87 @@ class ControlPlane:
             return Response(204)
         if action in ("/connect", "/resume") and method == "POST":
             body = self._body(request)
-            served = self.registry.get(owner, sandbox_id)
-            if body.get("timeout") is not None:
-                served = self.registry.set_timeout(owner, sandbox_id, body["timeout"], extend_only=True)
-            return _json(200, created(served))
+            _flag(body, "memory", None, "")
+            served, resumed = self.registry.connect(owner, sandbox_id, body.get("timeout"), body.get("memory") is False)
+            return _json(201 if resumed else 200, created(served))
+        if action == "/pause" and method == "POST":
+            body = self._body(request)
+            _flag(body, "memory", None, "")
+            _flag(body, "requireHealthyGuest", None, "")
+            if self.registry.pause(owner, sandbox_id, body.get("memory") is not False):
+                return Response(204)
+            return error(409, f"sandbox {sandbox_id} is already paused")
+        if action == "/snapshots" and method == "POST":
+            body = self._body(request)
+            _flag(body, "memory", False, "a snapshot keeps the filesystem, not processes (mode='filesystem')")
+            kept = self.registry.snapshot(owner, sandbox_id, body.get("name"))
+            return _json(201, _snapshot_info(kept))
+        if action == "/fork" and method == "POST":
+            body = self._body(request)
+            children = self.registry.fork(owner, sandbox_id, body.get("count"), body.get("timeout"))
+            return _json(
+                201,
+                [
+                    {"error": {"code": c.status, "message": c.message}}
+                    if isinstance(c, ServeError)
+                    else {"sandbox": created(c)}
+                    for c in children
+                ],
+            )
         self.registry.get(owner, sandbox_id)  # another key's sandbox stays not found
-        return error(501, f"{method} {path} is not served by jailbox (pause, snapshots, metrics and logs are not)")
+        return error(501, f"{method} {path} is not served by jailbox (metrics and logs are not)")
+
+    def _snapshots(self, owner: str, request: Request) -> Response:
+        """``GET /snapshots``: the key's snapshots, newest first, by ``sandboxID`` and ``name``, paged."""
+        sandbox_id, name = request.arg("sandboxID"), request.arg("name")
+        for field, value in (("sandboxID", sandbox_id), ("name", name)):
+            if value is not None and not 1 <= len(value) <= MAX_REF:
+                raise ServeError(400, f"{field} must be 1 to {MAX_REF} characters, e.g. {field}=jb0123")
+        try:
+            limit = int(request.arg("limit") or MAX_SNAPSHOT_PAGE)
+            start = int(request.arg("nextToken") or 0)
+        except ValueError:
+            raise ServeError(400, "limit and nextToken must be whole numbers, e.g. limit=100") from None
+        if not 1 <= limit <= MAX_SNAPSHOT_PAGE or start < 0:
+            raise ServeError(
+                400, f"limit must be 1..{MAX_SNAPSHOT_PAGE} and nextToken what a page gave, e.g. limit=100"
+            )
+        kept = [
+            k
+            for k in self.registry.snapshots(owner)
+            if (sandbox_id is None or k.sandbox_id == sandbox_id) and (name is None or name in (k.id, k.name))
+        ]
+        page = kept[start : start + limit]
+        headers = {"x-next-token": str(start + limit)} if start + limit < len(kept) else {}
+        return _json(200, [_snapshot_info(k) for k in page], headers)
 
     def _list(self, owner: str, request: Request) -> Response:
         wanted: dict[str, str] = {}
         if request.arg("metadata"):
             wanted = dict(urllib.parse.parse_qsl(request.arg("metadata") or "", max_num_fields=64))
-        state = request.arg("state")
-        if state and "running" not in state.split(","):
-            return _json(200, [])
-        everyone = sorted(self.registry.list(owner), key=lambda s: (s.started, s.id))
-        if request.arg("order") == "desc":
-            everyone.reverse()
+        states = set((request.arg("state") or "running,paused").split(","))
+        if not states <= {"running", "paused"}:
+            raise ServeError(400, "state must be running, paused or both, e.g. state=running,paused")
+        order = request.arg("order") or "desc"
+        if order not in ("asc", "desc"):
+            raise ServeError(400, "order must be asc or desc (by start time), e.g. order=desc")
+        after = None
+        if request.arg("startedAfter"):
+            try:
+                after = datetime.fromisoformat(request.arg("startedAfter") or "")
+            except ValueError:
+                raise ServeError(400, "startedAfter must be an ISO 8601 time, e.g. 2026-01-31T12:00:00Z") from None
+            if after.tzinfo is None:
+                raise ServeError(400, "startedAfter must name its time zone, e.g. 2026-01-31T12:00:00Z")
+        template = request.arg("template")
+        everyone = sorted(self.registry.list(owner), key=lambda s: (s.started, s.id), reverse=order == "desc")
+        everyone = [
+            s
+            for s in everyone
+            if ("paused" if s.paused else "running") in states
+            and (after is None or s.started >= after)
+            and (template is None or s.template == template)
+        ]
         everyone = [s for s in everyone if all(s.metadata.get(k) == v for k, v in wanted.items())]
         try:
             limit = min(MAX_LIST, max(1, int(request.arg("limit") or 100)))
@@ -168,3 +252,18 @@ class ControlPlane:
         page = everyone[start : start + limit]
         headers = {"x-next-token": str(start + limit)} if start + limit < len(everyone) else {}
         return _json(200, [detail(s) for s in page], headers)
+
+
+def _flag(body: dict, name: str, only: bool | None, why: str) -> None:
+    """A boolean field of a request: absent, or a bool (equal to ``only`` when that is given)."""
+    value = body.get(name)
+    if value is None:
+        return
+    if not isinstance(value, bool):
+        raise ServeError(400, f'{name} must be true or false, e.g. {{"{name}": true}}')
+    if only is not None and value != only:
+        raise ServeError(400, f"{name}: {value} is not served by jailbox: {why}")
+
+
+def _snapshot_info(kept: Kept) -> dict:
+    return {"snapshotID": kept.id, "names": [kept.name] if kept.name else []}

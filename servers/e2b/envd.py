@@ -2,7 +2,8 @@
 
 Runs in the serving host process, on a request's thread. A request names its sandbox (header or
 host) and carries that sandbox's access token (``X-Access-Token``); without the right token it is
-answered exactly as a sandbox that does not exist, so ids cannot be probed. Served: the Connect RPC
+answered exactly as a sandbox that does not exist, so ids cannot be probed; so is a paused sandbox,
+unless it was made to resume on traffic (``autoResume``), which such a request resumes. Served: the Connect RPC
 process service (start with or without a PTY, connect, list, send input, resize, signal, close
 stdin) and filesystem service (stat, list, make dir, move, remove, polled and streamed directory
 watches), and the HTTP ``/files`` download and upload (streamed to the jail a chunk at a time; a
@@ -55,7 +56,7 @@ def _http_error(status: int, message: str) -> Response:
 
 
 def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
-    served = registry.by_token(sandbox_id, request.header("X-Access-Token"))
+    served = registry.by_token(sandbox_id, request.header("X-Access-Token"), wake=True)
     path = request.path
     if served is None:
         missing = NOT_FOUND.format(sandbox_id[:64])

@@ -19,7 +19,9 @@ tenant, ``KEEP_ALIVE`` seconds for a proven connection's next request to arrive 
 (declared or chunked) of at most ``MAX_HELD`` bytes read whole before the handler runs, or ``MAX_BODY``
 for a file upload, which the handler reads as it arrives, ``MAX_TRANSFERS`` large, compressed or file
 transfers at once, ``MAX_TENANT_TRANSFERS`` of them one tenant's, ``MAX_TENANT_HELD`` bytes of smaller
-bodies held for one tenant at once, and ``IDLE`` seconds of silence while a body arrives. A request
+bodies held for one tenant at once (a streamed reply's small request, chunked or not, counts among
+these for as long as it streams, not as a transfer), and ``IDLE`` seconds of silence while a body
+arrives. A request
 refused before its body is read is closed lingering, so the client reads why (at most ``LINGER_BYTES``
 and ``LINGER`` seconds of it are dropped).
 """
@@ -404,6 +406,13 @@ class Handler(BaseHTTPRequestHandler):
             except Exception:  # a bug here must cost one request, never the server
                 self.log_error("request failed:\n%s", traceback.format_exc())
                 response = _error(500, "internal error (see the server's log)")
+            if heavy and self._held_as_small(tenant, request, response):
+                # a stream of replies (a command's output, a watch) to a small body read whole: it
+                # holds one frame at a time for as long as the command runs, so its body counts
+                # among the key's small ones instead of taking a transfer slot (two open command
+                # streams of a key once held up every other large or chunked request)
+                self.server.give_transfer(tenant)
+                heavy, small = False, len(request.body)
             try:
                 if body.done:
                     self._send(response)
@@ -419,6 +428,17 @@ class Handler(BaseHTTPRequestHandler):
                 self.server.give_transfer(tenant)
             if small:
                 self.server.unhold(tenant, small)
+
+    def _held_as_small(self, tenant: str, request: Request, response: Response) -> bool:
+        """Whether a streamed reply's request can count as a small body from now on: its body was
+        read whole, is at most ``SMALL_BODY`` and not compressed, and fits the key's ``MAX_TENANT_HELD``
+        now (taken if so)."""
+        if isinstance(response.body, bytes) or not 0 < len(request.body) <= SMALL_BODY:
+            return False
+        for name in ("Content-Encoding", "Connect-Content-Encoding"):
+            if (self.headers.get(name) or "identity").strip().lower() != "identity":
+                return False
+        return self.server.hold(tenant, len(request.body), wait=0.0)
 
     def _answer_unproven(self, url: urllib.parse.SplitResult) -> None:
         """A request with no valid key or token: the application says why from its headers alone (its
@@ -594,11 +614,11 @@ class Server(ThreadingHTTPServer):
         self.transfers.release()
         self._tenant_transfers[tenant].release()
 
-    def hold(self, tenant: str, size: int) -> bool:
+    def hold(self, tenant: str, size: int, wait: float = IDLE) -> bool:
         """Room for a small body of ``size`` bytes among the tenant's ``MAX_TENANT_HELD``; False after
-        ``IDLE`` seconds without."""
+        ``wait`` seconds without."""
         with self._room:
-            if not self._room.wait_for(lambda: self._held.get(tenant, 0) + size <= MAX_TENANT_HELD, IDLE):
+            if not self._room.wait_for(lambda: self._held.get(tenant, 0) + size <= MAX_TENANT_HELD, wait):
                 return False
             self._held[tenant] = self._held.get(tenant, 0) + size
             return True

@@ -1,7 +1,9 @@
 """``jailbox serve`` itself: load or make the API key, hold the sandboxes, serve until stopped.
 
 Runs in the serving host process. On SIGINT or SIGTERM it stops taking requests and closes every
-sandbox it holds, so nothing outlives the server.
+sandbox it holds, so no jail outlives the server; a paused one is kept first, as a snapshot and a
+record beside the key file, and served paused again by the next server with that key file
+(``dormant.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from ...sandbox import Limits
 from .. import keys
 from ..listen import refused
+from . import dormant
 from .control import ControlPlane
 from .httpd import Server
 from .registry import Registry
@@ -37,7 +40,12 @@ def run(
     if key is not None:
         print(f"jailbox serve: made an API key in {path} (shown only now): {key}", file=sys.stderr)
     loaded = keys.load(path)
-    registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm, bounds)
+    try:
+        paused = dormant.directory(path)
+    except (dormant.DormantError, OSError) as exc:
+        raise keys.KeyFileError(f"--api-key-file {path}: {exc}") from None
+    owners = {keys.owner_of(k) for k in loaded}
+    registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm, bounds, paused, owners)
     try:
         plane = ControlPlane(keys.Keys(loaded), registry)
         server = Server((host, port), plane, plane.tenant, verbose)

@@ -1,5 +1,11 @@
 """Which host ids a jail's user namespace maps, decided on the host before forking.
 
+Runs in the host process. What it decides is an ``IdMap`` (``floor/idmap.py``: the map itself, its
+wire form, writing it, what it holds), which the launcher and the unpack worker load under
+``python -I -S``; this module stays apart, host-side, because it reads and allocates subordinate
+ranges under shadow's locks, holds slot locks and registers a fork hook, none of which belongs in
+those processes.
+
 Rootless: the caller's uid becomes 0 inside. With ``/etc/subuid`` + ``/etc/subgid`` entries and
 the setuid ``newuidmap``/``newgidmap`` helpers, ids 1..N map to the subordinate range too, so
 programs that switch ids (apt's ``_apt``, pip building as ``nobody``) work.
@@ -590,7 +596,7 @@ def claim_maker(plan: IdMap, own_ids: bool, base: Path) -> Maker | None:
     held, or no directory for them, the highest, shared with every such jail."""
     if not kernel_at_least(EPOLL_KERNEL):
         return None
-    uids, gids = _triples(plan.uid_map), _triples(plan.gid_map)
+    uids, gids = plan.triples()
     last = min(max(inside + count - 1 for inside, _, count in ids) for ids in (uids, gids))
     if last <= 0:
         return None
@@ -601,12 +607,6 @@ def claim_maker(plan: IdMap, own_ids: bool, base: Path) -> Maker | None:
     jail_id = last if found is None else last - found[0]
     host = next(outside + jail_id - inside for inside, outside, count in uids if inside <= jail_id < inside + count)
     return Maker(jail_id, host, own=own_ids or found is not None, lock=None if found is None else found[1])
-
-
-def _triples(text: str) -> list[tuple[int, int, int]]:
-    """The (inside, outside, count) triples of a planned map (an id map's text, on one line or several)."""
-    words = [int(word) for word in text.split()]
-    return [(words[i], words[i + 1], words[i + 2]) for i in range(0, len(words) - 2, 3)]
 
 
 def _idmappable(path: str, mounts: list[tuple[str, str]] | None) -> bool:

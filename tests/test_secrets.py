@@ -1,0 +1,298 @@
+"""Secrets kept out of the jail (``SandboxConfig.secrets``): a jailed curl reaches a stand-in HTTPS
+server for a bound host with the real credential in its header, while everything the jail and
+jailbox show holds only the placeholder; and the ways to get the value elsewhere, each refused or
+shown harmless: another host, plain HTTP, a Host header or SNI that disagree, HTTP/2, a redirect, a
+body or query, the CA's reach."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from support.bundle_tree import HOST_BUNDLE, USR, bundle_tree, tree_config
+from support.cli import JAILBOX
+from support.service_probe import jailbox, own_service
+from support.standin import make_ca
+
+from jailbox.sandbox import NetworkPolicy, Sandbox, SandboxConfig
+from jailbox.sandbox.net.secrets import Secret
+
+VALUE = "ghp_real-value-0123456789abcdef"
+BOUND, OTHER = "allowed.test", "other.test"
+
+
+class Server:
+    """HTTPS (and a plain HTTP twin) on loopback recording every request's headers, body and path:
+    ``/check`` answers whether the Authorization header holds the real value (never echoing it),
+    ``/echo`` echoes the headers back (the reflection the design cannot stop), ``/away`` redirects
+    to the other host."""
+
+    def __init__(self, cert: tuple[Path, Path] | None) -> None:
+        self.seen: list[dict] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _record(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length).decode() if length else ""
+                owner.seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
+
+            def do_GET(self) -> None:
+                self._record()
+                if self.path.startswith("/away"):
+                    self.send_response(302)
+                    self.send_header("Location", self.path.split("to=", 1)[1])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if self.path.startswith("/echo"):
+                    body = json.dumps(dict(self.headers)).encode()
+                else:
+                    body = b"real\n" if self.headers.get("Authorization") == f"Bearer {VALUE}" else b"not real\n"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_POST = do_GET
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if cert is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*cert)
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def values(self) -> str:
+        return json.dumps(self.seen)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Server, Server, SandboxConfig]]:
+    """An HTTPS and an HTTP stand-in, and a sandbox config whose TOKEN is bound to allowed.test."""
+    ca, cert, key = make_ca(tmp_path / "pki", ["127.0.0.1"])
+    trusted = tmp_path / "host-bundle.pem"
+    trusted.write_text(HOST_BUNDLE.read_text() + ca.read_text())
+    monkeypatch.setenv("SSL_CERT_FILE", str(trusted))  # the proxy verifies the stand-in as a real server
+    tls, plain = Server((cert, key)), Server(None)
+    policy = {"mode": "allow", "allow": [f"{BOUND}:*", f"{OTHER}:*"], "hosts": {BOUND: "127.0.0.1", OTHER: "127.0.0.1"}}
+    config = tree_config(
+        bundle_tree(tmp_path),
+        network=policy,
+        ca_certs=[ca],  # so the jail can reach the unbound host's stand-in at all
+        secrets=[Secret(name="TOKEN", value=VALUE, hosts=[BOUND])],
+    )
+    yield tls, plain, config
+    tls.close()
+    plain.close()
+
+
+def curl(args: str) -> str:
+    return f'curl -sS -m 20 -H "Authorization: Bearer $TOKEN" {args}'
+
+
+@pytest.mark.needs("openssl", "curl")
+def test_the_bound_host_gets_the_value_and_nothing_the_jail_or_jailbox_shows_holds_it(world) -> None:
+    tls, _, config = world
+    with Sandbox(config) as sb:
+        r = sb.exec(curl(f"https://{BOUND}:{tls.port}/check"))
+        assert (r.exit_code, r.stdout) == (0, "real\n"), r.stderr
+        placeholder = sb.exec("printf %s $TOKEN").stdout
+        assert placeholder.startswith("jailbox-secret-") and VALUE not in placeholder
+        seen = sb.exec(
+            "env; cat /proc/self/environ /proc/1/environ 2>/dev/null; ps -eo args; "
+            "grep -rsa -- ghp_real /etc /root /tmp /run /var /home /testbed | head -3"
+        )
+        assert VALUE not in seen.stdout + seen.stderr and placeholder in seen.stdout
+        log = sb.network_log()
+        assert [(e.method, e.verdict) for e in log] == [("CONNECT", "allowed"), ("GET", "allowed")]
+        assert "secrets TOKEN added" in log[1].reason
+        shown = repr(config) + config.model_dump_json() + repr(log) + repr(sb.exec("true"))
+    assert VALUE not in shown and "**********" in config.model_dump_json()
+    assert tls.seen[0]["headers"]["Authorization"] == f"Bearer {VALUE}"
+
+
+@pytest.mark.needs("openssl", "curl")
+def test_other_hosts_plain_http_bodies_queries_and_redirects_get_only_the_placeholder(world) -> None:
+    tls, plain, config = world
+    with Sandbox(config) as sb:
+        placeholder = sb.exec("printf %s $TOKEN").stdout
+        sends = [
+            curl(f"https://{OTHER}:{tls.port}/check"),  # another host
+            curl(f"http://{BOUND}:{plain.port}/check"),  # the bound host over plain HTTP
+            curl(f"https://{BOUND}:{tls.port}/check?token=$TOKEN -d token=$TOKEN"),  # a query and a body
+            # a redirect from the bound host to another, the header sent on (as --location-trusted does)
+            curl(f"--location-trusted https://{BOUND}:{tls.port}/away?to=https://{OTHER}:{tls.port}/check"),
+        ]
+        for command in sends:
+            r = sb.exec(command)
+            assert r.exit_code == 0, (command, r.stderr)
+    by_host = [(s["headers"]["Host"].split(":")[0], s) for s in tls.seen + plain.seen]
+    for host, seen in by_host:
+        text = json.dumps(seen)
+        if host == OTHER or seen in plain.seen:
+            assert VALUE not in text and placeholder in text, seen
+    query = next(s for h, s in by_host if s["path"].startswith("/check?token="))
+    assert query["path"] == f"/check?token={placeholder}" and query["body"] == f"token={placeholder}"
+    redirected = [s for h, s in by_host if h == OTHER and s["path"] == "/check"]
+    assert len(redirected) == 2  # the direct request and the redirected one, both with the placeholder
+
+
+# Through the proxy by hand: CONNECT, TLS with the name ``sni`` (the jail's bundles trust the
+# sandbox's CA), then ``send``; prints what came back, or "refused" and why the handshake failed.
+RAW = """
+import socket, ssl
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(b"CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\n")
+s.recv(4096)
+try:
+    t = ssl.create_default_context().wrap_socket(s, server_hostname="{sni}")
+except ssl.SSLError as exc:
+    print("refused", exc.reason)
+    raise SystemExit
+t.sendall({send!r})
+print(t.recv(4096).decode(errors="replace"))
+"""
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+# bytes sent right behind the CONNECT, before its 200: what would be relayed unread in a plain tunnel
+EARLY = """
+import socket
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(b"CONNECT {host}:{port} HTTP/1.1\\r\\n\\r\\nGET / HTTP/1.1\\r\\n\\r\\n")
+print(s.recv(4096).decode(errors="replace"))
+"""
+
+
+@pytest.mark.needs("openssl", "curl")
+def test_a_host_header_sni_http2_or_early_bytes_that_disagree_are_refused(world) -> None:
+    tls, _, config = world
+    url = f"https://{BOUND}:{tls.port}/check"
+    with Sandbox(config) as sb:
+        r = sb.exec(curl(f"-H 'Host: {OTHER}:{tls.port}' {url}"))
+        assert "Host header names" in r.stdout, (r.stdout, r.stderr, sb.network_log())
+        r = sb.exec(curl(f"--http2 {url}"))  # offered: the proxy speaks HTTP/1.1 only, and adds the value there
+        assert r.stdout == "real\n", r.stderr
+        r = sb.exec(["python3", "-c", RAW.format(host=BOUND, port=tls.port, sni=BOUND, send=H2_PREFACE)])
+        assert r.stdout.startswith("HTTP/1.1 400") and "malformed request line" in r.stdout, (r.stdout, r.stderr)
+        r = sb.exec(["python3", "-c", RAW.format(host=BOUND, port=tls.port, sni=OTHER, send=H2_PREFACE)])
+        assert r.stdout.startswith("refused"), (r.stdout, r.stderr)
+        r = sb.exec(["python3", "-c", EARLY.format(host=BOUND, port=tls.port)])
+        assert "send nothing after CONNECT" in r.stdout, (r.stdout, r.stderr)
+    assert all(VALUE not in json.dumps(s) for s in tls.seen if s["headers"].get("Host", "").startswith(OTHER))
+    assert sum(s["headers"].get("Authorization") == f"Bearer {VALUE}" for s in tls.seen) == 1  # --http2's only
+    assert all(s["headers"].get("Host", "").startswith(BOUND) for s in tls.seen)
+
+
+@pytest.mark.needs("openssl", "curl", "slirp4netns", "tun")
+def test_with_full_networking_https_goes_through_the_proxy_and_only_there_gets_the_value(world) -> None:
+    tls, _, config = world
+    full = config.model_copy(update={"network": NetworkPolicy(mode="full", hosts=config.network.hosts)})
+    with Sandbox(SandboxConfig.model_validate(full.model_dump())) as sb:
+        r = sb.exec(curl(f"https://{BOUND}:{tls.port}/check"))
+        assert (r.exit_code, r.stdout) == (0, "real\n"), r.stderr
+        # around the proxy: the name is the jail's loopback there, and the value was never in the jail
+        r = sb.exec(curl(f"--noproxy '*' https://{BOUND}:{tls.port}/check"))
+        assert r.exit_code != 0
+        assert [e.method for e in sb.network_log()] == ["CONNECT", "GET"]
+    assert sum(s["headers"].get("Authorization") == f"Bearer {VALUE}" for s in tls.seen) == 1
+
+
+@pytest.mark.needs("openssl", "curl")
+def test_a_bound_server_that_reflects_the_header_is_the_one_way_back(world) -> None:
+    """What the design cannot stop, as its peers say too: a bound server that echoes the request
+    hands the value to the jail. It is the bound service's own answer, and the only path."""
+    tls, _, config = world
+    with Sandbox(config) as sb:
+        r = sb.exec(curl(f"https://{BOUND}:{tls.port}/echo"))
+    assert json.loads(r.stdout)["Authorization"] == f"Bearer {VALUE}"
+
+
+@pytest.mark.needs("openssl")
+def test_the_sandbox_ca_vouches_for_the_bound_hosts_only_and_its_key_stays_out(world) -> None:
+    from cryptography import x509
+
+    _, _, config = world
+    with Sandbox(config) as sb:
+        bundle = sb.exec("cat /etc/ssl/certs/ca-certificates.crt").stdout
+        keys = sb.exec("grep -rls 'PRIVATE KEY' /etc /root /tmp /usr/local 2>/dev/null | wc -l").stdout
+        ca = sb._jail.vault.ca_pem
+    assert ca in bundle and int(keys) == 0
+    cert = x509.load_pem_x509_certificate(ca.encode())
+    constraints = cert.extensions.get_extension_for_class(x509.NameConstraints)
+    assert constraints.critical and [n.value for n in constraints.value.permitted_subtrees] == [BOUND]
+
+
+def test_secrets_are_refused_where_they_cannot_be_kept_out_in_one_line(tmp_path: Path) -> None:
+    secret = Secret(name="TOKEN", value="v", hosts=["api.example.com"])
+    for fields, says in [
+        ({"network": "none", "rootfs": str(tmp_path)}, "set network='allow:HOST,...' naming their hosts, or 'full'"),
+        ({"network": "host", "rootfs": str(tmp_path)}, "with 'host' networking"),
+        ({"network": "allow:api.example.com"}, "need a root filesystem"),
+        ({"network": "allow:api.example.com", "rootfs": str(tmp_path), "env": {"TOKEN": "x"}}, "both a secret and"),
+        ({"network": "allow:pypi", "rootfs": str(tmp_path)}, "bound to api.example.com, which the network rules"),
+    ]:
+        with pytest.raises(ValidationError, match=says):
+            SandboxConfig(secrets=[secret], **fields)
+    for bad, says in [
+        ({"name": "1X", "value": "v", "hosts": ["h.test"]}, "not an environment variable name"),
+        ({"name": "X", "value": "a\r\nInjected: 1", "hosts": ["h.test"]}, "without line breaks"),
+        ({"name": "X", "value": "v", "hosts": []}, "1 to 16 host names"),
+        ({"name": "X", "value": "v", "hosts": ["*.h.test"]}, "is not a host name"),
+        ({"name": "X", "value": "v", "hosts": ["10.0.0.1"]}, "exact host names"),
+    ]:
+        with pytest.raises(ValidationError, match=says) as caught:
+            Secret(**bad)
+        assert "a\r\nInjected" not in str(caught.value)
+
+
+@pytest.mark.needs("openssl")
+def test_the_command_line_takes_a_secret_from_the_environment_or_a_file_never_its_arguments(tmp_path: Path) -> None:
+    root = bundle_tree(tmp_path)
+    usr = [f"--bind=/usr/{d}:/usr/{d}" for d in USR if Path(f"/usr/{d}").is_dir()]
+    common = ["exec", "--rootfs", str(root), *usr, "--network", "allow:api.example.com"]
+    env = {**os.environ, "JAILBOX_STATE_DIR": str(tmp_path / "state"), "TOKEN": VALUE}
+    value_file = tmp_path / "token"
+    value_file.write_text(VALUE + "\n")
+    for flag in ("TOKEN@api.example.com", f"TOKEN@api.example.com:{value_file}"):
+        run_env = env if ":" not in flag else {k: v for k, v in env.items() if k != "TOKEN"}
+        r = subprocess.run(
+            [*JAILBOX, *common, "--secret", flag, "--", "sh", "-c", "printf %s $TOKEN; env | grep -c ghp_"],
+            capture_output=True, text=True, env=run_env, timeout=120,
+        )  # fmt: skip
+        assert r.stdout.startswith("jailbox-secret-") and r.stdout.endswith("0\n"), (flag, r.stdout, r.stderr)
+        assert VALUE not in r.stdout + r.stderr
+    for flag, says in [("TOKEN", "expected NAME@HOST"), ("NOPE@x.test", "$NOPE is not set here")]:
+        r = subprocess.run([*JAILBOX, *common, "--secret", flag, "--", "true"], capture_output=True, text=True, env=env)
+        assert r.returncode == 2 and says in r.stderr and "--secret" in r.stderr, r.stderr
+
+
+@pytest.mark.needs("openssl")
+def test_a_created_sandbox_keeps_its_secret_in_the_service_not_in_its_listing(tmp_path: Path) -> None:
+    root = bundle_tree(tmp_path)
+    usr = [f"--bind=/usr/{d}:/usr/{d}" for d in USR if Path(f"/usr/{d}").is_dir()]
+    with own_service() as env:
+        env["TOKEN"] = VALUE
+        made = jailbox(env, "create", "--rootfs", str(root), *usr, "--network", "allow:api.example.com",
+                       "--secret", "TOKEN@api.example.com")  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        shown = jailbox(env, "exec", "--id", made.stdout.strip(), "--", "sh", "-c", "printf %s $TOKEN")
+        listed = jailbox(env, "ps", "--json")
+    assert shown.stdout.startswith("jailbox-secret-") and VALUE not in shown.stdout + listed.stdout
