@@ -13,7 +13,20 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from bench import agent_loop, branching, burst, cases, cli_rows, density, epoll, report, secrets, serve, stored_rootfs
+from bench import (
+    agent_loop,
+    branching,
+    burst,
+    cases,
+    cli_rows,
+    code_interpreter,
+    density,
+    epoll,
+    report,
+    secrets,
+    serve,
+    stored_rootfs,
+)
 from bench.machine import machine_info
 from bench.results import CaseResult
 from bench.settings import FULL, QUICK, Settings
@@ -35,6 +48,7 @@ CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "serve": serve.serve,
     "branching": branching.branching,
     "secrets": secrets.secrets,
+    "code_interpreter": code_interpreter.code_interpreter,
 }
 
 

@@ -31,6 +31,8 @@ class Settings:
     fork_children: int = 16
     snapshot_starts: int = 100  # sandboxes started from one snapshot at once
     secret_reps: int = 200  # HTTPS requests with and without a secret added at the proxy
+    code_reps: int = 300  # run_code("1+1") on a warm context
+    code_starts: int = 5  # sandboxes created to their first run_code result (a kernel start each)
     image: str = "docker.io/library/busybox:latest"
 
     def as_dict(self) -> dict[str, object]:
@@ -63,4 +65,6 @@ QUICK = Settings(
     epoll_reps=50,
     epoll_rounds=2,
     pause_reps=10,
+    code_reps=20,
+    code_starts=1,
 )

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "AsyncSandbox",
+    "CodeContext",
     "ExecResult",
+    "Execution",
     "Limits",
     "Mount",
     "NetworkLogEntry",
@@ -29,7 +31,9 @@ __all__ = [
 
 _LAZY = {  # public name -> the module (relative to this package) that defines it
     "AsyncSandbox": ".aio",
+    "CodeContext": ".interpreter",
     "ExecResult": ".results",
+    "Execution": ".interpreter",
     "Limits": ".config",
     "Mount": ".config",
     "NetworkLogEntry": ".net.proxy",
@@ -47,6 +51,7 @@ if TYPE_CHECKING:
     from .aio import AsyncSandbox
     from .config import Limits, Mount, SandboxConfig
     from .escapes import printable
+    from .interpreter import CodeContext, Execution
     from .net.policy import NetworkPolicy
     from .net.proxy import NetworkLogEntry
     from .pool import SandboxPool

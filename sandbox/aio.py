@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .child.requests import MAX_WALK_ENTRIES
 from .config import SandboxConfig
@@ -21,6 +21,11 @@ from .net.proxy import NetworkLogEntry
 from .results import ExecResult, SandboxStats
 from .sandbox import Command, Sandbox
 from .snapshots import Snapshot
+
+if TYPE_CHECKING:
+    from .interpreter import CodeContext, Execution, ExecutionError, OutputMessage, Result
+
+T = TypeVar("T")
 
 
 class AsyncSandbox:
@@ -54,6 +59,52 @@ class AsyncSandbox:
         on_stderr: Callable[[bytes], None] | None = None,
     ) -> ExecResult:
         return await run_async(self.sandbox.begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr), timeout)
+
+    async def run_code(
+        self,
+        code: str,
+        language: str | None = None,
+        context: CodeContext | str | None = None,
+        on_stdout: Callable[[OutputMessage], Any] | None = None,
+        on_stderr: Callable[[OutputMessage], Any] | None = None,
+        on_result: Callable[[Result], Any] | None = None,
+        on_error: Callable[[ExecutionError], Any] | None = None,
+        envs: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Execution:
+        """As ``Sandbox.run_code``. The wait is a worker thread's; the callbacks run on this event
+        loop, in order, all before the call returns. Cancelling the call interrupts the code."""
+        loop = asyncio.get_running_loop()
+        call = asyncio.to_thread(
+            self.sandbox.run_code,
+            code,
+            language,
+            context,
+            _on_loop(loop, on_stdout),
+            _on_loop(loop, on_stderr),
+            _on_loop(loop, on_result),
+            _on_loop(loop, on_error),
+            envs,
+            timeout,
+        )
+        try:
+            return await call
+        except asyncio.CancelledError:
+            interpreter = self.sandbox._code()
+            await asyncio.to_thread(interpreter.interrupt, context)
+            raise
+
+    async def create_code_context(self, cwd: str | None = None, language: str | None = None) -> CodeContext:
+        return await asyncio.to_thread(self.sandbox.create_code_context, cwd, language)
+
+    async def list_code_contexts(self) -> list[CodeContext]:
+        return await asyncio.to_thread(self.sandbox.list_code_contexts)
+
+    async def restart_code_context(self, context: CodeContext | str) -> None:
+        await asyncio.to_thread(self.sandbox.restart_code_context, context)
+
+    async def remove_code_context(self, context: CodeContext | str) -> None:
+        await asyncio.to_thread(self.sandbox.remove_code_context, context)
 
     def stats(self) -> SandboxStats:
         return self.sandbox.stats()
@@ -118,3 +169,14 @@ class AsyncSandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[T], Any] | None) -> Callable[[T], None] | None:
+    """``callback`` run on ``loop`` rather than the worker thread calling it, in call order."""
+    if callback is None:
+        return None
+
+    def hand_over(value: T) -> None:
+        loop.call_soon_threadsafe(callback, value)
+
+    return hand_over

@@ -75,6 +75,15 @@ class ProtocolError(SandboxError):
     """The jail's init sent something malformed, oversized or unexpected."""
 
 
+class InterpreterError(SandboxError):
+    """The code interpreter could not run the code: no kernel in the jail, an unknown context, or a
+    gateway that broke its protocol or a bound (it is killed; the next call starts a fresh one)."""
+
+
+class InterpreterTimeout(InterpreterError, TimeoutError):
+    """``run_code`` ran past its timeout; the kernel was interrupted and the context still works."""
+
+
 class ExecError(SandboxError):
     """A command could not be started or supervised (not: the command failed)."""
 

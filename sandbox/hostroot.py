@@ -24,7 +24,7 @@ SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 ETC_ENTRIES = (
     "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "debian_version",
     "environment", "gai.conf", "gitconfig", "host.conf", "inputrc", "ld.so.cache", "ld.so.conf",
-    "ld.so.conf.d", "locale.alias", "localtime", "login.defs", "magic", "magic.mime", "mailcap",
+    "ld.so.conf.d", "locale.alias", "localtime", "login.defs", "magic", "magic.mime", "mailcap", "matplotlibrc",
     "mime.types", "networks", "nsswitch.conf", "os-release", "papersize", "pki/ca-trust", "profile",
     "profile.d", "protocols", "python3", "python3.11", "python3.12", "python3.13", "resolv.conf", "rpc",
     "services", "shells", "ssl/certs", "ssl/openssl.cnf", "terminfo", "timezone", "wgetrc", "xattr.conf",

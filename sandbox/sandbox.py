@@ -23,6 +23,7 @@ from .limits.enforcement import render
 from .results import ExecResult, SandboxStats
 
 if TYPE_CHECKING:
+    from .interpreter import CodeContext, Execution, ExecutionError, Interpreter, OutputMessage, Record, Result
     from .net.proxy import NetworkLogEntry
     from .net.secrets import Vault
     from .snapshots import Snapshot
@@ -82,6 +83,7 @@ class Sandbox:
         self._stats = SandboxStats()
         self._checkpoints: list[layers.Checkpoint] = []  # oldest first
         self._cuts = _Cuts()
+        self._interpreter: Interpreter | None = None
         self._jail = Jail(self.config)
         self.config = self._jail.config
 
@@ -98,6 +100,7 @@ class Sandbox:
         sb._stats = SandboxStats()
         sb._checkpoints = []
         sb._cuts = _Cuts()
+        sb._interpreter = None
         sb._jail = jail
         return sb
 
@@ -114,6 +117,7 @@ class Sandbox:
         sb._stats = SandboxStats()
         sb._checkpoints = []
         sb._cuts = _Cuts()
+        sb._interpreter = None
         sb._jail = Jail(config, below, vault)
         return sb
 
@@ -234,6 +238,66 @@ class Sandbox:
         """Every request through the ``allow`` proxy since the jail was made (or last ``reset()``):
         time, method, host, port, verdict, reason, bytes each way. Empty in other modes."""
         return self._jail.network.log()
+
+    # --- code interpreter ----------------------------------------------------------------------
+
+    def _code(self) -> Interpreter:
+        """The sandbox's interpreter, made on first use; its gateway starts with the first call."""
+        self._check_running()
+        from .interpreter import Interpreter  # here: pydantic models the CLI's exec path never needs
+
+        with self._lock:
+            if self._interpreter is None:
+                self._interpreter = Interpreter(self)
+            return self._interpreter
+
+    def run_code(
+        self,
+        code: str,
+        language: str | None = None,
+        context: CodeContext | str | None = None,
+        on_stdout: Callable[[OutputMessage], Any] | None = None,
+        on_stderr: Callable[[OutputMessage], Any] | None = None,
+        on_result: Callable[[Result], Any] | None = None,
+        on_error: Callable[[ExecutionError], Any] | None = None,
+        envs: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Execution:
+        """Run ``code`` in a Jupyter kernel inside the jail, as a notebook cell: variables and imports
+        stay for the next call in the same context (the default one if none is given). ``envs`` are
+        set for this run only. Past ``timeout`` (300 s if None) the kernel is interrupted and
+        ``InterpreterTimeout`` raised; the context keeps working. The callbacks get each output as
+        it comes. Needs ipykernel in the jail's root filesystem (docs/code-interpreter.md)."""
+        return self._code().run(code, language, context, on_stdout, on_stderr, on_result, on_error, envs, timeout)
+
+    def stream_code(
+        self,
+        code: str,
+        language: str | None = None,
+        context: CodeContext | str | None = None,
+        envs: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[Record]:
+        """``run_code``'s records as they come, each one of e2b-code-interpreter's ``/execute`` lines
+        (``interpreter.to_line(record)`` is its JSON), the last an ``end_of_execution``. Closing the
+        iterator before that interrupts the code (a client that went away)."""
+        return self._code().stream(code, language, context, envs, timeout)
+
+    def create_code_context(self, cwd: str | None = None, language: str | None = None) -> CodeContext:
+        """A new kernel with state of its own, started in ``cwd`` (the sandbox's workdir if None)."""
+        return self._code().create(cwd, language)
+
+    def list_code_contexts(self) -> list[CodeContext]:
+        """The contexts alive, the default one first."""
+        return self._code().list()
+
+    def restart_code_context(self, context: CodeContext | str) -> None:
+        """Restart the context's kernel: its variables and imports are gone, its id stays."""
+        self._code().control("restart", context)
+
+    def remove_code_context(self, context: CodeContext | str) -> None:
+        """End the context's kernel; its id is unknown afterwards."""
+        self._code().control("remove", context)
 
     # --- files --------------------------------------------------------------------------------
 
@@ -423,7 +487,10 @@ class Sandbox:
         self._cuts.wait()  # a cut under way reads the jail's writable layer through its descriptor
         with self._lock:
             dropped, self._checkpoints = self._checkpoints, []
+            interpreter, self._interpreter = self._interpreter, None
         self._retire(self._jail)
+        if interpreter is not None:  # its gateway died with the jail: this joins the thread that read it
+            interpreter.close()
         for checkpoint in dropped:
             checkpoint.drop()
 

@@ -60,6 +60,7 @@ TOOLS = {  # tool: the Debian package that has it
     "apt-get": "apt",
     "unshare": "util-linux",
 }
+KERNEL_PACKAGES = "python3-ipykernel python3-jupyter-client python3-numpy python3-pandas python3-matplotlib"
 SUBIDS_FIX = "sudo apt-get install uidmap && sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 " + (
     pwd.getpwuid(os.getuid()).pw_name
 )
@@ -110,6 +111,14 @@ def need(thing: str) -> None:
             "sudo useradd -m jailbox-ci && sudo usermod --add-subuids 300000-365535 --add-subgids 300000-365535 "
             "jailbox-ci",
         )
+    elif thing == "kernel":  # run_code on the host rootfs: the host's Debian Python with a Jupyter kernel
+        probe = "import ipykernel, jupyter_client, matplotlib, pandas, numpy"
+        found = subprocess.run(["/usr/bin/python3", "-c", probe], capture_output=True).returncode == 0
+        require(
+            found,
+            "a Jupyter kernel and the data stack in the host's python3",
+            f"sudo apt-get install {KERNEL_PACKAGES}",
+        )
     elif thing == "tun":
         require(os.access("/dev/net/tun", os.R_OK | os.W_OK), "read-write /dev/net/tun", "sudo chmod 0666 /dev/net/tun")
     else:
@@ -131,7 +140,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["JAILBOX_NO_SERVICE"] = "1"
     config.addinivalue_line(
         "markers",
-        "needs(*things): tools, 'shared-data', 'subids', 'tun', 'ray', 'lan', 'registry', 'test-user' (conftest.need)",
+        "needs(*things): tools, 'shared-data', 'subids', 'tun', 'ray', 'lan', 'registry', 'test-user', 'kernel' "
+        "(conftest.need)",
     )
 
 

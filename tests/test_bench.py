@@ -30,6 +30,7 @@ CASES = (
     "serve",
     "branching",
     "secrets",
+    "code_interpreter",
 )
 
 
@@ -53,7 +54,7 @@ def test_quick_bench_reports_every_case(tmp_path):
     for name in CASES:
         case = cases[name]
         assert case["error"] is None, case["error"]
-        if name in ("containers", "cli_process", "serve") and not case["rows"]:
+        if name in ("containers", "cli_process", "serve", "code_interpreter") and not case["rows"]:
             assert case["skipped"], f"{name}: neither measured nor skipped with a reason"
             continue
         assert case["rows"], f"{name}: no rows"

@@ -59,6 +59,7 @@ STATED: dict[str, tuple[str, ...] | list[tuple[str, ...]]] = {
     'print(ran.structured_content["stdout"], end="")  # Linux': ("Linux\n",),
     'http://bad.example.com/").stdout)  # 403': ("403",),
     'CapEff /proc/self/status").stdout)  # CapEff: 0000000000000021': ("CapEff:\t0000000000000021\n",),
+    """print(sb.run_code("df['y'].sum()").text)  # 14""": ("14\n",),
     "print(exc)  # sandbox ... is paused": ("is paused: call resume() first (CLI: jailbox resume ", "running again\n"),
 }
 # One worker runs every block (pytest-xdist): the blocks hold the servers' default ports and one of
@@ -75,6 +76,7 @@ PREREQUISITES = {  # what a block's text uses -> what conftest.need checks (skip
     'mode="full"': ("slirp4netns", "tun"),
     "--network full": ("slirp4netns", "tun"),
     "curl ": ("curl",),
+    "run_code(": ("kernel",),
 }
 
 

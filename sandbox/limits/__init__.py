@@ -28,3 +28,12 @@ IMAGE_JSON_ITEMS = 100_000  # values in one (a config's history has one object a
 IMAGE_MEMBER_MAX = 64 << 30  # one file unpacked from a layer
 IMAGE_TOTAL_MAX = 1 << 40  # everything unpacked from one image
 IMAGE_ENTRIES_MAX = 4_000_000  # members unpacked from one image
+
+# What the code interpreter's gateway (``sandbox/interpreter.py``), which shares the jail with the code it
+# runs, may make the host hold or wait for.
+INTERPRETER_LINE_MAX = 32 << 20  # one line it sends: a result carries its images base64-encoded
+INTERPRETER_LINE_VALUES = 1_000_000  # JSON values in one line (a data frame's cells): what parsing it builds
+INTERPRETER_EXECUTION_MAX = 64 << 20  # all lines of one execution; past it the kernel is interrupted
+INTERPRETER_RESULTS_MAX = 1_000  # results (displays) of one execution, likewise
+INTERPRETER_START = 60.0  # seconds from starting the gateway to its default kernel answering
+INTERPRETER_WAIT = 60.0  # seconds for any other answer (a context made, restarted, removed, listed)

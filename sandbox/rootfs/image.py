@@ -21,6 +21,13 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 
 
+def json_values(body: bytes, strings_blanked: bool = True) -> int:
+    """About how many values a JSON text holds (what parsing it builds), counted without parsing: its
+    commas and containers outside strings. ``strings_blanked=False`` blanks them first."""
+    bare = body if strings_blanked else _STRING.sub(b"", body)
+    return bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+
+
 def parse_json(body: bytes, what: str, error: type[RootfsError] = RootfsError) -> Any:
     """``body`` parsed, if at most ``IMAGE_JSON_MAX`` bytes of at most ``IMAGE_JSON_ITEMS`` values nested
     at most ``IMAGE_JSON_DEPTH`` deep; else ``error`` in one line naming ``what``. Both are measured
@@ -30,7 +37,7 @@ def parse_json(body: bytes, what: str, error: type[RootfsError] = RootfsError) -
     if len(body) > IMAGE_JSON_MAX:
         raise error(f"{what} is larger than {IMAGE_JSON_MAX} bytes ({len(body)}); refused")
     bare = _STRING.sub(b"", body)
-    items = bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+    items = json_values(bare)
     if items > IMAGE_JSON_ITEMS:
         raise error(f"{what} holds more than {IMAGE_JSON_ITEMS} values ({items}); refused")
     brackets = _NOT_BRACKET.sub(b"", bare)

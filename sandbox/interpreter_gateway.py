@@ -1,0 +1,302 @@
+"""The code interpreter's gateway: runs INSIDE the jail, never imported by the host.
+
+The host hands this file's text to ``python3 -c`` as one long-lived command of the sandbox (so nothing
+in the jail's filesystem holds it), and talks to it in JSON lines over that command's stdin and
+stdout. It drives one Jupyter kernel (ipykernel, through jupyter_client) per context, over unix
+sockets in a private directory: no network is needed, and jails have none by default.
+
+Requests carry an ``id`` the replies repeat. An execution answers with e2b-code-interpreter's
+``/execute`` lines (``number_of_executions``, ``stdout``, ``stderr``, ``result``, ``error``,
+``end_of_execution``); the other requests with one ``context``, ``contexts``, ``done`` or ``failure``
+line. Each context runs its executions one after another on a thread of its own, so a long run in
+one context does not hold up another, and an ``interrupt`` reaches a run in flight.
+
+This process shares the jail with the code it runs: the host trusts nothing it says, bounds every
+line and wait, and treats what comes back as data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from typing import Any
+
+# jupyter_client finds the kernel through ipykernel, whose bundled debugger warns on stderr (the host's
+# reason if this process ends) that CPython's frozen modules may hide breakpoints
+os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
+try:
+    from jupyter_client.manager import KernelManager
+except ImportError as exc:  # the host turns this into a one-line error naming the packages
+    sys.stdout.write(json.dumps({"type": "missing", "message": str(exc)}) + "\n")
+    sys.stdout.flush()
+    sys.exit(3)
+
+KERNEL_START = 60.0  # seconds a kernel may take to answer its first request
+REPLY_WAIT = 30.0  # seconds a silent helper request (env vars) may take
+# Kept under the host's bound on a line (INTERPRETER_LINE_MAX, 32 MiB), which ends this process: a
+# kernel buffers a tight print loop into one message of any size, so streams go out in pieces, and a
+# result too large to send is named on stderr instead.
+STREAM_PIECE = 1 << 20  # characters
+RESULT_MAX = 30 << 20  # bytes of a result's line
+# Run silently in each new kernel: tracebacks without colour codes, data frames also as
+# e2b's ``e2b/data`` (a dict of columns, ``DataFrame.to_dict(orient="list")`` in JSON types).
+SETUP = r"""
+def __jailbox_setup():
+    ip = get_ipython()
+    ip.run_line_magic("colors", "NoColor")
+    from IPython.core.formatters import BaseFormatter
+    from traitlets import ObjectName, Unicode
+
+    class DataFormatter(BaseFormatter):
+        format_type = Unicode("e2b/data")
+        print_method = ObjectName("__jailbox_no_method__")
+
+        def __call__(self, obj):
+            import json, sys
+            pandas = sys.modules.get("pandas")
+            if pandas is None or not isinstance(obj, pandas.DataFrame) or obj.size > 500_000:
+                return None  # a larger frame would pass the host's bound on a line's values
+            return {str(c): json.loads(obj[c].to_json(orient="values", date_format="iso")) for c in obj.columns}
+
+    ip.display_formatter.formatters["e2b/data"] = DataFormatter(parent=ip.display_formatter)
+
+    # ipykernel buffers a stream for 0.2 s and sends it as one message, however large: a print loop
+    # made messages of hundreds of MB that took seconds to cross, even after an interrupt. Past 1 MiB
+    # the writer waits for its buffer to be sent, as a pipe's writer would.
+    import sys
+    for stream in (sys.stdout, sys.stderr):
+        write = type(stream).write
+
+        def bounded(self, text, write=write):
+            written = write(self, text)
+            if self._buffer.tell() > 1 << 20:
+                self.flush()
+            return written
+
+        stream.write = bounded.__get__(stream)
+__jailbox_setup()
+del __jailbox_setup
+"""
+# Jupyter MIME types and the e2b result field each fills; anything else goes to ``extra``.
+FIELDS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+    "e2b/data": "data",
+    "e2b/chart": "chart",
+}
+
+out_lock = threading.Lock()
+
+
+def send(line: dict[str, Any]) -> None:
+    data = json.dumps(line, separators=(",", ":"), default=str) + "\n"
+    if line.get("type") == "result" and len(data) > RESULT_MAX:
+        note = f"a result of {len(data)} bytes was dropped: over the interpreter's {RESULT_MAX} bytes\n"
+        data = json.dumps({"id": line["id"], "type": "stderr", "text": note}) + "\n"
+    with out_lock:
+        sys.stdout.write(data)
+        sys.stdout.flush()
+
+
+def result_line(content: dict[str, Any], main: bool) -> dict[str, Any]:
+    line: dict[str, Any] = {"type": "result", "is_main_result": main}
+    extra = {}
+    for mime, value in content.get("data", {}).items():
+        field = FIELDS.get(mime)
+        if field is None:
+            extra[mime] = value
+            continue
+        if field == "text" and isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] in "'\"":
+            value = value[1:-1]  # as e2b's server: a string's repr loses its quotes
+        line[field] = value
+    if extra:
+        line["extra"] = extra
+    return line
+
+
+class Context:
+    """One kernel and the thread that runs its executions in order."""
+
+    def __init__(self, sockets: str, language: str, cwd: str) -> None:
+        self.language = language
+        self.cwd = cwd
+        self.jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        # set by an interrupt: the run's backlog of output (a print loop can queue a hundred MiB in the
+        # kernel's socket) is drained unsent, so the run ends within the host's grace
+        self.quiet = threading.Event()
+        self.manager = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, uuid.uuid4().hex))
+        self.start()
+        self.id = uuid.uuid4().hex
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def start(self) -> None:
+        # figures as PNG: matplotlib_inline hooks itself into the kernel when matplotlib is first imported
+        env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+        # the kernel's own fd 1 and 2 never reach the protocol on this process's stdout, nor its stderr (the
+        # host's reason when this process ends): ipykernel sends what is written to them as stream messages
+        self.manager.start_kernel(cwd=self.cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=KERNEL_START)
+        self.silent(SETUP)
+
+    def silent(self, code: str, expressions: dict[str, str] | None = None) -> dict[str, Any]:
+        msg_id = self.client.execute(
+            code, silent=True, store_history=False, user_expressions=expressions or {}, stop_on_error=False
+        )
+        while True:
+            reply = self.client.get_shell_msg(timeout=REPLY_WAIT)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return dict(reply["content"])
+
+    def restart(self) -> None:
+        self.client.stop_channels()
+        self.manager.restart_kernel(now=True)
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=KERNEL_START)
+        self.silent(SETUP)
+
+    def serve(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            self.quiet.clear()
+            try:
+                self.execute(job)
+            except Exception as exc:
+                send({"id": job["id"], "type": "error", "name": type(exc).__name__, "value": str(exc), "traceback": ""})
+            send({"id": job["id"], "type": "end_of_execution"})
+
+    def execute(self, job: dict[str, Any]) -> None:
+        rid = job["id"]
+        envs = job.get("env_vars") or {}
+        saved = None
+        if envs:
+            names = json.dumps(sorted(envs))
+            reply = self.silent("", {"saved": f"{{k: __import__('os').environ.get(k) for k in {names}}}"})
+            saved = reply["user_expressions"]["saved"]["data"]["text/plain"]
+            self.silent(f"__import__('os').environ.update({json.dumps(envs)})")
+        try:
+            self.run(rid, job["code"])
+        finally:
+            if saved is not None:
+                self.silent(
+                    "exec('import os as o\\nfor k, v in s.items():\\n"
+                    " o.environ.pop(k, None) if v is None else o.environ.__setitem__(k, v)', "
+                    f"{{'s': {saved}}})"
+                )
+
+    def run(self, rid: str, code: str) -> None:
+        # stop_on_error off: after an error (an interrupt too) ipykernel would otherwise abort the requests
+        # that reach it next, and runs here are one at a time per context anyway
+        msg_id = self.client.execute(code, store_history=True, stop_on_error=False)
+        while True:
+            msg = self.client.get_iopub_msg()
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            stamp = msg["header"].get("date")
+            stamp = stamp.isoformat() if hasattr(stamp, "isoformat") else stamp
+            if kind == "execute_input":
+                send({"id": rid, "type": "number_of_executions", "execution_count": content["execution_count"]})
+            elif kind in ("stream", "execute_result", "display_data") and self.quiet.is_set():
+                continue
+            elif kind == "stream":
+                text = content["text"]  # the host judges what the kernel (the jail's code) sent: passed as is
+                pieces = [text]
+                if isinstance(text, str) and len(text) > STREAM_PIECE:
+                    pieces = [text[at : at + STREAM_PIECE] for at in range(0, len(text), STREAM_PIECE)]
+                for piece in pieces:
+                    send({"id": rid, "type": content["name"], "text": piece, "timestamp": stamp})
+            elif kind in ("execute_result", "display_data"):
+                send({"id": rid, **result_line(content, kind == "execute_result")})
+            elif kind == "error":
+                send(
+                    {
+                        "id": rid,
+                        "type": "error",
+                        "name": content["ename"],
+                        "value": content["evalue"],
+                        "traceback": "\n".join(content["traceback"]),
+                    }
+                )
+            elif kind == "status" and content["execution_state"] == "idle":
+                return
+
+    def shutdown(self) -> None:
+        self.jobs.put(None)
+        try:
+            self.client.stop_channels()
+            self.manager.shutdown_kernel(now=True)
+        except Exception:
+            pass  # the jail ends it anyway
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for a kernel, not for this process
+    sockets = tempfile.mkdtemp(prefix="jailbox-interpreter-")
+    contexts: dict[str, Context] = {}
+    try:
+        default = Context(sockets, "python", os.getcwd())
+        contexts[default.id] = default
+        send({"type": "ready", "default": default.id})
+        for raw in sys.stdin:
+            request = json.loads(raw)
+            rid, op = request["id"], request["op"]
+            try:
+                if op == "execute":
+                    context = contexts.get(request.get("context") or default.id)
+                    if context is None:
+                        send({"id": rid, "type": "failure", "kind": "not_found", "message": "context not found"})
+                    else:
+                        context.jobs.put(request)
+                elif op == "create":
+                    new = Context(sockets, request["language"], request["cwd"] or os.getcwd())
+                    contexts[new.id] = new
+                    send({"id": rid, "type": "context", "context": describe(new)})
+                elif op == "list":
+                    send({"id": rid, "type": "contexts", "contexts": [describe(c) for c in contexts.values()]})
+                elif op in ("restart", "remove", "interrupt"):
+                    context = contexts.get(request["context"])
+                    if context is None:
+                        send({"id": rid, "type": "failure", "kind": "not_found", "message": "context not found"})
+                        continue
+                    if op == "restart":
+                        context.restart()
+                    elif op == "interrupt":
+                        context.quiet.set()
+                        context.manager.interrupt_kernel()
+                    else:
+                        contexts.pop(context.id).shutdown()
+                    send({"id": rid, "type": "done"})
+            except Exception as exc:
+                send({"id": rid, "type": "failure", "kind": "failed", "message": f"{type(exc).__name__}: {exc}"})
+    finally:
+        for context in contexts.values():
+            context.shutdown()
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+def describe(context: Context) -> dict[str, str]:
+    return {"id": context.id, "language": context.language, "cwd": context.cwd}
+
+
+main()

@@ -1,0 +1,459 @@
+"""run_code: a real ipykernel in a real jail (the host rootfs, which sees the host's Debian packages),
+as a notebook is used, and a gateway made hostile by the code it runs (which shares its jail)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from jailbox.sandbox import AsyncSandbox, Sandbox, interpreter
+from jailbox.sandbox.errors import InterpreterError, InterpreterTimeout
+from jailbox.sandbox.rootfs.build import load_recipe
+
+pytestmark = pytest.mark.needs("kernel")
+
+
+@pytest.fixture(scope="module")
+def sb() -> Iterator[Sandbox]:
+    """One sandbox for the tests that keep their gateway healthy: a kernel takes seconds to start."""
+    with Sandbox() as sandbox:
+        yield sandbox
+
+
+def test_a_notebook_run_keeps_variables_plots_and_explains_errors(sb: Sandbox):
+    first = sb.run_code("x = 41\nprint('hi')\nx + 1")
+    assert first.text == "42" and first.logs.stdout == ["hi\n"] and first.error is None
+    assert first.execution_count is not None and first.results[0].is_main_result
+    assert sb.run_code("x * 2").text == "82"  # the variable survived
+
+    plot = sb.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
+    [figure] = plot.results
+    assert figure.png is not None and not figure.is_main_result and not figure.extra
+    assert base64.b64decode(figure.png)[:8] == b"\x89PNG\r\n\x1a\n"
+
+    big = sb.run_code("import numpy as np, pandas as pd\npd.DataFrame(np.zeros((1000, 600)))")
+    assert big.error is None and big.results[0].data is None  # over 500,000 cells: text and HTML only
+    frame = sb.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', None]})")
+    assert frame.results[0].data == {"a": [1, 2], "b": ["x", None]}
+    assert frame.results[0].html is not None and "<table" in frame.results[0].html
+
+    failed = sb.run_code("def f():\n    return 1 / 0\nf()")
+    assert failed.error is not None and failed.error.name == "ZeroDivisionError"
+    assert failed.error.value == "division by zero"
+    assert "f()" in failed.error.traceback and "\x1b[" not in failed.error.traceback  # no colour codes
+    assert sb.run_code("x").text == "41"  # an error leaves the context working
+
+
+def test_rich_formats_map_to_their_fields(sb: Sandbox):
+    shown = sb.run_code(
+        "from IPython.display import display, HTML, Latex, JSON, Markdown, SVG\n"
+        "display(HTML('<b>b</b>'))\ndisplay(Latex(r'$x^2$'))\ndisplay(Markdown('*m*'))\n"
+        "display(JSON({'k': [1]}))\n'quoted'"
+    )
+    html, latex, markdown, json_, main = shown.results
+    assert html.html == "<b>b</b>" and latex.latex == "$x^2$" and markdown.markdown == "*m*"
+    assert json_.json_ == {"k": [1]} and "json" in json_.formats()
+    assert main.text == "quoted" and main.is_main_result  # one pair of quotes stripped, as e2b does
+    raw = sb.run_code("from IPython.display import publish_display_data\npublish_display_data({'text/latex': 'L'})")
+    assert raw.results[0].formats() == ["latex"]
+    odd = sb.run_code("publish_display_data({'text/plain': 'p', 'application/x-odd': 'o'})")
+    assert odd.results[0].extra == {"application/x-odd": "o"} and odd.results[0].formats() == [
+        "text",
+        "application/x-odd",
+    ]
+
+
+def test_callbacks_stream_in_order_as_the_records_come(sb: Sandbox):
+    seen: list[tuple[str, str]] = []
+    execution = sb.run_code(
+        "import sys\nprint('a'); sys.stdout.flush()\nprint('b', file=sys.stderr); sys.stderr.flush()\n"
+        "display(1)\nprint('c'); sys.stdout.flush()\n1 / 0",
+        on_stdout=lambda m: seen.append(("out", m.line)),
+        on_stderr=lambda m: seen.append(("err", m.line)),
+        on_result=lambda r: seen.append(("result", r.text or "")),
+        on_error=lambda e: seen.append(("error", e.name)),
+    )
+    assert seen == [("out", "a\n"), ("err", "b\n"), ("result", "1"), ("out", "c\n"), ("error", "ZeroDivisionError")]
+    assert execution.logs.stderr == ["b\n"]
+    records = [r.type for r in sb.stream_code("print(1)\n2")]
+    assert records == ["number_of_executions", "stdout", "result", "end_of_execution"]
+    line = interpreter.to_line(interpreter.StreamRecord(type="stdout", text="1\n"))
+    assert line == '{"type":"stdout","text":"1\\n"}'  # e2b's /execute line: absent fields left out
+
+
+def test_contexts_are_independent_and_restart_and_remove(sb: Sandbox):
+    sb.run_code("shared = 'default'")
+    ctx = sb.create_code_context(cwd="/tmp")
+    assert ctx.language == "python" and ctx.cwd == "/tmp"
+    assert sb.run_code("import os; os.getcwd()", context=ctx).text == "/tmp"
+    assert sb.run_code("'shared' in globals()", context=ctx).text == "False"
+    sb.run_code("mine = 1", context=ctx.id)
+    assert sb.run_code("'mine' in globals()").text == "False"
+    assert ctx.id in [c.id for c in sb.list_code_contexts()]
+
+    sb.restart_code_context(ctx)
+    gone = sb.run_code("mine", context=ctx)
+    assert gone.error is not None and gone.error.name == "NameError"
+    assert sb.run_code("shared").text == "default"  # the default context was not restarted
+
+    sb.remove_code_context(ctx)
+    assert ctx.id not in [c.id for c in sb.list_code_contexts()]
+    for call in (
+        lambda: sb.run_code("1", context=ctx),
+        lambda: sb.restart_code_context(ctx),
+        lambda: sb.remove_code_context(ctx.id),
+    ):
+        with pytest.raises(InterpreterError, match=f"context {ctx.id} not found"):
+            call()
+    assert sb.run_code("1 + 1").text == "2"
+
+
+def test_a_long_run_in_one_context_does_not_hold_up_another(sb: Sandbox):
+    other = sb.create_code_context()
+    slow = threading.Thread(target=sb.run_code, args=("import time\ntime.sleep(5)",), kwargs={"context": other})
+    slow.start()
+    try:
+        time.sleep(0.5)
+        assert slow.is_alive()
+        assert sb.run_code("'quick'", timeout=4).text == "quick"  # while the other context sleeps
+        assert slow.is_alive()
+    finally:
+        slow.join()
+        sb.remove_code_context(other)
+
+
+def test_envs_are_set_for_one_run_then_restored(sb: Sandbox):
+    probe = "import os; (os.environ.get('JB_MODE'), os.environ.get('LANG'))"
+    before = sb.run_code(probe).text
+    assert before == "(None, 'C.UTF-8')"
+    assert sb.run_code(probe, envs={"JB_MODE": "test", "LANG": "x"}).text == "('test', 'x')"
+    assert sb.run_code(probe).text == before
+
+
+def test_bad_arguments_name_the_argument(sb: Sandbox):
+    for call, needle in (
+        (lambda: sb.run_code("1", language="python", context="x"), "language= or context="),
+        (lambda: sb.run_code("1", language="r"), "language 'r'"),
+        (lambda: sb.run_code(b"1"), "code must be a string"),  # type: ignore[arg-type]
+        (lambda: sb.run_code("1", envs={"A": 1}), "envs must map"),  # type: ignore[dict-item]
+        (lambda: sb.run_code("1", timeout=0), "timeout must be positive"),
+        (lambda: sb.create_code_context(cwd="rel"), "cwd must be an absolute path"),
+    ):
+        with pytest.raises(InterpreterError, match=needle):
+            call()
+
+
+def test_a_timeout_interrupts_the_kernel_and_the_next_run_works(sb: Sandbox):
+    sb.run_code("kept = 'yes'")
+    started = time.monotonic()
+    with pytest.raises(InterpreterTimeout, match="1 s timeout and was interrupted"):
+        sb.run_code("import time\nwhile True: time.sleep(0.01)", timeout=1)
+    assert time.monotonic() - started < 1 + interpreter.INTERRUPT_GRACE
+    assert sb.run_code("kept").text == "yes"
+
+
+def test_closing_the_stream_early_interrupts_the_code(sb: Sandbox):
+    records = sb.stream_code("import sys, time\nprint('started'); sys.stdout.flush()\ntime.sleep(60)")
+    assert [next(records).type, next(records).type] == ["number_of_executions", "stdout"]
+    started = time.monotonic()
+    records.close()  # a client that went away
+    assert sb.run_code("'next'", timeout=20).text == "next"
+    assert time.monotonic() - started < 20
+
+
+def test_a_timeout_does_not_count_time_paused(sb: Sandbox):
+    """As exec's: 2 s of running in a 3 s timeout, with the sandbox paused 3 s meanwhile."""
+    sb.run_code("'warm'")  # the gateway started: the pause falls inside the run
+    done: list[str | None] = []
+    code = "import time\nfor _ in range(20): time.sleep(0.1)\n'ran'"
+    run = threading.Thread(target=lambda: done.append(sb.run_code(code, timeout=3).text))
+    run.start()
+    time.sleep(0.5)
+    assert sb.pause()
+    time.sleep(3)
+    sb.resume()
+    run.join()
+    assert done == ["ran"]
+
+
+def test_async_twins_run_callbacks_on_the_loop():
+    async def main() -> None:
+        async with AsyncSandbox() as sb:
+            loop_thread = threading.get_ident()
+            threads: list[int] = []
+            execution = await sb.run_code("print('x')\n7", on_stdout=lambda m: threads.append(threading.get_ident()))
+            assert execution.text == "7" and threads == [loop_thread]
+            ctx = await sb.create_code_context()
+            assert ctx.id in [c.id for c in await sb.list_code_contexts()]
+            await sb.restart_code_context(ctx)
+            await sb.remove_code_context(ctx)
+            task = asyncio.ensure_future(sb.run_code("import time\ntime.sleep(60)"))
+            await asyncio.sleep(1)
+            task.cancel()  # interrupts the kernel, so the next run does not wait 60 s
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert (await sb.run_code("3", timeout=20)).text == "3"
+
+    asyncio.run(main())
+
+
+def test_close_leaves_no_process_and_no_thread():
+    sb = Sandbox()
+    sb.run_code("1")
+    sb.create_code_context()
+    procs = psutil.Process(sb.init_pid).children(recursive=True)
+    kernels = [p for p in procs if "ipykernel_launcher" in p.cmdline()]
+    assert len(kernels) == 2
+    sb.close()
+    assert not [p for p in procs if p.is_running()]
+    assert not [t for t in threading.enumerate() if t.name == f"jailbox-interpreter-{sb.id}"]
+    with pytest.raises(Exception, match="closed"):
+        sb.run_code("1")
+
+
+def test_close_during_a_run_ends_it_with_a_typed_error():
+    sb = Sandbox()
+    sb.run_code("1")
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sb.run_code("import time\ntime.sleep(60)")
+        except BaseException as exc:
+            raised.append(exc)
+
+    waiting = threading.Thread(target=run)
+    waiting.start()
+    time.sleep(1)
+    started = time.monotonic()
+    sb.close()
+    waiting.join(20)
+    assert not waiting.is_alive() and time.monotonic() - started < 20
+    assert len(raised) == 1 and isinstance(raised[0], InterpreterError), raised
+
+
+def test_reset_starts_a_fresh_interpreter():
+    with Sandbox() as sb:
+        sb.run_code("v = 1")
+        sb.reset()
+        assert sb.run_code("'v' in globals()").text == "False"
+
+
+# --- a hostile gateway ------------------------------------------------------------------------------
+# The gateway shares the jail with the code it runs, which can stop it, ptrace it or drive it through the
+# kernel's messages. These run a gateway that says what such a takeover could make it say: a real command
+# in a real jail, in place of the real gateway's source.
+
+HOSTILE = """
+import json, sys, time
+sys.stdout.write({first})
+sys.stdout.flush()
+for raw in sys.stdin:
+    rid = json.loads(raw)["id"]
+    {answer}
+    sys.stdout.flush()
+"""
+READY = json.dumps({"type": "ready", "default": "d"}) + "\n"
+
+
+def _hostile(monkeypatch: pytest.MonkeyPatch, answer: str, first: str = READY) -> Sandbox:
+    monkeypatch.setattr(interpreter, "GATEWAY", HOSTILE.format(first=repr(first), answer=answer))
+    return Sandbox()
+
+
+def _line(**fields: object) -> str:
+    return f"sys.stdout.write(json.dumps(dict(id=rid, **{fields!r})) + '\\n')"
+
+
+@pytest.mark.parametrize(
+    ("answer", "needle"),
+    [
+        ("sys.stdout.write('not json\\n')", "not JSON"),
+        ("sys.stdout.write('[1, 2]\\n')", "not a JSON object"),
+        ("sys.stdout.write('[' * 100000 + '\\n')", "not JSON"),  # nesting past the parser's stack
+        (_line(type="stdout", text=5), r"malformed line: stdout\.text"),
+        (_line(type="result", png=["x"]), r"malformed line: result\.png"),
+        (_line(type="result", is_main_result=True, sneaky=1), r"malformed line: result\.sneaky"),
+        (_line(type="number_of_executions", execution_count="many"), "malformed line"),
+        (_line(type="exec", cmd="rm -rf /"), "malformed line"),
+        (_line(type="failure", kind="boom", message="x"), "malformed failure"),
+        ("sys.stdout.write('x' * (4 << 20))", f"a line over {1 << 20} bytes"),
+        ("sys.stdout.write('x' * (4 << 20) + '\\n')", f"a line over {1 << 20} bytes"),
+    ],
+)
+def test_garbage_from_the_gateway_is_a_typed_error_that_ends_it(monkeypatch, answer: str, needle: str):
+    monkeypatch.setattr(interpreter, "INTERPRETER_LINE_MAX", 1 << 20)
+    with _hostile(monkeypatch, answer) as sb:
+        with pytest.raises(InterpreterError, match=needle):
+            sb.run_code("1", timeout=20)
+        gateway = sb._code().gateway
+        assert gateway is not None and gateway.broken is not None
+        gateway.thread.join(10)
+        assert not gateway.thread.is_alive()  # killed: its command ended
+        assert sb.exec("true").exit_code == 0  # the sandbox itself is fine
+
+
+def test_a_line_of_many_small_values_is_refused_before_it_is_parsed(monkeypatch: pytest.MonkeyPatch):
+    """28 MiB of empty lists, under the line bound: parsing it built 723 MB here."""
+    lists = "dict(id=rid, type='stdout', text=[[]] * 10_000_000)"
+    flood = f"sys.stdout.write(json.dumps({lists}, separators=(',', ':')) + '\\n')"
+    me = psutil.Process()
+    with _hostile(monkeypatch, flood) as sb:
+        sb.exec("true")
+        base = me.memory_info().rss
+        with pytest.raises(InterpreterError, match=f"JSON values, over {interpreter.INTERPRETER_LINE_VALUES}"):
+            sb.run_code("1", timeout=60)
+        grown = (me.memory_info().rss - base) >> 20
+        assert grown < 160, f"the host grew {grown} MiB"  # the line and a copy of it, and slack
+
+
+def test_garbage_in_a_context_reply_is_typed_too(monkeypatch: pytest.MonkeyPatch):
+    context = "dict(id='c', language='python', cwd='/')"
+    many = f"sys.stdout.write(json.dumps(dict(id=rid, type='contexts', contexts=[{context}] * 20000)) + '\\n')"
+    with _hostile(monkeypatch, many) as sb, pytest.raises(InterpreterError, match="malformed reply"):
+        sb.list_code_contexts()
+    with _hostile(monkeypatch, _line(type="done")) as sb, pytest.raises(InterpreterError, match="something else"):
+        sb.create_code_context()
+
+
+def test_a_gateway_that_never_answers_is_killed_after_the_grace(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(interpreter, "INTERRUPT_GRACE", 1.0)
+    monkeypatch.setattr(interpreter, "INTERPRETER_WAIT", 2.0)
+    with _hostile(monkeypatch, "time.sleep(3600)") as sb:
+        started = time.monotonic()
+        with pytest.raises(InterpreterTimeout, match="did not stop when interrupted"):
+            sb.run_code("1", timeout=1)
+        assert time.monotonic() - started < 1 + 1 + 5
+        with pytest.raises(InterpreterError, match="did not answer 'list' in 2 s"):
+            sb.list_code_contexts()  # a fresh (equally silent) gateway: the wait is bounded too
+
+
+def test_endless_lines_are_bounded_per_execution(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(interpreter, "INTERPRETER_EXECUTION_MAX", 1 << 20)
+    monkeypatch.setattr(interpreter, "INTERRUPT_GRACE", 2.0)
+    endless = f"while True: {_line(type='stdout', text='z' * 1000)}"
+    with _hostile(monkeypatch, endless) as sb:
+        with pytest.raises(InterpreterError, match=f"sent over {1 << 20} bytes and did not stop when interrupted"):
+            sb.run_code("1", timeout=60)
+        gateway = sb._code().gateway
+        assert gateway is not None and gateway.broken is not None
+
+
+def test_a_gateway_that_does_not_start_says_why(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(interpreter, "INTERPRETER_START", 2.0)
+    with _hostile(monkeypatch, "pass", first="") as sb:
+        with pytest.raises(InterpreterError, match="did not start in 2 s"):
+            sb.run_code("1")
+    missing = json.dumps({"type": "missing", "message": "No module named jupyter_client"}) + "\n"
+    with _hostile(monkeypatch, "pass", first=missing) as sb:
+        with pytest.raises(InterpreterError, match="apt-get install python3-ipykernel python3-jupyter-client"):
+            sb.run_code("1")
+    with _hostile(monkeypatch, "pass", first="{}\n") as sb, pytest.raises(InterpreterError, match="'ready'"):
+        sb.run_code("1")
+    with _hostile(monkeypatch, "pass", first="{}\n") as sb:
+        fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+        for _ in range(3):
+            with pytest.raises(InterpreterError, match="'ready'"):
+                sb.run_code("1")
+        assert len(os.listdir("/proc/self/fd")) <= fds and threading.active_count() <= threads  # nothing kept
+
+
+def test_code_that_kills_its_gateway_leaves_no_kernel_and_the_next_call_recovers():
+    with Sandbox() as sb:
+        sb.run_code("1")
+        with pytest.raises(InterpreterError, match="the interpreter ended"):
+            sb.run_code("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", timeout=20)
+        deadline = time.monotonic() + 10
+        while "ipykernel_launcher" in sb.exec("ps -eo args").stdout:  # the kernel notices its parent went
+            assert time.monotonic() < deadline, "an orphaned kernel outlived its gateway"
+            time.sleep(0.2)
+        assert sb.run_code("2").text == "2"
+
+
+def test_a_kernel_sending_malformed_messages_ends_only_its_gateway():
+    """The code drives its kernel's own iopub socket: a stream whose text is not a string."""
+    with Sandbox() as sb:
+        sb.run_code("1")
+        forged = (
+            "k = get_ipython().kernel\n"
+            "k.session.send(k.iopub_socket, 'stream', {'name': 'stdout', 'text': 5}, parent=k.get_parent())"
+        )
+        with pytest.raises(InterpreterError, match=r"malformed line: stdout\.text"):
+            sb.run_code(forged, timeout=20)
+        assert sb.run_code("2").text == "2"
+
+
+def test_endless_output_and_results_are_bounded_per_execution(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(interpreter, "INTERPRETER_EXECUTION_MAX", 1 << 20)
+    monkeypatch.setattr(interpreter, "INTERPRETER_RESULTS_MAX", 20)
+    with Sandbox() as sb:
+        sb.run_code("kept = 1")
+        with pytest.raises(InterpreterError, match=f"over {1 << 20} bytes"):
+            sb.run_code("while True: print('y' * 1000)", timeout=60)
+        with pytest.raises(InterpreterError, match="over 20 results"):
+            sb.run_code("while True: display(1)", timeout=60)
+        assert sb.run_code("kept").text == "1"  # interrupted, not killed: the context kept its state
+
+
+@pytest.mark.slow
+def test_a_print_flood_costs_the_host_one_execution_bound():
+    """At the default bounds: the host keeps at most an execution's 64 MiB (and a line) of what a tight
+    print loop sends, and the interrupt ends the loop with the context's state kept."""
+    me = psutil.Process()
+    with Sandbox() as sb:
+        sb.run_code("kept = 'yes'")
+        base, peak, done = me.memory_info().rss, [0], threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], me.memory_info().rss)
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            over = f"was interrupted: it sent over {interpreter.INTERPRETER_EXECUTION_MAX} bytes"
+            with pytest.raises(InterpreterError, match=over):
+                sb.run_code("while True: print('y' * 100000)", timeout=120)
+        finally:
+            done.set()
+            watcher.join()
+        slack = 32 << 20  # the interpreter's Python objects around the text, allocator slack
+        bound = interpreter.INTERPRETER_EXECUTION_MAX + interpreter.INTERPRETER_LINE_MAX + slack
+        assert peak[0] - base < bound, f"the host grew {(peak[0] - base) >> 20} MiB"  # measured: 65-71 MiB
+        assert sb.run_code("kept").text == "yes"
+
+
+def test_a_stopped_gateway_is_killed_after_the_grace(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(interpreter, "INTERRUPT_GRACE", 1.0)
+    with Sandbox() as sb:
+        sb.run_code("1")
+        started = time.monotonic()
+        with pytest.raises(InterpreterTimeout, match="did not stop when interrupted"):
+            sb.run_code(
+                "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nimport time; time.sleep(60)", timeout=2
+            )
+        assert time.monotonic() - started < 2 + 1 + 5
+        assert sb.run_code("3").text == "3"
+
+
+def test_the_recipe_has_the_kernel_and_the_paper_trees_do_not():
+    recipe = load_recipe("code-interpreter")
+    for package in ("python3-ipykernel", "python3-jupyter-client", "python3-pandas", "python3-matplotlib"):
+        assert package in recipe.packages
+    for paper in ("default", "debian"):
+        assert not [p for p in load_recipe(paper).packages if "ipykernel" in p or "jupyter" in p]
+
+
+def test_the_host_rootfs_imports_matplotlib():
+    with Sandbox() as sb:
+        result = sb.exec(["python3", "-c", "import matplotlib; print(matplotlib.get_configdir() != '')"])
+        assert result.exit_code == 0, result.stderr
