@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -43,7 +43,23 @@ from .limits import (
 from .rootfs.image import json_values
 
 if TYPE_CHECKING:
-    from .sandbox import Sandbox
+    from .execution import Stdin
+    from .jail import Jail
+
+
+class Host(Protocol):
+    """What the interpreter needs of its sandbox (a ``Sandbox``, which holds it): its jail, and a
+    long-lived command in it."""
+
+    _jail: Jail
+
+    @property
+    def id(self) -> str: ...
+
+    def begin_exec(
+        self, cmd: list[str], *, stdin: Stdin | None = None, on_stdout: Callable[[bytes], None] | None = None
+    ) -> ExecRun: ...
+
 
 DEFAULT_TIMEOUT = 300.0  # seconds an execution may run, as e2b's SDK
 INTERRUPT_GRACE = 10.0  # seconds an interrupted execution has to end before the gateway is killed
@@ -216,7 +232,7 @@ class _Waiter:
 class Gateway:
     """The gateway command of one jail and the thread that reads it."""
 
-    def __init__(self, sb: Sandbox) -> None:
+    def __init__(self, sb: Host) -> None:
         self.jail = sb._jail
         self.paused_for = sb._jail.pausing.paused_for  # seconds the sandbox spent paused: no timeout counts them
         self.ids = itertools.count(1)
@@ -504,7 +520,7 @@ def _first(exc: ValidationError) -> str:
 class Interpreter:
     """A sandbox's code interpreter: started on the first call, ended with the sandbox."""
 
-    def __init__(self, sb: Sandbox) -> None:
+    def __init__(self, sb: Host) -> None:
         self.sb = sb
         self.lock = threading.Lock()
         self.gateway: Gateway | None = None

@@ -81,7 +81,7 @@ def test_a_mistyped_recipe_is_an_error_that_lists_the_recipes(store: Store) -> N
     for args in (["slimm"], ["mine", "--recipe", "slimm"]):
         r = subprocess.run([*JAILBOX, "rootfs", "build", *args], capture_output=True, text=True, timeout=60)
         assert r.returncode == 1, r.stderr
-        assert "no recipe named 'slimm'; shipped recipes: debian, default, slim" in r.stderr
+        assert "no recipe named 'slimm'; shipped recipes: code-interpreter, debian, default, slim" in r.stderr
         assert "--recipe FILE" in r.stderr
         assert "mmdebstrap" not in r.stderr  # refused before anything was started
     assert store.list() == []
