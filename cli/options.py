@@ -235,6 +235,26 @@ def _agent_jail_options(func: Any) -> Any:
     return _jail_options(func, rootfs=None, network="full")
 
 
+SECRET_OPTION = click.option(
+    "--secret",
+    "secrets",
+    multiple=True,
+    metavar="NAME@HOST[,HOST][:FILE]",
+    help="A credential commands see only as a placeholder in $NAME; its value from $NAME here, or FILE; "
+    "added at jailbox's proxy to HTTPS requests to HOST (repeatable; docs/secrets.md).",
+)
+
+
+def _secrets(texts: tuple[str, ...]) -> list[Any]:
+    """``--secret`` flags as ``Secret``s, their values from this process's environment or files."""
+    if not texts:
+        return []
+    from ..sandbox.net.secrets import from_flag
+
+    with _fed_by("--secret"):
+        return [from_flag(text, dict(os.environ)) for text in texts]
+
+
 def _jail_options(func: Any, rootfs: str | None = "host", network: str = "none") -> Any:
     options = [
         _shaping_options,
@@ -259,14 +279,7 @@ def _jail_options(func: Any, rootfs: str | None = "host", network: str = "none")
         ),
         click.option("--workdir", default=None, help="Working directory inside [default: the image's, else /testbed]."),
         click.option("--env", "envs", multiple=True, metavar="K=V", help="Set a variable inside (repeatable)."),
-        click.option(
-            "--secret",
-            "secrets",
-            multiple=True,
-            metavar="NAME@HOST[,HOST][:FILE]",
-            help="A credential commands see only as a placeholder in $NAME; its value from $NAME here, or FILE; "
-            "added at the allow proxy to HTTPS requests to HOST (repeatable; docs/secrets.md).",
-        ),
+        SECRET_OPTION,
         click.option(
             "--network",
             default=network,
@@ -312,12 +325,7 @@ def _config(
 
     with _fed_by("--env"):
         env = _env_pairs(envs)
-    held = []
-    if secrets:
-        from ..sandbox.net.secrets import from_flag
-
-        with _fed_by("--secret"):
-            held = [from_flag(text, dict(os.environ)) for text in secrets]
+    held = _secrets(secrets)
     with _fed_by("--bind"):
         mounts = [Mount.parse(b) for b in binds]
     with _fed_by("--network"):

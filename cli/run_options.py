@@ -14,11 +14,13 @@ from .options import (
     COPY_OUT_HELP,
     ROOTFS_DEFAULT_HELP,
     RUN_NETWORK_HELP,
+    SECRET_OPTION,
     _endpoint,
     _group,
     _llm_bound_options,
     _llm_bounds,
     _llm_retries_option,
+    _secrets,
     _shaped,
     _shaping_options,
     _time_limit_option,
@@ -117,6 +119,7 @@ _run_jail_options = _group(
         help="Image to run in, pulled into the store unless it is there already (instead of --rootfs).",
     ),
     click.option("--network", default="full", show_default=True, metavar="MODE", help=RUN_NETWORK_HELP),
+    SECRET_OPTION,
     _shaping_options,
 )
 """The jail the agent works in: ``_sandbox_fields`` builds ``SandboxConfig``'s fields from them."""
@@ -150,10 +153,12 @@ def _llm_fields(
     return fields
 
 
-def _sandbox_fields(rootfs: str | None, network: str, **shaping: Any) -> dict[str, Any]:
+def _sandbox_fields(rootfs: str | None, network: str, secrets: tuple[str, ...], **shaping: Any) -> dict[str, Any]:
     """``SandboxConfig``'s fields from ``_run_jail_options``' flags but --docker-image (pulled last, once the
     other flags are known good); a bound's own error names its flag."""
-    return {"rootfs": rootfs or default_rootfs(), "network": network, **_shaped(**shaping)}
+    held = _secrets(secrets)
+    fields = {"rootfs": rootfs or default_rootfs(), "network": network, **_shaped(**shaping)}
+    return {**fields, "secrets": held} if held else fields
 
 
 def _extra_body(text: str) -> dict[str, Any]:

@@ -296,3 +296,20 @@ def test_a_created_sandbox_keeps_its_secret_in_the_service_not_in_its_listing(tm
         shown = jailbox(env, "exec", "--id", made.stdout.strip(), "--", "sh", "-c", "printf %s $TOKEN")
         listed = jailbox(env, "ps", "--json")
     assert shown.stdout.startswith("jailbox-secret-") and VALUE not in shown.stdout + listed.stdout
+
+
+def test_run_takes_the_secret_flag_and_refuses_a_bad_one_before_any_model_call(tmp_path: Path) -> None:
+    from support.llm_server import ScriptedServer
+
+    with ScriptedServer() as server:
+        base = [*JAILBOX, "run", "--query", "q", "--llm-name", "m", "--llm-base-url", server.url]
+        env = {**os.environ, "JAILBOX_STATE_DIR": str(tmp_path / "state")}
+        for flag, says in [("NOPE@x.test", "$NOPE is not set here"), ("TOKEN", "expected NAME@HOST")]:
+            r = subprocess.run([*base, "--secret", flag], capture_output=True, text=True, env=env, cwd=tmp_path)
+            assert r.returncode == 2 and says in r.stderr and "--secret" in r.stderr, r.stderr
+        r = subprocess.run(
+            [*base, "--rootfs", "host", "--secret", "TOKEN@api.example.com"],
+            capture_output=True, text=True, env={**env, "TOKEN": VALUE}, cwd=tmp_path,
+        )  # fmt: skip
+        assert r.returncode == 2 and "secrets need a root filesystem" in r.stderr and VALUE not in r.stderr, r.stderr
+        assert server.requests == []
