@@ -408,6 +408,25 @@ def test_a_pax_record_longer_than_its_header_is_refused_not_taken_for_the_end(ar
         unpack.extract_tar(io.BytesIO(data), tree)
 
 
+@pytest.mark.parametrize(
+    "record",
+    [b"3 path=x\n", b"18 path=x\n" + bytes(9), b"10 pathx=!", b"9 pathx\n", b"x9 path=x\n", b"19 path=x\n"],
+    ids=["shorter", "past-its-newline", "no-newline", "no-equals", "no-length", "past-the-header"],
+)
+def test_a_malformed_pax_record_is_refused_whichever_python_parses_it(area, record: bytes) -> None:
+    """Python 3.11.2's tarfile refuses these and 3.11.7's takes some (the padding as a value): the
+    records are judged before either reads them."""
+    tree, _ = area
+    bad = raw_header("PaxHeader/evil", tarfile.XHDTYPE, len(record)) + record + bytes(-len(record) % 512)
+    with pytest.raises(UnsafeArchive, match=r"^\(the first member\): a malformed PAX header \(invalid header\)$"):
+        unpack.extract_tar(io.BytesIO(bad + _file("evil") + bytes(1024)), tree)
+    assert not (tree / "evil").exists()
+    good = b"11 path=ok\n"
+    fine = raw_header("PaxHeader/ok", tarfile.XHDTYPE, len(good) + 3) + good + bytes(512 - len(good))
+    unpack.extract_tar(io.BytesIO(fine + _file("evil") + bytes(1024)), tree)  # NUL padding after the records
+    assert (tree / "ok").exists()
+
+
 @pytest.mark.parametrize("mtime", ["1e999", "nan"])
 def test_a_pax_time_out_of_range_is_refused_naming_the_member(area, mtime: str) -> None:
     tree, _ = area

@@ -132,6 +132,17 @@ def users_present() -> None:
         f"local users {', '.join(USERS)} and runuser",
         "sudo useradd -m -s /bin/bash jailbox-ci && sudo useradd -m -s /bin/bash jbfresh",
     )
+    # The holders run this test's Python as each user: one under a directory only root may enter
+    # (pyenv's in /root, say) cannot start for them.
+    for user in USERS:
+        probe = subprocess.run(
+            [*as_user(user, Path("/")), sys.executable, "-c", "import jailbox"], cwd="/", capture_output=True
+        )
+        require(
+            probe.returncode == 0,
+            f"this test's Python ({sys.executable}) and jailbox, runnable by {user}",
+            "make the virtual environment from a Python every user can run: /usr/bin/python3 -m venv .venv",
+        )
 
 
 @pytest.mark.root

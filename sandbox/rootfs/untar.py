@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import tarfile
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
 from ..floor.linux import RESOLVE_NO_SYMLINKS, open_beneath
 from ..floor.tree import remove_at
@@ -106,6 +107,17 @@ class _Header(tarfile.TarInfo):
         try:
             if tf.chain > MAX_HEADERS:
                 raise HeaderRefused(f"more than {MAX_HEADERS} extension headers before one member")
+            if self.type in _PAX_HEADERS:
+                # Judged here, not by tarfile: how lenient its record parser is changed within 3.11
+                # (3.11.7 reads a record past its header's end and takes NUL padding for a value).
+                block = tf.fileobj.read(self._block(self.size))  # type: ignore[attr-defined]
+                _check_pax(block[: self.size], kind)
+                stream = tf.fileobj
+                tf.fileobj = _Replay(block, stream)  # reads as tarfile's stream does
+                try:
+                    return super()._proc_member(tf)  # type: ignore[misc]
+                finally:
+                    tf.fileobj = stream
             return super()._proc_member(tf)  # type: ignore[misc]
         # its own records (the next header's errors come wrapped); typeshed lacks the class
         except tarfile.InvalidHeaderError as exc:  # type: ignore[attr-defined]
@@ -121,6 +133,40 @@ class _Header(tarfile.TarInfo):
 
     def _proc_gnusparse_10(self, next: tarfile.TarInfo, pax_headers: object, tf: object) -> None:
         raise HeaderRefused(f"a PAX sparse file ({_SPARSE})", next.name)
+
+
+_PAX_LENGTH = re.compile(rb"([0-9]{1,20}) ")
+
+
+def _check_pax(records: bytes, kind: str) -> None:
+    """Refuse PAX records that are not each ``LENGTH KEY=VALUE\\n`` wholly inside the header,
+    LENGTH counting the whole record (POSIX); NUL padding after the last record is allowed."""
+    pos = 0
+    while pos < len(records) and records[pos] != 0:
+        match = _PAX_LENGTH.match(records, pos)
+        length = int(match.group(1)) if match else 0
+        end = pos + length
+        if not match or end > len(records) or records[end - 1 : end] != b"\n" or b"=" not in records[match.end() : end]:
+            raise HeaderRefused(f"a malformed {kind} header (invalid header)")
+        pos = end
+
+
+class _Replay:
+    """The stream tarfile reads, with an extension header's block (already read, to be judged) given
+    back first."""
+
+    def __init__(self, block: bytes, stream: Any) -> None:  # tarfile's own stream class, private
+        self.block: bytes | None = block
+        self.stream = stream
+
+    def read(self, size: int) -> bytes:
+        if self.block is None:
+            return self.stream.read(size)
+        block, self.block = self.block, None  # tarfile's next read is that same block
+        return block
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 class _Tar(tarfile.TarFile):
