@@ -29,6 +29,7 @@ class Settings:
     branch_files: int = 10_000  # files in the layer a checkpoint copies (64 MiB at 10,000)
     branch_reps: int = 5
     fork_children: int = 16
+    fork_many: int = 100  # children of the larger fork
     snapshot_starts: int = 100  # sandboxes started from one snapshot at once
     secret_reps: int = 200  # HTTPS requests with and without a secret added at the proxy
     code_reps: int = 300  # run_code("1+1") on a warm context
@@ -59,6 +60,7 @@ QUICK = Settings(
     branch_files=200,
     branch_reps=2,
     fork_children=2,
+    fork_many=3,
     snapshot_starts=4,
     secret_reps=10,
     serve_idle=8,

@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 from support.service_probe import jailbox, own_service
+from support.trees import SETUP, manifest
 
 from jailbox.sandbox import AsyncSandbox, Limits, Mount, Sandbox
 from jailbox.sandbox.errors import PauseFailed, SandboxClosed, SandboxPaused
@@ -165,6 +166,39 @@ def test_a_paused_jail_uses_no_cpu_and_resumes_as_it_was(limits):
             assert jail_cpu(sb) > stopped  # the loops run again
         assert jail_cpu(sb) > cpu
         assert listing(sb) == before
+
+
+# Written between pauses, one round after another: content, a mode, a link, a hole, an xattr, a removal.
+ROUND = (
+    "echo round {n} >> /root/tree/file; chmod 07{n}0 /root/tree/random; ln -sf /round/{n} /root/tree/abs-link; "
+    "truncate -s {n}M /root/tree/sparse; rm -rf /root/tree/sub; mkdir /root/r{n}; "
+    "python3 -c 'import os; os.setxattr(\"/root/tree/random\", \"user.round\", b\"{n}\")'"
+)
+# A writer that runs through every pause: each line the next number, written and flushed one at a time.
+WRITER = "nohup python3 -c 'import itertools, sys\nfor i in itertools.count(): print(i, flush=True)' > /root/log 2>&1 &"
+
+
+def test_pause_write_pause_resume_keeps_the_tree_byte_for_byte(limits):
+    """Three rounds of write, pause, resume: after each, the tree (content, modes, owners, links,
+    holes, xattrs) is byte for byte what was written before the pause, and a writer that ran through
+    every pause left a whole, unbroken sequence."""
+    with Sandbox(limits=limits, cap_add=["CHOWN", "FOWNER", "FSETID", "DAC_OVERRIDE"]) as sb:
+        assert sb.exec(SETUP).exit_code == 0
+        assert sb.exec(WRITER).exit_code == 0
+        for n in (1, 2, 3):
+            assert sb.exec(ROUND.format(n=n)).exit_code == 0
+            written = manifest(sb)
+            assert sb.pause() is True
+            time.sleep(0.3)
+            assert sb.resume() is True
+            after = manifest(sb)
+            log = after.pop("/root/log"), written.pop("/root/log")  # grows: the writer runs again
+            assert after == written, f"round {n}: the tree changed across a pause"
+            assert log[0][4] >= log[1][4]
+        sb.exec("pkill -f itertools; true")
+        numbers = sb.exec("cat /root/log").stdout.split()
+        assert len(numbers) > 10 and numbers == [str(i) for i in range(len(numbers))]
+        assert sb.exec("cat /root/tree/file").stdout == "content\nround 1\nround 2\nround 3\n"
 
 
 def test_the_watcher_leaves_a_paused_jail_within_its_bounds_alone(limits):

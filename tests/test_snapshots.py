@@ -6,6 +6,7 @@ to host paths; a private store; nothing left behind."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HOST_SECRET, snapshot
+from support.other_users import as_user, homes, require_users
 from support.service_probe import jailbox, own_service
 from support.trees import SETUP, manifest
 from support.waits import wait_until
@@ -25,6 +27,7 @@ from jailbox.sandbox import AsyncSandbox, Sandbox, SandboxConfig, SandboxPool
 from jailbox.sandbox.errors import BranchError, SnapshotNotFound
 from jailbox.sandbox.rootfs.store import Store
 
+HANG = 300  # seconds: a hang guard only, never a measure
 CAPS = ["CHOWN", "FOWNER", "FSETID", "DAC_OVERRIDE"]
 
 
@@ -263,6 +266,76 @@ def test_the_store_of_snapshots_is_private(left: Callable[[], list[str]], shelf:
         st = path.lstat()
         assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0, path
     assert left() == []
+
+
+# As another user, with JAILBOX_CACHE_DIR naming the owner's store: list it, start from the snapshot
+# by id, and read or start from its tree by path. Prints what each attempt got.
+OTHER_TRIES = r"""
+import json, os, sys
+from jailbox import snapshots
+from jailbox.sandbox import Sandbox
+
+ident, tree = sys.argv[1:3]
+out = {}
+def attempt(key, call):
+    try:
+        out[key] = call()
+    except Exception as exc:
+        out[key] = "refused: " + type(exc).__name__ + ": " + str(exc)
+def start(**how):
+    with Sandbox(**how) as sb:
+        return sb.exec("cat /root/secret").stdout
+attempt("list", lambda: [snap.id for snap in snapshots.list()])
+attempt("use", lambda: start(snapshot=ident))
+attempt("read", lambda: os.listdir(tree))
+attempt("as-rootfs", lambda: start(rootfs=tree))
+print(json.dumps(out))
+"""
+# As the owner (not root): a snapshot of a sandbox that wrote a secret; prints its id and its tree.
+OWN_SNAPSHOT = r"""
+from jailbox import snapshots
+from jailbox.sandbox import Sandbox
+with Sandbox() as sb:
+    sb.exec("echo mine > /root/secret")
+    snap = sb.snapshot()
+print(snap.id, snapshots.root() / snap.id)
+"""
+
+
+@pytest.mark.root
+def test_another_user_can_neither_read_nor_use_a_users_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root's snapshots against jailbox-ci, and jailbox-ci's own (a rootless store, its files owned by
+    subordinate ids) against jbfresh: each told where the store is, the way to it opened up to the
+    directories jailbox made, and trying every door."""
+    require_users()
+    with homes() as home:
+        cache = home["jailbox-ci"].parent / "root-cache"
+        monkeypatch.setenv("JAILBOX_CACHE_DIR", str(cache))
+        with Sandbox() as sb:
+            sb.exec("echo mine > /root/secret")
+            snap = sb.snapshot()
+        owned = {"root": (snap.id, str(snapshots.root() / snap.id), str(cache))}
+        cache.chmod(0o755)  # what stands between another user and the snapshot is the store's own modes
+        made = subprocess.run(
+            [*as_user("jailbox-ci", home["jailbox-ci"]), sys.executable, "-c", OWN_SNAPSHOT],
+            capture_output=True, text=True, cwd="/", timeout=HANG,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        ident, tree = made.stdout.split()
+        owned["jailbox-ci"] = (ident, tree, str(Path(tree).parent.parent))  # the store: ~/.cache/jailbox
+        for owner, other in (("root", "jailbox-ci"), ("jailbox-ci", "jbfresh")):
+            ident, tree, store = owned[owner]
+            tried = subprocess.run(
+                [*as_user(other, home[other]), f"JAILBOX_CACHE_DIR={store}", sys.executable, "-c", OTHER_TRIES,
+                 ident, tree],
+                capture_output=True, text=True, cwd="/", timeout=HANG,
+            )  # fmt: skip
+            assert tried.returncode == 0, tried.stderr
+            got = json.loads(tried.stdout)
+            assert all(str(value).startswith("refused: ") for value in got.values()), (owner, other, got)
+            assert "mine" not in tried.stdout, got
+        cache.chmod(0o700)  # as jailbox keeps it, which it checks before removing
+        snapshots.remove(snap.id)
 
 
 # --- the CLI --------------------------------------------------------------------------------------

@@ -10,19 +10,19 @@ sleepers in every sandbox of the three are counted from /proc, which none of the
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pwd
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import require
+from support import other_users
+from support.other_users import as_user, require_users
 
 from jailbox.sandbox import hostids
 from jailbox.sandbox.limits import budget
@@ -31,7 +31,7 @@ from jailbox.sandbox.limits import budget
 pytestmark = pytest.mark.alone
 
 ROOT = Path(__file__).resolve().parent.parent
-USERS = ("jailbox-ci", "jbfresh")
+USERS = other_users.OTHERS
 BUDGET = 600  # small, so every part fills quickly: root's 300, each other account's 600 // 2 // accounts
 SANDBOXES = 2
 FORKS = 250  # a user's sandboxes try 500 sleepers: more than any part, as much as the whole budget
@@ -66,13 +66,6 @@ for sb in sandboxes:
 """
 
 
-def as_user(user: str | None, home: Path) -> list[str]:
-    """The prefix that runs a command as ``user`` (None: as root, this process's user)."""
-    if user is None:
-        return []
-    return ["runuser", "-u", user, "--", "env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", "LANG=C.UTF-8"]
-
-
 def jailed_tasks(inits: list[int]) -> int:
     """Tasks of the processes of the jails whose inits are ``inits`` (host pids): each init and what
     is under it, in a pid namespace of its own, read from /proc, which no jail and no user can write."""
@@ -102,47 +95,8 @@ def jailed_tasks(inits: list[int]) -> int:
 
 @pytest.fixture
 def homes() -> Iterator[dict[str, Path]]:
-    """A home (and with it a state directory) for each user, theirs, removed after: outside pytest's
-    own temporary directories, which only root may enter."""
-    base = Path(tempfile.mkdtemp(prefix="jbx-pids-users-"))
-    base.chmod(0o755)
-    made = {}
-    try:
-        for user in USERS:
-            with contextlib.suppress(KeyError):
-                entry = pwd.getpwnam(user)
-                made[user] = base / user
-                made[user].mkdir()
-                os.chown(made[user], entry.pw_uid, entry.pw_gid)
+    with other_users.homes(USERS) as made:
         yield made
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def users_present() -> None:
-    present = []
-    for user in USERS:
-        try:
-            pwd.getpwnam(user)
-            present.append(user)
-        except KeyError:
-            pass
-    require(
-        len(present) == len(USERS) and shutil.which("runuser") is not None,
-        f"local users {', '.join(USERS)} and runuser",
-        "sudo useradd -m -s /bin/bash jailbox-ci && sudo useradd -m -s /bin/bash jbfresh",
-    )
-    # The holders run this test's Python as each user: one under a directory only root may enter
-    # (pyenv's in /root, say) cannot start for them.
-    for user in USERS:
-        probe = subprocess.run(
-            [*as_user(user, Path("/")), sys.executable, "-c", "import jailbox"], cwd="/", capture_output=True
-        )
-        require(
-            probe.returncode == 0,
-            f"this test's Python ({sys.executable}) and jailbox, runnable by {user}",
-            "make the virtual environment from a Python every user can run: /usr/bin/python3 -m venv .venv",
-        )
 
 
 @pytest.mark.root
@@ -150,7 +104,7 @@ def users_present() -> None:
 def test_sandboxes_of_several_users_together_stay_within_the_host_budget(homes: dict[str, Path]) -> None:
     """Before, each user's sandboxes held up to the whole budget (with 1,500, two users held 1,404
     each): here root and two users would take about 600 each. Now together they stay within it."""
-    users_present()
+    require_users(USERS)
     env = {**os.environ, budget.BUDGET_ENV: str(BUDGET)}
     holders: dict[str, subprocess.Popen[str]] = {}
     try:
@@ -187,7 +141,7 @@ def test_sandboxes_of_several_users_together_stay_within_the_host_budget(homes: 
 
 @pytest.mark.root
 def test_doctor_tells_each_user_its_part_of_the_host_budget(homes: dict[str, Path]) -> None:
-    users_present()
+    require_users(USERS)
     probe = r"""
 import json, sys
 from jailbox.sandbox.checks import doctor
@@ -258,7 +212,7 @@ def test_every_account_computes_parts_that_sum_to_the_budget(tmp_path: Path, mon
 def test_root_of_a_namespace_another_user_made_takes_that_users_part(homes: dict[str, Path]) -> None:
     """``unshare -r`` makes the user root of a namespace of its own; the kernel still counts its
     sandboxes as that user's, so they take that user's part, not root's."""
-    users_present()
+    require_users(USERS)
     require(shutil.which("unshare") is not None, "unshare (util-linux)", "apt-get install util-linux")
     probe = "from jailbox.sandbox.limits import budget; print(budget.caller())"
     r = subprocess.run(
