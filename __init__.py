@@ -23,6 +23,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxPool",
     "SeccompPolicy",
+    "Secret",
     "Snapshot",
 ]
 
@@ -37,6 +38,7 @@ if _typing.TYPE_CHECKING:
         SandboxConfig,
         SandboxPool,
         SeccompPolicy,
+        Secret,
         Snapshot,
     )
     from .sandbox import snapshots as snapshots

@@ -21,8 +21,7 @@ from pathlib import Path
 from bench.results import CaseResult, Row, Target
 from bench.settings import Settings
 from bench.timing import Summary
-from jailbox.sandbox import Mount, Sandbox, SandboxConfig, hostids
-from jailbox.sandbox.net.secrets import Secret
+from jailbox.sandbox import Mount, Sandbox, SandboxConfig, Secret, hostids
 
 BOUND, PLAIN = "bound.bench.test", "plain.bench.test"
 HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")

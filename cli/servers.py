@@ -5,13 +5,17 @@ Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .app import main
-from .errors import _flag_error, _missing_extra
-from .options import _bound_options, _limits
+from .errors import _fed_by, _flag_error, _missing_extra
+from .options import NETWORK_HELP, SECRET_OPTION, _bound_options, _limits, _secrets
+
+if TYPE_CHECKING:
+    from ..sandbox import Limits
+    from ..servers.e2b.registry import Shape
 
 
 @main.command("serve")
@@ -36,6 +40,8 @@ from .options import _bound_options, _limits
 @click.option("--max-timeout", type=click.IntRange(min=1), default=86400, show_default=True)
 @click.option("--warm", type=click.IntRange(0, 64), default=2, show_default=True, help="jails kept ready per template")
 @click.option("-v", "--verbose", is_flag=True, help="log every request")
+@click.option("--network", default="none", show_default=True, metavar="MODE", help=NETWORK_HELP)
+@SECRET_OPTION
 @_bound_options
 def serve_cmd(
     host: str,
@@ -47,16 +53,20 @@ def serve_cmd(
     max_timeout: int,
     warm: int,
     verbose: bool,
+    network: str,
+    secrets: tuple[str, ...],
     **bounds: Any,
 ) -> None:
     """Serve sandboxes over the E2B API, for the E2B SDKs (see docs/e2b.md).
-    Each sandbox gets the bounds given here (the API has no way to ask for others).
+    Each sandbox gets the bounds, network and secrets given here (the API has no way to ask for
+    others); a secret needs a stored root filesystem as the template.
 
     \b
     Example:
       jailbox serve --port 49982 --memory 1g --cpus 1
+      jailbox serve --network allow:github --secret GITHUB_TOKEN@api.github.com
     """
-    limits = _limits(**bounds)  # a bad bound is named before anything else is loaded or started
+    shape = _shape(network, secrets, _limits(**bounds))  # named before anything is loaded or started
     from pathlib import Path
 
     from ..servers.keys import KeyFileError
@@ -68,13 +78,26 @@ def serve_cmd(
         _missing_extra("serve", exc)
     try:
         keys = Path(api_key_file) if api_key_file is not None else None
-        run(host, port, keys, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose, limits)
+        run(host, port, keys, max_sandboxes, max_per_key, timeout, max_timeout, warm, verbose, shape)
     except BadFlag as exc:
         _flag_error(exc.flag, str(exc))
     except KeyFileError as exc:  # its text names the flag and the file: --api-key-file PATH: ...
         _flag_error("", str(exc))
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _shape(network: str, secrets: tuple[str, ...], limits: Limits) -> Shape:
+    """What every sandbox ``serve`` makes gets from its flags, checked together as a sandbox made
+    over a stored root filesystem would be (a secret needs one: the E2B template names it)."""
+    from ..sandbox import NetworkPolicy, SandboxConfig
+
+    with _fed_by("--network"):
+        policy = NetworkPolicy.parse(network)
+    held = _secrets(secrets)
+    with _fed_by("--secret"):  # the bounds and the network are checked already: what is left is the secrets'
+        SandboxConfig(rootfs="default", network=policy, secrets=held, limits=limits)
+    return {"limits": limits, "network": policy, "secrets": held}
 
 
 @main.command("mcp")

@@ -22,6 +22,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxPool",
     "SeccompPolicy",
+    "Secret",
     "Snapshot",
     "errors",
     "hostfs",
@@ -42,6 +43,7 @@ _LAZY = {  # public name -> the module (relative to this package) that defines i
     "SandboxConfig": ".config",
     "SandboxPool": ".pool",
     "SeccompPolicy": ".seccomp.policy",
+    "Secret": ".net.secrets",
     "Snapshot": ".snapshots",
     "printable": ".escapes",
 }
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from .interpreter import CodeContext, Execution
     from .net.policy import NetworkPolicy
     from .net.proxy import NetworkLogEntry
+    from .net.secrets import Secret
     from .pool import SandboxPool
     from .results import ExecResult
     from .sandbox import Sandbox

@@ -19,6 +19,7 @@ PUBLIC = [
     "SandboxConfig",
     "SandboxPool",
     "SeccompPolicy",
+    "Secret",
     "Snapshot",
 ]
 

@@ -172,7 +172,7 @@ def test_a_paused_jail_uses_no_cpu_and_resumes_as_it_was(limits):
 ROUND = (
     "echo round {n} >> /root/tree/file; chmod 07{n}0 /root/tree/random; ln -sf /round/{n} /root/tree/abs-link; "
     "truncate -s {n}M /root/tree/sparse; rm -rf /root/tree/sub; mkdir /root/r{n}; "
-    "python3 -c 'import os; os.setxattr(\"/root/tree/random\", \"user.round\", b\"{n}\")'"
+    'python3 -c \'import os; os.setxattr("/root/tree/random", "user.round", b"{n}")\''
 )
 # A writer that runs through every pause: each line the next number, written and flushed one at a time.
 WRITER = "nohup python3 -c 'import itertools, sys\nfor i in itertools.count(): print(i, flush=True)' > /root/log 2>&1 &"

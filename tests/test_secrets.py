@@ -22,8 +22,7 @@ from support.cli import JAILBOX
 from support.service_probe import jailbox, own_service
 from support.standin import make_ca
 
-from jailbox.sandbox import NetworkPolicy, Sandbox, SandboxConfig
-from jailbox.sandbox.net.secrets import Secret
+from jailbox.sandbox import NetworkPolicy, Sandbox, SandboxConfig, Secret
 
 VALUE = "ghp_real-value-0123456789abcdef"
 BOUND, OTHER = "allowed.test", "other.test"
@@ -240,6 +239,82 @@ def test_the_sandbox_ca_vouches_for_the_bound_hosts_only_and_its_key_stays_out(w
     assert constraints.critical and [n.value for n in constraints.value.permitted_subtrees] == [BOUND]
 
 
+# Run in the jail as its root with every capability: reads the environment, arguments and every
+# readable memory region of each process it can see but itself, and every file outside /proc, /sys,
+# /dev and /usr (the host's, read-only, which jailbox never writes), for a needle given XOR-masked
+# (so the needle is in no process but the scanner); prints which processes and files hold it, and
+# how much it read.
+SCAN = r"""
+import json, os, sys
+needle = bytes(b ^ 0x5A for b in bytes.fromhex(sys.argv[1]))
+hits, regions, files = [], 0, 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == os.getpid():
+        continue
+    for part in ("environ", "cmdline"):
+        try:
+            if needle in open(f"/proc/{pid}/{part}", "rb").read():
+                hits.append(f"{pid}/{part}")
+        except OSError:
+            pass
+    try:
+        maps = open(f"/proc/{pid}/maps").read().splitlines()
+        mem = open(f"/proc/{pid}/mem", "rb", 0)
+    except OSError:
+        continue
+    for line in maps:
+        start, end = (int(x, 16) for x in line.split()[0].split("-"))
+        if "r" not in line.split()[1] or end - start > 1 << 28:
+            continue
+        try:
+            mem.seek(start)
+            data = mem.read(end - start)
+        except (OSError, OverflowError, ValueError):
+            continue
+        regions += 1
+        if needle in data:
+            hits.append(f"{pid}/mem {line}")
+for top in os.listdir("/"):
+    if top in ("proc", "sys", "dev", "usr") or os.path.islink("/" + top):  # /lib, /bin: into /usr
+        continue
+    for here, dirs, names in os.walk("/" + top):
+        for name in names:
+            path = os.path.join(here, name)
+            try:
+                if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) < 1 << 26:
+                    files += 1
+                    if needle in open(path, "rb").read():
+                        hits.append(path)
+            except OSError:
+                pass
+print(json.dumps({"hits": hits, "regions": regions, "files": files}))
+"""
+
+
+def masked(text: str) -> str:
+    return bytes(b ^ 0x5A for b in text.encode()).hex()
+
+
+@pytest.mark.needs("openssl", "curl")
+def test_the_jail_finds_the_value_in_no_process_memory_or_file_it_can_reach(world) -> None:
+    """After the proxy has used the value, the jail's root, with every capability, searches each
+    process it can see (environment, arguments, memory) and every file it can reach: the proxy and
+    its vault live in a host process outside the jail's pid namespace, and its certificates' keys
+    never touch a file. The same scan finds a marker a jailed process holds and a file it wrote, so
+    it does read."""
+    tls, _, config = world
+    with Sandbox(config.model_copy(update={"cap_add": ["ALL"]})) as sb:
+        assert sb.exec(curl(f"https://{BOUND}:{tls.port}/check")).stdout == "real\n"
+        marker = "held-by-a-jailed-process-" + os.urandom(8).hex()
+        held = f"nohup python3 -c 'import time; kept = bytes.fromhex(\"{marker.encode().hex()}\"); time.sleep(600)' &"
+        assert sb.exec(f"{held} >/dev/null 2>&1; printf %s {marker} > /root/held; sleep 0.5").exit_code == 0
+        control = json.loads(sb.exec(["python3", "-c", SCAN, masked(marker)], timeout=300).stdout)
+        found = json.loads(sb.exec(["python3", "-c", SCAN, masked(VALUE)], timeout=300).stdout)
+    assert any("/mem " in hit for hit in control["hits"]) and "/root/held" in control["hits"], control
+    assert found["hits"] == [] and found["regions"] > 20 and found["files"] == control["files"], found
+    assert tls.seen[0]["headers"]["Authorization"] == f"Bearer {VALUE}"
+
+
 def test_secrets_are_refused_where_they_cannot_be_kept_out_in_one_line(tmp_path: Path) -> None:
     secret = Secret(name="TOKEN", value="v", hosts=["api.example.com"])
     for fields, says in [
@@ -313,3 +388,48 @@ def test_run_takes_the_secret_flag_and_refuses_a_bad_one_before_any_model_call(t
         )  # fmt: skip
         assert r.returncode == 2 and "secrets need a root filesystem" in r.stderr and VALUE not in r.stderr, r.stderr
         assert server.requests == []
+
+
+def test_serve_gives_every_sandbox_its_secrets_as_placeholders(tmp_path: Path, mini_rootfs: Path) -> None:
+    """``jailbox serve --secret``: a sandbox made through the unmodified E2B SDK sees a placeholder of
+    its own, and neither its commands, the API's answers nor the server's log show the value; a
+    flag that cannot hold is refused at start in one line, and the host rootfs at create."""
+    from test_serve_e2b import KEY_A, _sdk, api, key_file, sdk, start_server
+
+    _sdk()
+    cache = {"JAILBOX_CACHE_DIR": str(tmp_path / "cache")}
+    tarball = tmp_path / "mini.tar"
+    subprocess.run(["tar", "-C", str(mini_rootfs), "-cf", str(tarball), "."], check=True)
+    made = subprocess.run([*JAILBOX, "rootfs", "import", str(tarball), "mini"], capture_output=True,
+                          text=True, env={**os.environ, **cache}, timeout=300)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    flags = ["--api-key-file", str(key_file(tmp_path, KEY_A)), "-v", "--secret", f"TOKEN@{BOUND}"]
+    refused = subprocess.run([*JAILBOX, "serve", "--port", "0", *flags], capture_output=True, text=True,
+                             env={**os.environ, **cache, "TOKEN": VALUE}, timeout=60)  # fmt: skip
+    assert refused.returncode == 2 and "--secret" in refused.stderr and "network='allow:" in refused.stderr
+    assert VALUE not in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    server = start_server(tmp_path, *flags, "--network", f"allow:{BOUND}", env={**cache, "TOKEN": VALUE})
+    try:
+        out = sdk(
+            server,
+            tmp_path,
+            """
+            import json
+            from e2b import Sandbox
+            seen = []
+            for _ in range(2):
+                sb = Sandbox.create(template="mini")
+                r = sb.commands.run("printf '%s\\\\n' $TOKEN; env; cat /proc/self/environ")
+                seen.append(r.stdout)
+                sb.kill()
+            print(json.dumps(seen))
+            """,
+        )
+        status, body = api(server, "POST", "/v2/sandboxes", KEY_A, {"templateID": "host"})
+        listed = api(server, "GET", "/v2/sandboxes", KEY_A)
+    finally:
+        server.stop()
+    first, second = (text.split("\n", 1)[0] for text in json.loads(out))
+    assert first.startswith("jailbox-secret-") and second.startswith("jailbox-secret-") and first != second
+    assert status == 400 and "secrets need a root filesystem" in str(body), body
+    assert VALUE not in out + str(body) + str(listed) + "".join(server.log)

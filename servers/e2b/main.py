@@ -13,13 +13,12 @@ import sys
 import threading
 from pathlib import Path
 
-from ...sandbox import Limits
 from .. import keys
 from ..listen import refused
 from . import dormant
 from .control import ControlPlane
 from .httpd import Server
-from .registry import Registry
+from .registry import Registry, Shape
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -34,7 +33,7 @@ def run(
     max_timeout: int,
     warm: int,
     verbose: bool,
-    bounds: Limits,
+    shape: Shape,
 ) -> None:
     path, key = keys.given_or_made(api_key_file, keys.SERVE_KEYS)
     if key is not None:
@@ -45,7 +44,7 @@ def run(
     except (dormant.DormantError, OSError) as exc:
         raise keys.KeyFileError(f"--api-key-file {path}: {exc}") from None
     owners = {keys.owner_of(k) for k in loaded}
-    registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm, bounds, paused, owners)
+    registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm, shape, paused, owners)
     try:
         plane = ControlPlane(keys.Keys(loaded), registry)
         server = Server((host, port), plane, plane.tenant, verbose)

@@ -36,8 +36,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TypedDict
 
-from ...sandbox import Limits, Sandbox, SandboxPool, snapshots
+from ...sandbox import Limits, NetworkPolicy, Sandbox, SandboxPool, Secret, snapshots
 from ...sandbox.errors import BranchError, PauseFailed, SandboxClosed, SandboxError, SnapshotNotFound
 from ...sandbox.serving import Store, check_env
 from . import dormant
@@ -125,10 +126,19 @@ def _strings(value: object, what: str, limit: int) -> dict[str, str]:
     return dict(value)
 
 
+class Shape(TypedDict):
+    """What every sandbox a server makes gets from its flags (``SandboxConfig`` fields)."""
+
+    limits: Limits
+    network: NetworkPolicy
+    secrets: list[Secret]
+
+
 class Registry:
     """Every served sandbox, with the limits: ``max_total`` in all, ``max_per_key`` per key; ``warm``
     jails kept ready for each template in use (0: none), which do not count against the limits. Each
-    sandbox is bounded by ``bounds`` (``jailbox serve``'s flags: the E2B API has no way to ask)."""
+    sandbox gets the fields of ``shape`` (``jailbox serve``'s flags: its bounds, network and secrets,
+    which the E2B API has no way to ask for)."""
 
     def __init__(
         self,
@@ -137,14 +147,14 @@ class Registry:
         default_timeout: int,
         max_timeout: int,
         warm: int,
-        bounds: Limits,
+        shape: Shape,
         paused: Path | None = None,
         owners: Collection[str] = (),
     ) -> None:
         """``paused``: where paused sandboxes are kept across a stop (``dormant.py``; None: they are
         not), of which those of ``owners`` (the keys' tenants) are served again now."""
         self.max_total = max_total
-        self.bounds = bounds
+        self.shape = shape
         self.warm = warm
         self.pools: dict[str, SandboxPool] = {}
         self.max_per_key = max_per_key
@@ -247,7 +257,7 @@ class Registry:
         try:
             try:
                 if kept is not None:
-                    sandbox, template = Sandbox(snapshot=kept.id, limits=self.bounds), kept.id
+                    sandbox, template = Sandbox(snapshot=kept.id, **self.shape), kept.id
                 else:
                     sandbox = self._sandbox(template)
             except (SandboxError, ValueError) as exc:
@@ -334,11 +344,11 @@ class Registry:
             pool = self.pools.get(template)
         if pool is not None:
             return pool.acquire()
-        sandbox = Sandbox(rootfs=template, limits=self.bounds)
+        sandbox = Sandbox(rootfs=template, **self.shape)
         if self.warm:
             with self.lock:
                 if template not in self.pools and len(self.pools) < MAX_POOLS and not self.closed:
-                    self.pools[template] = SandboxPool(self.warm, rootfs=template, limits=self.bounds)
+                    self.pools[template] = SandboxPool(self.warm, rootfs=template, **self.shape)
         return sandbox
 
     def get(self, owner: str, sandbox_id: str) -> Served:
@@ -548,7 +558,7 @@ class Registry:
                 metadata = _strings(record.metadata, "metadata", MAX_METADATA)
                 envs = _strings(record.envs, "envVars", MAX_ENV)
                 started = datetime.fromisoformat(record.started)
-                sandbox = Sandbox(snapshot=record.snapshot, limits=self.bounds)
+                sandbox = Sandbox(snapshot=record.snapshot, **self.shape)
             except SnapshotNotFound:  # its filesystem is gone: nothing left to resume
                 dormant.forget(paused, record.id)
                 continue
