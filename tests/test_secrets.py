@@ -6,6 +6,7 @@ body or query, the CA's reach."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import ssl
@@ -32,7 +33,7 @@ class Server:
     """HTTPS (and a plain HTTP twin) on loopback recording every request's headers, body and path:
     ``/check`` answers whether the Authorization header holds the real value (never echoing it),
     ``/echo`` echoes the headers back (the reflection the design cannot stop), ``/away`` redirects
-    to the other host."""
+    to the other host, ``/auth`` asks for Basic credentials first."""
 
     def __init__(self, cert: tuple[Path, Path] | None) -> None:
         self.seen: list[dict] = []
@@ -51,6 +52,12 @@ class Server:
                 if self.path.startswith("/away"):
                     self.send_response(302)
                     self.send_header("Location", self.path.split("to=", 1)[1])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if self.path.startswith("/auth") and "Authorization" not in self.headers:
+                    self.send_response(401)  # what a private Git repository answers first
+                    self.send_header("WWW-Authenticate", 'Basic realm="stand-in"')
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
@@ -462,8 +469,11 @@ TOOLS = {
     "urllib": 'python3 -c \'import os, urllib.request as u; r = u.Request("{url}", headers={{"Authorization": '
     '"Bearer " + os.environ["TOKEN"]}}); print(u.urlopen(r).read().decode(), end="")\'',
     "git": 'git -c http.extraHeader="Authorization: Bearer $TOKEN" ls-remote {url} 2>&1 | head -3',
-    "pip": "pip download --no-deps --no-cache-dir --index-url {base}/pip/simple/ nothing-here -d /tmp/pip 2>&1"
+    # credentials in the URL: the client sends them as Authorization: Basic, which the proxy opens
+    "pip": "pip download --no-deps --no-cache-dir --index-url {userinfo}/pip/simple/ nothing-here -d /tmp/pip 2>&1"
     " | tail -2",
+    "git-basic": "git ls-remote https://x-access-token:$TOKEN@{host}/auth/repo 2>&1 | head -3",
+    "curl-basic": "curl -sS -u x-access-token:$TOKEN {base}/basic; curl -sS -u x-access-token:$TOKEN {other}/basic",
 }
 
 
@@ -473,7 +483,15 @@ def test_the_jails_tools_trust_the_sandbox_ca_and_send_the_placeholder(world, to
     tls, _, config = world
     base = f"https://{BOUND}:{tls.port}"
     with Sandbox(config.model_copy(update={"env": {"HOME": "/root"}})) as sb:
-        r = sb.exec(TOOLS[tool].format(url=f"{base}/check", base=base), timeout=120)
+        userinfo = f"https://__token__:$TOKEN@{BOUND}:{tls.port}"
+        other = f"https://{OTHER}:{tls.port}"
+        r = sb.exec(
+            TOOLS[tool].format(
+                url=f"{base}/check", base=base, userinfo=userinfo, other=other, host=f"{BOUND}:{tls.port}"
+            ),
+            timeout=120,
+        )
+        placeholder = sb.exec("printf %s $TOKEN").stdout
     assert "certificate" not in (r.stdout + r.stderr).lower() and "SSL" not in r.stdout + r.stderr, r
     got = [s for s in tls.seen if s["headers"].get("Host", "").startswith(BOUND)]
     assert got, (r.stdout, r.stderr)
@@ -483,3 +501,16 @@ def test_the_jails_tools_trust_the_sandbox_ca_and_send_the_placeholder(world, to
         assert got[0]["path"].startswith("/check/info/refs") and got[0]["headers"]["Authorization"] == f"Bearer {VALUE}"
     if tool == "pip":
         assert got[0]["path"] == "/pip/simple/nothing-here/"
+        assert basic(got[0]) == f"__token__:{VALUE}"
+    if tool == "git-basic":  # asked for after a 401, as a private repository does
+        assert "Authorization" not in got[0]["headers"] and basic(got[1]) == f"x-access-token:{VALUE}"
+    if tool == "curl-basic":  # opened for the bound host only
+        assert basic(got[0]) == f"x-access-token:{VALUE}"
+        elsewhere = [seen for seen in tls.seen if seen["headers"].get("Host", "").startswith(OTHER)]
+        assert [basic(seen) for seen in elsewhere] == [f"x-access-token:{placeholder}"]
+
+
+def basic(seen: dict) -> str:
+    scheme, pair = seen["headers"]["Authorization"].split(" ", 1)
+    assert scheme == "Basic"
+    return base64.b64decode(pair).decode()

@@ -17,6 +17,7 @@ cached per vault are bounded too.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import os
 import re
@@ -198,17 +199,31 @@ class Vault:
         return ctx
 
     def swap(self, host: str, headers: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[str]]:
-        """``headers`` with the placeholder of each secret bound to ``host`` replaced by its value;
-        and the names of the secrets put in."""
+        """``headers`` with the placeholder of each secret bound to ``host`` replaced by its value,
+        also inside an ``Authorization: Basic`` pair (what clients make of ``https://user:$TOKEN@host``
+        URLs: git, pip); and the names of the secrets put in."""
         used: list[str] = []
-        out = []
-        for name, value in headers:
+
+        def put(text: str) -> str:
             for secret in self._secrets:
                 placeholder = self.placeholders[secret.name]
-                if host in secret.hosts and placeholder in value:
-                    value = value.replace(placeholder, secret.value.get_secret_value())
+                if host in secret.hosts and placeholder in text:
+                    text = text.replace(placeholder, secret.value.get_secret_value())
                     if secret.name not in used:
                         used.append(secret.name)
+            return text
+
+        out = []
+        for name, value in headers:
+            value = put(value)
+            scheme, _, pair = value.partition(" ")
+            if name.lower() == "authorization" and scheme.lower() == "basic":
+                try:
+                    decoded = base64.b64decode(pair.strip(), validate=True).decode("latin-1")
+                except ValueError:  # not base64: left as sent, for the server to refuse
+                    decoded = None
+                if decoded is not None and put(decoded) != decoded:
+                    value = f"{scheme} {base64.b64encode(put(decoded).encode('latin-1')).decode()}"
             out.append((name, value))
         return out, used
 
