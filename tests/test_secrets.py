@@ -33,7 +33,8 @@ class Server:
     """HTTPS (and a plain HTTP twin) on loopback recording every request's headers, body and path:
     ``/check`` answers whether the Authorization header holds the real value (never echoing it),
     ``/echo`` echoes the headers back (the reflection the design cannot stop), ``/away`` redirects
-    to the other host, ``/auth`` asks for Basic credentials first."""
+    to the other host, ``/auth`` asks for Basic credentials first; ``/chunked`` and ``/unsized``
+    frame the answer those ways. Records which connection each request came on (``peer``)."""
 
     def __init__(self, cert: tuple[Path, Path] | None) -> None:
         self.seen: list[dict] = []
@@ -45,7 +46,9 @@ class Server:
             def _record(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length).decode() if length else ""
-                owner.seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                owner.seen.append(
+                    {"path": self.path, "headers": dict(self.headers), "body": body, "peer": self.client_address[1]}
+                )
 
             def do_GET(self) -> None:
                 self._record()
@@ -66,11 +69,23 @@ class Server:
                 else:
                     body = b"real\n" if self.headers.get("Authorization") == f"Bearer {VALUE}" else b"not real\n"
                 self.send_response(200)
+                if self.path.startswith("/chunked"):  # the answer in two chunks
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    self.wfile.write(b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (2, body[:2], len(body) - 2, body[2:]))
+                    return
+                if self.path.startswith("/unsized"):  # no length: the answer ends with the connection
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(body)
+                    self.close_connection = True
+                    return
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if self.command != "HEAD":
+                    self.wfile.write(body)
 
-            do_POST = do_GET
+            do_POST = do_HEAD = do_GET
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -225,6 +240,72 @@ def test_a_bound_name_the_jail_points_elsewhere_or_its_address_alone_gets_no_val
     assert r.stdout.startswith("refused"), (r.stdout, r.stderr)
     assert log[-1].verdict != "allowed" and "127.0.0.1" in log[-1].host, log[-1]
     assert sum(VALUE in json.dumps(s) for s in tls.seen) == 1
+
+
+# In the jail: requests one after another on one connection through the proxy (http.client keeps it
+# while the answers allow), each with the placeholder; prints each status and body, as JSON.
+KEPT = r"""
+import http.client, json, os, ssl, sys
+conn = http.client.HTTPSConnection("127.0.0.1", 3128, context=ssl.create_default_context())
+conn.set_tunnel(sys.argv[1], int(sys.argv[2]))
+out = []
+for method, path in json.loads(sys.argv[3]):
+    body = b"abc" if method == "POST" else None
+    conn.request(method, path, body=body, headers={"Authorization": "Bearer " + os.environ["TOKEN"]})
+    r = conn.getresponse()
+    out.append([method, path, r.status, r.read().decode()])
+print(json.dumps(out))
+"""
+# In the jail: two requests in one write inside one tunnel, the second naming another host.
+PIPELINED = r"""
+import os, socket, ssl, sys
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+s.recv(4096)
+t = ssl.create_default_context().wrap_socket(s, server_hostname=host)
+auth = "Authorization: Bearer " + os.environ["TOKEN"]
+first = f"POST /check HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}\r\nContent-Length: 3\r\n\r\nabc"
+second = f"GET /check HTTP/1.1\r\nHost: {sys.argv[3]}:{port}\r\n{auth}\r\n\r\n"
+t.sendall((first + second).encode())
+got = b""
+while chunk := t.recv(65536):
+    got += chunk
+print(got.decode(errors="replace"))
+"""
+
+
+@pytest.mark.needs("openssl")
+def test_a_kept_connection_carries_request_after_request_each_checked_and_filled(world) -> None:
+    """Inside TLS ended at the proxy, the jail's connection carries one request after another and
+    the proxy keeps its own to the real server: each request gets its Host checked and the value put
+    in, each answer (sized, chunked, to a HEAD) is relayed to its end; an answer that ends only with
+    the connection ends the jail's too, and the next request opens another."""
+    tls, _, config = world
+    sequence = [["GET", "/check"], ["GET", "/chunked"], ["HEAD", "/check"], ["POST", "/check"], ["GET", "/unsized"],
+                ["GET", "/check"]]  # fmt: skip
+    with Sandbox(config) as sb:
+        r = sb.exec(["python3", "-c", KEPT, BOUND, str(tls.port), json.dumps(sequence)])
+        log = sb.network_log()
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout) == [[m, p, 200, "" if m == "HEAD" else "real\n"] for m, p in sequence]
+    assert [s["headers"]["Authorization"] for s in tls.seen] == [f"Bearer {VALUE}"] * 6
+    peers = [s["peer"] for s in tls.seen]
+    assert len(set(peers[:5])) == 1 and peers[5] != peers[4], peers  # one upstream connection until /unsized
+    assert [e.method for e in log] == ["CONNECT", "GET", "GET", "HEAD", "POST", "GET", "CONNECT", "GET"], log
+    assert tls.seen[3]["body"] == "abc"
+
+
+@pytest.mark.needs("openssl")
+def test_a_pipelined_request_naming_another_host_is_refused_after_the_first_is_answered(world) -> None:
+    tls, _, config = world
+    with Sandbox(config) as sb:
+        r = sb.exec(["python3", "-c", PIPELINED, BOUND, str(tls.port), OTHER])
+        log = sb.network_log()
+    assert r.stdout.startswith("HTTP/1.1 200") and "real\n" in r.stdout, r.stdout
+    assert "HTTP/1.1 400" in r.stdout and f"names '{OTHER}:{tls.port}'" in r.stdout, r.stdout
+    assert len(tls.seen) == 1 and tls.seen[0]["body"] == "abc"
+    assert [(e.method, e.verdict) for e in log] == [("CONNECT", "allowed"), ("POST", "allowed"), ("-", "denied")]
 
 
 @pytest.mark.needs("openssl", "curl", "slirp4netns", "tun")

@@ -9,6 +9,9 @@ forwarded, so a pipelined second request cannot reach another host through the s
 ``CONNECT`` tunnel. The host name and port are matched against the sandbox's rules (deny wins),
 resolved here (names never resolve inside the jail), and its addresses checked again so DNS cannot
 point the jail at the host's loopback or LAN. Refusals get a 403 whose body names the rule. Every request is logged.
+Inside TLS the proxy ends for a host a secret is bound to (``secrets.py``), a connection carries one
+request after another instead, each checked and filled on its own, each answer relayed up to its end
+(``_Response``) before the next request is read.
 
 Bounds: at most ``MAX_CONNECTIONS`` connections (``MAX_PER_SANDBOX`` per sandbox); each reads into
 two fixed ``CHUNK`` buffers and stops reading a side while the other side's write buffer is above
@@ -33,7 +36,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
@@ -269,10 +272,18 @@ def parse_head(head: bytes) -> _Request:
     return _Request(method, host, port, literal, forward.encode("latin-1"), _body_of(headers))
 
 
-def parse_inner(head: bytes, host: str, port: int, vault: Vault) -> tuple[bytes, _Body, list[str]]:
-    """One request inside TLS the proxy ended for ``host`` (a secret's): the head to send the real
-    server, with the secrets bound to ``host`` in place of their placeholders, where its body ends,
-    and the names of the secrets put in. Origin-form only, with a ``Host`` naming ``host``."""
+class _Inner(NamedTuple):
+    """One request inside TLS the proxy ended, made ready for the real server."""
+
+    forward: bytes  # the head to send, the secrets in place of their placeholders
+    body: _Body  # where the request's body ends
+    used: list[str]  # the names of the secrets put in
+    keep: bool  # the jail lets the connection carry another request after this one
+
+
+def parse_inner(head: bytes, host: str, port: int, vault: Vault) -> _Inner:
+    """One request inside TLS the proxy ended for ``host`` (a secret's): origin-form only, with a
+    ``Host`` naming ``host``; sent on with the connection kept open unless the jail closes it."""
     method, target, version, headers = _split_head(head)
     if not target.startswith("/"):
         raise _BadRequest(f"inside TLS to {host}, a request names a path, not {target[:64]!r}")
@@ -280,6 +291,8 @@ def parse_inner(head: bytes, host: str, port: int, vault: Vault) -> tuple[bytes,
         raise _BadRequest("a request without a Host header")
     _check_host_header(headers, host, port, default_port=443)
     body = _body_of(headers)
+    tokens = {t.strip().lower() for n, v in headers if n.lower() == "connection" for t in v.split(",")}
+    keep = version == "HTTP/1.1" and "close" not in tokens
     kept = [(n, v) for n, v in headers if n.lower() not in HOP_BY_HOP and n.lower() != "host"]
     swapped, used = vault.swap(host, kept)
     authority = host if port == 443 else f"{host}:{port}"
@@ -287,9 +300,84 @@ def parse_inner(head: bytes, host: str, port: int, vault: Vault) -> tuple[bytes,
         f"{method} {target} {version}",
         f"Host: {authority}",
         *(f"{n}: {v}" for n, v in swapped),
-        "Connection: close",
+        *([] if keep else ["Connection: close"]),
     ]
-    return ("\r\n".join([*lines, "", ""])).encode("latin-1"), body, used
+    return _Inner(("\r\n".join([*lines, "", ""])).encode("latin-1"), body, used, keep)
+
+
+class _Response:
+    """Where one response of the real server ends (RFC 9112 section 6.3), fed what it sends after a
+    request forwarded inside TLS the proxy ended, so that the connection can carry the jail's next
+    request. A response whose end is only the connection's (no length, an upgrade, a head past
+    ``HEAD_LIMIT``, framing that does not parse) is relayed to the end and ``keep`` is False."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.head = bytearray()
+        self.body: _Body | None = None
+        self.done = False
+        self.keep = True
+        self.to_eof = False
+
+    def feed(self, data: bytes) -> int:
+        """How many leading bytes of ``data`` belong to this response."""
+        used = 0
+        while used < len(data) and not self.done:
+            if self.to_eof:
+                return len(data)
+            if self.body is not None:
+                try:
+                    used += self.body.feed(data[used:])
+                except _BadRequest:
+                    self._to_eof()
+                    continue
+                self.done = self.body.done
+                continue
+            start = max(0, len(self.head) - 3)
+            self.head += data[used:]
+            end = self.head.find(b"\r\n\r\n", start)
+            if end < 0:
+                used = len(data)
+                if len(self.head) > HEAD_LIMIT:
+                    self._to_eof()
+                continue
+            used = len(data) - (len(self.head) - end - 4)
+            del self.head[end + 4 :]
+            self._framing(bytes(self.head))
+            self.head.clear()
+        return used
+
+    def _to_eof(self) -> None:
+        self.to_eof, self.keep = True, False
+
+    def _framing(self, head: bytes) -> None:
+        lines = head.decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        status_text = rest[:3]
+        if not version.startswith("HTTP/1.") or not status_text.isdigit():
+            return self._to_eof()
+        status = int(status_text)
+        headers = [(n.strip().lower(), v.strip()) for n, sep, v in (line.partition(":") for line in lines[1:]) if sep]
+        if 100 <= status < 200 and status != 101:
+            return  # an interim response: the real one follows
+        tokens = {t.strip().lower() for n, v in headers if n == "connection" for t in v.split(",")}
+        self.keep = version == "HTTP/1.1" and "close" not in tokens
+        if status == 101:
+            return self._to_eof()
+        if self.method == "HEAD" or status in (204, 304):
+            self.done = True
+            return
+        codings = [v.strip().lower() for n, v in headers if n == "transfer-encoding"]
+        lengths = {v for n, v in headers if n == "content-length"}
+        if codings:
+            if codings[-1] != "chunked":
+                return self._to_eof()
+            self.body = _Body(None)
+        elif len(lengths) == 1 and next(iter(lengths)).isdigit():
+            self.body = _Body(int(next(iter(lengths))))
+            self.done = self.body.done
+        else:
+            self._to_eof()
 
 
 def _check_host_header(headers: list[tuple[str, str]], host: str, port: int, default_port: int = 80) -> None:
@@ -395,6 +483,9 @@ class _Conn:
         self.body_overrun = False
         self.moved = 0.0  # loop time a byte last moved through the relay
         self.inner: tuple[_Request, list[IPAddress]] | None = None  # TLS ended here: the CONNECT, its addresses
+        self.response: _Response | None = None  # inside TLS ended here: where the real server's answer ends
+        self.keep = False  # inside TLS ended here: the jail lets the connection carry another request
+        self.pending = bytearray()  # inside TLS ended here: the jail's next request, read during this one
 
     def accepted(self) -> None:
         p = self.proxy
@@ -416,15 +507,18 @@ class _Conn:
             assert other is not None and other.transport is not None and self.record is not None
             if side is self.client and self.body is not None:
                 data = self.one_request(data)
-                if not data:
-                    return
-            other.transport.write(data)
-            self.moved = asyncio.get_running_loop().time()
-            if side is self.client:
-                self.record.sent += len(data)
-            else:
-                self.record.received += len(data)
-            self.proxy.peak_buffer = max(self.proxy.peak_buffer, other.transport.get_write_buffer_size())
+            elif side is self.server and self.response is not None:
+                data = self.one_response(data)
+            if data:
+                other.transport.write(data)
+                self.moved = asyncio.get_running_loop().time()
+                if side is self.client:
+                    self.record.sent += len(data)
+                else:
+                    self.record.received += len(data)
+                self.proxy.peak_buffer = max(self.proxy.peak_buffer, other.transport.get_write_buffer_size())
+            if side is self.server and self.response is not None and self.response.done:
+                self.exchanged()
             return
         if side is not self.client or self.task is not None:
             return
@@ -568,22 +662,54 @@ class _Conn:
             self.received(self.client, early)
 
     async def open_inner(self, head: bytes, extra: bytes) -> None:
-        """The request inside TLS ended here: checked, its secrets put in, sent over TLS to the real
-        server (verified against the host's trust store), one request per connection."""
+        """A request inside TLS ended here: checked, its secrets put in, sent over TLS to the real
+        server (verified against the host's trust store), on the connection the last request of
+        this one used while the server keeps it; its answer relayed up to its end (``exchanged``)."""
         assert self.inner is not None and self.tenant.vault is not None
         req, candidates = self.inner
         try:
-            forward, body, used = parse_inner(head, req.host, req.port, self.tenant.vault)
+            inner = parse_inner(head, req.host, req.port, self.tenant.vault)
         except _BadRequest as exc:
             self.tenant.record("-", req.host, req.port, "denied", str(exc))
             self.reply(400, "Bad Request", str(exc))
             return
         method = head.split(b" ", 1)[0].decode("latin-1")
+        used = inner.used
         reason = "TLS ended at the proxy; " + (f"secrets {', '.join(used)} added" if used else "no secret in it")
         self.record = self.tenant.record(method, req.host, req.port, "allowed", reason)
-        if not await self.connect(req, candidates, self.tenant.vault.upstream):
+        self.keep = inner.keep
+        if self.server is None and not await self.connect(req, candidates, self.tenant.vault.upstream):
             return
-        self.start_relay(body, forward, forward, extra)
+        self.response = _Response(method)
+        self.start_relay(inner.body, inner.forward, inner.forward, extra)
+
+    def one_response(self, data: bytes) -> bytes:
+        """The part of ``data`` that is still the real server's answer to the request in flight;
+        bytes past its end answer nothing asked, and end the connection after it."""
+        assert self.response is not None
+        used = self.response.feed(data)
+        if used < len(data):
+            self.response.keep = False
+        return data[:used]
+
+    def exchanged(self) -> None:
+        """An answer relayed whole inside TLS ended here: the connection waits for the jail's next
+        request (``HEAD_TIMEOUT`` at most), or closes where either end does not keep it."""
+        assert self.response is not None and self.client.transport is not None
+        body_done = self.body is not None and self.body.done
+        keep = self.response.keep and self.keep and body_done and not self.client.eof
+        self.response = None
+        if not keep:
+            self.close()
+            return
+        self.relaying, self.task, self.body, self.record = False, None, None, None
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, self.close)
+        pending, self.pending = bytes(self.pending), bytearray()
+        self.client.transport.resume_reading()
+        if pending:
+            self.received(self.client, pending)
 
     def idle_check(self) -> None:
         """Cut the relay once nothing has moved for ``idle_timeout`` seconds; else look again then."""
@@ -634,7 +760,9 @@ class _Conn:
             self.abort()
             return b""
         if used < len(data):
-            if not self.body_overrun:
+            if self.inner is not None and self.keep:
+                self.pending += data[used:]  # the next request: read once this one's answer is whole
+            elif not self.body_overrun:
                 self.body_overrun = True
                 self.tenant.record("-", "", 0, "denied", "a second request on one connection (one request each)")
             self.client.transport.pause_reading()
@@ -650,6 +778,11 @@ class _Conn:
         if not self.relaying:
             if side is self.client and self.task is None:
                 self.close()
+            elif side is self.server and self.server.transport is not None:
+                # the real server ended a kept connection between two requests: the next one opens another
+                transport = self.server.transport
+                self.server = None
+                transport.close()
             return
         other = self.server if side is self.client else self.client
         if other is not None and other.transport is not None and other.transport.can_write_eof():
@@ -667,7 +800,8 @@ class _Conn:
                 other.transport.resume_reading()
 
     def lost(self, side: _Side) -> None:
-        self.close()
+        if side is self.client or side is self.server:  # not a kept connection to the real server dropped before
+            self.close()
 
     def close(self) -> None:
         """Close both sides once (pending writes are flushed first)."""
