@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import require
 from pydantic import ValidationError
 from support.bundle_tree import HOST_BUNDLE, USR, bundle_tree, tree_config
 from support.cli import JAILBOX
@@ -549,6 +550,10 @@ def test_serve_gives_every_sandbox_its_secrets_as_placeholders(tmp_path: Path, m
 TOOLS = {
     "urllib": 'python3 -c \'import os, urllib.request as u; r = u.Request("{url}", headers={{"Authorization": '
     '"Bearer " + os.environ["TOKEN"]}}); print(u.urlopen(r).read().decode(), end="")\'',
+    "requests": 'python3 -c \'import os, requests; print(requests.get("{url}", headers={{"Authorization": '
+    '"Bearer " + os.environ["TOKEN"]}}).text, end="")\'',
+    "httpx": 'python3 -c \'import os, httpx; print(httpx.get("{url}", headers={{"Authorization": '
+    '"Bearer " + os.environ["TOKEN"]}}).text, end="")\'',
     "git": 'git -c http.extraHeader="Authorization: Bearer $TOKEN" ls-remote {url} 2>&1 | head -3',
     # credentials in the URL: the client sends them as Authorization: Basic, which the proxy opens
     "pip": "pip download --no-deps --no-cache-dir --index-url {userinfo}/pip/simple/ nothing-here -d /tmp/pip 2>&1"
@@ -561,6 +566,9 @@ TOOLS = {
 @pytest.mark.needs("openssl", "git")
 @pytest.mark.parametrize("tool", sorted(TOOLS))
 def test_the_jails_tools_trust_the_sandbox_ca_and_send_the_placeholder(world, tool: str) -> None:
+    if tool in ("requests", "httpx"):
+        found = subprocess.run(["/usr/bin/python3", "-c", f"import {tool}"], capture_output=True).returncode == 0
+        require(found, f"Debian's python3-{tool}", f"sudo apt-get install python3-{tool}")
     tls, _, config = world
     base = f"https://{BOUND}:{tls.port}"
     with Sandbox(config.model_copy(update={"env": {"HOME": "/root"}})) as sb:
@@ -576,7 +584,7 @@ def test_the_jails_tools_trust_the_sandbox_ca_and_send_the_placeholder(world, to
     assert "certificate" not in (r.stdout + r.stderr).lower() and "SSL" not in r.stdout + r.stderr, r
     got = [s for s in tls.seen if s["headers"].get("Host", "").startswith(BOUND)]
     assert got, (r.stdout, r.stderr)
-    if tool == "urllib":
+    if tool in ("urllib", "requests", "httpx"):
         assert r.stdout == "real\n" and got[0]["headers"]["Authorization"] == f"Bearer {VALUE}"
     if tool == "git":
         assert got[0]["path"].startswith("/check/info/refs") and got[0]["headers"]["Authorization"] == f"Bearer {VALUE}"
