@@ -16,6 +16,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
+from ..sandbox.errors import AgentError
 from .tasks import Task, TaskResult, make_task_dir
 from .worker import Guard, Job, Stepped, execute
 
@@ -29,7 +30,7 @@ class ExecutorConfig(BaseModel):
     task_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves per task")
 
 
-class ExecutorError(Exception):
+class ExecutorError(AgentError):
     """An executor cannot run this batch (Ray missing, a worker node without the root filesystem)."""
 
 

@@ -23,8 +23,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..sandbox.errors import AgentError
 
-class InstructionError(ValueError):
+
+class InstructionError(AgentError, ValueError):
     """An expected answer names an instruction this module cannot check, or misses one of its arguments."""
 
 

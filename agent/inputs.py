@@ -25,7 +25,7 @@ from contextlib import closing
 from pathlib import Path
 
 from ..sandbox import Sandbox, hostfs
-from ..sandbox.errors import SandboxFileError
+from ..sandbox.errors import AgentError, SandboxFileError
 
 PREFIX = "@"
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -36,7 +36,7 @@ INPUT_ENTRIES = 100_000
 """Files, directories and links an input directory may hold."""
 
 
-class InputError(ValueError):
+class InputError(AgentError, ValueError):
     """An input file refused; the message is one line naming the task and the field."""
 
     def __init__(self, task_id: str, jail_path: str, why: str) -> None:
@@ -95,7 +95,7 @@ def _is_link(parent: int, name: str) -> bool:
         return False
 
 
-class InputDirError(ValueError):
+class InputDirError(AgentError, ValueError):
     """An input directory refused; the message is one line naming the directory and what to do."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..sandbox.errors import AgentError
 from .llm import LLMClient, LLMConfig, LLMError
 
 REPLY_CHARS = 1 << 16  # a reply within the judge's 16384 tokens fits
@@ -35,7 +36,7 @@ CANDIDATE ANSWER: {answer}
 Answer with one word: CORRECT or INCORRECT."""
 
 
-class JudgeError(RuntimeError):
+class JudgeError(AgentError, RuntimeError):
     """The judge could not be asked or gave no usable reply."""
 
 

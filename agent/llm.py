@@ -27,10 +27,11 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from ..sandbox.errors import AgentError
 from .text import MAX_DEPTH, nests_deeper
 
 
-class LLMError(Exception):
+class LLMError(AgentError):
     """Base of every error this module raises."""
 
 

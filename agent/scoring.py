@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..extras import missing
+from ..sandbox.errors import AgentError
 from . import ifeval, judge
 
 Scorer = Callable[..., float]
@@ -517,7 +518,7 @@ def default_scorer(domain: str) -> str:
     return next((name for prefix, name in DOMAIN_SCORERS.items() if lowered.startswith(prefix)), "exact")
 
 
-class ScoringError(ValueError):
+class ScoringError(AgentError, ValueError):
     """A scorer could not give a score (an instruction it has no check for, an unreachable judge)."""
 
 

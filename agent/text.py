@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..sandbox.errors import AgentError
 from .schemas import EXAMPLES
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ _MAGIC = (
 )
 
 
-class ToolError(Exception):
+class ToolError(AgentError):
     """A call a tool refuses; its message becomes an error observation."""
 
 

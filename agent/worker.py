@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from ..sandbox import Sandbox, SandboxConfig
-from ..sandbox.errors import SandboxError
+from ..sandbox.errors import AgentError, SandboxError
 from . import llm_prompt
 from . import prompts as prompt_configs
 from .llm import LLMClient, LLMConfig, LLMError
@@ -46,7 +46,7 @@ class Job(BaseModel):
         return [check_copy_out(p) for p in paths]
 
 
-class TaskKilled(Exception):
+class TaskKilled(AgentError):
     """The batch was killed while this task ran."""
 
 

@@ -1,4 +1,5 @@
-"""Every exception jailbox raises, in one place.
+"""The one family of jailbox's exceptions: its root, the jail's errors (every kind, here), and the
+roots of the agent's and the servers' errors, whose kinds live beside the code that raises them.
 
 Each message says what failed and, where the cause is the host's configuration, the exact
 command or setting that fixes it.
@@ -7,8 +8,20 @@ command or setting that fixes it.
 from __future__ import annotations
 
 
-class SandboxError(Exception):
-    """Base class of all jailbox errors."""
+class JailboxError(Exception):
+    """Base class of every error jailbox raises: ``except JailboxError`` catches them all."""
+
+
+class SandboxError(JailboxError):
+    """Base class of the jail's errors (``jailbox.sandbox``)."""
+
+
+class AgentError(JailboxError):
+    """Base class of the agent's errors (``jailbox.agent``): a model endpoint, a task, a tool, a score."""
+
+
+class ServerError(JailboxError):
+    """Base class of the servers' errors (``jailbox serve``, ``jailbox mcp``, the per-user service)."""
 
 
 class ConfigError(SandboxError, ValueError):

@@ -16,6 +16,8 @@ import secrets
 import stat
 from pathlib import Path
 
+from ..sandbox.errors import ServerError
+
 MAX_FILE = 64 << 10
 MIN_KEY = 16
 PREFIX = "jbx_"
@@ -23,7 +25,7 @@ SERVE_KEYS = "serve-api-keys"  # the default files' names, in the user's config 
 MCP_TOKENS = "mcp-token"
 
 
-class KeyFileError(Exception):
+class KeyFileError(ServerError):
     """The key file cannot be used; the message names the file and the fix."""
 
 

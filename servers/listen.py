@@ -11,8 +11,10 @@ from __future__ import annotations
 import errno
 import socket
 
+from ..sandbox.errors import ServerError
 
-class BadFlag(ValueError):
+
+class BadFlag(ServerError, ValueError):
     """A command-line value a server cannot serve with; ``flag`` names the option."""
 
     def __init__(self, flag: str, text: str) -> None:

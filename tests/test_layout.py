@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,3 +197,33 @@ def test_the_agent_and_the_servers_use_only_the_jails_faces(package: str, also: 
                 continue
             bad.append(f"{module}:{imp.line} imports {imp.target} {list(imp.names)}")
     assert not bad, "\n".join(bad)
+
+
+# Exceptions of code that may not import the family: the jail's init and the launcher's child side
+# (stdlib and the floor only), the unpack worker's engine, and the command line's fast path to the
+# per-user service (stdlib and the wire format only); each is turned into an error of the family, or
+# a one-line message, where it is met.
+OWN_EXCEPTIONS = {"sandbox/child/", "sandbox/floor/", "sandbox/rootfs/untar.py", "servers/exec_service/quick.py"}
+BUILTIN_ERRORS = {  # warnings and interrupts (KeyboardInterrupt, SystemExit) are not errors
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, Exception) and not issubclass(value, Warning)
+}
+
+
+def test_every_exception_is_of_the_one_family() -> None:
+    """A class deriving from built-in exceptions only would be a second root: every error jailbox
+    defines descends from ``errors.JailboxError`` (through the jail's, the agent's or the servers'
+    root), but the jail-side processes' own and private control flow."""
+    roots = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(("tests/", ".venv/", "bench/")) or any(rel.startswith(p) for p in OWN_EXCEPTIONS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef) or node.name.startswith("_") or not node.bases:
+                continue
+            bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+            if len(bases) == len(node.bases) and all(b in BUILTIN_ERRORS for b in bases):
+                roots.append(f"{rel}: {node.name}({', '.join(bases)})")
+    assert roots == ["sandbox/errors.py: JailboxError(Exception)"], roots

@@ -27,6 +27,7 @@ from pathlib import Path
 import click
 
 from ...sandbox import printable
+from ...sandbox.errors import ServerError
 from .. import keys
 
 MAX_REPLY = 16 << 20
@@ -38,7 +39,7 @@ MAX_NAME = 128
 EXAMPLE = "--server http://127.0.0.1:49982"
 
 
-class ClientError(Exception):
+class ClientError(ServerError):
     """A one-line error for the user that starts with the flag at fault; ``code`` is the exit status
     (2 for a malformed flag, as click's usage errors; 1 for what the server or the key file said)."""
 

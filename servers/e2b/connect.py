@@ -20,6 +20,8 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 
+from ...sandbox.errors import ServerError
+
 MAX_MESSAGE = 16 << 20
 """Largest message a client may send, after decompression."""
 INFLATE_STEP = 1 << 16
@@ -56,7 +58,7 @@ HTTP_STATUS = {
 M = TypeVar("M", bound=Message)
 
 
-class RpcError(Exception):
+class RpcError(ServerError):
     """An RPC that ends with a Connect error code (one of ``HTTP_STATUS``) and a message for the client."""
 
     def __init__(self, code: str, message: str) -> None:

@@ -22,6 +22,8 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ...sandbox.errors import ServerError
+
 MAX_RECORD = 4 << 20
 """Bytes of one record read back: its variables and metadata are bounded (registry.py) far below."""
 MAX_RECORDS = 4096
@@ -31,7 +33,7 @@ OWNER = re.compile(r"[0-9a-f]{32}")
 SNAPSHOT = re.compile(r"snap-[0-9a-f]{12}")
 
 
-class DormantError(Exception):
+class DormantError(ServerError):
     """The directory of records cannot be used (not the server user's, open to others, a link)."""
 
 

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 
 from ...sandbox import Sandbox
-from ...sandbox.errors import SandboxError
+from ...sandbox.errors import SandboxError, ServerError
 from ...sandbox.serving import jail_path
 
 FIELDS = ("%y", "%Y", "%s", "%m", "%T@", "%u", "%g", "%l", "%p")
@@ -27,7 +27,7 @@ MAX_WATCHERS = 16
 MAX_PATH = 4096
 
 
-class FsError(Exception):
+class FsError(ServerError):
     """A filesystem request that cannot be met; ``code`` is a Connect error code."""
 
     def __init__(self, code: str, message: str) -> None:

@@ -42,6 +42,7 @@ from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from ...sandbox.errors import ServerError
 from .connect import MAX_MESSAGE
 
 MAX_BODY = 65 << 20
@@ -98,11 +99,11 @@ STREAMED = frozenset({("POST", "/files")})
 upload is written to the jail a chunk at a time, so what it holds does not grow with the file."""
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(ServerError):
     pass
 
 
-class HeadRefused(Exception):
+class HeadRefused(ServerError):
     """A request line or headers past their bounds; ``status`` is the answer (414 or 431)."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -110,7 +111,7 @@ class HeadRefused(Exception):
         self.status = status
 
 
-class BodyCut(Exception):
+class BodyCut(ServerError):
     """The client stopped sending its body before the end: it closed, or stayed silent ``IDLE`` seconds."""
 
 

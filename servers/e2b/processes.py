@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ...sandbox import Sandbox
-from ...sandbox.errors import SandboxError
+from ...sandbox.errors import SandboxError, ServerError
 from ...sandbox.serving import ExecRun, TtyCommand, run_sync
 
 MAX_PROCESSES = 128
@@ -57,7 +57,7 @@ class End:
 Event = Output | End
 
 
-class ProcessError(Exception):
+class ProcessError(ServerError):
     """A request about a command that cannot be met; ``code`` is a Connect error code."""
 
     def __init__(self, code: str, message: str) -> None:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from ...sandbox import Limits, NetworkPolicy, Sandbox, SandboxPool, Secret, snapshots
-from ...sandbox.errors import BranchError, PauseFailed, SandboxClosed, SandboxError, SnapshotNotFound
+from ...sandbox.errors import BranchError, PauseFailed, SandboxClosed, SandboxError, ServerError, SnapshotNotFound
 from ...sandbox.serving import Store, check_env
 from . import dormant
 from .fs import Watchers
@@ -69,7 +69,7 @@ class Kept:
     sandbox_id: str  # the served sandbox it was taken of
 
 
-class ServeError(Exception):
+class ServeError(ServerError):
     """A control-plane request that cannot be met: ``status`` is the HTTP status to answer with."""
 
     def __init__(self, status: int, message: str) -> None:

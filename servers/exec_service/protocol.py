@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from ...sandbox.errors import ServerError
 from ...sandbox.floor import wire
 from .quick import CHUNK, LOG_NAME, MAX_ARG, MAX_ARGS, MAX_MESSAGE, SOCKET_NAME
 
@@ -29,7 +30,7 @@ Arg = Annotated[str, Field(max_length=MAX_ARG)]
 Data = Annotated[str, Field(max_length=4 * (CHUNK // 3 + 1))]
 
 
-class ProtocolViolation(Exception):
+class ProtocolViolation(ServerError):
     """A peer sent something that is not one of this protocol's messages."""
 
 

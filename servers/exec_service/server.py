@@ -32,7 +32,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from ...sandbox import Sandbox, SandboxConfig, SandboxPool
-from ...sandbox.errors import SandboxError
+from ...sandbox.errors import SandboxError, ServerError
 from ...sandbox.serving import ExecRun, start_ticks, state_dir
 from . import protocol as p
 from .quick import WARM, ServiceLock, context
@@ -60,7 +60,7 @@ class Held:
         )
 
 
-class Refused(Exception):
+class Refused(ServerError):
     """A request the service understood and turns down; the message is for the user."""
 
 
