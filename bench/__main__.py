@@ -20,6 +20,7 @@ from bench import (
     cases,
     cli_rows,
     code_interpreter,
+    cold_steps,
     density,
     epoll,
     report,
@@ -34,6 +35,7 @@ from bench.settings import FULL, QUICK, Settings
 CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "cli_process": cli_rows.cli_process,
     "one_shot": cases.one_shot,
+    "cold_steps": cold_steps.cold_steps,
     "stored_rootfs": stored_rootfs.stored_rootfs,
     "create_close": cases.create_close,
     "exec": cases.exec_round_trip,
