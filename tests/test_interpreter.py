@@ -144,7 +144,7 @@ def test_bad_arguments_name_the_argument(sb: Sandbox):
         (lambda: sb.run_code("1", language="r"), "language 'r'"),
         (lambda: sb.run_code(b"1"), "code must be a string"),  # type: ignore[arg-type]
         (lambda: sb.run_code("1", envs={"A": 1}), "envs must map"),  # type: ignore[dict-item]
-        (lambda: sb.run_code("1", timeout=0), "timeout must be positive"),
+        (lambda: sb.run_code("1", timeout=-1), "timeout must be seconds"),
         (lambda: sb.create_code_context(cwd="rel"), "cwd must be an absolute path"),
     ):
         with pytest.raises(InterpreterError, match=needle):
