@@ -169,6 +169,19 @@ def test_closing_the_stream_early_interrupts_the_code(sb: Sandbox):
     assert time.monotonic() - started < 20
 
 
+def test_no_timeout_and_an_interrupt_from_another_thread(sb: Sandbox):
+    """``timeout=0`` is no limit (as e2b's SDK); ``interrupt_code`` ends a run another thread waits on
+    (a server whose client went away), and the context keeps its state."""
+    sb.run_code("kept = 'still'")
+    records = sb.stream_code("import sys, time\nprint('go'); sys.stdout.flush()\ntime.sleep(60)", timeout=0)
+    assert [next(records).type, next(records).type] == ["number_of_executions", "stdout"]
+    threading.Timer(0.5, sb.interrupt_code).start()
+    rest = list(records)
+    assert [r.type for r in rest[-2:]] == ["error", "end_of_execution"]
+    assert rest[-2].name == "KeyboardInterrupt"  # type: ignore[union-attr]
+    assert sb.run_code("import time\ntime.sleep(1.5)\nkept", timeout=0).text == "still"
+
+
 def test_a_timeout_does_not_count_time_paused(sb: Sandbox):
     """As exec's: 2 s of running in a 3 s timeout, with the sandbox paused 3 s meanwhile."""
     sb.run_code("'warm'")  # the gateway started: the pause falls inside the run
