@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import importlib.util
 import json
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
