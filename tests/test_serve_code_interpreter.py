@@ -10,10 +10,12 @@ from __future__ import annotations
 import http.client
 import importlib.util
 import json
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import require
 from test_serve_e2b import KEY_A, KEY_B, Served, api, key_file, sdk, start_server
@@ -331,3 +333,37 @@ def test_bad_bodies_are_named_never_a_500(server: Served, made: dict, body: byte
         return
     assert response.status in (400, 404) and needle in said, said
     assert b"Traceback" not in said
+
+
+def test_a_client_that_goes_away_has_its_run_interrupted_and_leaves_no_thread(server: Served, made: dict) -> None:
+    """A client that closes during a run (the SDK past its timeout, a killed agent) is found by the
+    next keepalive: the run is interrupted, the context keeps working, and the run's reader thread
+    ends."""
+    headers = _headers(made, **{"X-Access-Token": made["envdAccessToken"]})
+    conn, response = _post(server, "/execute", headers, b'{"code": "1"}')
+    assert response.status == 200 and b"end_of_execution" in response.read()  # the kernel started
+    conn.close()
+    serving = psutil.Process(server.proc.pid)
+    time.sleep(0.5)
+    before = serving.num_threads()
+    code = "import time\nprint('go', flush=True)\ntime.sleep(60)\nfinished = True"
+    started = time.monotonic()
+    for _ in range(2):
+        conn, response = _post(server, "/execute", headers, json.dumps({"code": code}).encode())
+        assert response.status == 200
+        # the second waits for the first to be interrupted: keepalives meanwhile
+        kinds: list[str] = []
+        while kinds[-1:] != ["stdout"]:
+            kinds.append(json.loads(response.readline())["type"])
+        assert [k for k in kinds if k != "keepalive"] == ["number_of_executions", "stdout"], kinds
+        response.close()
+        conn.close()  # gone, the run still sleeping
+    conn, response = _post(server, "/execute", headers, b'{"code": "\'finished\' in dir()"}')
+    lines = [json.loads(line) for line in response.read().splitlines()]
+    conn.close()
+    assert {"type": "result", "text": "False", "is_main_result": True} in lines, lines  # interrupted, twice
+    assert time.monotonic() - started < 45  # not the 120 s two runs would take
+    deadline = time.monotonic() + 15
+    while serving.num_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert serving.num_threads() <= before
