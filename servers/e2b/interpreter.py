@@ -220,13 +220,15 @@ class _Run:
     def _read(self) -> None:
         try:
             for record in self.records:
+                if self.gone.is_set():
+                    # drained to the run's end, not closed: closing early makes the library interrupt
+                    # the context once more, and that interrupt would hit the context's next run
+                    continue
                 line = record.model_dump(mode="json", by_alias=True, exclude_none=True)
                 if line["type"] in ("stdout", "stderr"):  # the SDK reads a stream's timestamp unconditionally
                     line.setdefault("timestamp", datetime.now(timezone.utc).isoformat())
-                if not self._put(json.dumps(line).encode() + b"\n"):
-                    break
-            else:
-                self.over = True
+                self._put(json.dumps(line).encode() + b"\n")
+            self.over = True
         except (InterpreterError, SandboxError) as exc:
             with self.registry.lock:
                 self.killed = self.registry.served.get(self.served.id) is not self.served
@@ -235,9 +237,6 @@ class _Run:
                 self._put(json.dumps(error).encode() + b"\n")
                 self._put(b'{"type": "end_of_execution"}\n')
         finally:
-            close = getattr(self.records, "close", None)
-            if close is not None:
-                close()  # a run the client left is interrupted here, on the thread that reads it
             self._put(None)
 
     def lines(self) -> Iterator[bytes]:
