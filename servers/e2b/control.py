@@ -149,7 +149,7 @@ class ControlPlane:
             return Response(204)
         if path in ("/sandboxes", "/v2/sandboxes"):
             if method == "POST":
-                return _json(201, created(self.registry.create(owner, self._body(request))))
+                return _json(201, created(self.registry.create(owner, interpreter.template(self._body(request)))))
             if method == "GET":
                 return self._list(owner, request)
         m = SANDBOX_PATH.match(path)

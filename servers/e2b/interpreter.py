@@ -35,7 +35,7 @@ from email.message import Message
 from typing import Any
 
 from ...sandbox.errors import InterpreterError, SandboxError
-from ...sandbox.serving import check_env
+from ...sandbox.serving import Store, check_env
 from .connect import RpcError, _check_json
 from .httpd import IDLE, Request, Response
 from .registry import MAX_ENV, Registry, Served
@@ -47,6 +47,10 @@ KEEPALIVE = 5.0
 QUEUED = 64
 """Records of a run held for a client slower than the kernel (each at most the library's line bound)."""
 LANGUAGES = ("python",)
+SDK_TEMPLATE = "code-interpreter-v1"
+"""What e2b-code-interpreter's ``Sandbox.create()`` asks for when its caller names no template."""
+TREE = "code-interpreter"
+"""The stored tree that template means where the server has it (``rootfs/code-interpreter.yaml``)."""
 NOT_FOUND = "sandbox {} was not found (or the request carried neither its access token nor its traffic access token)"
 
 
@@ -59,6 +63,14 @@ def traffic_token(served: Served) -> str:
     """The sandbox's traffic access token: derived from its access token, so a sandbox kept across a
     server restart keeps it, and it opens the interpreter only, never the daemon."""
     return hmac.new(served.access_token.encode(), b"e2b traffic access token", hashlib.sha256).hexdigest()
+
+
+def template(body: dict[str, Any]) -> dict[str, Any]:
+    """A create request's body, its ``SDK_TEMPLATE`` made the ``code-interpreter`` tree if it is
+    stored, else the host's (whose Python has a kernel where ipykernel is installed)."""
+    if body.get("templateID") != SDK_TEMPLATE:
+        return body
+    return {**body, "templateID": TREE if Store().resolve(TREE) is not None else "host"}
 
 
 def find(registry: Registry, sandbox_id: str, headers: Message, wake: bool = False) -> Served | None:

@@ -57,9 +57,6 @@ SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$")
 """An E2B snapshot name (``my-snapshot``, ``team/my-snapshot:v1``; ``_`` too, checked apart): 64
 characters at most, so the jailbox name it goes into stays within its 128."""
 SDK_DEFAULT = "base"
-INTERPRETER_DEFAULT = "code-interpreter-v1"
-"""What e2b-code-interpreter's ``Sandbox.create()`` asks for: the ``code-interpreter`` tree if stored,
-else the host's."""
 
 
 @dataclass(frozen=True)
@@ -228,8 +225,6 @@ class Registry:
             )
         if template == SDK_DEFAULT:  # what the SDK asks for when its caller names no template
             template = "default" if Store().resolve("default") is not None else "host"
-        if template == INTERPRETER_DEFAULT:
-            template = "code-interpreter" if Store().resolve("code-interpreter") is not None else "host"
         if template != "host" and (not TEMPLATE_NAME.match(template) or Store().resolve(template) is None):
             # a stored root filesystem's name wins over a snapshot's; a name neither has would be
             # tried as a directory relative to the server's cwd
