@@ -26,6 +26,7 @@ from bench import (
     report,
     secrets,
     serve,
+    serve_code,
     stored_rootfs,
 )
 from bench.machine import machine_info
@@ -51,6 +52,7 @@ CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "branching": branching.branching,
     "secrets": secrets.secrets,
     "code_interpreter": code_interpreter.code_interpreter,
+    "serve_code": serve_code.serve_code,
 }
 
 

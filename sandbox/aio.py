@@ -90,9 +90,11 @@ class AsyncSandbox:
         try:
             return await call
         except asyncio.CancelledError:
-            interpreter = self.sandbox._code()
-            await asyncio.to_thread(interpreter.interrupt, context)
+            await asyncio.to_thread(self.sandbox.interrupt_code, context)
             raise
+
+    async def interrupt_code(self, context: CodeContext | str | None = None) -> None:
+        await asyncio.to_thread(self.sandbox.interrupt_code, context)
 
     async def create_code_context(self, cwd: str | None = None, language: str | None = None) -> CodeContext:
         return await asyncio.to_thread(self.sandbox.create_code_context, cwd, language)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import queue
 import select
@@ -443,9 +444,11 @@ class Gateway:
             raise InterpreterError(f"the interpreter could not {request['op']}: {reply.message}")
         return reply
 
-    def execute(self, code: str, context: str | None, envs: dict[str, str] | None, timeout: float) -> Iterator[Record]:
+    def execute(
+        self, code: str, context: str | None, envs: dict[str, str] | None, timeout: float | None
+    ) -> Iterator[Record]:
         started = time.monotonic()
-        deadline = started + timeout
+        deadline = None if timeout is None else started + timeout
         request = {"op": "execute", "code": code, "context": context, "env_vars": envs}
         with self._call(request, started + INTERPRETER_WAIT) as waiter:
             try:
@@ -455,13 +458,16 @@ class Gateway:
                     with contextlib.suppress(InterpreterError):
                         self._interrupt(context)
 
-    def _records(self, waiter: _Waiter, context: str | None, timeout: float, deadline: float) -> Iterator[Record]:
+    def _records(
+        self, waiter: _Waiter, context: str | None, timeout: float | None, deadline: float | None
+    ) -> Iterator[Record]:
         interrupted = False
         paused = self.paused_for()
         while True:
             try:
                 line = self._next(waiter, deadline)
             except TimeoutError:
+                assert deadline is not None  # no deadline, no timeout
                 if self.paused_for() > paused:  # the code could not run meanwhile: its deadline moves on
                     deadline += self.paused_for() - paused
                     paused = self.paused_for()
@@ -558,10 +564,11 @@ class Interpreter:
         if envs is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
             raise InterpreterError("run_code: envs must map strings to strings, e.g. envs={'MODE': 'test'}")
         limit = DEFAULT_TIMEOUT if timeout is None else timeout
-        if not isinstance(limit, (int, float)) or limit <= 0:
-            raise InterpreterError(f"run_code: timeout must be positive seconds, e.g. timeout=30, not {timeout!r}")
+        if not isinstance(limit, (int, float)) or isinstance(limit, bool) or not 0 <= limit < math.inf:
+            raise InterpreterError(f"run_code: timeout must be seconds, e.g. timeout=30 (0: no limit), not {timeout!r}")
         context_id = context.id if isinstance(context, CodeContext) else context
-        return self._gateway().execute(code, context_id, envs or None, float(limit))
+        # 0 is no limit, as in e2b's SDK: the caller ends the run by closing the stream
+        return self._gateway().execute(code, context_id, envs or None, float(limit) or None)
 
     def run(
         self,

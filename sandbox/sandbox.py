@@ -265,7 +265,7 @@ class Sandbox:
     ) -> Execution:
         """Run ``code`` in a Jupyter kernel inside the jail, as a notebook cell: variables and imports
         stay for the next call in the same context (the default one if none is given). ``envs`` are
-        set for this run only. Past ``timeout`` (300 s if None) the kernel is interrupted and
+        set for this run only. Past ``timeout`` (300 s if None, no limit if 0) the kernel is interrupted and
         ``InterpreterTimeout`` raised; the context keeps working. The callbacks get each output as
         it comes. Needs ipykernel in the jail's root filesystem (docs/code-interpreter.md)."""
         return self._code().run(code, language, context, on_stdout, on_stderr, on_result, on_error, envs, timeout)
@@ -282,6 +282,14 @@ class Sandbox:
         (``interpreter.to_line(record)`` is its JSON), the last an ``end_of_execution``. Closing the
         iterator before that interrupts the code (a client that went away)."""
         return self._code().stream(code, language, context, envs, timeout)
+
+    def interrupt_code(self, context: CodeContext | str | None = None) -> None:
+        """SIGINT to the context's kernel (the default one if None), if the interpreter runs: the run
+        in flight there raises ``KeyboardInterrupt`` and ends with that error; the context stays.
+        For a run another thread waits on (a server whose client went away)."""
+        interpreter = self._interpreter
+        if interpreter is not None:
+            interpreter.interrupt(context)
 
     def create_code_context(self, cwd: str | None = None, language: str | None = None) -> CodeContext:
         """A new kernel with state of its own, started in ``cwd`` (the sandbox's workdir if None)."""

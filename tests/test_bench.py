@@ -31,6 +31,7 @@ CASES = (
     "branching",
     "secrets",
     "code_interpreter",
+    "serve_code",
 )
 
 
@@ -54,7 +55,7 @@ def test_quick_bench_reports_every_case(tmp_path):
     for name in CASES:
         case = cases[name]
         assert case["error"] is None, case["error"]
-        if name in ("containers", "cli_process", "serve", "code_interpreter") and not case["rows"]:
+        if name in ("containers", "cli_process", "serve", "code_interpreter", "serve_code") and not case["rows"]:
             assert case["skipped"], f"{name}: neither measured nor skipped with a reason"
             continue
         assert case["rows"], f"{name}: no rows"

@@ -144,7 +144,7 @@ def test_bad_arguments_name_the_argument(sb: Sandbox):
         (lambda: sb.run_code("1", language="r"), "language 'r'"),
         (lambda: sb.run_code(b"1"), "code must be a string"),  # type: ignore[arg-type]
         (lambda: sb.run_code("1", envs={"A": 1}), "envs must map"),  # type: ignore[dict-item]
-        (lambda: sb.run_code("1", timeout=0), "timeout must be positive"),
+        (lambda: sb.run_code("1", timeout=-1), "timeout must be seconds"),
         (lambda: sb.create_code_context(cwd="rel"), "cwd must be an absolute path"),
     ):
         with pytest.raises(InterpreterError, match=needle):
@@ -167,6 +167,19 @@ def test_closing_the_stream_early_interrupts_the_code(sb: Sandbox):
     records.close()  # a client that went away
     assert sb.run_code("'next'", timeout=20).text == "next"
     assert time.monotonic() - started < 20
+
+
+def test_no_timeout_and_an_interrupt_from_another_thread(sb: Sandbox):
+    """``timeout=0`` is no limit (as e2b's SDK); ``interrupt_code`` ends a run another thread waits on
+    (a server whose client went away), and the context keeps its state."""
+    sb.run_code("kept = 'still'")
+    records = sb.stream_code("import sys, time\nprint('go'); sys.stdout.flush()\ntime.sleep(60)", timeout=0)
+    assert [next(records).type, next(records).type] == ["number_of_executions", "stdout"]
+    threading.Timer(0.5, sb.interrupt_code).start()
+    rest = list(records)
+    assert [r.type for r in rest[-2:]] == ["error", "end_of_execution"]
+    assert rest[-2].name == "KeyboardInterrupt"  # type: ignore[union-attr]
+    assert sb.run_code("import time\ntime.sleep(1.5)\nkept", timeout=0).text == "still"
 
 
 def test_a_timeout_does_not_count_time_paused(sb: Sandbox):

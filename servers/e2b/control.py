@@ -5,7 +5,8 @@ Runs in the serving host process, on a request's thread. Every request needs an 
 (``X-API-Key``); a missing or unknown one is 401 before anything else is looked at, and a sandbox of
 another key answers 404 like one that never existed. A request that carries a sandbox id header (or
 the ``<port>-<id>.<domain>`` host the SDK builds without ``E2B_SANDBOX_URL``) goes to the sandbox's own
-daemon protocol instead (``envd``), which is authorised by that sandbox's access token.
+daemon protocol instead (``envd``), which is authorised by that sandbox's access token, or, for port
+49999, to its code interpreter (``interpreter``), authorised by that token or its traffic access token.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import datetime
 from email.message import Message
 
 from ..keys import Keys
-from . import envd
+from . import envd, interpreter
 from .httpd import Request, Response
 from .registry import Kept, Registry, Served, ServeError
 
@@ -51,6 +52,7 @@ def created(served: Served) -> dict:
         "clientID": CLIENT_ID,
         "envdVersion": envd.ENVD_VERSION,
         "envdAccessToken": served.access_token,
+        "trafficAccessToken": interpreter.traffic_token(served),
         "alias": served.template,
     }
 
@@ -95,6 +97,8 @@ class ControlPlane:
     def __call__(self, request: Request) -> Response:
         sandbox_id = _sandbox_id(request.headers)
         if sandbox_id is not None:
+            if interpreter.addressed(request.headers):
+                return interpreter.handle(self.registry, sandbox_id, request)
             return envd.handle(self.registry, sandbox_id, request)
         owner = self.keys.owner(request.header("X-API-Key"))
         if owner is None:
@@ -110,7 +114,10 @@ class ControlPlane:
         the planes check the same again when they handle the request."""
         sandbox_id = _sandbox_id(headers)
         if sandbox_id is not None:
-            served = self.registry.by_token(sandbox_id, headers.get("X-Access-Token"))
+            if interpreter.addressed(headers):
+                served = interpreter.find(self.registry, sandbox_id, headers)
+            else:
+                served = self.registry.by_token(sandbox_id, headers.get("X-Access-Token"))
             return served.owner if served is not None else None
         return self.keys.owner(headers.get("X-API-Key"))
 
@@ -142,7 +149,7 @@ class ControlPlane:
             return Response(204)
         if path in ("/sandboxes", "/v2/sandboxes"):
             if method == "POST":
-                return _json(201, created(self.registry.create(owner, self._body(request))))
+                return _json(201, created(self.registry.create(owner, interpreter.template(self._body(request)))))
             if method == "GET":
                 return self._list(owner, request)
         m = SANDBOX_PATH.match(path)
