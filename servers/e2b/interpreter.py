@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from email.message import Message
 from typing import Any
 
-from ...sandbox.errors import InterpreterError, SandboxError
+from ...sandbox.errors import InterpreterError, SandboxError, ServerError
 from ...sandbox.serving import Store, check_env
 from .connect import RpcError, _check_json
 from .httpd import IDLE, Request, Response
@@ -94,7 +94,7 @@ def _json(obj: object) -> Response:
     return Response(200, json.dumps(obj).encode(), "application/json")
 
 
-class BadRequest(Exception):
+class BadRequest(ServerError):
     pass
 
 
