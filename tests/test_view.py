@@ -372,6 +372,35 @@ def test_nothing_outside_the_output_directories_is_served(outputs: dict[str, Pat
         assert status == 404
 
 
+def test_links_fifos_odd_names_and_large_files(chrome: Any, outputs: dict[str, Path], tmp_path: Path):
+    """A run directory someone tampered with: its record a link out, a FIFO, a name that is not UTF-8, a file
+    larger than a page shows; each is refused or shown in part, and nothing waits on the FIFO."""
+    run = tmp_path / "run"
+    shutil.copytree(outputs["run"], run, symlinks=True)
+    os.mkfifo(run / "files" / "fifo")
+    (run / "files" / os.fsdecode(b"odd-\xff\xfe.txt")).write_bytes(b"odd bytes")
+    (run / "files" / "big.txt").write_bytes(b"x" * (1 << 20) + b"THE-END")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "trajectory.json").symlink_to(run / "trajectory.json")
+    with viewing(run, linked) as url:
+        token = token_of(url)
+        status, _, body = fetch(url, f"/file?s=0&p=files%2Ffifo&token={token}")
+        assert status == 404 and b"not a regular file" in body
+        status, headers, body = fetch(url, f"/file?s=0&p=files%2Fodd-%FF%FE.txt&token={token}")
+        assert (status, body) == (200, b"odd bytes") and "odd-" in headers["content-disposition"]
+        status, _, body = fetch(url, f"/text?s=0&p=files%2Fbig.txt&token={token}")
+        assert status == 200 and b"THE-END" not in body and b"1,048,583 bytes, the first 262,144 shown" in body
+        status, _, body = fetch(url, f"/file?s=0&p=files%2Fbig.txt&token={token}")
+        assert status == 200 and body.endswith(b"THE-END")  # a download is the whole file
+        status, _, body = fetch(url, f"/source?s=1&token={token}")
+        assert status == 404 and b"a symlink, which is not followed" in body
+        chrome.get(url)
+        chrome.find_element("partial link text", "/run").click()
+        text = chrome.find_element("tag name", "main").text
+        assert "files/fifo" in text and "not a regular file" in text and "odd-\\xff\\xfe.txt" in text
+
+
 def test_a_batch_with_mixed_outcomes(chrome: Any, batch: Path, canary: Canary, tmp_path: Path):
     results = [json.loads(line) for line in (batch / "results.jsonl").read_text().splitlines()]
     assert sorted(r["exit_status"] for r in results) == ["llm_error", "submitted", "submitted"]
@@ -519,5 +548,6 @@ def test_a_thousand_tasks_open_in_under_a_second(chrome: Any, tmp_path: Path):
             "const t = performance.getEntriesByType('navigation')[0]; return t.domContentLoadedEventEnd - t.startTime"
         )
         assert len(chrome.find_elements("css selector", "table#batch tbody tr")) == 1000
+        _shot(chrome, tmp_path, "batch-1000")
     print(f"1,000 tasks: served in {served * 1000:.0f} ms, DOMContentLoaded after {loaded:.0f} ms")
     assert served < 1.0 and loaded < 1000

@@ -22,13 +22,26 @@ def raw(markup: str) -> Html:
     return Html(markup)
 
 
+def clean(value: str) -> str:
+    """``value`` encodable as UTF-8: a name's undecodable bytes (``os.fsdecode``'s surrogates) as ``\\xff``,
+    any other lone surrogate (a model's JSON may hold one) as U+FFFD."""
+    try:
+        value.encode()
+        return value
+    except UnicodeEncodeError:
+        try:
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "replace").decode()
+
+
 def text(value: object) -> Html:
     if isinstance(value, Html):
         return value
     if value is None:
         return Html("")
     if isinstance(value, str | int | float):
-        return Html(html.escape(str(value), quote=True))
+        return Html(html.escape(clean(str(value)), quote=True))
     return Html("".join(text(v) for v in value))  # type: ignore[attr-defined]
 
 
@@ -42,7 +55,7 @@ def el(tag: str, *children: object, **attrs: object) -> Html:
         key = "class" if name == "class_" else name.rstrip("_").replace("_", "-")
         if tag in _SVG and key in ("view-box", "text-anchor", "font-size", "stroke-width", "dominant-baseline"):
             key = {"view-box": "viewBox"}.get(key, key)
-        parts.append(key if value is True else f'{key}="{html.escape(str(value), quote=True)}"')
+        parts.append(key if value is True else f'{key}="{html.escape(clean(str(value)), quote=True)}"')
     opening = "<" + " ".join(parts) + ">"
     if tag in _VOID:
         return Html(opening)

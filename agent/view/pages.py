@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import quote_from_bytes, urlencode
+from urllib.parse import quote_from_bytes, unquote, urlencode
 
 from pydantic import ValidationError
 
@@ -93,6 +93,11 @@ def _ext(rel: bytes) -> str:
 
 def _name(rel: bytes) -> str:
     return os.fsdecode(rel)
+
+
+def task_id(name: bytes) -> str:
+    """The task id a batch's task directory is named after (``tasks.dir_name`` writes it as ``%XX``)."""
+    return unquote(os.fsdecode(name), errors="replace")
 
 
 def _seconds(value: float) -> str:
@@ -377,8 +382,8 @@ def batch_rows(src: Source, number: int, results: Sequence[TaskResult], links: L
         if not src.is_file(task + b"/" + TRAJECTORY.encode()):
             continue
         target = links.run(number, task) if not links.export else None
-        label = el("a", os.fsdecode(entry), href=target) if target else text(os.fsdecode(entry))
-        cells = [_cell(label, os.fsdecode(entry)), _cell(""), _cell("running", class_="st running")]
+        label = el("a", task_id(entry), href=target) if target else text(task_id(entry))
+        cells = [_cell(label, task_id(entry)), _cell(""), _cell("running", class_="st running")]
         cells += [_cell("", "") for _ in range(len(_COLUMNS) - 3)]
         rows.append(el("tr", *cells, data_outcome="running", data_status="running"))
     return rows
@@ -410,15 +415,18 @@ def bars(title: str, items: Sequence[tuple[str, float]], top: float | None = Non
 
 
 def histogram(title: str, values: Sequence[float], unit: str = "", bins: int = 10) -> Html:
-    """Counts of ``values`` in ``bins`` equal ranges, as bars labelled by range."""
+    """Counts of ``values``: one bar per value when they are few whole numbers (steps), else per one of
+    ``bins`` equal ranges, labelled by range."""
     if not values:
         return bars(title, [])
     low, high = min(values), max(values)
-    step = (high - low) / bins or 1
-    counts = Counter(min(bins - 1, int((v - low) / step)) for v in values)
+    if all(float(v).is_integer() for v in values) and high - low < 2 * bins:
+        counts = Counter(int(v) for v in values)
+        return bars(title, [(f"{v}{unit}", float(counts[v])) for v in range(int(low), int(high) + 1)])
+    step = (high - low) / bins or 1.0
+    ranges = Counter(min(bins - 1, int((v - low) / step)) for v in values)
     used = range(bins) if high > low else range(1)
-    digits = 0 if step >= 10 else 1
-    items = [(f"{low + b * step:.{digits}f}-{low + (b + 1) * step:.{digits}f}{unit}", float(counts[b])) for b in used]
+    items = [(f"{low + b * step:.3g}-{low + (b + 1) * step:.3g}{unit}", float(ranges[b])) for b in used]
     return bars(title, items)
 
 
@@ -608,7 +616,7 @@ def runs_of(sources: Sequence[Source]) -> list[tuple[int, bytes, str]]:
         elif src.kind == "batch":
             for name, kind in src.listdir(TASKS.encode()):
                 if kind == "dir":
-                    found.append((n, TASKS.encode() + b"/" + name, f"{src.path}: {_name(name)}"))
+                    found.append((n, TASKS.encode() + b"/" + name, f"{src.path}: {task_id(name)}"))
     return found
 
 

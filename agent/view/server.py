@@ -136,7 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = index_html(v.sources, links)
             if len(v.sources) == 1:
                 body = Html(body + source_html(v.sources[0], 0, links))
-            return self._page("jailbox view", body)
+            return self._page("sources", body)
         if path.startswith("/static/") and path[8:] in STATIC:
             return self._send(static(path[8:]), STATIC[path[8:]])
         if path == "/source":

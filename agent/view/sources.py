@@ -74,9 +74,9 @@ class Source:
 
     def _kind(self, record: str | None) -> Kind:
         if record is None:
-            if self.is_file(RESULTS) or self.is_dir(TASKS):
+            if self._present(RESULTS) or self._present(TASKS):
                 return "batch"
-            return "run" if self.is_file(TRAJECTORY) else "runs"
+            return "run" if self._present(TRAJECTORY) else "runs"
         if record == TRAJECTORY:
             self.record = None
             return "run"
@@ -92,6 +92,14 @@ class Source:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def _present(self, name: str) -> bool:
+        """Whether the top holds ``name``, whatever it is (a link there is a record refused when read)."""
+        try:
+            os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return True
 
     def _stat(self, rel: str | bytes) -> os.stat_result | None:
         try:
