@@ -462,8 +462,13 @@ def test_a_batch_still_running_updates_live(chrome: Any, batch: Path, tmp_path: 
 
 def test_a_replay_side_by_side(chrome: Any, outputs: dict[str, Path], canary: Canary, tmp_path: Path):
     steps = json.loads(outputs["replay"].read_text())
-    with viewing(outputs["replay"]) as url:
+    beside = tmp_path / "run"  # the replay's JSON in the run's directory: the recorded observations are shown too
+    shutil.copytree(outputs["run"], beside, symlinks=True)
+    shutil.copy(outputs["replay"], beside / "replay.json")
+    recorded = [o for step in load_trajectory(beside / "trajectory.json").steps for o in step.observations]
+    with viewing(outputs["replay"], beside / "replay.json") as url:
         chrome.get(url)
+        chrome.find_element("partial link text", "replay.json").click()
         chrome.find_element("css selector", "table.replay")
         _shot(chrome, tmp_path, "replay")
         rows = chrome.find_elements("css selector", "table.replay tbody tr")
@@ -472,10 +477,17 @@ def test_a_replay_side_by_side(chrome: Any, outputs: dict[str, Path], canary: Ca
         assert verdicts == [s["verdict"] for s in steps]
         assert verdicts[2] == "differs"  # the clock moved: the cause is said, the two numbers side by side
         assert steps[2]["cause"] in rows[2].text
-        recorded, now = rows[2].find_elements("css selector", "pre.diff")
-        assert (
-            recorded.text != now.text and recorded.text.split("\n")[-1].isdigit() and now.text.split("\n")[-1].isdigit()
-        )
+        before, now = rows[2].find_elements("css selector", "pre.diff")
+        assert before.text != now.text and before.text.split("\n")[-1].isdigit() and now.text.split("\n")[-1].isdigit()
+        assert not rows[2].find_elements("css selector", "td.recorded details")  # no trajectory beside this one
+        chrome.get(url.replace("/?", "/source?s=1&"))
+        rows = chrome.find_elements("css selector", "table.replay tbody tr")
+        for summary in rows[2].find_elements("css selector", "summary"):
+            summary.click()
+        whole_before = rows[2].find_element("css selector", "td.recorded details pre").text
+        whole_now = rows[2].find_element("css selector", "td.now details pre").text
+        assert whole_before == recorded[2].rstrip("\n") and whole_now == steps[2]["observation"].rstrip("\n")
+        assert whole_before != whole_now and "Exit code: 0" in whole_now
         _untouched(chrome, canary)
 
 

@@ -541,16 +541,35 @@ def sides(diff: str) -> tuple[Html, Html]:
     return el("pre", Html("\n".join(left)), class_="diff"), el("pre", Html("\n".join(right)), class_="diff")
 
 
+def _recorded(src: Source, count: int) -> list[str | None]:
+    """The recorded observation of each replayed action, from the ``trajectory.json`` beside the replay's JSON
+    (``jailbox replay DIR/trajectory.json --json > DIR/replay.json``); None each where there is none."""
+    if not src.is_file(TRAJECTORY):
+        return [None] * count
+    try:
+        run = load_run(src, b"")
+    except Unreadable:
+        return [None] * count
+    seen: list[str | None] = [o for step in run.steps for _, o in zip(step.actions, step.observations, strict=False)]
+    return seen if len(seen) == count else [None] * count
+
+
+def _whole(label: str, value: str | None) -> Html:
+    return el("details", el("summary", label), observation(value)) if value else Html("")
+
+
 def replay_html(src: Source, number: int) -> Html:
     parts: list[Html] = [el("h2", "Replay ", el("code", src.path))]
-    for trajectory, steps in load_replay(src):
+    replays = load_replay(src)
+    for trajectory, steps in replays:
         counts = Counter(s.verdict for s in steps)
         parts += [
             el("h3", trajectory),
             el("p", " · ".join(f"{counts[v]} {v}" for v in ("same", "differs", "network", "nondeterministic"))),
         ]
+        recorded = _recorded(src, len(steps)) if len(replays) == 1 else [None] * len(steps)
         rows = []
-        for s in steps:
+        for s, before in zip(steps, recorded, strict=True):
             left, right = sides(s.diff) if s.diff else (Html(""), Html(""))
             exits = "" if s.exit_recorded == s.exit_now else f"exit {s.exit_recorded} → {s.exit_now}"
             rows.append(
@@ -559,8 +578,8 @@ def replay_html(src: Source, number: int) -> Html:
                     el("td", str(s.index), class_="num"),
                     el("td", el("pre", s.action, class_="cmd")),
                     el("td", el("span", s.verdict, class_=f"badge {s.verdict}"), el("div", s.cause), el("div", exits)),
-                    el("td", left),
-                    el("td", right),
+                    el("td", left, _whole("recorded observation", before), class_="recorded"),
+                    el("td", right, _whole("observation now", s.observation), class_="now"),
                     class_=f"replay {s.verdict}",
                 )
             )

@@ -59,6 +59,7 @@ class Viewer:
         self.token = token or secrets.token_urlsafe(24)
         self.links = Links(self.token)
         self.server: ThreadingHTTPServer | None = None
+        self.hosts: set[bytes] = set()  # the Host headers it answers: its loopback names with its port
 
     def bind(self, port: int = 0, host: str = "127.0.0.1") -> str:
         """Listen on loopback; the URL to open (the token in it)."""

@@ -38,6 +38,7 @@ RESULTS = "results.jsonl"
 TASKS = "tasks"
 
 Kind = Literal["run", "batch", "runs", "replay"]
+EntryKind = Literal["file", "dir", "link", "other"]
 
 
 class Unreadable(ValueError):
@@ -48,7 +49,7 @@ class Unreadable(ValueError):
 class Entry:
     rel: bytes  # below the run's directory, names joined by "/"
     size: int
-    kind: Literal["file", "dir", "link", "other"]
+    kind: EntryKind
 
 
 class Source:
@@ -163,7 +164,7 @@ class Source:
         st = self._stat(rel)
         return (0, 0) if st is None else (st.st_size, st.st_mtime_ns)
 
-    def listdir(self, rel: str | bytes, limit: int = MAX_ENTRIES) -> list[tuple[bytes, str]]:
+    def listdir(self, rel: str | bytes, limit: int = MAX_ENTRIES) -> list[tuple[bytes, EntryKind]]:
         """Up to ``limit`` names in the directory ``rel`` (b"" for the top) with their kind, sorted."""
         try:  # a description of its own: scandir's offset is not shared with another thread's listing
             fd = (
@@ -174,11 +175,12 @@ class Source:
         except OSError:
             return []
         try:
-            names: list[tuple[bytes, str]] = []
+            names: list[tuple[bytes, EntryKind]] = []
             with os.scandir(fd) as it:
                 for entry in it:
                     if len(names) >= limit:
                         break
+                    kind: EntryKind
                     if entry.is_symlink():
                         kind = "link"
                     elif entry.is_dir(follow_symlinks=False):
@@ -207,7 +209,7 @@ class Source:
                 if len(found) >= limit:
                     return found, True
                 st = self._stat(sub) if kind == "file" else None
-                found.append(Entry(sub, st.st_size if st else 0, kind))  # type: ignore[arg-type]
+                found.append(Entry(sub, st.st_size if st else 0, kind))
         return found, False
 
     def runs(self) -> Iterator[bytes]:
