@@ -4,6 +4,8 @@ Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ..sandbox.escapes import printable  # stdlib only: what others chose is printed through it
@@ -16,7 +18,7 @@ from .errors import _flag_error
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="Port on 127.0.0.1 (0: any free one)."
 )
-@click.option("--no-browser", is_flag=True, help="Print the URL only; open no browser.")
+@click.option("--no-browser", is_flag=True, help="Print the URL only (no browser is opened without a display anyway).")
 @click.option(
     "--export",
     "export_to",
@@ -54,9 +56,9 @@ def view_cmd(paths: tuple[str, ...], port: int, no_browser: bool, export_to: str
     except OSError as exc:
         viewer.close()
         _flag_error("--port", f"{port}: {exc.strerror}", "--port 0")
-    click.echo(f"jailbox view: serving {len(viewer.sources)} source(s) at {url}", err=False)
-    if not no_browser:
-        import webbrowser
+    click.echo(f"jailbox view: serving {len(viewer.sources)} source(s) at {url} (Ctrl-C stops)")
+    if not no_browser and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        import webbrowser  # only with a display: without one it would start a text browser on this terminal
 
         webbrowser.open(url)
     try:

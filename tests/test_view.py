@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import struct
 import subprocess
 import threading
@@ -24,7 +25,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import pytest
-from conftest import require
+from conftest import SHARED_DATA, need, require
 from support import browser
 from support.cli import JAILBOX
 from support.llm_server import ScriptedServer, Step, error, reply
@@ -563,3 +564,41 @@ def test_a_thousand_tasks_open_in_under_a_second(chrome: Any, tmp_path: Path):
         _shot(chrome, tmp_path, "batch-1000")
     print(f"1,000 tasks: served in {served * 1000:.0f} ms, DOMContentLoaded after {loaded:.0f} ms")
     assert served < 1.0 and loaded < 1000
+
+
+def test_the_papers_trajectories_open(tmp_path: Path):
+    """The reference package's published trajectories, each named as a PATH: every step on its page."""
+    need("shared-data")
+    files = sorted((SHARED_DATA / "reference-trajectories").glob("trajectory_*.json"))
+    assert len(files) == 8
+    with viewing(*files) as url:
+        token = token_of(url)
+        for n, path in enumerate(files):
+            status, _, body = fetch(url, f"/source?s={n}&token={token}")
+            steps = len(json.loads(path.read_text())["steps"])
+            assert status == 200, body[:300]
+            assert body.count(b'<li class="step"') == len(load_trajectory(path).steps) == steps > 0
+            assert b"<h3>Files</h3>" not in body  # a lone record: its directory is not a run's
+
+
+def test_bad_paths_and_flags_are_one_line_errors(tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("hi")
+    (tmp_path / "bad.json").write_text("{not json")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    cases = [
+        (["view", str(tmp_path / "missing")], "does not exist"),
+        (["view", str(tmp_path / "notes.txt")], "PATH: "),
+        (["view", str(tmp_path / "bad.json")], "not JSON"),
+        (["view", "--port", str(taken.getsockname()[1]), str(tmp_path)], "--port"),
+        (["view", "--export", str(tmp_path / "notes.txt" / "x.html"), str(tmp_path)], "--export"),
+    ]
+    try:
+        for args, expected in cases:
+            done = subprocess.run([*JAILBOX, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 2, (args, done.stdout, done.stderr)
+            lines = done.stderr.strip().splitlines()
+            assert expected in done.stderr and (len(lines) == 1 or "Usage:" in done.stderr), done.stderr
+    finally:
+        taken.close()

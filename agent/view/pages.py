@@ -114,8 +114,9 @@ def _cut(value: str, limit: int) -> tuple[str, int]:
 # -- a run --------------------------------------------------------------------------------------------------
 
 
-def load_run(src: Source, rel: bytes) -> Trajectory:
-    path = rel + b"/" + TRAJECTORY.encode() if rel else TRAJECTORY.encode()
+def load_run(src: Source, rel: bytes, record: str | None = None) -> Trajectory:
+    """The run in the directory ``rel`` below ``src``; at its top, the file the PATH named if it named one."""
+    path = rel + b"/" + TRAJECTORY.encode() if rel else (record or src.record or TRAJECTORY).encode()
     data = src.json(path)
     try:
         return from_json(data)
@@ -294,8 +295,7 @@ def run_html(src: Source, number: int, rel: bytes, links: Links) -> Html:
         el("h3", "Steps"),
         el("ol", *(step_html(s) for s in t.steps), class_="steps"),
         *ending,
-        el("h3", "Files"),
-        files_html(src, number, rel, links),
+        *(() if src.record and not rel else (el("h3", "Files"), files_html(src, number, rel, links))),
         class_="run",
         id=anchor(number, rel),
     )
@@ -547,7 +547,7 @@ def _recorded(src: Source, count: int) -> list[str | None]:
     if not src.is_file(TRAJECTORY):
         return [None] * count
     try:
-        run = load_run(src, b"")
+        run = load_run(src, b"", TRAJECTORY)
     except Unreadable:
         return [None] * count
     seen: list[str | None] = [o for step in run.steps for _, o in zip(step.actions, step.observations, strict=False)]

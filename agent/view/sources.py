@@ -56,7 +56,8 @@ class Source:
     """One PATH given to ``jailbox view``: its directory held by descriptor, and what it holds (``kind``).
 
     A file names its directory and the record in it: ``trajectory.json`` a run, ``results.jsonl`` a batch,
-    any other ``.json`` a replay (``jailbox replay --json``'s output)."""
+    any other ``.json`` a run if it holds an object (the reference package's ``trajectory_*.json``; ``record``
+    names it), else a replay (``jailbox replay --json``'s list of steps)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -84,8 +85,12 @@ class Source:
         if record == RESULTS:
             self.record = None
             return "batch"
-        if record.endswith(".json"):
-            return "replay"
+        if record.endswith(".json"):  # a run recorded elsewhere (the paper's trajectory_*.json), or a replay
+            try:
+                return "run" if isinstance(self.json(record), dict) else "replay"
+            except Unreadable:
+                self.close()
+                raise
         self.close()
         raise Unreadable(f"{self.path}: name a run's directory, a batch's, trajectory.json, or a replay's JSON")
 
