@@ -32,6 +32,7 @@ from support.llm_server import ScriptedServer, Step, error, reply
 
 from jailbox.agent.tasks import TaskResult
 from jailbox.agent.trajectory import load as load_trajectory
+from jailbox.agent.view.sources import MAX_RECORD
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_SIZE = (24, 16)
@@ -52,6 +53,14 @@ def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
         + chunk(b"IDAT", zlib.compress(row * height))
         + chunk(b"IEND", b"")
     )
+
+
+def wav(seconds: float, rate: int = 8000) -> bytes:
+    """A mono 8-bit PCM WAV of a square wave."""
+    samples = bytes(200 if (i // 10) % 2 else 56 for i in range(int(seconds * rate)))
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate, 1, 8)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(samples)) + samples
+    return b"RIFF" + struct.pack("<I", len(body)) + body
 
 
 class Canary:
@@ -381,10 +390,15 @@ def test_links_fifos_odd_names_and_large_files(chrome: Any, outputs: dict[str, P
     os.mkfifo(run / "files" / "fifo")
     (run / "files" / os.fsdecode(b"odd-\xff\xfe.txt")).write_bytes(b"odd bytes")
     (run / "files" / "big.txt").write_bytes(b"x" * (1 << 20) + b"THE-END")
+    (run / "files" / "tone.wav").write_bytes(wav(0.5))
     linked = tmp_path / "linked"
     linked.mkdir()
     (linked / "trajectory.json").symlink_to(run / "trajectory.json")
-    with viewing(run, linked) as url:
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    with (huge / "trajectory.json").open("wb") as f:
+        f.truncate(MAX_RECORD + 1)  # sparse: costs the disk nothing
+    with viewing(run, linked, huge) as url:
         token = token_of(url)
         status, _, body = fetch(url, f"/file?s=0&p=files%2Ffifo&token={token}")
         assert status == 404 and b"not a regular file" in body
@@ -396,10 +410,17 @@ def test_links_fifos_odd_names_and_large_files(chrome: Any, outputs: dict[str, P
         assert status == 200 and body.endswith(b"THE-END")  # a download is the whole file
         status, _, body = fetch(url, f"/source?s=1&token={token}")
         assert status == 404 and b"a symlink, which is not followed" in body
+        status, _, body = fetch(url, f"/source?s=2&token={token}")
+        assert status == 404 and f"{MAX_RECORD + 1} bytes, past the viewer".encode() in body
         chrome.get(url)
         chrome.find_element("partial link text", "/run").click()
         text = chrome.find_element("tag name", "main").text
         assert "files/fifo" in text and "not a regular file" in text and "odd-\\xff\\xfe.txt" in text
+        audio = chrome.find_element("css selector", "audio")
+        deadline = time.monotonic() + 10
+        while chrome.execute_script("return arguments[0].readyState", audio) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert abs(chrome.execute_script("return arguments[0].duration", audio) - 0.5) < 0.01  # playable
 
 
 def test_a_batch_with_mixed_outcomes(chrome: Any, batch: Path, canary: Canary, tmp_path: Path):

@@ -307,9 +307,7 @@ def run_html(src: Source, number: int, rel: bytes, links: Links) -> Html:
 def load_results(src: Source) -> list[TaskResult]:
     if not src.is_file(RESULTS):
         return []
-    data, size = src.read(RESULTS)
-    if size > len(data):
-        raise Unreadable(f"{RESULTS}: {size} bytes, past the viewer's {len(data)} (MAX_RECORD)")
+    data, _ = src.read(RESULTS, whole=True)
     results = []
     for line in data.splitlines():
         try:

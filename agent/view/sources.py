@@ -140,9 +140,13 @@ class Source:
         os.set_blocking(fd, True)
         return fd, st.st_size
 
-    def read(self, rel: str | bytes, limit: int = MAX_RECORD) -> tuple[bytes, int]:
-        """At most ``limit`` bytes of the file ``rel``, and its whole size."""
+    def read(self, rel: str | bytes, limit: int = MAX_RECORD, whole: bool = False) -> tuple[bytes, int]:
+        """At most ``limit`` bytes of the file ``rel``, and its whole size; with ``whole``, ``Unreadable``
+        before anything is read when the file is larger (a record is parsed whole or not at all)."""
         fd, size = self.open_file(rel)
+        if whole and size > limit:
+            os.close(fd)
+            raise Unreadable(f"{os.fsdecode(rel)}: {size} bytes, past the viewer's {limit} (MAX_RECORD)")
         try:
             chunks, left = [], limit
             while left > 0:
@@ -156,9 +160,7 @@ class Source:
             os.close(fd)
 
     def json(self, rel: str | bytes) -> Any:
-        data, size = self.read(rel)
-        if size > MAX_RECORD:
-            raise Unreadable(f"{os.fsdecode(rel)}: {size} bytes, past the viewer's {MAX_RECORD} (MAX_RECORD)")
+        data, _ = self.read(rel, whole=True)
         try:
             return json.loads(data)
         except (ValueError, RecursionError) as exc:
