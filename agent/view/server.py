@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import sys
-import threading
 from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -59,6 +58,7 @@ class Viewer:
         self.token = token or secrets.token_urlsafe(24)
         self.links = Links(self.token)
         self.server: ThreadingHTTPServer | None = None
+        self.serving = False
         self.hosts: set[bytes] = set()  # the Host headers it answers: its loopback names with its port
 
     def bind(self, port: int = 0, host: str = "127.0.0.1") -> str:
@@ -75,18 +75,18 @@ class Viewer:
         return f"http://{host}:{self.server.server_port}/?token={self.token}"
 
     def serve(self) -> None:
+        """Serve until ``close`` (from another thread) or an exception (Ctrl-C) ends it."""
         assert self.server is not None
-        self.server.serve_forever(poll_interval=0.2)
-
-    def start(self) -> threading.Thread:
-        """Serve in a thread (tests, and the CLI while it opens a browser)."""
-        thread = threading.Thread(target=self.serve, name="jailbox-view", daemon=True)
-        thread.start()
-        return thread
+        self.serving = True
+        try:
+            self.server.serve_forever(poll_interval=0.2)
+        finally:
+            self.serving = False
 
     def close(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
+            if self.serving:  # shutdown() waits for the loop: only while there is one
+                self.server.shutdown()
             self.server.server_close()
             self.server = None
         for src in self.sources:

@@ -121,10 +121,6 @@ class Source:
         st = self._stat(rel)
         return st is not None and stat.S_ISREG(st.st_mode)
 
-    def is_dir(self, rel: str | bytes) -> bool:
-        st = self._stat(rel)
-        return st is not None and stat.S_ISDIR(st.st_mode)
-
     def open_file(self, rel: str | bytes) -> tuple[int, int]:
         """A descriptor of the regular file ``rel`` and its size; ``Unreadable`` for a link anywhere on the way,
         ``..``, a directory, FIFO or device."""
