@@ -29,6 +29,7 @@ from conftest import SHARED_DATA, need, require
 from support import browser
 from support.cli import JAILBOX
 from support.llm_server import ScriptedServer, Step, error, reply
+from support.waits import wait_until
 
 from jailbox.agent.tasks import TaskResult
 from jailbox.agent.trajectory import load as load_trajectory
@@ -341,6 +342,10 @@ def test_produced_files_never_run_as_pages(chrome: Any, outputs: dict[str, Path]
             assert headers["content-disposition"].startswith("attachment;")
             assert headers["x-content-type-options"] == "nosniff"
             assert headers["content-security-policy"].startswith("sandbox;")
+        status, headers, body = fetch(url, f"/?token={token}")  # the pages: only the viewer's own script
+        policy = headers["content-security-policy"]
+        assert status == 200 and "script-src 'self';" in policy and "default-src 'none'" in policy
+        assert "unsafe" not in policy and "http" not in policy and headers["x-content-type-options"] == "nosniff"
         status, headers, body = fetch(url, f"/file?s=0&p=files%2Fplot.png&token={token}")
         assert (status, headers["content-type"]) == (200, "image/png") and body == png(*PNG_SIZE, (220, 20, 20))
         # opened in the browser anyway: an attachment (downloaded) or a text view, nothing runs
@@ -417,9 +422,7 @@ def test_links_fifos_odd_names_and_large_files(chrome: Any, outputs: dict[str, P
         text = chrome.find_element("tag name", "main").text
         assert "files/fifo" in text and "not a regular file" in text and "odd-\\xff\\xfe.txt" in text
         audio = chrome.find_element("css selector", "audio")
-        deadline = time.monotonic() + 10
-        while chrome.execute_script("return arguments[0].readyState", audio) < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: chrome.execute_script("return arguments[0].readyState", audio) >= 1, "the WAV's header", 10)
         assert abs(chrome.execute_script("return arguments[0].duration", audio) - 0.5) < 0.01  # playable
 
 
@@ -472,11 +475,11 @@ def test_a_batch_still_running_updates_live(chrome: Any, batch: Path, tmp_path: 
         assert len(running) == 2  # task directories with a trajectory and no result yet
         with (live / "results.jsonl").open("a") as f:
             f.writelines(lines[1:])
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if not chrome.find_elements("css selector", "table#batch tbody tr[data-outcome=running]"):
-                break
-            time.sleep(0.2)
+        wait_until(
+            lambda: not chrome.find_elements("css selector", "table#batch tbody tr[data-outcome=running]"),
+            "the page to show the new results (it polls once a second)",
+            10,
+        )
         assert len(chrome.find_elements("css selector", "table#batch tbody tr")) == 3
         assert not chrome.find_elements("css selector", "table#batch tbody tr[data-outcome=running]")
         assert int(chrome.find_element("id", "live").get_attribute("data-updates")) >= 1
