@@ -250,7 +250,7 @@ def files_html(src: Source, number: int, rel: bytes, links: Links) -> Html:
                 "tr",
                 el("td", name, class_="fname"),
                 el("td", f"{entry.size:,} B", class_="num"),
-                el("td", shown, " ", *actions),
+                el("td", shown, " ", Html(" · ".join(actions))),
                 class_="file",
             )
         )
