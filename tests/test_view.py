@@ -517,12 +517,18 @@ def test_a_replay_side_by_side(chrome: Any, outputs: dict[str, Path], canary: Ca
 
 
 def test_two_runs_compared(chrome: Any, outputs: dict[str, Path], batch: Path, tmp_path: Path):
+    from selenium.webdriver.support.ui import Select
+
     with viewing(outputs["run"], batch) as url:
         token = token_of(url)
-        chrome.get(f"{url.split('?')[0]}compare?a=0:&b=1:{quote(quote('tasks/right', safe=''))}&token={token}")
+        chrome.get(url)  # the index's form: the run, and a batch's task
+        Select(chrome.find_element("name", "a")).select_by_index(0)
+        Select(chrome.find_element("name", "b")).select_by_visible_text(f"{batch}: right")
+        chrome.find_element("css selector", "form button").click()
         rows = chrome.find_elements("css selector", "table.compare tbody tr")
         _shot(chrome, tmp_path, "compare")
         assert len(rows) == 4 and all(r.get_attribute("class") == "differs" for r in rows)
+        assert "submitted" in chrome.find_element("css selector", "table.compare thead").text
         chrome.get(f"{url.split('?')[0]}compare?a=0:&b=0:&token={token}")
         assert all(
             r.get_attribute("class") == "same" for r in chrome.find_elements("css selector", "table.compare tbody tr")
