@@ -204,12 +204,12 @@ def _batch_model(request: dict) -> Step:
 
 
 @pytest.fixture(scope="module")
-def batch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def batch(tmp_path_factory: pytest.TempPathFactory, canary: Canary) -> Path:
     base = tmp_path_factory.mktemp("batch")
     tasks = [
         {"id": "right", "query": "RIGHT: what is 2+2?", "answer": "4", "domain": "math"},
         {"id": "wrong", "query": "WRONG: what is 2+2?", "answer": "4", "domain": "math"},
-        {"id": "<b>broken</b>", "query": "BROKEN", "answer": "4", "domain": "<i>code</i>"},
+        {"id": "<b>broken</b>" + payloads(canary, "id"), "query": "BROKEN", "answer": "4", "domain": "<i>code</i>"},
     ]
     (base / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     with ScriptedServer(responder=_batch_model) as server:
@@ -292,6 +292,17 @@ def _untouched(driver: Any, canary: Canary) -> None:
     assert driver.title.endswith(TITLE), driver.title  # a payload would have set it whole: 'pwned-...'
     assert canary.hits == [], canary.hits
     assert driver.execute_script("return window.pwned === undefined")
+
+
+def follow(driver: Any, element: Any) -> None:
+    """Click a link or a submit button and wait for the page it leads to (a click does not wait)."""
+    before = driver.current_url
+    element.click()
+    wait_until(
+        lambda: driver.current_url != before and driver.execute_script("return document.readyState") == "complete",
+        "the next page",
+        10,
+    )
 
 
 def _shot(driver: Any, where: Path, name: str) -> tuple[int, int, list[tuple[int, ...]]]:
@@ -418,7 +429,7 @@ def test_links_fifos_odd_names_and_large_files(chrome: Any, outputs: dict[str, P
         status, _, body = fetch(url, f"/source?s=2&token={token}")
         assert status == 404 and f"{MAX_RECORD + 1} bytes, past the viewer".encode() in body
         chrome.get(url)
-        chrome.find_element("partial link text", "/run").click()
+        follow(chrome, chrome.find_element("partial link text", "/run"))
         text = chrome.find_element("tag name", "main").text
         assert "files/fifo" in text and "not a regular file" in text and "odd-\\xff\\xfe.txt" in text
         audio = chrome.find_element("css selector", "audio")
@@ -459,12 +470,12 @@ def test_a_batch_with_mixed_outcomes(chrome: Any, batch: Path, canary: Canary, t
         ]
         assert ids[0] == "right"
         # a task's run, from its row
-        chrome.find_element("link text", "right").click()
+        follow(chrome, chrome.find_element("link text", "right"))
         assert len(chrome.find_elements("css selector", "li.step")) == 2
         _untouched(chrome, canary)
 
 
-def test_a_batch_still_running_updates_live(chrome: Any, batch: Path, tmp_path: Path):
+def test_a_batch_still_running_updates_live(chrome: Any, batch: Path, canary: Canary, tmp_path: Path):
     live = tmp_path / "live"
     shutil.copytree(batch, live)
     lines = (batch / "results.jsonl").read_text().splitlines(keepends=True)
@@ -483,6 +494,8 @@ def test_a_batch_still_running_updates_live(chrome: Any, batch: Path, tmp_path: 
         assert len(chrome.find_elements("css selector", "table#batch tbody tr")) == 3
         assert not chrome.find_elements("css selector", "table#batch tbody tr[data-outcome=running]")
         assert int(chrome.find_element("id", "live").get_attribute("data-updates")) >= 1
+        assert payloads(canary, "id") in chrome.find_element("id", "batch").text  # redrawn, as text
+        _untouched(chrome, canary)
 
 
 def test_a_replay_side_by_side(chrome: Any, outputs: dict[str, Path], canary: Canary, tmp_path: Path):
@@ -493,7 +506,7 @@ def test_a_replay_side_by_side(chrome: Any, outputs: dict[str, Path], canary: Ca
     recorded = [o for step in load_trajectory(beside / "trajectory.json").steps for o in step.observations]
     with viewing(outputs["replay"], beside / "replay.json") as url:
         chrome.get(url)
-        chrome.find_element("partial link text", "replay.json").click()
+        follow(chrome, chrome.find_element("partial link text", "replay.json"))
         chrome.find_element("css selector", "table.replay")
         _shot(chrome, tmp_path, "replay")
         rows = chrome.find_elements("css selector", "table.replay tbody tr")
@@ -524,7 +537,7 @@ def test_two_runs_compared(chrome: Any, outputs: dict[str, Path], batch: Path, t
         chrome.get(url)  # the index's form: the run, and a batch's task
         Select(chrome.find_element("name", "a")).select_by_index(0)
         Select(chrome.find_element("name", "b")).select_by_visible_text(f"{batch}: right")
-        chrome.find_element("css selector", "form button").click()
+        follow(chrome, chrome.find_element("css selector", "form button"))
         rows = chrome.find_elements("css selector", "table.compare tbody tr")
         _shot(chrome, tmp_path, "compare")
         assert len(rows) == 4 and all(r.get_attribute("class") == "differs" for r in rows)

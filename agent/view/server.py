@@ -23,6 +23,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote_to_bytes, urlsplit
 
+from ...sandbox import printable  # the exception may quote a record: shown escaped on the terminal
 from .html import Html, el
 from .pages import (
     MEDIA,
@@ -117,7 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as exc:  # a record no page expected: said, not a dropped connection
-            print(f"jailbox view: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(printable(f"jailbox view: {type(exc).__name__}: {exc}", line=True), file=sys.stderr)
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__} (see the viewer's terminal)")
 
     def do_POST(self) -> None:
