@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ...sandbox import hostfs
+from ...sandbox.errors import AgentError
 
 MAX_RECORD = 64 << 20
 """Bytes of a trajectory, a results file or a replay's JSON read (the largest of the paper's runs is ~2 MB)."""
@@ -41,7 +42,7 @@ Kind = Literal["run", "batch", "runs", "replay"]
 EntryKind = Literal["file", "dir", "link", "other"]
 
 
-class Unreadable(ValueError):
+class Unreadable(AgentError, ValueError):
     """A record the viewer will not read (missing, a link, too large, not the expected JSON); says why in a line."""
 
 
