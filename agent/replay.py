@@ -1,7 +1,8 @@
 """Re-run a recorded trajectory's actions in a fresh jail and say, step by step, what differs.
 
 Runs in the host process of ``jailbox replay``; the jail runs the actions through the same ``Tools`` an agent
-uses. It bounds what it keeps of each step's diff (``MAX_DIFF``) and of its action label (``MAX_LABEL``).
+uses. It bounds what it keeps of each step's diff (``MAX_DIFF``), of what the step printed now
+(``MAX_OBSERVATION``, for a viewer to show beside the recorded one) and of its action label (``MAX_LABEL``).
 
 This checks that an environment reproduces a run (ours or the reference package's). Observations are compared
 after normalisation: older formats differ in their wrappers (``Exit code: 0\\n[STDOUT]``, the reference's
@@ -37,6 +38,7 @@ from .trajectory import load
 Verdict = Literal["same", "differs", "network", "nondeterministic"]
 VERDICTS: tuple[Verdict, ...] = ("same", "differs", "network", "nondeterministic")
 MAX_DIFF = 4000
+MAX_OBSERVATION = 16000
 MAX_LABEL = 200
 INPUT_DIR = "/testbed/input"
 _EXIT = re.compile(r"^Exit code: (?:Error: Exit code )?(-?\d+)")
@@ -100,6 +102,7 @@ class StepDiff(BaseModel):
     exit_now: int | None = None
     diff: str = ""
     cause: str = ""  # why a step that is not "same" is in its column, in a few words
+    observation: str = ""  # what the step printed now, its middle cut past MAX_OBSERVATION characters
 
 
 class _Bare(Tools):
@@ -229,10 +232,18 @@ def replay(
                     result = _unrepeatable(result, scripts.ran(step.index, command), scripts.encoded)
                 else:
                     scripts.ran(step.index, command)
+                result.observation = _kept(now.observation)
                 results.append(result)
                 if action.function == "execute_bash":
                     fetched.add(step.index, command, () if result.verdict == "same" else (recorded, now.observation))
     return results
+
+
+def _kept(observation: str) -> str:
+    if len(observation) <= MAX_OBSERVATION:
+        return observation
+    half, cut = MAX_OBSERVATION // 2, len(observation) - MAX_OBSERVATION
+    return f"{observation[:half]}\n[... {cut} characters cut by replay ...]\n{observation[-half:]}"
 
 
 def _compare(

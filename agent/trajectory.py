@@ -116,8 +116,12 @@ def _json_bytes(value: Any, indent: int) -> bytes:
 
 
 def load(path: str | Path) -> Trajectory:
-    data = json.loads(Path(path).read_text())
-    if "version" in data:
+    return from_json(json.loads(Path(path).read_text()))
+
+
+def from_json(data: Any) -> Trajectory:
+    """A record already parsed: jailbox's (it has ``version``) or the reference package's."""
+    if isinstance(data, dict) and "version" in data:
         return Trajectory.model_validate(data)
     return _from_reference(data)
 

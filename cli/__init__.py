@@ -1,7 +1,7 @@
 """The ``jailbox`` command, in the user's process: click commands only (parse, call ``sandbox``/``agent``, print).
 
 One module per group of commands (``execute``, ``sandboxes``, ``run``, ``bench``, ``rootfs``, ``snapshots``,
-``servers``, ``host``), each a set of thin declarations over library calls; the option groups they share are
+``servers``, ``host``, ``view``), each a set of thin declarations over library calls; the option groups they share are
 ``options`` (``run``'s own: ``run_options``), the config file ``settings``, and every way a command fails
 ``errors``.
 
@@ -11,7 +11,7 @@ agent for ``run``, the store for ``rootfs``), and pydantic loads with the first 
 ``tests/test_cli_imports.py`` holds ``exec`` and ``--help`` to a budget of modules.
 """
 
-from . import bench, execute, host, rootfs, run, sandboxes, servers, snapshots  # noqa: F401  (each registers its commands)
+from . import bench, execute, host, rootfs, run, sandboxes, servers, snapshots, view  # noqa: F401  (each registers its commands)
 from .app import main
 from .bench import bench_cmd
 from .execute import exec_cmd

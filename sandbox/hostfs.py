@@ -225,6 +225,16 @@ def _show(rel: str | bytes) -> str:
     return os.fsdecode(rel) if isinstance(rel, bytes) else rel
 
 
+def open_beneath(dir_fd: int, rel: str | bytes, directory: bool = False) -> int:
+    """A read-only descriptor of ``rel`` (``components``: names only) beneath the held directory ``dir_fd``,
+    resolved by the kernel with no symlink followed anywhere on the way (ELOOP) and never above ``dir_fd``,
+    without blocking on a FIFO or taking a terminal; a directory if ``directory``. For host code that reads
+    what a jail or a model made (``jailbox view``); OSError as ``open`` raises it."""
+    components(rel)
+    flags = _READ | os.O_NOFOLLOW | (os.O_DIRECTORY if directory else 0)
+    return linux.open_beneath(dir_fd, rel, flags, linux.RESOLVE_NO_SYMLINKS)
+
+
 @dataclass(frozen=True)
 class SourceEntry:
     """One entry of a host tree being copied into a jail. ``fd`` (a file's or directory's, read-only) is the

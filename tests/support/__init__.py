@@ -1,6 +1,7 @@
 """Helpers the tests share (they run in the test process unless a module says otherwise); no tests here.
 
 - ``batch_tasks``: arithmetic tasks, a scripted model that solves them, and a ``jailbox bench`` launch line.
+- ``browser``: Debian's headless Chromium driven by selenium, with a fresh profile, and a PNG screenshot's pixels.
 - ``bound_probe``: a program that meets each bound a jail is given and reports what it got.
 - ``cli``: ``JAILBOX``, the one command line that starts the ``jailbox`` CLI.
 - ``host_memory``: the host's available memory, a fixture that checks a test leaves most of it, a sampler.
