@@ -28,6 +28,7 @@ from bench import (
     serve,
     serve_code,
     stored_rootfs,
+    view,
 )
 from bench.machine import machine_info
 from bench.results import CaseResult
@@ -52,6 +53,7 @@ CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "branching": branching.branching,
     "secrets": secrets.secrets,
     "code_interpreter": code_interpreter.code_interpreter,
+    "view": view.view,
     "serve_code": serve_code.serve_code,
 }
 

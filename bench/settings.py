@@ -33,6 +33,7 @@ class Settings:
     snapshot_starts: int = 100  # sandboxes started from one snapshot at once
     secret_reps: int = 200  # HTTPS requests with and without a secret added at the proxy
     code_reps: int = 300  # run_code("1+1") on a warm context
+    view_reps: int = 30  # the viewer's page of a 1,000-task batch
     code_starts: int = 5  # sandboxes created to their first run_code result (a kernel start each)
     image: str = "docker.io/library/busybox:latest"
 
@@ -68,5 +69,6 @@ QUICK = Settings(
     epoll_rounds=2,
     pause_reps=10,
     code_reps=20,
+    view_reps=3,
     code_starts=1,
 )
