@@ -37,8 +37,10 @@ from .connect import (
 from .httpd import MAX_PART_HEAD, MAX_PARTS, Body, BodyCut, BodyTooLarge, Request, Response
 from .registry import Registry, Served
 
-ENVD_VERSION = "0.5.7"
-"""The envd version the SDK is told: the features it gates on up to here are served."""
+ENVD_VERSION = "0.6.4"
+"""The envd version the SDK is told (PEP 440): the lowest that unlocks every feature the e2b SDK
+gates on a version (file metadata 0.6.2, entry info on watch events 0.6.3, watches over network
+mounts 0.6.4). What of those is not served is refused with an error naming it."""
 MAX_FILE = 64 << 20
 UPLOAD_CHUNK = 1 << 16
 """Bytes read of an upload at a time: what a streamed upload holds, beside one part's headers."""
@@ -250,6 +252,10 @@ def _inflated(body: Body, encoding: str) -> Iterator[bytes]:
 
 def _upload(served: Served, request: Request) -> Response:
     content_type = request.header("Content-Type") or ""
+    if any(name.lower().startswith("x-metadata-") for name in request.headers.keys()):
+        return _http_error(
+            400, "file metadata (X-Metadata-* headers, files.write(metadata=...)) is not served by jailbox"
+        )
     assert request.stream is not None  # a STREAMED request
     body = request.stream
     written: list[str] = []
@@ -401,7 +407,9 @@ def _close_stdin(served: Served, req: ppb.CloseStdinRequest) -> Message:
 
 
 def _entry(e: fs.Entry) -> fpb.EntryInfo:
-    kind = {"file": fpb.FILE_TYPE_FILE, "dir": fpb.FILE_TYPE_DIRECTORY}.get(e.kind, fpb.FILE_TYPE_FILE)
+    # as newer envd: a symlink's type is its target's (unspecified if it resolves to nothing), and
+    # is_symlink marks the link
+    kind = {"file": fpb.FILE_TYPE_FILE, "dir": fpb.FILE_TYPE_DIRECTORY}.get(e.points_to, fpb.FILE_TYPE_UNSPECIFIED)
     info = fpb.EntryInfo(
         name=e.name,
         type=kind,
@@ -451,24 +459,26 @@ _EVENT_TYPES = {
     "write": fpb.EVENT_TYPE_WRITE,
     "remove": fpb.EVENT_TYPE_REMOVE,
     "chmod": fpb.EVENT_TYPE_CHMOD,
+    "rename": fpb.EVENT_TYPE_RENAME,
 }
 
 
-def _fs_event(change: fs.Change, include_entry: bool) -> fpb.FilesystemEvent:
+def _fs_event(change: fs.Change) -> fpb.FilesystemEvent:
     event = fpb.FilesystemEvent(name=change.name, type=_EVENT_TYPES[change.kind])
-    if include_entry and change.entry is not None:
+    if change.entry is not None:
         event.entry.CopyFrom(_entry(change.entry))
     return event
 
 
 def _create_watcher(served: Served, req: fpb.CreateWatcherRequest) -> Message:
     path = _path(served, req.path)
-    return fpb.CreateWatcherResponse(watcher_id=served.watchers.create(served.sandbox, path, req.recursive))
+    wid = served.watchers.create(served.sandbox, path, req.recursive, req.include_entry)
+    return fpb.CreateWatcherResponse(watcher_id=wid)
 
 
 def _get_watcher_events(served: Served, req: fpb.GetWatcherEventsRequest) -> Message:
     changes = served.watchers.poll(served.sandbox, req.watcher_id)
-    return fpb.GetWatcherEventsResponse(events=[_fs_event(c, False) for c in changes])
+    return fpb.GetWatcherEventsResponse(events=[_fs_event(c) for c in changes])
 
 
 def _remove_watcher(served: Served, req: fpb.RemoveWatcherRequest) -> Message:
@@ -480,7 +490,7 @@ def _watch_dir(
     served: Served, req: fpb.WatchDirRequest, limits: tuple[float | None, float | None]
 ) -> Iterator[Message]:
     path = _path(served, req.path)
-    wid = served.watchers.create(served.sandbox, path, req.recursive)
+    wid = served.watchers.create(served.sandbox, path, req.recursive, req.include_entry)
     deadline, keepalive = limits
 
     def watch() -> Iterator[Message]:
@@ -488,10 +498,9 @@ def _watch_dir(
             yield fpb.WatchDirResponse(start=fpb.WatchDirResponse.StartEvent())
             quiet_since = time.monotonic()
             while deadline is None or time.monotonic() < deadline:
-                time.sleep(WATCH_POLL)
-                changes = served.watchers.poll(served.sandbox, wid)
+                changes = served.watchers.poll(served.sandbox, wid, WATCH_POLL)
                 for c in changes:
-                    yield fpb.WatchDirResponse(filesystem=_fs_event(c, req.include_entry))
+                    yield fpb.WatchDirResponse(filesystem=_fs_event(c))
                 if changes:
                     quiet_since = time.monotonic()
                 elif keepalive is not None and time.monotonic() - quiet_since >= keepalive:

@@ -20,7 +20,7 @@ import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...sandbox import Sandbox
 from ...sandbox.errors import SandboxError
@@ -52,6 +52,7 @@ class End:
     exit_code: int
     status: str
     error: str | None = None
+    broken: str | None = None  # the sandbox was killed under it: its streams break with this, as E2B's do
 
 
 Event = Output | End
@@ -190,6 +191,7 @@ class ProcessTable:
         self.lock = threading.Lock()
         self.procs: dict[int, Process] = {}
         self.pids = itertools.count(FIRST_PID)
+        self.killed: str | None = None  # why every command ends now (the sandbox is being killed)
 
     def _add(self, cmd: str, args: list[str], envs: dict[str, str], cwd: str | None, tag: str | None) -> Process:
         with self.lock:
@@ -336,6 +338,8 @@ class ProcessTable:
         self._finish(proc, end, lambda: None)
 
     def _finish(self, proc: Process, end: End, release: Callable[[], None]) -> None:
+        if self.killed is not None:
+            end = replace(end, broken=self.killed)
         with proc.lock:
             release()
             proc.ended.set()
@@ -367,7 +371,11 @@ class ProcessTable:
         with self.lock:
             return list(self.procs.values())
 
-    def kill_all(self) -> None:
+    def kill_all(self, why: str | None = None) -> None:
+        """Kill every command; ``why``: the sandbox is going away, and their streams break with it
+        instead of ending with an exit code (an E2B sandbox killed under a command cuts its stream)."""
+        if why is not None:
+            self.killed = why
         for proc in self.list():
             proc.kill()
 
@@ -391,6 +399,8 @@ def events(proc: Process, watcher: Watcher, keepalive: float | None, deadline: f
                 continue
             if event is None or watcher.dropped:
                 raise ProcessError("resource_exhausted", f"the client fell behind process {proc.pid}'s output")
+            if isinstance(event, End) and event.broken is not None:
+                raise ProcessError("unavailable", event.broken)
             yield event
             if isinstance(event, End):
                 return

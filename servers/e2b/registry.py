@@ -501,7 +501,8 @@ class Registry:
         with served.gate:  # a pause or fork under way ends first
             pass
         try:
-            served.procs.kill_all()
+            served.watchers.close()
+            served.procs.kill_all(f"sandbox {served.id} was killed")
         finally:  # closing the jail kills whatever is left in it
             served.sandbox.close()
             if served.restored is not None:

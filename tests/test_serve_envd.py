@@ -1,0 +1,258 @@
+"""``jailbox serve`` as envd behaves, driven by the unmodified E2B SDK: the features the SDK gates on
+envd's version, inotify watches, and the list, remove, symlink, end_at and kill behaviours.
+
+The server runs as a subprocess on loopback; the SDK runs in a fresh interpreter. Real jails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    _sdk()
+    tmp = tmp_path_factory.mktemp("envd")
+    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--max-per-key", "6")
+    yield served
+    served.stop()
+    assert "Traceback" not in "".join(served.log), "".join(served.log)
+
+
+def test_the_reported_versions_unlock_every_gated_feature(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        from packaging.version import Version
+        from e2b import Sandbox
+        from e2b.envd import versions
+
+        sb = Sandbox.create(template="host")
+        gates = [v for k, v in vars(versions).items() if k.startswith("ENVD_") and k != "ENVD_DEBUG_FALLBACK"]
+        assert gates and all(sb._envd_version >= v for v in gates), (sb._envd_version, gates)
+        assert str(Version(Sandbox.get_info(sb.sandbox_id).envd_version)) == str(sb._envd_version)
+        sb.kill()
+        """,
+    )
+
+
+def test_file_metadata_is_refused_naming_it(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        from e2b import InvalidArgumentException, Sandbox
+
+        sb = Sandbox.create(template="host")
+        for call in (
+            lambda: sb.files.write("/tmp/m.txt", "x", metadata={"author": "me"}),
+            lambda: sb.files.write_files([{"path": "/tmp/m1", "data": b"1"}], metadata={"k": "v"}),
+        ):
+            try:
+                call()
+                raise AssertionError("metadata was dropped silently")
+            except InvalidArgumentException as exc:
+                assert "metadata" in str(exc), exc
+        assert not sb.files.exists("/tmp/m.txt")
+        assert sb.files.write("/tmp/plain.txt", "x").metadata is None
+        sb.kill()
+        """,
+    )
+
+
+def test_entries_as_envd_gives_them(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        from e2b import FileType, Sandbox
+
+        sb = Sandbox.create(template="host")
+        sb.commands.run(
+            "mkdir -p /tmp/e/dir && printf abc > /tmp/e/file && chmod 640 /tmp/e/file && "
+            "ln -s file /tmp/e/rel && ln -s /tmp/e/dir /tmp/e/abs && ln -s rel /tmp/e/chain && "
+            "ln -s nowhere /tmp/e/dangling && ln -s ../e/./dir /tmp/e/dotted && touch /tmp/e/0first /tmp/e/Zed"
+        )
+        entries = sb.files.list("/tmp/e")
+        assert [e.path for e in entries] == sorted(e.path for e in entries), [e.path for e in entries]
+        by = {e.name: e for e in entries}
+        assert by["file"].type == FileType.FILE and by["file"].mode == 0o640 and by["file"].size == 3
+        assert by["file"].permissions == "-rw-r-----" and by["file"].symlink_target is None
+        assert by["dir"].type == FileType.DIR and by["dir"].permissions.startswith("d")
+        assert "dangling" not in by  # of no type, which the SDK leaves out of a listing, as with envd
+        by["dangling"] = sb.files.get_info("/tmp/e/dangling")
+        for name, target in (("rel", "/tmp/e/file"), ("chain", "/tmp/e/file"), ("abs", "/tmp/e/dir"),
+                             ("dotted", "/tmp/e/dir"), ("dangling", "/tmp/e/dangling")):
+            e = by[name]
+            assert e.type == FileType.SYMLINK and e.symlink_target == target, (name, e)
+            assert e.permissions == "Lrwxrwxrwx", e
+        assert by["rel"].mode == 0o640 and by["chain"].mode == 0o640
+        info = sb.files.get_info("/tmp/e/chain")
+        assert (info.symlink_target, info.owner, info.group) == ("/tmp/e/file", "root", "root"), info
+        assert info.modified_time.year >= 2024
+        sb.kill()
+        """,
+    )
+
+
+def test_remove_of_a_missing_path_does_not_raise(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        from e2b import Sandbox
+
+        sb = Sandbox.create(template="host")
+        sb.files.remove("/tmp/never-was")
+        sb.files.remove("/tmp/never/deeper")
+        sb.files.write("/tmp/once", "x")
+        sb.files.remove("/tmp/once")
+        sb.files.remove("/tmp/once")
+        assert not sb.files.exists("/tmp/once")
+        sb.kill()
+        """,
+    )
+
+
+def test_watch_by_inotify_with_envd_event_types(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import time
+        from e2b import FileType, FilesystemEventType as T, Sandbox
+
+        sb = Sandbox.create(template="host")
+        sb.files.make_dir("/tmp/w/sub")
+        handle = sb.files.watch_dir("/tmp/w", recursive=True, include_entry=True)
+        sb.commands.run("printf abc > /tmp/w/a; chmod 600 /tmp/w/a; mv /tmp/w/a /tmp/w/b; "
+                        "mkdir /tmp/w/sub/new; printf x > /tmp/w/sub/new/deep; rm /tmp/w/b")
+        time.sleep(0.3)
+        events = handle.get_new_events()
+        seen = [(e.name, e.type) for e in events]
+        for want in [("a", T.CREATE), ("a", T.WRITE), ("a", T.CHMOD), ("a", T.RENAME), ("b", T.CREATE),
+                     ("sub/new", T.CREATE), ("sub/new/deep", T.CREATE), ("sub/new/deep", T.WRITE), ("b", T.REMOVE)]:
+            assert want in seen, (want, seen)
+        # a write is seen as inotify sees it: created, then written, not one event for both
+        assert seen.index(("a", T.CREATE)) < seen.index(("a", T.WRITE)), seen
+        deep = next(e for e in events if (e.name, e.type) == ("sub/new", T.CREATE))
+        assert deep.entry is not None and deep.entry.type == FileType.DIR and deep.entry.path == "/tmp/w/sub/new"
+        assert all(e.entry is None for e in events if e.type in (T.REMOVE, T.RENAME)), events
+        handle.stop()
+        sb.kill()
+        """,
+    )
+
+
+def test_a_streamed_watch_sees_inotify_events(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import asyncio
+        from e2b import AsyncSandbox, FilesystemEventType as T
+
+        async def main():
+            sb = await AsyncSandbox.create(template="host")
+            await sb.files.make_dir("/tmp/s")
+            got = []
+            handle = await sb.files.watch_dir("/tmp/s", on_event=got.append, include_entry=True)
+            await sb.files.write("/tmp/s/s.txt", "hello")
+            for _ in range(100):
+                if ("s.txt", T.WRITE) in [(e.name, e.type) for e in got]:
+                    break
+                await asyncio.sleep(0.05)
+            seen = [(e.name, e.type) for e in got]
+            assert seen.index(("s.txt", T.CREATE)) < seen.index(("s.txt", T.WRITE)), seen
+            assert got[0].entry is not None and got[0].entry.path == "/tmp/s/s.txt", got
+            await handle.stop()
+            await sb.kill()
+
+        asyncio.run(main())
+        """,
+    )
+
+
+def test_watch_of_a_missing_or_non_directory_path_is_named(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        from e2b import InvalidArgumentException, NotFoundException, Sandbox
+
+        sb = Sandbox.create(template="host")
+        sb.files.write("/tmp/plainfile", "x")
+        for path, error in (("/tmp/nope", NotFoundException), ("/tmp/plainfile", InvalidArgumentException)):
+            try:
+                sb.files.watch_dir(path)
+                raise AssertionError(path)
+            except error:
+                pass
+        sb.kill()
+        """,
+    )
+
+
+def test_killing_a_sandbox_breaks_its_running_commands_streams(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import threading, time
+        from e2b import CommandExitException, Sandbox, SandboxException
+
+        sb = Sandbox.create(template="host")
+        outcome = []
+
+        def run():
+            try:
+                outcome.append(sb.commands.run("echo started; sleep 60"))
+            except CommandExitException as exc:
+                outcome.append(("exit", exc))
+            except SandboxException as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(1.0)
+        Sandbox.kill(sb.sandbox_id)
+        t.join(30)
+        assert not t.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], SandboxException), outcome
+        assert "killed" in str(outcome[0]) or "not running" in str(outcome[0]).lower(), outcome
+        """,
+    )
+
+
+def test_list_newest_first_with_filters_and_a_stable_end_at(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import time
+        from datetime import datetime, timezone
+        from e2b import Sandbox, SandboxQuery
+
+        first = Sandbox.create(template="host", metadata={"t": "order"})
+        time.sleep(1.1)
+        cut = datetime.now(timezone.utc)
+        second = Sandbox.create(template="host", metadata={"t": "order"})
+        listed = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"t": "order"})).next_items()]
+        assert listed == [second.sandbox_id, first.sandbox_id], listed
+        ends = {Sandbox.get_info(first.sandbox_id).end_at for _ in range(3)}
+        time.sleep(1.1)
+        ends.add(Sandbox.get_info(first.sandbox_id).end_at)
+        assert len(ends) == 1, ends
+        first.set_timeout(600)
+        assert Sandbox.get_info(first.sandbox_id).end_at not in ends
+        first.kill()
+        second.kill()
+        """,
+    )
+    status, listed = api(server, "GET", "/v2/sandboxes?template=nosuch", KEY_A)
+    assert status == 200 and listed == [], listed
