@@ -3,12 +3,14 @@
 Runs in the serving host process; the watching itself runs in the jail, as the jail's user: a small
 Python program (``WATCHER``, stdlib only) holds an inotify instance on the watched directory (and, for
 a recursive watch, every directory beneath it, new ones added as they appear, at most
-``MAX_WATCHES``) and writes one record per event to its stdout. So the host never resolves a path
-the jail made. What the program writes is untrusted: records are parsed from NUL-separated fields,
-a record longer than ``MAX_RECORD`` bytes ends the watch with an error, each path must lie in the
-watched directory, and the events a client has not collected yet are held up to ``MAX_PENDING``
-bytes (past that the watch ends with an error the client sees, as a full inotify queue does). A
-jail without ``python3`` gets no inotify watcher: ``start`` returns None and the caller polls.
+``MAX_WATCHES``; what a new directory already holds when its watch is in place is reported as
+created, as it would be missed otherwise) and writes one record per event to its stdout. So the
+host never resolves a path the jail made. What the program writes is untrusted: records are
+parsed from NUL-separated fields, a record longer than ``MAX_RECORD`` bytes ends the watch with an
+error, each path must lie in the watched directory, and the events a client has not collected yet
+are held up to ``MAX_PENDING`` bytes (past that the watch ends with an error the client sees, as a
+full inotify queue does). A jail without ``python3`` gets no inotify watcher: ``start`` returns
+None and the caller polls.
 """
 
 from __future__ import annotations
@@ -59,13 +61,16 @@ def add(path):
         wd = libc.inotify_add_watch(fd, os.fsencode(path), MASK)
         if wd >= 0:
             dirs[wd] = path
-def walk(path):
+def walk(path, announce):
     add(path)
     if recursive:
-        for top, names, _ in os.walk(path):
+        for top, names, files in os.walk(path):
             for name in names:
                 add(os.path.join(top, name))
-walk(root)
+            if announce:  # made in a new directory before its watch was in place: as created
+                for name in names + files:
+                    out.write(b"256\0%s\0" % os.fsencode(os.path.join(top, name)))
+walk(root, False)
 if not dirs:
     sys.exit("cannot watch " + root)
 out.write(b"0\0R\0")
@@ -86,9 +91,9 @@ while True:
         if mask & 0x8000:
             dirs.pop(wd, None)
             continue
-        if recursive and mask & 0x40000000 and mask & 0x180:
-            walk(path)
         out.write(b"%d\0%s\0" % (mask, os.fsencode(path)))
+        if recursive and mask & 0x40000000 and mask & 0x180:
+            walk(path, True)
     out.flush()
 """
 
