@@ -25,7 +25,7 @@ from google.protobuf.message import Message
 
 from ...sandbox.errors import SandboxError
 from . import filesystem_pb2 as fpb
-from . import fs, processes
+from . import fs, processes, users
 from . import process_pb2 as ppb
 from .connect import (
     HTTP_STATUS,
@@ -71,7 +71,11 @@ def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
         if request.method == "GET":
             return _download(served, request)
         if request.method == "POST":
-            return _upload(served, request)
+            try:
+                user = users.requested(served, request, request.arg("username"))
+            except RpcError as exc:
+                return _http_error(401 if exc.code == "unauthenticated" else 502, str(exc))
+            return _upload(served, request, user)
     service, _, method = path.lstrip("/").partition("/")
     if request.method == "POST" and (service, method) in UNARY:
         kind, call = UNARY[(service, method)]
@@ -79,7 +83,7 @@ def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
             message, codec = unary_request(
                 kind, request.body, request.header("Content-Type") or "", request.header("Content-Encoding") or ""
             )
-            reply = call(served, message)
+            reply = call(served, message, users.requested(served, request))
         except RpcError as exc:
             return _error_response(exc)
         except (fs.FsError, processes.ProcessError) as exc:
@@ -98,8 +102,14 @@ def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
             )
         except RpcError as exc:
             return _error_response(exc)
+        try:
+            user = users.requested(served, request)
+        except RpcError as exc:
+            return _error_response(exc)
         limits = _call_limits(request)
-        return Response(200, stream_frames(codec, _wrap(lambda: stream(served, message, limits))), codec.stream_type)
+        return Response(
+            200, stream_frames(codec, _wrap(lambda: stream(served, message, limits, user))), codec.stream_type
+        )
     if path.startswith(("/process.", "/filesystem.")):
         return _error_response(RpcError("unimplemented", f"{service}/{method} is not served by jailbox"))
     return _http_error(404, f"{request.method} {path} is not served by jailbox")
@@ -250,7 +260,7 @@ def _inflated(body: Body, encoding: str) -> Iterator[bytes]:
         raise fs.FsError("invalid_argument", f"bad gzip body: {exc}") from None
 
 
-def _upload(served: Served, request: Request) -> Response:
+def _upload(served: Served, request: Request, user: str | None) -> Response:
     content_type = request.header("Content-Type") or ""
     if any(name.lower().startswith("x-metadata-") for name in request.headers.keys()):
         return _http_error(
@@ -277,8 +287,11 @@ def _upload(served: Served, request: Request) -> Response:
             path = _file_path(served, request)
             served.sandbox.write_file(path, _inflated(body, request.header("Content-Encoding") or ""))
             written.append(path)
+        users.give(served, user, written)
     except fs.FsError as exc:
         return _http_error(_fs_status(exc), str(exc))
+    except RpcError as exc:
+        return _http_error(502 if exc.code == "unavailable" else 500, str(exc))
     except BodyTooLarge as exc:
         return _http_error(413, str(exc))
     except BodyCut as exc:
@@ -332,7 +345,9 @@ def _follow(
         yield reply(event=_event(event))
 
 
-def _start(served: Served, req: ppb.StartRequest, limits: tuple[float | None, float | None]) -> Iterator[Message]:
+def _start(
+    served: Served, req: ppb.StartRequest, limits: tuple[float | None, float | None], user: str | None
+) -> Iterator[Message]:
     config = req.process
     if not config.cmd:
         raise RpcError("invalid_argument", "process.cmd is required, e.g. /bin/bash")
@@ -346,6 +361,7 @@ def _start(served: Served, req: ppb.StartRequest, limits: tuple[float | None, fl
             req.tag if req.HasField("tag") else None,
             req.pty.size.cols,
             req.pty.size.rows,
+            user,
         )
         return _follow(proc, watcher, limits, ppb.StartResponse)
     proc, watcher = served.procs.start(
@@ -355,16 +371,19 @@ def _start(served: Served, req: ppb.StartRequest, limits: tuple[float | None, fl
         cwd,
         req.tag if req.HasField("tag") else None,
         req.stdin if req.HasField("stdin") else False,
+        user,
     )
     return _follow(proc, watcher, limits, ppb.StartResponse)
 
 
-def _connect(served: Served, req: ppb.ConnectRequest, limits: tuple[float | None, float | None]) -> Iterator[Message]:
+def _connect(
+    served: Served, req: ppb.ConnectRequest, limits: tuple[float | None, float | None], user: str | None
+) -> Iterator[Message]:
     proc = _find(served, req.process)
     return _follow(proc, proc.watch(), limits, ppb.ConnectResponse)
 
 
-def _list(served: Served, req: ppb.ListRequest) -> Message:
+def _list(served: Served, req: ppb.ListRequest, user: str | None) -> Message:
     infos = []
     for p in served.procs.list():
         config = ppb.ProcessConfig(cmd=p.cmd, args=p.args, envs=p.envs)
@@ -377,7 +396,7 @@ def _list(served: Served, req: ppb.ListRequest) -> Message:
     return ppb.ListResponse(processes=infos)
 
 
-def _send_input(served: Served, req: ppb.SendInputRequest) -> Message:
+def _send_input(served: Served, req: ppb.SendInputRequest, user: str | None) -> Message:
     which = req.input.WhichOneof("input")
     if which is None:
         raise RpcError("invalid_argument", "input must hold stdin or pty bytes")
@@ -385,20 +404,20 @@ def _send_input(served: Served, req: ppb.SendInputRequest) -> Message:
     return ppb.SendInputResponse()
 
 
-def _update(served: Served, req: ppb.UpdateRequest) -> Message:
+def _update(served: Served, req: ppb.UpdateRequest, user: str | None) -> Message:
     if req.HasField("pty"):
         _find(served, req.process).resize(req.pty.size.cols, req.pty.size.rows)
     return ppb.UpdateResponse()
 
 
-def _send_signal(served: Served, req: ppb.SendSignalRequest) -> Message:
+def _send_signal(served: Served, req: ppb.SendSignalRequest, user: str | None) -> Message:
     if req.signal not in (ppb.SIGNAL_SIGKILL, ppb.SIGNAL_SIGTERM):
         raise RpcError("invalid_argument", "signal must be SIGKILL or SIGTERM")
     _find(served, req.process).kill()
     return ppb.SendSignalResponse()
 
 
-def _close_stdin(served: Served, req: ppb.CloseStdinRequest) -> Message:
+def _close_stdin(served: Served, req: ppb.CloseStdinRequest, user: str | None) -> Message:
     _find(served, req.process).close_stdin()
     return ppb.CloseStdinResponse()
 
@@ -431,26 +450,26 @@ def _path(served: Served, path: str) -> str:
     return fs.check_path(path, served.sandbox.config.workdir)
 
 
-def _stat(served: Served, req: fpb.StatRequest) -> Message:
-    return fpb.StatResponse(entry=_entry(fs.stat(served.sandbox, _path(served, req.path))))
+def _stat(served: Served, req: fpb.StatRequest, user: str | None) -> Message:
+    return fpb.StatResponse(entry=_entry(fs.stat(served.sandbox, _path(served, req.path), user)))
 
 
-def _make_dir(served: Served, req: fpb.MakeDirRequest) -> Message:
-    return fpb.MakeDirResponse(entry=_entry(fs.make_dir(served.sandbox, _path(served, req.path))))
+def _make_dir(served: Served, req: fpb.MakeDirRequest, user: str | None) -> Message:
+    return fpb.MakeDirResponse(entry=_entry(fs.make_dir(served.sandbox, _path(served, req.path), user)))
 
 
-def _move(served: Served, req: fpb.MoveRequest) -> Message:
-    entry = fs.move(served.sandbox, _path(served, req.source), _path(served, req.destination))
+def _move(served: Served, req: fpb.MoveRequest, user: str | None) -> Message:
+    entry = fs.move(served.sandbox, _path(served, req.source), _path(served, req.destination), user)
     return fpb.MoveResponse(entry=_entry(entry))
 
 
-def _list_dir(served: Served, req: fpb.ListDirRequest) -> Message:
-    entries = fs.list_dir(served.sandbox, _path(served, req.path), req.depth or 1)
+def _list_dir(served: Served, req: fpb.ListDirRequest, user: str | None) -> Message:
+    entries = fs.list_dir(served.sandbox, _path(served, req.path), req.depth or 1, user)
     return fpb.ListDirResponse(entries=[_entry(e) for e in entries])
 
 
-def _remove(served: Served, req: fpb.RemoveRequest) -> Message:
-    fs.remove(served.sandbox, _path(served, req.path))
+def _remove(served: Served, req: fpb.RemoveRequest, user: str | None) -> Message:
+    fs.remove(served.sandbox, _path(served, req.path), user)
     return fpb.RemoveResponse()
 
 
@@ -470,27 +489,27 @@ def _fs_event(change: fs.Change) -> fpb.FilesystemEvent:
     return event
 
 
-def _create_watcher(served: Served, req: fpb.CreateWatcherRequest) -> Message:
+def _create_watcher(served: Served, req: fpb.CreateWatcherRequest, user: str | None) -> Message:
     path = _path(served, req.path)
-    wid = served.watchers.create(served.sandbox, path, req.recursive, req.include_entry)
+    wid = served.watchers.create(served.sandbox, path, req.recursive, req.include_entry, user)
     return fpb.CreateWatcherResponse(watcher_id=wid)
 
 
-def _get_watcher_events(served: Served, req: fpb.GetWatcherEventsRequest) -> Message:
+def _get_watcher_events(served: Served, req: fpb.GetWatcherEventsRequest, user: str | None) -> Message:
     changes = served.watchers.poll(served.sandbox, req.watcher_id)
     return fpb.GetWatcherEventsResponse(events=[_fs_event(c) for c in changes])
 
 
-def _remove_watcher(served: Served, req: fpb.RemoveWatcherRequest) -> Message:
+def _remove_watcher(served: Served, req: fpb.RemoveWatcherRequest, user: str | None) -> Message:
     served.watchers.remove(req.watcher_id)
     return fpb.RemoveWatcherResponse()
 
 
 def _watch_dir(
-    served: Served, req: fpb.WatchDirRequest, limits: tuple[float | None, float | None]
+    served: Served, req: fpb.WatchDirRequest, limits: tuple[float | None, float | None], user: str | None
 ) -> Iterator[Message]:
     path = _path(served, req.path)
-    wid = served.watchers.create(served.sandbox, path, req.recursive, req.include_entry)
+    wid = served.watchers.create(served.sandbox, path, req.recursive, req.include_entry, user)
     deadline, keepalive = limits
 
     def watch() -> Iterator[Message]:
@@ -516,8 +535,8 @@ def _watch_dir(
     return watch()
 
 
-UnaryCall = Callable[[Served, Any], Message]
-StreamCall = Callable[[Served, Any, tuple[float | None, float | None]], Iterator[Message]]
+UnaryCall = Callable[[Served, Any, str | None], Message]
+StreamCall = Callable[[Served, Any, tuple[float | None, float | None], str | None], Iterator[Message]]
 
 UNARY: dict[tuple[str, str], tuple[type[Message], UnaryCall]] = {
     ("process.Process", "List"): (ppb.ListRequest, _list),

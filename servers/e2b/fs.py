@@ -118,14 +118,16 @@ def _parse(out: bytes) -> list[Entry]:
     return entries
 
 
-def _resolve_links(sb: Sandbox, entries: list[Entry]) -> list[Entry]:
+def _resolve_links(sb: Sandbox, entries: list[Entry], user: str | None = None) -> list[Entry]:
     """Each symlink's target as envd gives it: the absolute path the link resolves to in the jail
     (``readlink -e``, every link on the way followed there), with that target's permission bits; a
     link that does not resolve keeps its own path. What the jail answers is checked as the listing is."""
     links = [i for i, e in enumerate(entries) if e.kind == "symlink"]
     for start in range(0, len(links), RESOLVE_BATCH):
         batch = links[start : start + RESOLVE_BATCH]
-        out = _jail_output(sb, ["/bin/sh", "-c", RESOLVE, "sh", *(entries[i].path for i in batch)], "resolve links")
+        out = _jail_output(
+            sb, ["/bin/sh", "-c", RESOLVE, "sh", *(entries[i].path for i in batch)], "resolve links", user=user
+        )
         parts = out.split(b"\0")
         if len(parts) != 2 * len(batch) + 1 or parts[-1] != b"":
             raise FsError("internal", "the jail's link resolution is malformed")
@@ -145,9 +147,9 @@ def _resolve_links(sb: Sandbox, entries: list[Entry]) -> list[Entry]:
     return entries
 
 
-def _jail_output(sb: Sandbox, argv: list[str], what: str) -> bytes:
+def _jail_output(sb: Sandbox, argv: list[str], what: str, user: str | None = None) -> bytes:
     try:
-        r = sb.exec(argv, timeout=OP_TIMEOUT)
+        r = sb.exec(argv, timeout=OP_TIMEOUT, user=user)
     except SandboxError as exc:
         raise FsError("unavailable", f"the sandbox could not {what}: {exc}") from None
     if r.stdout_dropped:
@@ -155,9 +157,9 @@ def _jail_output(sb: Sandbox, argv: list[str], what: str) -> bytes:
     return r.stdout_bytes
 
 
-def _find(sb: Sandbox, args: list[str]) -> list[Entry]:
+def _find(sb: Sandbox, args: list[str], user: str | None = None) -> list[Entry]:
     try:
-        r = sb.exec(["find", *args, "-printf", PRINTF], timeout=OP_TIMEOUT)
+        r = sb.exec(["find", *args, "-printf", PRINTF], timeout=OP_TIMEOUT, user=user)
     except SandboxError as exc:
         raise FsError("unavailable", f"the sandbox could not list: {exc}") from None
     if r.stdout_dropped:
@@ -170,37 +172,37 @@ def _find(sb: Sandbox, args: list[str]) -> list[Entry]:
             raise FsError("permission_denied", err)
         if not r.stdout_bytes:
             raise FsError("internal", f"find failed in the sandbox: {err or r.exit_code}")
-    return _resolve_links(sb, _parse(r.stdout_bytes))
+    return _resolve_links(sb, _parse(r.stdout_bytes), user=user)
 
 
-def stat(sb: Sandbox, path: str) -> Entry:
-    found = _find(sb, [path, "-maxdepth", "0"])
+def stat(sb: Sandbox, path: str, user: str | None = None) -> Entry:
+    found = _find(sb, [path, "-maxdepth", "0"], user=user)
     if len(found) != 1:
         raise FsError("internal", "the jail's listing is malformed")
     return found[0]
 
 
-def list_dir(sb: Sandbox, path: str, depth: int) -> list[Entry]:
+def list_dir(sb: Sandbox, path: str, depth: int, user: str | None = None) -> list[Entry]:
     if not 1 <= depth <= MAX_DEPTH:
         raise FsError("invalid_argument", f"depth must be 1..{MAX_DEPTH}, e.g. 1")
-    top = stat_following(sb, path)
+    top = stat_following(sb, path, user=user)
     if top.kind != "dir":
         raise FsError("invalid_argument", f"path {path} is not a directory")
-    found = _find(sb, ["-H", path, "-mindepth", "1", "-maxdepth", str(depth)])
+    found = _find(sb, ["-H", path, "-mindepth", "1", "-maxdepth", str(depth)], user=user)
     return sorted(found, key=lambda e: e.path)  # envd walks in lexical order
 
 
-def stat_following(sb: Sandbox, path: str) -> Entry:
+def stat_following(sb: Sandbox, path: str, user: str | None = None) -> Entry:
     """``stat`` of what ``path`` names, through a symlink at its end."""
-    found = _find(sb, ["-H", path, "-maxdepth", "0"])
+    found = _find(sb, ["-H", path, "-maxdepth", "0"], user=user)
     if len(found) != 1:
         raise FsError("internal", "the jail's listing is malformed")
     return found[0]
 
 
-def _run(sb: Sandbox, argv: list[str], what: str) -> None:
+def _run(sb: Sandbox, argv: list[str], what: str, user: str | None = None) -> None:
     try:
-        r = sb.exec(argv, timeout=OP_TIMEOUT)
+        r = sb.exec(argv, timeout=OP_TIMEOUT, user=user)
     except SandboxError as exc:
         raise FsError("unavailable", f"the sandbox could not {what}: {exc}") from None
     if r.exit_code != 0:
@@ -209,27 +211,27 @@ def _run(sb: Sandbox, argv: list[str], what: str) -> None:
         raise FsError(code, f"cannot {what}: {err or r.exit_code}")
 
 
-def make_dir(sb: Sandbox, path: str) -> Entry:
+def make_dir(sb: Sandbox, path: str, user: str | None = None) -> Entry:
     try:
-        stat(sb, path)
+        stat(sb, path, user=user)
     except FsError as exc:
         if exc.code != "not_found":
             raise
     else:
         raise FsError("already_exists", f"{path} already exists")
-    _run(sb, ["mkdir", "-p", "--", path], f"make directory {path}")
-    return stat(sb, path)
+    _run(sb, ["mkdir", "-p", "--", path], f"make directory {path}", user=user)
+    return stat(sb, path, user=user)
 
 
-def move(sb: Sandbox, source: str, destination: str) -> Entry:
-    stat(sb, source)
-    _run(sb, ["mv", "-T", "--", source, destination], f"move {source} to {destination}")
-    return stat(sb, destination)
+def move(sb: Sandbox, source: str, destination: str, user: str | None = None) -> Entry:
+    stat(sb, source, user=user)
+    _run(sb, ["mv", "-T", "--", source, destination], f"move {source} to {destination}", user=user)
+    return stat(sb, destination, user=user)
 
 
-def remove(sb: Sandbox, path: str) -> None:
+def remove(sb: Sandbox, path: str, user: str | None = None) -> None:
     """Remove ``path`` and all beneath it; a path that is not there is no error (envd's RemoveAll)."""
-    _run(sb, ["rm", "-rf", "--", path], f"remove {path}")
+    _run(sb, ["rm", "-rf", "--", path], f"remove {path}", user=user)
 
 
 @dataclass(frozen=True)
@@ -240,8 +242,8 @@ class Change:
     path: str = ""  # absolute, in the jail
 
 
-def snapshot(sb: Sandbox, path: str, recursive: bool) -> dict[str, Entry]:
-    return {e.path: e for e in list_dir(sb, path, MAX_DEPTH if recursive else 1)}
+def snapshot(sb: Sandbox, path: str, recursive: bool, user: str | None = None) -> dict[str, Entry]:
+    return {e.path: e for e in list_dir(sb, path, MAX_DEPTH if recursive else 1, user=user)}
 
 
 def diff(root: str, old: dict[str, Entry], new: dict[str, Entry]) -> list[Change]:
@@ -264,15 +266,16 @@ CARRIES_ENTRY = ("create", "write", "chmod")
 a replacement made since, so those carry none."""
 
 
-def with_entries(sb: Sandbox, changes: list[Change]) -> list[Change]:
+def with_entries(sb: Sandbox, changes: list[Change], user: str | None = None) -> list[Change]:
     """``changes`` with each one's entry as it is now where it carries one (one listing in the jail per
     ``RESOLVE_BATCH`` paths); an entry gone meanwhile is left out, as envd leaves it."""
     wanted = sorted({c.path for c in changes if c.kind in CARRIES_ENTRY and c.entry is None and c.path})
     found: dict[str, Entry] = {}
     for start in range(0, len(wanted), RESOLVE_BATCH):
         batch = wanted[start : start + RESOLVE_BATCH]
-        out = _jail_output(sb, ["find", *batch, "-maxdepth", "0", "-printf", PRINTF], "describe changed entries")
-        found.update((e.path, e) for e in _resolve_links(sb, _parse(out)))
+        argv = ["find", *batch, "-maxdepth", "0", "-printf", PRINTF]
+        out = _jail_output(sb, argv, "describe changed entries", user=user)
+        found.update((e.path, e) for e in _resolve_links(sb, _parse(out), user=user))
     return [replace(c, entry=found.get(c.path)) if c.entry is None else c for c in changes]
 
 
@@ -288,22 +291,26 @@ class Watchers:
         self.lock = threading.Lock()
         self.watching: dict[str, Watch] = {}
         self.with_entry: set[str] = set()  # watchers whose events carry their entries
+        self.users: dict[str, str | None] = {}  # whom each watcher's commands in the jail run as
 
-    def create(self, sb: Sandbox, path: str, recursive: bool, include_entry: bool = False) -> str:
+    def create(
+        self, sb: Sandbox, path: str, recursive: bool, include_entry: bool = False, user: str | None = None
+    ) -> str:
         with self.lock:
             if len(self.watching) >= MAX_WATCHERS:
                 raise FsError("resource_exhausted", f"{MAX_WATCHERS} watchers already watch this sandbox")
-        if stat_following(sb, path).kind != "dir":
+        if stat_following(sb, path, user=user).kind != "dir":
             raise FsError("invalid_argument", f"path {path} is not a directory")
         try:
-            watch: Watch | None = inotify.start(sb, path, recursive)
+            watch: Watch | None = inotify.start(sb, path, recursive, user)
         except inotify.WatchFailed as exc:
             raise FsError("internal", str(exc)) from None
         if watch is None:
-            watch = (path, recursive, snapshot(sb, path, recursive))
+            watch = (path, recursive, snapshot(sb, path, recursive, user=user))
         wid = secrets.token_hex(8)
         with self.lock:
             self.watching[wid] = watch
+            self.users[wid] = user
             if include_entry:
                 self.with_entry.add(wid)
         return wid
@@ -312,6 +319,7 @@ class Watchers:
         """What changed since the last poll; ``wait``: seconds to wait for a change first."""
         with self.lock:
             found = self.watching.get(wid)
+            user = self.users.get(wid)
         if found is None:
             raise FsError("not_found", f"watcher {wid} not found")
         if isinstance(found, InotifyWatch):
@@ -319,11 +327,11 @@ class Watchers:
                 changes = [Change(e.name, e.kind, None, e.path) for e in found.take(wait)]
             except inotify.WatchFailed as exc:
                 raise FsError("aborted", str(exc)) from None
-            return with_entries(sb, changes) if wid in self.with_entry else changes
+            return with_entries(sb, changes, user=user) if wid in self.with_entry else changes
         if wait:
             time.sleep(wait)
         path, recursive, old = found
-        new = snapshot(sb, path, recursive)
+        new = snapshot(sb, path, recursive, user=user)
         with self.lock:
             if wid in self.watching:
                 self.watching[wid] = (path, recursive, new)
@@ -334,6 +342,7 @@ class Watchers:
         with self.lock:
             found = self.watching.pop(wid, None)
             self.with_entry.discard(wid)
+            self.users.pop(wid, None)
         if found is None:
             raise FsError("not_found", f"watcher {wid} not found")
         if isinstance(found, InotifyWatch):
@@ -342,7 +351,7 @@ class Watchers:
     def close(self) -> None:
         """Stop every watch (the sandbox is closing)."""
         with self.lock:
-            everyone, self.watching, self.with_entry = list(self.watching.values()), {}, set()
+            everyone, self.watching, self.with_entry, self.users = list(self.watching.values()), {}, set(), {}
         for watch in everyone:
             if isinstance(watch, InotifyWatch):
                 watch.stop()

@@ -189,7 +189,7 @@ class WatchFailed(Exception):
     """The watch ended: the jail's watcher failed, fell behind or exited."""
 
 
-def start(sb: Sandbox, root: str, recursive: bool) -> InotifyWatch | None:
+def start(sb: Sandbox, root: str, recursive: bool, user: str | None = None) -> InotifyWatch | None:
     """A running inotify watch of ``root`` in the jail, or None if the jail has no ``python3`` to run
     the watcher (the caller polls instead). Raises ``WatchFailed`` if the watcher could not watch."""
     watch = InotifyWatch(root)
@@ -197,6 +197,7 @@ def start(sb: Sandbox, root: str, recursive: bool) -> InotifyWatch | None:
         run = sb.begin_exec(
             ["python3", "-I", "-S", "-c", WATCHER, root, "1" if recursive else "0", str(MAX_WATCHES)],
             on_stdout=watch.feed,
+            user=user,
         )
     except SandboxError as exc:
         raise WatchFailed(f"the sandbox could not start a watch: {exc}") from None

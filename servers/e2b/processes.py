@@ -204,7 +204,15 @@ class ProcessTable:
         return proc
 
     def start_pty(
-        self, cmd: str, args: list[str], envs: dict[str, str], cwd: str | None, tag: str | None, cols: int, rows: int
+        self,
+        cmd: str,
+        args: list[str],
+        envs: dict[str, str],
+        cwd: str | None,
+        tag: str | None,
+        cols: int,
+        rows: int,
+        user: str | None = None,
     ) -> tuple[Process, Watcher]:
         """Start a command as session leader on a new terminal of ``cols`` x ``rows``."""
         if not (1 <= cols <= MAX_PTY and 1 <= rows <= MAX_PTY):
@@ -215,7 +223,7 @@ class ProcessTable:
         if cwd is not None:  # the jail starts a terminal in its workdir: move there first, then become the command
             argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
         try:
-            tty = self.sandbox.exec_tty(argv, env={**self.base_env, **envs})
+            tty = self.sandbox.exec_tty(argv, env={**self.base_env, **envs}, user=user)
         except (SandboxError, ValueError, OSError) as exc:
             self._forget(proc)
             raise ProcessError("invalid_argument", f"cannot start {cmd!r} on a PTY: {exc}") from None
@@ -285,6 +293,7 @@ class ProcessTable:
         cwd: str | None,
         tag: str | None,
         stdin: bool,
+        user: str | None = None,
     ) -> tuple[Process, Watcher]:
         """Start a command; the returned watcher sees all of its output and its end."""
         proc = self._add(cmd, args, envs, cwd, tag)
@@ -304,6 +313,7 @@ class ProcessTable:
                     stdin=source,
                     on_stdout=lambda data: proc.publish(Output("stdout", data)),
                     on_stderr=lambda data: proc.publish(Output("stderr", data)),
+                    user=user,
                 )
             except BaseException:
                 if source is not None:
