@@ -185,7 +185,7 @@ def test_a_streamed_watch_sees_inotify_events(server: Served, tmp_path: Path) ->
             await sb.kill()
 
         asyncio.run(main())
-        print("checked")
+        print("checked", flush=True)
         # the async SDK's HTTP client has been seen to abort (SIGABRT, no message) while the
         # interpreter exits just after a cancelled stream, on a loaded machine: not the server's doing
         os._exit(0)
