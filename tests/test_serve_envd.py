@@ -47,7 +47,7 @@ def test_the_reported_versions_unlock_every_gated_feature(server: Served, tmp_pa
     )
 
 
-def test_file_metadata_is_refused_naming_it(server: Served, tmp_path: Path) -> None:
+def test_file_metadata_as_extended_attributes(server: Served, tmp_path: Path) -> None:
     sdk(
         server,
         tmp_path,
@@ -55,16 +55,31 @@ def test_file_metadata_is_refused_naming_it(server: Served, tmp_path: Path) -> N
         from e2b import InvalidArgumentException, Sandbox
 
         sb = Sandbox.create(template="host")
-        for call in (
-            lambda: sb.files.write("/tmp/m.txt", "x", metadata={"author": "me"}),
-            lambda: sb.files.write_files([{"path": "/tmp/m1", "data": b"1"}], metadata={"k": "v"}),
-        ):
-            try:
-                call()
-                raise AssertionError("metadata was dropped silently")
-            except InvalidArgumentException as exc:
-                assert "metadata" in str(exc), exc
-        assert not sb.files.exists("/tmp/m.txt")
+        assert sb.files.get_info("/tmp").metadata is None
+        info = sb.files.write("/tmp/m.txt", "x", metadata={"Author": "me", "n": "1"})
+        assert info.metadata == {"author": "me", "n": "1"}, info
+        assert sb.files.get_info("/tmp/m.txt").metadata == {"author": "me", "n": "1"}
+        got = sb.commands.run("python3 -c 'import os; print(sorted(os.listxattr(\\"/tmp/m.txt\\")))'").stdout
+        assert got == "['user.e2b.author', 'user.e2b.n']\\n", got
+        pair = [{"path": "/tmp/m.txt", "data": b"y"}, {"path": "/tmp/m2", "data": b"z"}]
+        sb.files.write_files(pair, metadata={"k": "v"})
+        listed = {e.name: e.metadata for e in sb.files.list("/tmp") if e.name in ("m.txt", "m2")}
+        assert listed == {"m.txt": {"k": "v"}, "m2": {"k": "v"}}, listed  # the old keys replaced
+        sb.commands.run("python3 -c 'import os; os.setxattr(\\"/tmp/m2\\", \\"user.e2b.made\\", b\\"inside\\")'")
+        assert sb.files.get_info("/tmp/m2").metadata == {"k": "v", "made": "inside"}
+        assert sb.files.rename("/tmp/m2", "/tmp/m3").metadata == {"k": "v", "made": "inside"}
+        # what the jail sets itself is its word: bytes that are not printable ASCII are left out,
+        # and a listing whose attributes are over the output limit is shown without them
+        sb.commands.run("python3 -c 'import os; os.setxattr(\\"/tmp/m3\\", \\"user.e2b.bin\\", b\\"\\\\xff\\")'")
+        assert sb.files.get_info("/tmp/m3").metadata == {"k": "v", "made": "inside"}
+        many = "for i in range(40): open(str(i), 'w').close(); os.setxattr(str(i), 'user.e2b.v', b'x' * 60000)"
+        sb.commands.run(f'mkdir /tmp/many && cd /tmp/many && python3 -c "import os\\n{many}"')
+        assert all(e.metadata is None for e in sb.files.list("/tmp/many")), "over the limit, yet shown"
+        try:
+            sb.files.write("/tmp/big", "x", metadata={"k": "v" * 5000})
+            raise AssertionError("oversized metadata was taken")
+        except InvalidArgumentException as exc:
+            assert "4096" in str(exc), exc
         assert sb.files.write("/tmp/plain.txt", "x").metadata is None
         sb.kill()
         """,

@@ -25,7 +25,7 @@ from google.protobuf.message import Message
 
 from ...sandbox.errors import SandboxError
 from . import filesystem_pb2 as fpb
-from . import fs, processes, users
+from . import fs, metadata, processes, users
 from . import process_pb2 as ppb
 from .connect import (
     HTTP_STATUS,
@@ -40,7 +40,7 @@ from .registry import Registry, Served
 ENVD_VERSION = "0.6.4"
 """The envd version the SDK is told (PEP 440): the lowest that unlocks every feature the e2b SDK
 gates on a version (file metadata 0.6.2, entry info on watch events 0.6.3, watches over network
-mounts 0.6.4). What of those is not served is refused with an error naming it."""
+mounts 0.6.4)."""
 MAX_FILE = 64 << 20
 UPLOAD_CHUNK = 1 << 16
 """Bytes read of an upload at a time: what a streamed upload holds, beside one part's headers."""
@@ -262,14 +262,11 @@ def _inflated(body: Body, encoding: str) -> Iterator[bytes]:
 
 def _upload(served: Served, request: Request, user: str | None) -> Response:
     content_type = request.header("Content-Type") or ""
-    if any(name.lower().startswith("x-metadata-") for name in request.headers.keys()):
-        return _http_error(
-            400, "file metadata (X-Metadata-* headers, files.write(metadata=...)) is not served by jailbox"
-        )
     assert request.stream is not None  # a STREAMED request
     body = request.stream
     written: list[str] = []
     try:
+        wanted = metadata.from_headers(list(request.headers.items()))
         if content_type.startswith("multipart/form-data"):
             parts = _Multipart(body, _boundary(content_type))
             parts.skip()
@@ -288,6 +285,9 @@ def _upload(served: Served, request: Request, user: str | None) -> Response:
             served.sandbox.write_file(path, _inflated(body, request.header("Content-Encoding") or ""))
             written.append(path)
         users.give(served, user, written)
+        if wanted:
+            metadata.write(served.sandbox, written, wanted, user)
+            served.metadata_used = True
     except fs.FsError as exc:
         return _http_error(_fs_status(exc), str(exc))
     except RpcError as exc:
@@ -303,7 +303,12 @@ def _upload(served: Served, request: Request, user: str | None) -> Response:
         return _http_error(502, str(exc))
     return Response(
         200,
-        json.dumps([{"name": posixpath.basename(p), "type": "file", "path": p} for p in written]).encode(),
+        json.dumps(
+            [
+                {"name": posixpath.basename(p), "type": "file", "path": p} | ({"metadata": wanted} if wanted else {})
+                for p in written
+            ]
+        ).encode(),
         "application/json",
     )
 
@@ -450,8 +455,23 @@ def _path(served: Served, path: str) -> str:
     return fs.check_path(path, served.sandbox.config.workdir)
 
 
+def _entries(served: Served, entries: list[fs.Entry], user: str | None) -> list[fpb.EntryInfo]:
+    """Entries as the SDK gets them: with their metadata once the sandbox has had some set (best
+    effort, as envd's: a listing whose attributes cannot be read is shown without them)."""
+    infos = [_entry(e) for e in entries]
+    if served.metadata_used and entries:
+        try:
+            found = metadata.read(served.sandbox, [e.path for e in entries], user)
+        except fs.FsError:
+            found = {}
+        for e, info in zip(entries, infos, strict=True):
+            info.metadata.update(found.get(e.path, {}))
+    return infos
+
+
 def _stat(served: Served, req: fpb.StatRequest, user: str | None) -> Message:
-    return fpb.StatResponse(entry=_entry(fs.stat(served.sandbox, _path(served, req.path), user)))
+    entry = fs.stat(served.sandbox, _path(served, req.path), user)
+    return fpb.StatResponse(entry=_entries(served, [entry], user)[0])
 
 
 def _make_dir(served: Served, req: fpb.MakeDirRequest, user: str | None) -> Message:
@@ -460,12 +480,12 @@ def _make_dir(served: Served, req: fpb.MakeDirRequest, user: str | None) -> Mess
 
 def _move(served: Served, req: fpb.MoveRequest, user: str | None) -> Message:
     entry = fs.move(served.sandbox, _path(served, req.source), _path(served, req.destination), user)
-    return fpb.MoveResponse(entry=_entry(entry))
+    return fpb.MoveResponse(entry=_entries(served, [entry], user)[0])
 
 
 def _list_dir(served: Served, req: fpb.ListDirRequest, user: str | None) -> Message:
     entries = fs.list_dir(served.sandbox, _path(served, req.path), req.depth or 1, user)
-    return fpb.ListDirResponse(entries=[_entry(e) for e in entries])
+    return fpb.ListDirResponse(entries=_entries(served, entries, user))
 
 
 def _remove(served: Served, req: fpb.RemoveRequest, user: str | None) -> Message:

@@ -106,6 +106,7 @@ class Served:
     watchers: Watchers = field(default_factory=Watchers)
     user: str = "root"  # whom its commands run as when a request names nobody
     users_seen: set[str] = field(default_factory=set)  # other users of its tree a request has named
+    metadata_used: bool = False  # an upload has set file metadata in it: entries show theirs
 
     def __post_init__(self) -> None:
         self.user = self.sandbox.config.user or "root"
