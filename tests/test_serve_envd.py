@@ -166,6 +166,9 @@ def test_watch_by_inotify_with_envd_event_types(server: Served, tmp_path: Path) 
         # (a write into a directory made a moment before may come before its watch: it is then a
         # create only, as with envd.) A write is seen as inotify sees it: created, then written
         assert seen.index(("a", T.CREATE)) < seen.index(("a", T.WRITE)), seen
+        for i in range(20):  # a poll has every event of what was done before it, with no retry
+            sb.commands.run(f"touch /tmp/w/sync{i}")
+            assert (f"sync{i}", T.CREATE) in [(e.name, e.type) for e in handle.get_new_events()], i
         deep = next(e for e in events if (e.name, e.type) == ("sub/new", T.CREATE))
         assert deep.entry is not None and deep.entry.type == FileType.DIR and deep.entry.path == "/tmp/w/sub/new"
         assert all(e.entry is None for e in events if e.type in (T.REMOVE, T.RENAME)), events

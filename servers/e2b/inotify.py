@@ -15,6 +15,7 @@ None and the caller polls.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import threading
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ MAX_PENDING = 4 << 20
 """Bytes of events held for a client that has not collected them yet."""
 READY_WAIT = 30.0
 """Seconds the in-jail watcher has to report its watches in place."""
+SYNC_WAIT = 2.0
+"""Seconds a poll waits for the watcher to report every event of what was done before it."""
 
 IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
 IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
@@ -46,11 +49,11 @@ KINDS = (
 )
 
 WATCHER = r"""
-import ctypes, os, struct, sys
+import ctypes, os, select, struct, sys
 root, recursive, limit = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
 libc = ctypes.CDLL(None, use_errno=True)
 libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-fd = libc.inotify_init1(0)
+fd = libc.inotify_init1(0o4000)  # IN_NONBLOCK
 if fd < 0:
     sys.exit("inotify_init1: " + os.strerror(ctypes.get_errno()))
 MASK = 0x2 | 0x4 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800 | 0x01000000 | 0x02000000
@@ -73,10 +76,14 @@ def walk(path, announce):
 walk(root, False)
 if not dirs:
     sys.exit("cannot watch " + root)
-out.write(b"0\0R\0")
-out.flush()
-while True:
-    buf = os.read(fd, 65536)
+def drain():
+    while True:
+        try:
+            buf = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        report(buf)
+def report(buf):
     i = 0
     while i < len(buf):
         wd, mask, _, size = struct.unpack_from("iIII", buf, i)
@@ -94,6 +101,17 @@ while True:
         out.write(b"%d\0%s\0" % (mask, os.fsencode(path)))
         if recursive and mask & 0x40000000 and mask & 0x180:
             walk(path, True)
+out.write(b"0\0R\0")
+out.flush()
+while True:
+    ready = select.select([fd, 0], [], [])[0]
+    if fd in ready:
+        drain()
+    if 0 in ready:  # the server asks for every event so far: all read, then a mark
+        if not os.read(0, 64):
+            sys.exit(0)
+        drain()
+        out.write(b"0\0F\0")
     out.flush()
 """
 
@@ -117,6 +135,9 @@ class InotifyWatch:
         self.ready = False
         self.buf = b""
         self.run: ExecRun | None = None
+        self.ask_w = -1  # the watcher's stdin: a byte asks it for every event so far, then a mark
+        self.asked = 0
+        self.marked = 0
 
     def feed(self, data: bytes) -> None:
         """What the in-jail watcher wrote, parsed as it comes (on the command's driver thread)."""
@@ -138,6 +159,9 @@ class InotifyWatch:
     def _record(self, raw_mask: bytes, raw_path: bytes) -> None:
         if raw_path == b"R" and not self.ready:
             self.ready = True
+            return
+        if raw_path == b"F" and raw_mask == b"0":
+            self.marked += 1
             return
         try:
             mask = int(raw_mask)
@@ -168,19 +192,38 @@ class InotifyWatch:
             self.run.kill()
 
     def take(self, wait: float = 0.0) -> list[Event]:
-        """The events not taken yet (waiting up to ``wait`` seconds for one); raises once the watch failed."""
+        """The events not taken yet: with ``wait``, waiting up to that long for one; without, every
+        event of what was done in the jail before the call (the watcher is asked to report all it
+        has, for up to ``SYNC_WAIT`` seconds). Raises once the watch failed."""
         with self.cond:
-            if not self.events and self.error is None and wait > 0:
+            if wait > 0 and not self.events and self.error is None:
                 self.cond.wait(wait)
+            elif wait <= 0 and self.error is None and self._ask():
+                target = self.asked
+                self.cond.wait_for(lambda: self.marked >= target or self.error is not None, SYNC_WAIT)
             if self.error is not None:
                 raise WatchFailed(self.error)
             events, self.events, self.pending = self.events, [], 0
             return events
 
+    def _ask(self) -> bool:
+        """Ask the watcher for every event so far (``cond`` held); False if it cannot be asked now."""
+        if self.ask_w < 0:
+            return False
+        try:
+            os.write(self.ask_w, b"?")
+        except OSError:  # its pipe is full (it is not reading) or closed: the events there are what we have
+            return False
+        self.asked += 1
+        return True
+
     def stop(self) -> None:
         with self.cond:
             if self.error is None:
                 self.error = "the watch was stopped"
+            if self.ask_w >= 0:  # the watcher exits at the end of its stdin
+                os.close(self.ask_w)
+                self.ask_w = -1
         if self.run is not None:
             self.run.kill()
 
@@ -193,13 +236,19 @@ def start(sb: Sandbox, root: str, recursive: bool, user: str | None = None) -> I
     """A running inotify watch of ``root`` in the jail, or None if the jail has no ``python3`` to run
     the watcher (the caller polls instead). Raises ``WatchFailed`` if the watcher could not watch."""
     watch = InotifyWatch(root)
+    ask_r, watch.ask_w = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(watch.ask_w, False)
+    asks = open(ask_r, "rb", buffering=0)  # closed by the driver below, when the run ends
     try:
         run = sb.begin_exec(
             ["python3", "-I", "-S", "-c", WATCHER, root, "1" if recursive else "0", str(MAX_WATCHES)],
+            stdin=asks,
             on_stdout=watch.feed,
             user=user,
         )
     except SandboxError as exc:
+        asks.close()
+        watch.stop()
         raise WatchFailed(f"the sandbox could not start a watch: {exc}") from None
     watch.run = run
     result: list[object] = []
@@ -209,6 +258,7 @@ def start(sb: Sandbox, root: str, recursive: bool, user: str | None = None) -> I
             result.append(run_sync(run, None))
         except Exception as exc:  # the sandbox stopped under the watch
             result.append(exc)
+        asks.close()
         with watch.cond:
             if watch.error is None:
                 watch.error = "the watch ended: the sandbox stopped or the directory is gone"
@@ -219,7 +269,7 @@ def start(sb: Sandbox, root: str, recursive: bool, user: str | None = None) -> I
         watch.cond.wait_for(lambda: watch.ready or watch.error is not None, READY_WAIT)
         if watch.ready:
             return watch
-    run.kill()
+    watch.stop()
     with watch.cond:
         watch.cond.wait_for(lambda: bool(result), READY_WAIT)
     got = result[0] if result else None
