@@ -57,8 +57,9 @@ class AsyncSandbox:
         stdin: str | Stdin | None = None,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
+        user: str | None = None,
     ) -> ExecResult:
-        return await run_async(self.sandbox.begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr), timeout)
+        return await run_async(self.sandbox.begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr, user), timeout)
 
     async def run_code(
         self,

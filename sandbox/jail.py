@@ -124,6 +124,15 @@ class Jail:
         """The map its lower's owners are stored under on disk (and its layers')."""
         return self._disk_ids
 
+    def run_as(self, spec: str) -> User:
+        """The ids of ``spec`` (``NAME``, ``UID``, ``NAME:GROUP``, ``UID:GID``) in this jail's tree, as
+        ``SandboxConfig.user`` is looked up: the tree's own files, read beneath the lower layer
+        (what commands wrote since is not consulted), ids within the jail's map."""
+        from .rootfs import users
+
+        lower, generated = self._users_from
+        return users.lookup(spec, lower, generated, self._idmap.max_id())
+
     @property
     def user_env(self) -> dict[str, str]:
         """HOME of the user commands run as (from the root filesystem's /etc/passwd)."""
@@ -158,6 +167,7 @@ class Jail:
             lower, binds = str(self._lower), []
         generated = self.mode.files(hostroot.generated_files(cfg.hostname, self._lower is None))
         self.user: User | None = None if cfg.user is None else _user(cfg, lower, generated, self._idmap)
+        self._users_from = (lower, generated)  # where a command's own ``user=`` is looked up
         if not cfg.userns and os.getuid() != 0:
             raise ConfigError("userns=False needs root; unprivileged jails always use a user namespace")
         return lower, tuple(Bind(**b) for b in binds), generated

@@ -153,11 +153,13 @@ class Sandbox:
         stdin: str | Stdin | None = None,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
+        user: str | None = None,
     ) -> ExecRun:
         """Start ``cmd`` and return it in flight, for a driver of its own (``exec()`` polls it,
         ``AsyncSandbox`` drives it from the event loop). Its result counts in ``stats()`` once
         the driver has finished it. ``stdin`` may be the read end of an ``os.pipe()`` that the
-        driver feeds as it goes (a copy goes to the command; the caller closes its own)."""
+        driver feeds as it goes (a copy goes to the command; the caller closes its own). ``user``:
+        a user of the tree to run as instead of ``config.user`` (``root``, ``NAME``, ``UID:GID``)."""
         self._check_running()
         argv: tuple[str, ...] | None = None
         shell: str | None = None
@@ -169,7 +171,9 @@ class Sandbox:
                 raise ExecError("cmd must be a shell string or a non-empty list of strings")
         if "\0" in (shell or "".join(argv or ())):
             raise ExecError("command contains a NUL byte")
-        request = self._exec_request(argv, shell, self._abs(cwd) if cwd else self.config.workdir, env, tty=False)
+        request = self._exec_request(
+            argv, shell, self._abs(cwd) if cwd else self.config.workdir, env, tty=False, user=user
+        )
         data = stdin.encode() if isinstance(stdin, str) else stdin
         counters = self._jail.counters
         return ExecRun(
@@ -194,6 +198,7 @@ class Sandbox:
         stdin: str | Stdin | None = None,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
+        user: str | None = None,
     ) -> ExecResult:
         """Run ``cmd`` (a shell string for bash/sh, or an argv list) and wait for its own process.
 
@@ -201,8 +206,10 @@ class Sandbox:
 
         On ``timeout`` the command's whole tree is killed, daemonised descendants included, and the
         result says ``timed_out``. Background processes it starts on purpose keep running.
+
+        ``user``: run as this user of the tree instead of ``config.user`` (``root``, ``NAME``, ``UID:GID``).
         """
-        return run_sync(self.begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr), timeout)
+        return run_sync(self.begin_exec(cmd, cwd, env, stdin, on_stdout, on_stderr, user), timeout)
 
     def _account(self, result: ExecResult) -> None:
         with self._lock:
@@ -213,25 +220,40 @@ class Sandbox:
         with self._lock:
             return self._stats.model_copy(deep=True)
 
-    def exec_tty(self, argv: list[str], env: dict[str, str] | None = None) -> TtyCommand:
-        """Start ``argv`` as session leader on a new pty inside the jail (for interactive shells)."""
+    def exec_tty(self, argv: list[str], env: dict[str, str] | None = None, user: str | None = None) -> TtyCommand:
+        """Start ``argv`` as session leader on a new pty inside the jail (for interactive shells),
+        as ``user`` of the tree if given, else ``config.user``."""
         self._check_running()
-        request = self._exec_request(tuple(argv), None, self.config.workdir, env, tty=True)
+        request = self._exec_request(tuple(argv), None, self.config.workdir, env, tty=True, user=user)
         return TtyCommand(self._channel.open_call(request))
 
     def _exec_request(
-        self, argv: tuple[str, ...] | None, shell: str | None, cwd: str, env: dict[str, str] | None, tty: bool
+        self,
+        argv: tuple[str, ...] | None,
+        shell: str | None,
+        cwd: str,
+        env: dict[str, str] | None,
+        tty: bool,
+        user: str | None = None,
     ) -> ExecRequest:
-        """A command for the init: the caller's environment over the sandbox's, as the jail's user."""
-        user = self._jail.user
+        """A command for the init: the caller's environment over the sandbox's, as the jail's user
+        or ``user`` (looked up in the tree; uid 0 is the init's own ids, no switch)."""
+        if user is None:
+            run_as, user_env = self._jail.user, self._jail.user_env
+        else:
+            if not isinstance(user, str) or not 0 < len(user) <= 64 or "\0" in user:
+                raise ExecError(f"user must be a user of the root filesystem, e.g. 'root' or '1000:1000', not {user!r}")
+            found = self._jail.run_as(user)
+            run_as = None if (found.uid, found.gid) == (0, 0) else found
+            user_env = {"HOME": found.home}
         return ExecRequest(
             id=next(self._ids),
             argv=argv,
             shell=shell,
             cwd=cwd,
-            env={**BASE_ENV, **self._jail.env, **self._jail.user_env, **self.config.env, **check_env(dict(env or {}))},
+            env={**BASE_ENV, **self._jail.env, **user_env, **self.config.env, **check_env(dict(env or {}))},
             tty=tty,
-            user=None if user is None else RunAs(user.uid, user.gid, user.groups),
+            user=None if run_as is None else RunAs(run_as.uid, run_as.gid, run_as.groups),
         )
 
     def network_log(self) -> list[NetworkLogEntry]:

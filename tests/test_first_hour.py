@@ -81,7 +81,7 @@ def test_a_mistyped_recipe_is_an_error_that_lists_the_recipes(store: Store) -> N
     for args in (["slimm"], ["mine", "--recipe", "slimm"]):
         r = subprocess.run([*JAILBOX, "rootfs", "build", *args], capture_output=True, text=True, timeout=60)
         assert r.returncode == 1, r.stderr
-        assert "no recipe named 'slimm'; shipped recipes: code-interpreter, debian, default, slim" in r.stderr
+        assert "no recipe named 'slimm'; shipped recipes: code-interpreter, debian, default, e2b-base, slim" in r.stderr
         assert "--recipe FILE" in r.stderr
         assert "mmdebstrap" not in r.stderr  # refused before anything was started
     assert store.list() == []
@@ -93,7 +93,10 @@ def test_not_found_suggests_only_builds_that_exist(store: Store) -> None:
     assert r.returncode != 0
     assert "jailbox rootfs pull python:3.11-slim" in r.stderr
     assert "rootfs build python:3.11-slim" not in r.stderr  # that would be an error (it used to build default)
-    assert "jailbox rootfs build --recipe RECIPE python:3.11-slim" in r.stderr and "debian, default, slim" in r.stderr
+    assert (
+        "jailbox rootfs build --recipe RECIPE python:3.11-slim" in r.stderr
+        and "debian, default, e2b-base, slim" in r.stderr
+    )
     r = subprocess.run([*JAILBOX, "exec", "--rootfs", "slim", "--", "true"], capture_output=True, text=True)
     assert "Build it with `jailbox rootfs build slim`" in r.stderr
 

@@ -25,7 +25,7 @@ from google.protobuf.message import Message
 
 from ...sandbox.errors import SandboxError
 from . import filesystem_pb2 as fpb
-from . import fs, processes
+from . import fs, metadata, processes, users
 from . import process_pb2 as ppb
 from .connect import (
     HTTP_STATUS,
@@ -37,8 +37,10 @@ from .connect import (
 from .httpd import MAX_PART_HEAD, MAX_PARTS, Body, BodyCut, BodyTooLarge, Request, Response
 from .registry import Registry, Served
 
-ENVD_VERSION = "0.5.7"
-"""The envd version the SDK is told: the features it gates on up to here are served."""
+ENVD_VERSION = "0.6.4"
+"""The envd version the SDK is told (PEP 440): the lowest that unlocks every feature the e2b SDK
+gates on a version (file metadata 0.6.2, entry info on watch events 0.6.3, watches over network
+mounts 0.6.4)."""
 MAX_FILE = 64 << 20
 UPLOAD_CHUNK = 1 << 16
 """Bytes read of an upload at a time: what a streamed upload holds, beside one part's headers."""
@@ -69,7 +71,11 @@ def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
         if request.method == "GET":
             return _download(served, request)
         if request.method == "POST":
-            return _upload(served, request)
+            try:
+                user = users.requested(served, request, request.arg("username"))
+            except RpcError as exc:
+                return _http_error(401 if exc.code == "unauthenticated" else 502, str(exc))
+            return _upload(served, request, user)
     service, _, method = path.lstrip("/").partition("/")
     if request.method == "POST" and (service, method) in UNARY:
         kind, call = UNARY[(service, method)]
@@ -77,7 +83,7 @@ def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
             message, codec = unary_request(
                 kind, request.body, request.header("Content-Type") or "", request.header("Content-Encoding") or ""
             )
-            reply = call(served, message)
+            reply = call(served, message, users.requested(served, request))
         except RpcError as exc:
             return _error_response(exc)
         except (fs.FsError, processes.ProcessError) as exc:
@@ -96,8 +102,14 @@ def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
             )
         except RpcError as exc:
             return _error_response(exc)
+        try:
+            user = users.requested(served, request)
+        except RpcError as exc:
+            return _error_response(exc)
         limits = _call_limits(request)
-        return Response(200, stream_frames(codec, _wrap(lambda: stream(served, message, limits))), codec.stream_type)
+        return Response(
+            200, stream_frames(codec, _wrap(lambda: stream(served, message, limits, user))), codec.stream_type
+        )
     if path.startswith(("/process.", "/filesystem.")):
         return _error_response(RpcError("unimplemented", f"{service}/{method} is not served by jailbox"))
     return _http_error(404, f"{request.method} {path} is not served by jailbox")
@@ -248,12 +260,13 @@ def _inflated(body: Body, encoding: str) -> Iterator[bytes]:
         raise fs.FsError("invalid_argument", f"bad gzip body: {exc}") from None
 
 
-def _upload(served: Served, request: Request) -> Response:
+def _upload(served: Served, request: Request, user: str | None) -> Response:
     content_type = request.header("Content-Type") or ""
     assert request.stream is not None  # a STREAMED request
     body = request.stream
     written: list[str] = []
     try:
+        wanted = metadata.from_headers(list(request.headers.items()))
         if content_type.startswith("multipart/form-data"):
             parts = _Multipart(body, _boundary(content_type))
             parts.skip()
@@ -271,8 +284,14 @@ def _upload(served: Served, request: Request) -> Response:
             path = _file_path(served, request)
             served.sandbox.write_file(path, _inflated(body, request.header("Content-Encoding") or ""))
             written.append(path)
+        users.give(served, user, written)
+        if wanted:
+            metadata.write(served.sandbox, written, wanted, user)
+            served.metadata_used = True
     except fs.FsError as exc:
         return _http_error(_fs_status(exc), str(exc))
+    except RpcError as exc:
+        return _http_error(502 if exc.code == "unavailable" else 500, str(exc))
     except BodyTooLarge as exc:
         return _http_error(413, str(exc))
     except BodyCut as exc:
@@ -284,7 +303,12 @@ def _upload(served: Served, request: Request) -> Response:
         return _http_error(502, str(exc))
     return Response(
         200,
-        json.dumps([{"name": posixpath.basename(p), "type": "file", "path": p} for p in written]).encode(),
+        json.dumps(
+            [
+                {"name": posixpath.basename(p), "type": "file", "path": p} | ({"metadata": wanted} if wanted else {})
+                for p in written
+            ]
+        ).encode(),
         "application/json",
     )
 
@@ -326,7 +350,9 @@ def _follow(
         yield reply(event=_event(event))
 
 
-def _start(served: Served, req: ppb.StartRequest, limits: tuple[float | None, float | None]) -> Iterator[Message]:
+def _start(
+    served: Served, req: ppb.StartRequest, limits: tuple[float | None, float | None], user: str | None
+) -> Iterator[Message]:
     config = req.process
     if not config.cmd:
         raise RpcError("invalid_argument", "process.cmd is required, e.g. /bin/bash")
@@ -340,6 +366,7 @@ def _start(served: Served, req: ppb.StartRequest, limits: tuple[float | None, fl
             req.tag if req.HasField("tag") else None,
             req.pty.size.cols,
             req.pty.size.rows,
+            user,
         )
         return _follow(proc, watcher, limits, ppb.StartResponse)
     proc, watcher = served.procs.start(
@@ -349,16 +376,19 @@ def _start(served: Served, req: ppb.StartRequest, limits: tuple[float | None, fl
         cwd,
         req.tag if req.HasField("tag") else None,
         req.stdin if req.HasField("stdin") else False,
+        user,
     )
     return _follow(proc, watcher, limits, ppb.StartResponse)
 
 
-def _connect(served: Served, req: ppb.ConnectRequest, limits: tuple[float | None, float | None]) -> Iterator[Message]:
+def _connect(
+    served: Served, req: ppb.ConnectRequest, limits: tuple[float | None, float | None], user: str | None
+) -> Iterator[Message]:
     proc = _find(served, req.process)
     return _follow(proc, proc.watch(), limits, ppb.ConnectResponse)
 
 
-def _list(served: Served, req: ppb.ListRequest) -> Message:
+def _list(served: Served, req: ppb.ListRequest, user: str | None) -> Message:
     infos = []
     for p in served.procs.list():
         config = ppb.ProcessConfig(cmd=p.cmd, args=p.args, envs=p.envs)
@@ -371,7 +401,7 @@ def _list(served: Served, req: ppb.ListRequest) -> Message:
     return ppb.ListResponse(processes=infos)
 
 
-def _send_input(served: Served, req: ppb.SendInputRequest) -> Message:
+def _send_input(served: Served, req: ppb.SendInputRequest, user: str | None) -> Message:
     which = req.input.WhichOneof("input")
     if which is None:
         raise RpcError("invalid_argument", "input must hold stdin or pty bytes")
@@ -379,20 +409,20 @@ def _send_input(served: Served, req: ppb.SendInputRequest) -> Message:
     return ppb.SendInputResponse()
 
 
-def _update(served: Served, req: ppb.UpdateRequest) -> Message:
+def _update(served: Served, req: ppb.UpdateRequest, user: str | None) -> Message:
     if req.HasField("pty"):
         _find(served, req.process).resize(req.pty.size.cols, req.pty.size.rows)
     return ppb.UpdateResponse()
 
 
-def _send_signal(served: Served, req: ppb.SendSignalRequest) -> Message:
+def _send_signal(served: Served, req: ppb.SendSignalRequest, user: str | None) -> Message:
     if req.signal not in (ppb.SIGNAL_SIGKILL, ppb.SIGNAL_SIGTERM):
         raise RpcError("invalid_argument", "signal must be SIGKILL or SIGTERM")
     _find(served, req.process).kill()
     return ppb.SendSignalResponse()
 
 
-def _close_stdin(served: Served, req: ppb.CloseStdinRequest) -> Message:
+def _close_stdin(served: Served, req: ppb.CloseStdinRequest, user: str | None) -> Message:
     _find(served, req.process).close_stdin()
     return ppb.CloseStdinResponse()
 
@@ -401,7 +431,9 @@ def _close_stdin(served: Served, req: ppb.CloseStdinRequest) -> Message:
 
 
 def _entry(e: fs.Entry) -> fpb.EntryInfo:
-    kind = {"file": fpb.FILE_TYPE_FILE, "dir": fpb.FILE_TYPE_DIRECTORY}.get(e.kind, fpb.FILE_TYPE_FILE)
+    # as newer envd: a symlink's type is its target's (unspecified if it resolves to nothing), and
+    # is_symlink marks the link
+    kind = {"file": fpb.FILE_TYPE_FILE, "dir": fpb.FILE_TYPE_DIRECTORY}.get(e.points_to, fpb.FILE_TYPE_UNSPECIFIED)
     info = fpb.EntryInfo(
         name=e.name,
         type=kind,
@@ -423,26 +455,41 @@ def _path(served: Served, path: str) -> str:
     return fs.check_path(path, served.sandbox.config.workdir)
 
 
-def _stat(served: Served, req: fpb.StatRequest) -> Message:
-    return fpb.StatResponse(entry=_entry(fs.stat(served.sandbox, _path(served, req.path))))
+def _entries(served: Served, entries: list[fs.Entry], user: str | None) -> list[fpb.EntryInfo]:
+    """Entries as the SDK gets them: with their metadata once the sandbox has had some set (best
+    effort, as envd's: a listing whose attributes cannot be read is shown without them)."""
+    infos = [_entry(e) for e in entries]
+    if served.metadata_used and entries:
+        try:
+            found = metadata.read(served.sandbox, [e.path for e in entries], user)
+        except fs.FsError:
+            found = {}
+        for e, info in zip(entries, infos, strict=True):
+            info.metadata.update(found.get(e.path, {}))
+    return infos
 
 
-def _make_dir(served: Served, req: fpb.MakeDirRequest) -> Message:
-    return fpb.MakeDirResponse(entry=_entry(fs.make_dir(served.sandbox, _path(served, req.path))))
+def _stat(served: Served, req: fpb.StatRequest, user: str | None) -> Message:
+    entry = fs.stat(served.sandbox, _path(served, req.path), user)
+    return fpb.StatResponse(entry=_entries(served, [entry], user)[0])
 
 
-def _move(served: Served, req: fpb.MoveRequest) -> Message:
-    entry = fs.move(served.sandbox, _path(served, req.source), _path(served, req.destination))
-    return fpb.MoveResponse(entry=_entry(entry))
+def _make_dir(served: Served, req: fpb.MakeDirRequest, user: str | None) -> Message:
+    return fpb.MakeDirResponse(entry=_entry(fs.make_dir(served.sandbox, _path(served, req.path), user)))
 
 
-def _list_dir(served: Served, req: fpb.ListDirRequest) -> Message:
-    entries = fs.list_dir(served.sandbox, _path(served, req.path), req.depth or 1)
-    return fpb.ListDirResponse(entries=[_entry(e) for e in entries])
+def _move(served: Served, req: fpb.MoveRequest, user: str | None) -> Message:
+    entry = fs.move(served.sandbox, _path(served, req.source), _path(served, req.destination), user)
+    return fpb.MoveResponse(entry=_entries(served, [entry], user)[0])
 
 
-def _remove(served: Served, req: fpb.RemoveRequest) -> Message:
-    fs.remove(served.sandbox, _path(served, req.path))
+def _list_dir(served: Served, req: fpb.ListDirRequest, user: str | None) -> Message:
+    entries = fs.list_dir(served.sandbox, _path(served, req.path), req.depth or 1, user)
+    return fpb.ListDirResponse(entries=_entries(served, entries, user))
+
+
+def _remove(served: Served, req: fpb.RemoveRequest, user: str | None) -> Message:
+    fs.remove(served.sandbox, _path(served, req.path), user)
     return fpb.RemoveResponse()
 
 
@@ -451,36 +498,38 @@ _EVENT_TYPES = {
     "write": fpb.EVENT_TYPE_WRITE,
     "remove": fpb.EVENT_TYPE_REMOVE,
     "chmod": fpb.EVENT_TYPE_CHMOD,
+    "rename": fpb.EVENT_TYPE_RENAME,
 }
 
 
-def _fs_event(change: fs.Change, include_entry: bool) -> fpb.FilesystemEvent:
+def _fs_event(change: fs.Change) -> fpb.FilesystemEvent:
     event = fpb.FilesystemEvent(name=change.name, type=_EVENT_TYPES[change.kind])
-    if include_entry and change.entry is not None:
+    if change.entry is not None:
         event.entry.CopyFrom(_entry(change.entry))
     return event
 
 
-def _create_watcher(served: Served, req: fpb.CreateWatcherRequest) -> Message:
+def _create_watcher(served: Served, req: fpb.CreateWatcherRequest, user: str | None) -> Message:
     path = _path(served, req.path)
-    return fpb.CreateWatcherResponse(watcher_id=served.watchers.create(served.sandbox, path, req.recursive))
+    wid = served.watchers.create(served.sandbox, path, req.recursive, req.include_entry, user)
+    return fpb.CreateWatcherResponse(watcher_id=wid)
 
 
-def _get_watcher_events(served: Served, req: fpb.GetWatcherEventsRequest) -> Message:
+def _get_watcher_events(served: Served, req: fpb.GetWatcherEventsRequest, user: str | None) -> Message:
     changes = served.watchers.poll(served.sandbox, req.watcher_id)
-    return fpb.GetWatcherEventsResponse(events=[_fs_event(c, False) for c in changes])
+    return fpb.GetWatcherEventsResponse(events=[_fs_event(c) for c in changes])
 
 
-def _remove_watcher(served: Served, req: fpb.RemoveWatcherRequest) -> Message:
+def _remove_watcher(served: Served, req: fpb.RemoveWatcherRequest, user: str | None) -> Message:
     served.watchers.remove(req.watcher_id)
     return fpb.RemoveWatcherResponse()
 
 
 def _watch_dir(
-    served: Served, req: fpb.WatchDirRequest, limits: tuple[float | None, float | None]
+    served: Served, req: fpb.WatchDirRequest, limits: tuple[float | None, float | None], user: str | None
 ) -> Iterator[Message]:
     path = _path(served, req.path)
-    wid = served.watchers.create(served.sandbox, path, req.recursive)
+    wid = served.watchers.create(served.sandbox, path, req.recursive, req.include_entry, user)
     deadline, keepalive = limits
 
     def watch() -> Iterator[Message]:
@@ -488,10 +537,9 @@ def _watch_dir(
             yield fpb.WatchDirResponse(start=fpb.WatchDirResponse.StartEvent())
             quiet_since = time.monotonic()
             while deadline is None or time.monotonic() < deadline:
-                time.sleep(WATCH_POLL)
-                changes = served.watchers.poll(served.sandbox, wid)
+                changes = served.watchers.poll(served.sandbox, wid, WATCH_POLL)
                 for c in changes:
-                    yield fpb.WatchDirResponse(filesystem=_fs_event(c, req.include_entry))
+                    yield fpb.WatchDirResponse(filesystem=_fs_event(c))
                 if changes:
                     quiet_since = time.monotonic()
                 elif keepalive is not None and time.monotonic() - quiet_since >= keepalive:
@@ -507,8 +555,8 @@ def _watch_dir(
     return watch()
 
 
-UnaryCall = Callable[[Served, Any], Message]
-StreamCall = Callable[[Served, Any, tuple[float | None, float | None]], Iterator[Message]]
+UnaryCall = Callable[[Served, Any, str | None], Message]
+StreamCall = Callable[[Served, Any, tuple[float | None, float | None], str | None], Iterator[Message]]
 
 UNARY: dict[tuple[str, str], tuple[type[Message], UnaryCall]] = {
     ("process.Process", "List"): (ppb.ListRequest, _list),

@@ -20,7 +20,7 @@ import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...sandbox import Sandbox
 from ...sandbox.errors import SandboxError, ServerError
@@ -52,6 +52,7 @@ class End:
     exit_code: int
     status: str
     error: str | None = None
+    broken: str | None = None  # the sandbox was killed under it: its streams break with this, as E2B's do
 
 
 Event = Output | End
@@ -190,6 +191,7 @@ class ProcessTable:
         self.lock = threading.Lock()
         self.procs: dict[int, Process] = {}
         self.pids = itertools.count(FIRST_PID)
+        self.killed: str | None = None  # why every command ends now (the sandbox is being killed)
 
     def _add(self, cmd: str, args: list[str], envs: dict[str, str], cwd: str | None, tag: str | None) -> Process:
         with self.lock:
@@ -202,7 +204,15 @@ class ProcessTable:
         return proc
 
     def start_pty(
-        self, cmd: str, args: list[str], envs: dict[str, str], cwd: str | None, tag: str | None, cols: int, rows: int
+        self,
+        cmd: str,
+        args: list[str],
+        envs: dict[str, str],
+        cwd: str | None,
+        tag: str | None,
+        cols: int,
+        rows: int,
+        user: str | None = None,
     ) -> tuple[Process, Watcher]:
         """Start a command as session leader on a new terminal of ``cols`` x ``rows``."""
         if not (1 <= cols <= MAX_PTY and 1 <= rows <= MAX_PTY):
@@ -213,7 +223,7 @@ class ProcessTable:
         if cwd is not None:  # the jail starts a terminal in its workdir: move there first, then become the command
             argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
         try:
-            tty = self.sandbox.exec_tty(argv, env={**self.base_env, **envs})
+            tty = self.sandbox.exec_tty(argv, env={**self.base_env, **envs}, user=user)
         except (SandboxError, ValueError, OSError) as exc:
             self._forget(proc)
             raise ProcessError("invalid_argument", f"cannot start {cmd!r} on a PTY: {exc}") from None
@@ -283,6 +293,7 @@ class ProcessTable:
         cwd: str | None,
         tag: str | None,
         stdin: bool,
+        user: str | None = None,
     ) -> tuple[Process, Watcher]:
         """Start a command; the returned watcher sees all of its output and its end."""
         proc = self._add(cmd, args, envs, cwd, tag)
@@ -302,6 +313,7 @@ class ProcessTable:
                     stdin=source,
                     on_stdout=lambda data: proc.publish(Output("stdout", data)),
                     on_stderr=lambda data: proc.publish(Output("stderr", data)),
+                    user=user,
                 )
             except BaseException:
                 if source is not None:
@@ -336,6 +348,8 @@ class ProcessTable:
         self._finish(proc, end, lambda: None)
 
     def _finish(self, proc: Process, end: End, release: Callable[[], None]) -> None:
+        if self.killed is not None:
+            end = replace(end, broken=self.killed)
         with proc.lock:
             release()
             proc.ended.set()
@@ -367,7 +381,11 @@ class ProcessTable:
         with self.lock:
             return list(self.procs.values())
 
-    def kill_all(self) -> None:
+    def kill_all(self, why: str | None = None) -> None:
+        """Kill every command; ``why``: the sandbox is going away, and their streams break with it
+        instead of ending with an exit code (an E2B sandbox killed under a command cuts its stream)."""
+        if why is not None:
+            self.killed = why
         for proc in self.list():
             proc.kill()
 
@@ -391,6 +409,8 @@ def events(proc: Process, watcher: Watcher, keepalive: float | None, deadline: f
                 continue
             if event is None or watcher.dropped:
                 raise ProcessError("resource_exhausted", f"the client fell behind process {proc.pid}'s output")
+            if isinstance(event, End) and event.broken is not None:
+                raise ProcessError("unavailable", event.broken)
             yield event
             if isinstance(event, End):
                 return

@@ -30,6 +30,7 @@ import hmac
 import math
 import re
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Collection
@@ -38,7 +39,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TypedDict
 
-from ...sandbox import Limits, NetworkPolicy, Sandbox, SandboxPool, Secret, snapshots
+from ...sandbox import Limits, NetworkPolicy, Sandbox, SandboxConfig, SandboxPool, Secret, snapshots
 from ...sandbox.errors import BranchError, PauseFailed, SandboxClosed, SandboxError, ServerError, SnapshotNotFound
 from ...sandbox.serving import Store, check_env
 from . import dormant
@@ -58,6 +59,10 @@ SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$")
 """An E2B snapshot name (``my-snapshot``, ``team/my-snapshot:v1``; ``_`` too, checked apart): 64
 characters at most, so the jailbox name it goes into stays within its 128."""
 SDK_DEFAULT = "base"
+E2B_TEMPLATE = "e2b-base"
+"""The stored tree (``rootfs/e2b-base.yaml``) that E2B's ``base`` template means where the server has it."""
+E2B_USER = "user"
+"""Whom a sandbox of ``E2B_TEMPLATE`` runs commands as by default, as E2B's base template (uid 1000)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,12 @@ class Served:
     kept: bool = False  # its record now names a newer snapshot, taken as the server stopped
     gate: threading.Lock = field(default_factory=threading.Lock)
     watchers: Watchers = field(default_factory=Watchers)
+    user: str = "root"  # whom its commands run as when a request names nobody
+    users_seen: set[str] = field(default_factory=set)  # other users of its tree a request has named
+    metadata_used: bool = False  # an upload has set file metadata in it: entries show theirs
+
+    def __post_init__(self) -> None:
+        self.user = self.sandbox.config.user or "root"
 
     @property
     def paused(self) -> bool:
@@ -169,6 +180,7 @@ class Registry:
         if paused is not None:
             self._restore(paused, set(owners))
         self.closed = False
+        self.hinted = False  # the one line on how to get E2B's user model is printed
         self.reaper = threading.Thread(target=self._reap, name="jailbox-serve-reaper", daemon=True)
         self.reaper.start()
 
@@ -234,7 +246,14 @@ class Registry:
                 400, "templateID must name a stored root filesystem, 'host' or a snapshot (e.g. 'default'), not a path"
             )
         if template == SDK_DEFAULT:  # what the SDK asks for when its caller names no template
-            template = "default" if Store().resolve("default") is not None else "host"
+            template = next((t for t in (E2B_TEMPLATE, "default") if Store().resolve(t) is not None), "host")
+            if template != E2B_TEMPLATE and not self.hinted:
+                self.hinted = True
+                print(
+                    f"jailbox serve: E2B's base template runs as user '{E2B_USER}' in /home/{E2B_USER}; for that, "
+                    f"build its tree: jailbox rootfs build {E2B_TEMPLATE} (now base is {template!r}, as root)",
+                    file=sys.stderr,
+                )
         if template != "host" and (not TEMPLATE_NAME.match(template) or Store().resolve(template) is None):
             # a stored root filesystem's name wins over a snapshot's; a name neither has would be
             # tried as a directory relative to the server's cwd
@@ -344,11 +363,14 @@ class Registry:
             pool = self.pools.get(template)
         if pool is not None:
             return pool.acquire()
-        sandbox = Sandbox(rootfs=template, **self.shape)
+        config = SandboxConfig(rootfs=template, **self.shape)
+        if template == E2B_TEMPLATE:  # as E2B's base template: its user, starting in its home
+            config = SandboxConfig(rootfs=template, **self.shape, user=E2B_USER, workdir=f"/home/{E2B_USER}")
+        sandbox = Sandbox(config)
         if self.warm:
             with self.lock:
                 if template not in self.pools and len(self.pools) < MAX_POOLS and not self.closed:
-                    self.pools[template] = SandboxPool(self.warm, rootfs=template, **self.shape)
+                    self.pools[template] = SandboxPool(self.warm, config)
         return sandbox
 
     def get(self, owner: str, sandbox_id: str) -> Served:
@@ -511,7 +533,8 @@ class Registry:
         with served.gate:  # a pause or fork under way ends first
             pass
         try:
-            served.procs.kill_all()
+            served.watchers.close()
+            served.procs.kill_all(f"sandbox {served.id} was killed")
         finally:  # closing the jail kills whatever is left in it
             served.sandbox.close()
             if served.restored is not None:
