@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 
 from ...sandbox import Sandbox
-from ...sandbox.errors import SandboxError
+from ...sandbox.errors import SandboxError, ServerError
 from ...sandbox.serving import ExecRun, run_sync
 
 MAX_WATCHES = 8192
@@ -228,7 +228,7 @@ class InotifyWatch:
             self.run.kill()
 
 
-class WatchFailed(Exception):
+class WatchFailed(ServerError):
     """The watch ended: the jail's watcher failed, fell behind or exited."""
 
 
