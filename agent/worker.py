@@ -22,6 +22,7 @@ from . import llm_prompt
 from . import prompts as prompt_configs
 from .llm import LLMClient, LLMConfig, LLMError
 from .loop import AgentConfig
+from .outcomes import is_infra
 from .run import check_copy_out, prepare, run_in
 from .tasks import Mode, Task, TaskResult
 from .trajectory import Step
@@ -95,7 +96,7 @@ def execute(task: Task, job: Job, directory: Path, guard: Guard, stepped: Steppe
             id=task.id,
             domain=task.domain,
             mode=job.mode,
-            exit_status="error",
+            exit_status="llm_error" if isinstance(exc, LLMError) else "sandbox_error" if is_infra(exc) else "error",
             expected=task.answer,
             error=f"{type(exc).__name__}: {exc}",
         )
