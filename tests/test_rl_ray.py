@@ -1,0 +1,113 @@
+"""jailbox behind Ray's sandbox interface (``jailbox.rl.ray_backend``): the backend on its own, then
+the actor on a local Ray the test starts (no dashboard, a small object store, its own temp dir) and
+tears down, a worker killed under a running command reported as an infrastructure failure with its
+jail gone."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+
+import psutil
+import pytest
+from support.waits import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.needs("ray"), pytest.mark.alone]
+
+
+def test_the_backend_implements_rays_interface_over_jails():
+    from ray.experimental.sandbox import BaseSandboxBackend, SandboxCreationError, SandboxNotFoundError, SandboxStatus
+    from ray.experimental.sandbox.config import SandboxConfig as RayConfig
+
+    from jailbox.agent.outcomes import InfraError
+    from jailbox.rl.ray_backend import JailboxBackend, JailboxRuntime, SandboxInfraError
+
+    runtime = JailboxRuntime()
+    backend = runtime.backend
+    assert isinstance(backend, (JailboxBackend, BaseSandboxBackend))
+    sid = runtime.create(image="host", cpu=0.5, memory="256Mi", env={"GREETING": "hi"})
+    try:
+        assert backend._box(sid).config.limits.memory == 256 << 20
+        assert backend._box(sid).config.limits.cpus == 0.5
+        assert runtime.exec(sid, "echo $GREETING").stdout == "hi\n"
+        bad = runtime.exec(sid, "exit 4")
+        assert (bad.exit_code, bad.failure) == (4, "task")
+        runtime.write_file(sid, "/opt/a", "1")
+        backend.write_file(sid, "/opt/a", "2", append=True)
+        assert runtime.read_file(sid, "/opt/a") == b"12"
+        assert runtime.get_status(sid) == SandboxStatus.RUNNING
+        kids = backend.fork_sandbox(sid, 2)
+        assert [runtime.read_file(k, "/opt/a") for k in kids] == [b"12", b"12"]
+        for k in kids:
+            runtime.delete(k)
+        os.kill(backend.init_pid(sid), signal.SIGKILL)
+        time.sleep(0.2)
+        with pytest.raises(SandboxInfraError) as caught:
+            runtime.exec(sid, "true")
+        assert isinstance(caught.value, InfraError)
+        assert runtime.get_status(sid) in (SandboxStatus.ERROR, SandboxStatus.TERMINATED)
+    finally:
+        runtime.delete(sid)
+    with pytest.raises(SandboxNotFoundError):
+        runtime.exec(sid, "true")
+    with pytest.raises(SandboxCreationError, match="network='public'"):
+        backend.create_sandbox(RayConfig(image="host", network="public"))
+
+
+def ray_processes(temp: str) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if temp in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.fixture
+def local_ray(_state_dir):
+    import ray
+
+    temp = tempfile.mkdtemp(prefix="jbrl-", dir="/tmp")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=80 << 20,
+        log_to_driver=False,
+        _temp_dir=temp,
+        runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith("JAILBOX_")}},
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        wait_until(lambda: not ray_processes(temp), "Ray's processes to exit", 60)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_actors_run_jails_and_a_killed_worker_is_an_infra_failure(local_ray):
+    from jailbox.rl import RLSandbox
+    from jailbox.rl.ray_backend import RaySandbox, create
+
+    actor = create("host", cpu=0.5, memory="256Mi")
+    box = RaySandbox(actor, timeout=120)
+    assert isinstance(box, RLSandbox)
+    box.write_file("/opt/p", "6 7")
+    assert box.exec("cat /opt/p").stdout == "6 7"
+    assert box.exec("exit 2").failure == "task"
+    kids = box.fork(2)
+    assert [k.exec("cat /opt/p").stdout for k in kids] == ["6 7", "6 7"]
+    for k in kids:
+        k.close()
+    with pytest.raises(OSError):  # a file the task did not make: the task's, through Ray too
+        box.read_file("/opt/absent")
+    jail_init = local_ray.get(actor.init_pid.remote())
+    worker = local_ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+    running = actor.exec.remote("sleep 60")
+    time.sleep(0.5)
+    os.kill(worker, signal.SIGKILL)
+    out = box.exec("true")
+    assert (out.failure, out.exit_code) == ("infra", -1), out
+    from ray.exceptions import RayActorError
+
+    with pytest.raises(RayActorError):  # the command under way ends with its worker
+        local_ray.get(running, timeout=60)
+    wait_until(lambda: not psutil.pid_exists(jail_init), "the dead worker's jail to go", 30)
+    box.close()  # nothing left to close: no error
