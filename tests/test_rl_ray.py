@@ -111,3 +111,72 @@ def test_actors_run_jails_and_a_killed_worker_is_an_infra_failure(local_ray):
         local_ray.get(running, timeout=60)
     wait_until(lambda: not psutil.pid_exists(jail_init), "the dead worker's jail to go", 30)
     box.close()  # nothing left to close: no error
+
+
+def test_two_nodes_one_killed_mid_batch_its_rollouts_retried_as_infra(_state_dir, monkeypatch):
+    """Two Ray nodes on this machine (Ray's cluster utilities: a head and a worker node, each its own
+    raylet), three rollouts pinned to each by a custom resource. The worker node is killed while its
+    rollouts run: they come back as infra failures, their jails go, and the batch finishes by retrying
+    them on the head."""
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from jailbox.rl.ray_backend import RaySandbox, create
+
+    temp = tempfile.mkdtemp(prefix="jbrl2-", dir="/tmp")
+    monkeypatch.setenv("RAY_TMPDIR", temp)  # the cluster's files and its address file: not /tmp/ray, shared
+    small = {"num_cpus": 1, "object_store_memory": 80 << 20}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={**small, "resources": {"head": 8}, "include_dashboard": False},
+    )
+    try:
+        worker = cluster.add_node(**small, resources={"w2": 8})
+        ray.init(address=cluster.address, log_to_driver=False)
+        up = threading.Barrier(7)
+        outcomes: dict[int, list[tuple[str, str | None, str]]] = {}
+        inits: dict[int, tuple[str, int]] = {}
+
+        def rollout(i: int) -> None:
+            place = "w2" if i % 2 else "head"
+            tries = outcomes.setdefault(i, [])
+            while len(tries) < 2:
+                box = RaySandbox(create("host", cpu=0.1, resources={place: 1}), timeout=120)
+                try:
+                    box.write_file("/opt/n", str(i))
+                    if not tries:
+                        inits[i] = (place, ray.get(box.actor.init_pid.remote()))
+                        up.wait(60)
+                    out = box.exec("sleep 4; cat /opt/n")
+                finally:
+                    box.close()
+                tries.append((place, out.failure, out.stdout))
+                if out.failure != "infra":
+                    return
+                place = "head"  # retried on a node still alive
+
+        threads = [threading.Thread(target=rollout, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        up.wait(120)  # every rollout's jail is up, its command about to run
+        time.sleep(1)
+        started = time.monotonic()
+        cluster.remove_node(worker, allow_graceful=False)
+        for t in threads:
+            t.join(180)
+        print(f"batch finished {time.monotonic() - started:.1f} s after the node was killed")
+        assert {place for place, _ in inits.values()} == {"head", "w2"}
+        for i in range(6):
+            if i % 2:  # on the killed node: an infra failure, then the retry's answer
+                assert outcomes[i] == [("w2", "infra", ""), ("head", None, str(i))], outcomes[i]
+            else:
+                assert outcomes[i] == [("head", None, str(i))], outcomes[i]
+        dead_jails = [pid for place, pid in inits.values() if place == "w2"]
+        wait_until(lambda: not any(psutil.pid_exists(p) for p in dead_jails), "the dead node's jails to go", 30)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        wait_until(lambda: not ray_processes(temp), "Ray's processes to exit", 60)
+        shutil.rmtree(temp, ignore_errors=True)
