@@ -22,7 +22,6 @@ from . import llm_prompt
 from . import prompts as prompt_configs
 from .llm import LLMClient, LLMConfig, LLMError
 from .loop import AgentConfig
-from .outcomes import is_infra
 from .run import check_copy_out, prepare, run_in
 from .tasks import Mode, Task, TaskResult
 from .trajectory import Step
@@ -96,7 +95,13 @@ def execute(task: Task, job: Job, directory: Path, guard: Guard, stepped: Steppe
             id=task.id,
             domain=task.domain,
             mode=job.mode,
-            exit_status="llm_error" if isinstance(exc, LLMError) else "sandbox_error" if is_infra(exc) else "error",
+            # the jail (its config included: a missing rootfs) or the endpoint failed, not the model's work;
+            # a task's own bad input is the task's
+            exit_status="llm_error"
+            if isinstance(exc, LLMError)
+            else "sandbox_error"
+            if isinstance(exc, SandboxError)
+            else "error",
             expected=task.answer,
             error=f"{type(exc).__name__}: {exc}",
         )

@@ -164,3 +164,27 @@ def test_bench_results_say_whose_failure_they_are():
     assert {result(s, 0.0).failure for s in ("llm_error", "sandbox_error", "worker_lost")} == {"infra"}
     assert of_status("worker_lost", 1.0) == "infra"  # never a reward from an infrastructure failure
     assert TaskResult.model_validate_json(result("sandbox_error", 0.0).model_dump_json()).failure == "infra"
+
+
+def test_a_batch_whose_jails_cannot_start_reports_infra_not_a_score_of_zero(tmp_path):
+    """bench: a jail that does not start (the batch's rootfs missing) is every task's sandbox_error,
+    an infra failure, and the run's one common cause; before, it was the task's bare 'error'."""
+    from support.batch_tasks import responder, tasks_file
+    from support.llm_server import ScriptedServer
+
+    from jailbox.agent.batch import Batch, BatchConfig
+    from jailbox.agent.llm import LLMConfig
+    from jailbox.agent.report import common_failure
+    from jailbox.agent.tasks import load_tasks
+    from jailbox.sandbox import SandboxConfig
+
+    with ScriptedServer(responder=responder()) as server:
+        results = Batch(
+            load_tasks(tasks_file(tmp_path / "tasks.jsonl", 3)),
+            LLMConfig(model="m", base_url=server.url, api_key="k"),
+            tmp_path / "out",
+            BatchConfig(workers=2),
+            sandbox=SandboxConfig(rootfs=str(tmp_path / "missing")),
+        ).run()
+    assert [(r.exit_status, r.failure, r.score) for r in results] == [("sandbox_error", "infra", 0.0)] * 3
+    assert (common_failure(results) or "").startswith("sandbox_error: RootfsNotFound")
