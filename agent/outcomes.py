@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..sandbox.errors import ConfigError, SandboxError, SandboxFileError
+from ..sandbox.errors import AgentError, ConfigError, SandboxError, SandboxFileError
 
 Failure = Literal["task", "infra"]
 """Whose failure: ``"task"`` (what the task or the model did), ``"infra"`` (what it ran on)."""
@@ -19,7 +19,7 @@ INFRASTRUCTURE = frozenset({"llm_error", "sandbox_error", "worker_lost"})
 """Exit statuses that blame what the task ran on (the endpoint, the jail, the Ray worker), not the model's work."""
 
 
-class InfraError(Exception):
+class InfraError(AgentError):
     """The infrastructure failed, not the task: the jail did not start or died, its worker was lost.
     The episode measured nothing; retry it or drop it, never score it."""
 
