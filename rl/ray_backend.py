@@ -46,7 +46,7 @@ from ray.experimental.sandbox.config import SandboxConfig as RayConfig
 from ray.experimental.sandbox.config import parse_memory_bytes
 
 from ..agent.outcomes import Failure, InfraError, is_infra
-from ..sandbox import Limits, Sandbox, SandboxConfig
+from ..sandbox import Sandbox, SandboxConfig
 from ..sandbox.errors import SandboxError
 from . import INFRA_EXIT, READ_LIMIT, ExecOutcome
 
@@ -89,15 +89,13 @@ def jail_config(config: RayConfig, base: SandboxConfig | None = None) -> Sandbox
     if config.workdir:
         update["workdir"] = config.workdir
     memory = parse_memory_bytes(config.memory)
-    limits = base.limits.model_copy(
-        update={
-            **({"cpus": float(config.cpu)} if config.cpu and config.cpu > 0 else {}),
-            **({"memory": memory} if memory else {}),
-        }
-    )
-    update["limits"] = Limits.model_validate(limits.model_dump())
-    try:
-        return SandboxConfig.model_validate({**base.model_dump(), **update, "limits": update["limits"].model_dump()})
+    update["limits"] = {
+        **base.limits.model_dump(),
+        **({"cpus": float(config.cpu)} if config.cpu and config.cpu > 0 else {}),
+        **({"memory": memory} if memory else {}),
+    }
+    try:  # validated whole, as Sandbox(config, **options) does: a bad image or bound is one line
+        return SandboxConfig.model_validate({**base.model_dump(), **update})
     except ValueError as exc:
         raise SandboxCreationError(f"image {config.image!r}: {exc}") from None
 
@@ -228,6 +226,7 @@ class JailboxRuntime(SandboxRuntime):
     download_file, read/write_file, get_status, delete), with jailbox root filesystems as images."""
 
     def __init__(self, base: SandboxConfig | None = None) -> None:
+        # not super().__init__(): it builds the gVisor backend this runtime replaces
         self._image_manager = JailboxImages()  # type: ignore[assignment]
         self._backend = JailboxBackend(base, self._image_manager)  # type: ignore[assignment]
         self._ttl_timers: dict[str, threading.Timer] = {}
