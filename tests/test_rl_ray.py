@@ -180,3 +180,48 @@ def test_two_nodes_one_killed_mid_batch_its_rollouts_retried_as_infra(_state_dir
         cluster.shutdown()
         wait_until(lambda: not ray_processes(temp), "Ray's processes to exit", 60)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_a_bench_task_whose_ray_worker_dies_is_worker_lost_not_the_tasks(tmp_path, _state_dir, monkeypatch):
+    """``jailbox bench --executor ray``: the Ray worker running one task is killed mid-task; that task's
+    result is ``worker_lost`` (infra, never scored), the other task's is its own. Before, the dead
+    worker was the task's bare 'error'."""
+    import threading
+
+    from support.batch_tasks import responder, tasks_file
+    from support.llm_server import ScriptedServer
+
+    from jailbox.agent.batch import Batch, BatchConfig, find_executor
+    from jailbox.agent.llm import LLMConfig
+    from jailbox.agent.tasks import load_tasks
+
+    temp = tempfile.mkdtemp(prefix="jbrl3-", dir="/tmp")
+    monkeypatch.setenv("RAY_TMPDIR", temp)
+    results: list = []
+    delay = {"t0": 4.0, "t1": 0.0}
+    try:
+        with ScriptedServer(responder=responder(delay_for=lambda tid: delay[tid])) as server:
+            batch = Batch(
+                load_tasks(tasks_file(tmp_path / "tasks.jsonl", 2)),
+                LLMConfig(model="m", base_url=server.url, api_key="k"),
+                tmp_path / "out",
+                BatchConfig(workers=2, task_cpus=0.5),
+                executor=find_executor("ray"),
+            )
+            runner = threading.Thread(target=lambda: results.extend(batch.run()))
+            runner.start()
+
+            def t0_worker() -> list[psutil.Process]:  # t1 ends at once; the one left running is t0's
+                if not (tmp_path / "out" / "results.jsonl").exists():
+                    return []
+                return [p for p in psutil.process_iter(["cmdline"]) if "ray::_run" in " ".join(p.info["cmdline"] or [])]
+
+            victims = wait_until(t0_worker, "t0's Ray worker, with t1 recorded", 120)
+            for victim in victims:
+                victim.kill()
+            runner.join(180)
+        got = {r.id: (r.exit_status, r.failure, r.score) for r in results}
+        assert got == {"t0": ("worker_lost", "infra", 0.0), "t1": ("submitted", None, 1.0)}, got
+    finally:
+        wait_until(lambda: not ray_processes(temp), "Ray's processes to exit", 60)
+        shutil.rmtree(temp, ignore_errors=True)
