@@ -78,8 +78,10 @@ def local_ray(_state_dir):
         yield ray
     finally:
         ray.shutdown()
-        wait_until(lambda: not ray_processes(temp), "Ray's processes to exit", 60)
-        shutil.rmtree(temp, ignore_errors=True)
+        try:
+            wait_until(lambda: not ray_processes(temp), "Ray's processes to exit", 60)
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_actors_run_jails_and_a_killed_worker_is_an_infra_failure(local_ray):
@@ -178,8 +180,10 @@ def test_two_nodes_one_killed_mid_batch_its_rollouts_retried_as_infra(_state_dir
     finally:
         ray.shutdown()
         cluster.shutdown()
-        wait_until(lambda: not ray_processes(temp), "Ray's processes to exit", 60)
-        shutil.rmtree(temp, ignore_errors=True)
+        try:
+            wait_until(lambda: not ray_processes(temp), "Ray's processes to exit", 60)
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_a_bench_task_whose_ray_worker_dies_is_worker_lost_not_the_tasks(tmp_path, _state_dir, monkeypatch):
@@ -223,5 +227,7 @@ def test_a_bench_task_whose_ray_worker_dies_is_worker_lost_not_the_tasks(tmp_pat
         got = {r.id: (r.exit_status, r.failure, r.score) for r in results}
         assert got == {"t0": ("worker_lost", "infra", 0.0), "t1": ("submitted", None, 1.0)}, got
     finally:
-        wait_until(lambda: not ray_processes(temp), "Ray's processes to exit", 60)
-        shutil.rmtree(temp, ignore_errors=True)
+        try:
+            wait_until(lambda: not ray_processes(temp), "Ray's processes to exit", 60)
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
