@@ -12,7 +12,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "google.protobuf": ("serve", "protobuf"),  # jailbox serve: the envd messages are protoc-generated
     "mcp": ("mcp", "mcp"),  # jailbox mcp: the official Model Context Protocol SDK
     "sympy": ("math", "sympy"),  # scorer 'math': symbolic answer equivalence
-    "ray": ("ray", "ray"),  # jailbox bench --executor ray
+    "ray": ("ray", "ray"),  # jailbox bench --executor ray; jailbox.rl.ray_backend
     "cryptography": ("secrets", "cryptography"),  # SandboxConfig.secrets: the sandbox's CA and its certificates
 }
 

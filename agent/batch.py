@@ -178,7 +178,7 @@ class Batch:
         """Scored here, on the driver, then appended and synced before anyone is told."""
         result.model = self.job.llm.model
         expected = self._by_id.get(result.id)
-        if expected is not None and expected.answer is not None:
+        if expected is not None and expected.answer is not None and result.failure != "infra":  # measured nothing
             try:
                 result.score = score(result.answer, expected.answer, expected.scorer, self.scorers, expected.query)
             except ScoringError as exc:  # the task ran; its score is what failed, and says why

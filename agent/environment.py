@@ -21,8 +21,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..sandbox import Sandbox, SandboxConfig, SandboxPool
+from ..sandbox.errors import SandboxError
 from . import prompts as prompt_configs
 from .loop import read_answer
+from .outcomes import Failure, InfraError, is_infra
 from .run import prepare
 from .scoring import Scorer, load_scorers, score
 from .tasks import Task, check_task
@@ -30,11 +32,15 @@ from .tools import ToolResult, Tools
 
 
 class StepResult(BaseModel):
+    """One step's result. ``failure``: ``"infra"`` when the jail died under the step (the episode is over
+    and its reward means nothing: retry or drop it), ``"task"`` when a submitted answer scored nothing."""
+
     observation: str
     done: bool
     reward: float
     answer: str | None = None
-    tool: ToolResult
+    tool: ToolResult | None = None
+    failure: Failure | None = None
 
 
 class Environment:
@@ -66,11 +72,18 @@ class Environment:
             self._close()
             check_task(task, self.scorers)
             prompts = prompt_configs.load(task.prompt_config)
-            sb = self.pool.acquire() if self.pool is not None else Sandbox(self.config)
+            try:
+                sb = self.pool.acquire() if self.pool is not None else Sandbox(self.config)
+            except SandboxError as exc:
+                if is_infra(exc):
+                    raise InfraError(f"the episode's jail did not start: {type(exc).__name__}: {exc}") from exc
+                raise
             try:
                 prepare(sb, prompts, task, self.inputs_root)
-            except BaseException:
+            except BaseException as exc:
                 sb.close()
+                if isinstance(exc, SandboxError) and is_infra(exc):
+                    raise InfraError(f"the episode's jail failed: {type(exc).__name__}: {exc}") from exc
                 raise
             self._sb, self._task, self._done = sb, task, False
             self._tools = Tools(sb, timeout=self.command_timeout)
@@ -82,16 +95,30 @@ class Environment:
         with self._lock:
             if self._done or self._tools is None or self._task is None:
                 raise RuntimeError("call reset(task) first: the episode is over or has not started")
-            result = self._tools.call(tool, arguments)
-            if not result.submitted:
-                return StepResult(observation=result.observation, done=False, reward=0.0, tool=result)
-            self._done = True
             assert self._sb is not None
-            data, _ = read_answer(self._sb, self._output_dir)
+            try:
+                result = self._tools.call(tool, arguments)
+                if not result.submitted:
+                    return StepResult(observation=result.observation, done=False, reward=0.0, tool=result)
+                data, _ = read_answer(self._sb, self._output_dir)
+            except SandboxError as exc:
+                if not is_infra(exc):
+                    raise
+                self._done = True  # the jail is gone: the episode ends, measured nothing
+                why = f"{type(exc).__name__}: {exc}"
+                return StepResult(observation=f"infrastructure failure: {why}", done=True, reward=0.0, failure="infra")
+            self._done = True
             answer = None if data is None else data.decode(errors="replace").strip()
             expected = self._task.answer
             reward = 0.0 if expected is None else score(answer, expected, self._task.scorer, self.scorers)
-            return StepResult(observation=result.observation, done=True, reward=reward, answer=answer, tool=result)
+            return StepResult(
+                observation=result.observation,
+                done=True,
+                reward=reward,
+                answer=answer,
+                tool=result,
+                failure="task" if reward <= 0 else None,
+            )
 
     def close(self) -> None:
         with self._lock:

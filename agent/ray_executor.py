@@ -277,7 +277,7 @@ class RayExecutor(Executor):
                 id=task.id,
                 domain=task.domain,
                 mode=self.job.mode,
-                exit_status="error",
+                exit_status="worker_lost",  # the task's worker or node died under it: not the task's failure
                 expected=task.answer,
                 error=f"{type(exc).__name__}: {str(exc)[:2000]}",
             )

@@ -12,10 +12,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .outcomes import INFRASTRUCTURE
 from .tasks import TaskResult
-
-INFRASTRUCTURE = frozenset({"llm_error", "sandbox_error"})
-"""Exit statuses that blame what the task ran on (the endpoint, the host), not the model's work."""
 
 
 def common_failure(results: Sequence[TaskResult]) -> str | None:

@@ -15,10 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
 
 from ..sandbox import hostfs
 from . import inputs, judge
+from .outcomes import Failure, of_status
 from .scoring import Scorer, ScoringError, default_scorer, math_equal, symbolic
 
 Mode = Literal["sandbox", "llm"]
@@ -102,6 +103,12 @@ class TaskResult(BaseModel):
     sandbox_seconds: float = 0.0
     wall_seconds: float = 0.0
     error: str | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def failure(self) -> Failure | None:
+        """Whose failure this is (``outcomes.of_status``): ``"infra"`` results measured nothing."""
+        return of_status(self.exit_status, self.score)
 
 
 def load_tasks(path: str | Path) -> list[Task]:

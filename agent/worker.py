@@ -95,7 +95,13 @@ def execute(task: Task, job: Job, directory: Path, guard: Guard, stepped: Steppe
             id=task.id,
             domain=task.domain,
             mode=job.mode,
-            exit_status="error",
+            # the jail (its config included: a missing rootfs) or the endpoint failed, not the model's work;
+            # a task's own bad input is the task's
+            exit_status="llm_error"
+            if isinstance(exc, LLMError)
+            else "sandbox_error"
+            if isinstance(exc, SandboxError)
+            else "error",
             expected=task.answer,
             error=f"{type(exc).__name__}: {exc}",
         )

@@ -23,6 +23,7 @@ from bench import (
     cold_steps,
     density,
     epoll,
+    ray_rollouts,
     report,
     secrets,
     serve,
@@ -55,6 +56,7 @@ CASES: dict[str, Callable[[Settings], CaseResult]] = {
     "code_interpreter": code_interpreter.code_interpreter,
     "view": view.view,
     "serve_code": serve_code.serve_code,
+    "ray_rollouts": ray_rollouts.ray_rollouts,
 }
 
 

@@ -32,6 +32,7 @@ CASES = (
     "secrets",
     "code_interpreter",
     "serve_code",
+    "ray_rollouts",
 )
 
 

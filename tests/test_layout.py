@@ -6,8 +6,8 @@
 - the child side (``sandbox/child``, ``sandbox/floor``), which runs under ``python -I -S`` in the
   launcher and as the jail's init, imports only the standard library and the floor (child also
   itself);
-- ``sandbox/`` never imports ``agent``, ``servers`` or ``cli``; ``agent/`` reaches the jail only
-  through the public names of ``jailbox.sandbox`` and ``jailbox.sandbox.errors``; ``servers/`` through
+- ``sandbox/`` never imports ``agent``, ``servers``, ``cli`` or ``rl``; ``agent/`` and ``rl/`` reach the
+  jail only through the public names of ``jailbox.sandbox`` and ``jailbox.sandbox.errors``; ``servers/`` through
   those, ``jailbox.sandbox.serving`` (the internal surface made for them) and the stdlib-only frame
   format ``jailbox.sandbox.floor.wire``.
 """
@@ -44,7 +44,7 @@ def _module_name(path: Path) -> str:
 
 def _sources() -> dict[str, Path]:
     files = sorted(ROOT.glob("*.py"))  # the package's own modules: __init__, console, extras
-    for package in ("sandbox", "agent", "servers", "cli"):
+    for package in ("sandbox", "agent", "servers", "cli", "rl"):
         files += sorted((ROOT / package).rglob("*.py"))
     return {_module_name(f): f for f in files}
 
@@ -152,7 +152,7 @@ def test_the_child_side_imports_only_the_standard_library_and_the_floor():
 
 
 def test_the_jail_never_imports_the_agent_the_servers_or_the_cli():
-    above = (f"{TOP}.agent", f"{TOP}.servers", f"{TOP}.cli")
+    above = (f"{TOP}.agent", f"{TOP}.servers", f"{TOP}.cli", f"{TOP}.rl")
     bad = [
         f"{imp.source}:{imp.line} imports {imp.target} {list(imp.names)}"
         for module in MODULES
@@ -176,6 +176,7 @@ def _public_sandbox_names() -> set[str]:
     ("package", "also"),
     [
         ("agent", ()),
+        ("rl", ()),
         ("servers", ("sandbox.serving", "sandbox.floor.wire")),
     ],
 )
