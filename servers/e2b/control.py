@@ -26,6 +26,11 @@ CLIENT_ID = "jailbox"
 SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([A-Za-z0-9_-]{1,64})(/[a-z]+)?$")
 ENVD_HOST = re.compile(r"^\d{1,5}-([a-z0-9]{1,64})\.")
 MAX_LIST = 1000
+NOT_SERVED = {  # why a sandbox's call is answered 501: what the SDK's exception then says
+    "/metrics": "metrics are not kept yet",
+    "/logs": "logs are not kept: a command's output goes to its caller",
+    "/network": "a sandbox's network is the server's --network, not changed live",
+}
 MAX_SNAPSHOT_PAGE = 100
 """Snapshots one list page holds at most (E2B's own cap)."""
 MAX_REF = 256
@@ -197,7 +202,9 @@ class ControlPlane:
                 ],
             )
         self.registry.get(owner, sandbox_id)  # another key's sandbox stays not found
-        return error(501, f"{method} {path} is not served by jailbox (metrics and logs are not)")
+        return error(
+            501, f"{method} {path} is not served by jailbox ({NOT_SERVED.get(action or '', 'see docs/e2b-compat.md')})"
+        )
 
     def _snapshots(self, owner: str, request: Request) -> Response:
         """``GET /snapshots``: the key's snapshots, newest first, by ``sandboxID`` and ``name``, paged."""
