@@ -538,6 +538,9 @@ def test_serve_gives_every_sandbox_its_secrets_as_placeholders(tmp_path: Path, m
         listed = api(server, "GET", "/v2/sandboxes", KEY_A)
     finally:
         server.stop()
+        gone = subprocess.run([*JAILBOX, "rootfs", "rm", "mini"], capture_output=True, text=True,
+                              env={**os.environ, **cache}, timeout=120)  # fmt: skip
+        assert gone.returncode == 0, gone.stderr  # its files belong to subordinate ids rootless: pytest cannot
     first, second = (text.split("\n", 1)[0] for text in json.loads(out))
     assert first.startswith("jailbox-secret-") and second.startswith("jailbox-secret-") and first != second
     assert status == 400 and "secrets need a root filesystem" in str(body), body

@@ -96,6 +96,7 @@ def test_a_disk_layer_is_held_to_the_disk_cap(fill):
         assert sb.exec("head -c 1M /dev/zero > /testbed/small && echo wrote").stdout == "wrote\n"
 
 
+@pytest.mark.alone  # how far past the cap a writer gets is the watcher's sampling delay, which other workers stretch
 @pytest.mark.parametrize("write", ["head -c 400M /dev/zero > /testbed/big", "dd if=/dev/zero of=/big bs=1M count=400"])
 def test_one_file_stops_at_the_disk_cap(write):
     with Sandbox(limits=Limits(disk="32M")) as sb:
@@ -104,7 +105,7 @@ def test_one_file_stops_at_the_disk_cap(write):
         used, _ = host_usage(str(sb._jail.dir / "upper"))
         # a writer from /dev/zero gets what it writes between the watcher's samples past the cap before
         # it is killed: measured 49-158 MiB held in 6 runs beside other suites (at most 126 MiB past the
-        # cap); the bound lets 224 MiB past, not the whole 400 MiB asked for
+        # cap), once 289 MiB beside CI's four workers; the bound lets 224 MiB past, not the whole 400 MiB
         assert used < 32 * MiB + 224 * MiB, used // MiB
 
 
