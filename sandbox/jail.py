@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from . import cacerts, hostids, hostroot, snapshots, state
+from . import cacerts, hostids, hostroot, removal, snapshots, state
 from .channel import Channel
 from .child.protocol import Created, CreateRequest, Failed, Step, decode
 from .child.spec import Bind, JailSpec, SeccompSpec
@@ -189,7 +189,7 @@ class Jail:
             return None
         sandbox_dir = base / "sandboxes" / self.id
         sandbox_dir.mkdir(mode=0o700)
-        undo.callback(state.remove_sandbox_dir, sandbox_dir, self._idmap)
+        undo.callback(removal.retire, sandbox_dir, self._idmap)  # removed after close() returns
         # the owner first: a host killed before the jail is up leaves a directory `cleanup` (and the
         # next run) can tell is dead at once, not one that waits out the grace for half-made ones
         state.write_meta(sandbox_dir, host_pid=os.getpid(), host_start=state.own_start(), idmap=self._idmap.to_wire())

@@ -1,7 +1,8 @@
 """Per-user state directory: skeletons and one directory per live sandbox.
 
 Each sandbox directory holds ``meta.json`` (owner pid and start tick, init pid and start tick) so
-``jailbox cleanup`` can tell a live sandbox from the remains of a crashed host process.
+``jailbox cleanup`` can tell a live sandbox from the remains of a crashed host process. A closed
+sandbox's directory waits in ``trash/`` while its host removes it (``removal.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from .child.protocol import Failed, Removed, RmtreeRequest, decode
+from .child.protocol import TRASH, Failed, Removed, RmtreeRequest, decode
 from .errors import ConfigError, SandboxSetupError
 from .floor.idmap import IdMap
 from .floor.procstat import start_ticks
@@ -34,10 +35,14 @@ def state_dir(override: Path | None = None) -> Path:
     if base not in _READY:
         base.mkdir(parents=True, exist_ok=True, mode=0o700)
         _check_private(base)
-        for sub in ("sandboxes", "stage"):
+        for sub in ("sandboxes", "stage", TRASH):
             (base / sub).mkdir(exist_ok=True, mode=0o700)
         _READY.add(base)
     return base
+
+
+def trash_dir(base: Path) -> Path:
+    return base / TRASH
 
 
 def _check_private(base: Path) -> None:
@@ -129,9 +134,19 @@ def _younger_than(path: Path, seconds: float) -> bool:
 
 
 def cleanup(base: Path, force: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """Kill and remove sandboxes whose host process is gone. Returns (removed, failed)."""
+    """Kill and remove sandboxes whose host process is gone, and closed ones their host did not
+    finish removing. Returns (removed, failed)."""
     removed: list[Path] = []
     failed: list[tuple[Path, str]] = []
+    trash = trash_dir(base)
+    for path in sorted(trash.iterdir()) if trash.is_dir() else []:
+        meta = read_meta(path)
+        if force or not owner_alive(meta):  # a live owner's remover has it in hand
+            try:
+                remove_sandbox_dir(path, _meta_idmap(meta))
+                removed.append(path)
+            except Exception as exc:
+                failed.append((path, str(exc)))
     for path in sorted((base / "sandboxes").iterdir()):
         meta = read_meta(path)
         if not force and (owner_alive(meta) or (not meta and _younger_than(path, META_GRACE))):

@@ -21,6 +21,8 @@ from ..floor import wire
 from ..floor.idmap import IdMap
 from .spec import JailSpec
 
+TRASH = "trash"  # the state directory's folder of closed sandboxes being removed (the launcher sweeps it too)
+
 
 class Step(enum.Enum):
     """A step of jail setup, in the order they run."""

@@ -42,6 +42,7 @@ from ..floor.idmap import IdMap, write_maps
 from ..floor.tree import remove_tree
 from . import init, layers
 from .protocol import (
+    TRASH,
     Created,
     CreateRequest,
     Failed,
@@ -167,26 +168,30 @@ class Zygote:
     def _half_made(self) -> list[tuple[str, IdMap | None]]:
         """Sandbox directories beside ours that our host made (its meta names it) but no jail of ours
         uses: the host died between making one and asking for its jail, or it held a layer (a
-        checkpoint's). Only the host writes a meta (the jail never sees its sandbox directory); read
-        bounded all the same. Each with the id map its files may belong to."""
+        checkpoint's), or closed one and had not removed it yet (``removal.py``). Only the host writes
+        a meta (the jail never sees its sandbox directory); read bounded all the same. Each with the
+        id map its files may belong to."""
         found: list[tuple[str, IdMap | None]] = []
         for base in self.bases:
-            try:
-                names = os.listdir(base)
-            except OSError:
-                continue
-            for name in names[:4096]:
-                path = os.path.join(base, name)
-                if path in self.jails:
-                    continue
+            trash = os.path.join(os.path.dirname(base), TRASH)
+            for folder, closed in ((base, False), (trash, True)):
                 try:
-                    fd = os.open(os.path.join(path, "meta.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                    with os.fdopen(fd, "rb") as f:
-                        meta = json.loads(f.read(1 << 16))
-                except (OSError, ValueError):
+                    names = os.listdir(folder)
+                except OSError:
                     continue
-                if isinstance(meta, dict) and meta.get("host_pid") == self.host and "init_pid" not in meta:
-                    found.append((path, _meta_idmap(meta)))
+                for name in names[:4096]:
+                    path = os.path.join(folder, name)
+                    if path in self.jails:
+                        continue
+                    try:
+                        fd = os.open(os.path.join(path, "meta.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                        with os.fdopen(fd, "rb") as f:
+                            meta = json.loads(f.read(1 << 16))
+                    except (OSError, ValueError):
+                        continue
+                    ours = isinstance(meta, dict) and meta.get("host_pid") == self.host
+                    if ours and (closed or "init_pid" not in meta):
+                        found.append((path, _meta_idmap(meta)))
         return found
 
     def _forget_removed(self) -> None:
