@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import jail_processes, run_threads
+from support.descriptors import held_fds
 from support.waits import wait_until
 
 from jailbox.sandbox import Sandbox, state
@@ -50,9 +51,10 @@ threading.Event().wait()
 
 def _snapshot() -> dict:
     children = {p.pid for p in psutil.Process().children(recursive=True)}
+    fds = held_fds()  # first: it waits for the remover, whose work shows in every count
     return {
         "processes": sorted(children),
-        "fds": len(os.listdir("/proc/self/fd")),
+        "fds": fds,
         "mounts": Path("/proc/self/mountinfo").read_text().count("\n"),
     }
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
 
 import psutil
 import pytest
+from support.descriptors import held_fds
 
 from jailbox.sandbox import AsyncSandbox, Sandbox, interpreter
 from jailbox.sandbox.errors import InterpreterError, InterpreterTimeout
@@ -379,17 +379,6 @@ def test_a_gateway_that_does_not_start_says_why(monkeypatch: pytest.MonkeyPatch)
             with pytest.raises(InterpreterError, match="'ready'"):
                 sb.run_code("1")
         assert held_fds() <= fds and threading.active_count() <= threads  # nothing kept
-
-
-def held_fds() -> int:
-    """This process's descriptors, the least of ten looks 10 ms apart: the watcher's thread reads the
-    jails' /proc and cgroup files one at a time and may hold one at any instant (CI saw one more
-    each way), while a descriptor a call leaked stays in every look."""
-    counts = []
-    for _ in range(10):
-        counts.append(len(os.listdir("/proc/self/fd")))
-        time.sleep(0.01)
-    return min(counts)
 
 
 def test_code_that_kills_its_gateway_leaves_no_kernel_and_the_next_call_recovers():

@@ -20,6 +20,7 @@ import pytest
 from conftest import ci_user, need, own_for_jails, require
 from pydantic import ValidationError
 from support.cli import JAILBOX
+from support.descriptors import held_fds
 from support.standin import CA_ENV, NAMES, StandIn, host_address, make_ca
 
 from jailbox.sandbox import Mount, NetworkPolicy, Sandbox, SandboxConfig
@@ -349,14 +350,14 @@ def test_proxy_thread_and_descriptors_go_with_the_last_sandbox(web):
     plain, _ = web
     policy = {"mode": "allow", "allow": ["allowed.test:*"], "hosts": {"allowed.test": "127.0.0.1"}}
     Sandbox(network=policy).close()  # the launcher's own descriptors stay; count from here
-    fds = len(os.listdir("/proc/self/fd"))
+    fds = held_fds()
     for _ in range(3):
         with Sandbox(network=policy) as sb:
             assert PROXY.running
             assert sb.exec(f"curl -sS http://allowed.test:{plain.port}/hello").stdout.startswith("hello")
         assert not PROXY.running
         assert not any(t.name.startswith("jailbox-proxy") for t in threading.enumerate())
-    assert len(os.listdir("/proc/self/fd")) == fds
+    assert held_fds() == fds
 
 
 @pytest.mark.needs("curl")
@@ -516,12 +517,12 @@ def test_published_port_is_reachable_from_the_host():
 @needs_full
 def test_slirp_goes_with_close_and_with_the_host_process():
     Sandbox(network="full").close()
-    fds = len(os.listdir("/proc/self/fd"))
+    fds = held_fds()
     with Sandbox(network="full") as sb:
         assert len(_slirps()) == 1
         assert sb.exec("cat /sys/class/net/tap0/operstate").stdout.strip() in ("up", "unknown")
     assert _slirps() == []
-    assert len(os.listdir("/proc/self/fd")) == fds
+    assert held_fds() == fds
     script = (
         "import os, sys, time; sys.path.insert(0, sys.argv[1]); from jailbox.sandbox import Sandbox; "
         "sb = Sandbox(network='full'); sb2 = Sandbox(network='allow:pypi'); print('up', flush=True); time.sleep(600)"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support.descriptors import held_fds
 from support.service_probe import jailbox, own_service
 from support.trees import SETUP, manifest
 
@@ -298,7 +299,7 @@ def test_pause_of_a_sandbox_whose_init_died_is_refused(limits):
 def test_close_and_reset_of_a_paused_sandbox_leak_nothing(limits):
     with Sandbox(limits=limits):
         pass  # the first sandbox of a process starts its launcher and watcher, which stay
-    fds = len(os.listdir("/proc/self/fd"))
+    fds = held_fds()
     for ending in ("close", "reset"):
         sb = Sandbox(limits=limits)
         sb.exec(BUSY)
@@ -313,7 +314,7 @@ def test_close_and_reset_of_a_paused_sandbox_leak_nothing(limits):
         assert alive(pids) == []
         assert state is not None and not state.exists()
         assert [g for g in groups if g.exists()] == []
-    assert len(os.listdir("/proc/self/fd")) == fds
+    assert held_fds() == fds
 
 
 def test_a_jail_forking_and_continuing_itself_ends_up_stopped_or_running(limits):
