@@ -134,7 +134,9 @@ class Tenant:
 
 def _compiled(policy: NetworkPolicy) -> tuple[Rules, dict[str, IPAddress]]:
     """A policy as the proxy matches it: its rules, and the names it pins to addresses."""
-    return Rules(policy.allow, policy.deny), {name: ipaddress.ip_address(str(addr)) for name, addr in policy.hosts.items()}
+    return Rules(policy.allow, policy.deny), {
+        name: ipaddress.ip_address(str(addr)) for name, addr in policy.hosts.items()
+    }
 
 
 class _BadRequest(Exception):
@@ -555,7 +557,7 @@ class _Conn:
             self.tenant.record("-", "", 0, "denied", str(exc))
             self.reply(400, "Bad Request", str(exc))
             return
-        rules, hosts = self.tenant.rules, self.tenant.hosts  # one policy decides the request, even one changed meanwhile
+        rules, hosts = self.tenant.rules, self.tenant.hosts  # one policy decides it, even if changed meanwhile
         if req.literal is not None:
             ok, reason = rules.check_address(req.literal, req.port)
             candidates = [req.literal] if ok else []
