@@ -263,13 +263,16 @@ class Sandbox:
         already open stay open. The mode cannot change (a ``none`` sandbox cannot become ``allow``), and
         the new policy is kept through ``reset()``, ``rollback()`` and ``fork()``."""
         self._check_open()
-        if isinstance(policy, str):
-            try:
-                policy = NetworkPolicy.parse(policy)
-            except ValueError as exc:
-                raise ConfigError(f"set_network: {first_error(exc)} (e.g. 'allow:pypi,github')") from None
-        if not isinstance(policy, NetworkPolicy):
+        if not isinstance(policy, (str, NetworkPolicy)):
             raise ConfigError(f"set_network takes a NetworkPolicy or a string such as 'allow:pypi', not {policy!r:.60}")
+        try:  # a policy made without validation (model_construct) is held to the same bounds
+            policy = (
+                NetworkPolicy.parse(policy)
+                if isinstance(policy, str)
+                else NetworkPolicy.model_validate(dict(policy))
+            )
+        except ValueError as exc:
+            raise ConfigError(f"set_network: {first_error(exc)} (e.g. 'allow:pypi,github')") from None
         with self._lock:
             self._jail.set_network(policy)
             self.config = self.config.model_copy(update={"network": policy})
