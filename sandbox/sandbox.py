@@ -267,9 +267,7 @@ class Sandbox:
             raise ConfigError(f"set_network takes a NetworkPolicy or a string such as 'allow:pypi', not {policy!r:.60}")
         try:  # a policy made without validation (model_construct) is held to the same bounds
             policy = (
-                NetworkPolicy.parse(policy)
-                if isinstance(policy, str)
-                else NetworkPolicy.model_validate(dict(policy))
+                NetworkPolicy.parse(policy) if isinstance(policy, str) else NetworkPolicy.model_validate(dict(policy))
             )
         except ValueError as exc:
             raise ConfigError(f"set_network: {first_error(exc)} (e.g. 'allow:pypi,github')") from None

@@ -200,7 +200,7 @@ def _denied(deny: tuple[str, ...], allow: tuple[str, ...]) -> list[str]:
         for hole in allowed:
             nxt: list[IPNetwork] = []
             for piece in pieces:
-                if piece.version != hole.version or not piece.overlaps(hole):  # type: ignore[arg-type]
+                if piece.version != hole.version or not piece.overlaps(hole):
                     nxt.append(piece)
                 elif hole.subnet_of(piece) and hole != piece:  # type: ignore[arg-type]
                     nxt += piece.address_exclude(hole)  # type: ignore[arg-type]
@@ -243,12 +243,7 @@ def policy(wanted: Ask, ceiling: NetworkPolicy, built: str | None = None) -> Net
         if ceiling.mode == "full":
             for entry in allow:
                 net = _net(entry)
-                local = [n for n in lan_networks() if net is not None and n.version == net.version]
-                if any(net.overlaps(n) for n in local) and not any(  # type: ignore[union-attr,arg-type]
-                    net.subnet_of(n)
-                    for n in ceiling.lan
-                    if n.version == net.version  # type: ignore[union-attr,arg-type]
-                ):
+                if net is not None and _reaches_lan(net, ceiling.lan):
                     raise _past(entry, ceiling)
         # "everything" as an allow jail's rules: under host every address too; under full only the LAN it lists
         anywhere = ("*:*", *(_rule(n, EVERY_PORT) for n in (ALL_TRAFFIC if ceiling.mode == "host" else lan)))
@@ -269,6 +264,14 @@ def policy(wanted: Ask, ceiling: NetworkPolicy, built: str | None = None) -> Net
             f"it cannot become {made.mode!r} while it runs: create a new sandbox with network= instead",
         )
     return made
+
+
+def _reaches_lan(net: IPNetwork, listed: tuple[IPNetwork, ...]) -> bool:
+    """Whether ``net`` takes in some of the host's loopback or LAN that ``full`` keeps out (all but
+    what its ``lan`` lists)."""
+    if any(n.version == net.version and net.subnet_of(n) for n in listed):  # type: ignore[arg-type]
+        return False
+    return any(n.version == net.version and net.overlaps(n) for n in lan_networks())
 
 
 def _allow(allow: tuple[str, ...], deny: tuple[str, ...], ceiling: NetworkPolicy) -> NetworkPolicy:

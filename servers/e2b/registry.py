@@ -290,8 +290,7 @@ class Registry:
         try:
             try:
                 if kept is not None:
-                    shape = {**self.shape, "network": network or self.shape["network"]}
-                    sandbox, template = Sandbox(snapshot=kept.id, **shape), kept.id
+                    sandbox, template = Sandbox(snapshot=kept.id, **self._shaped(network)), kept.id
                 else:
                     sandbox = self._sandbox(template, network)
             except (SandboxError, ValueError) as exc:
@@ -379,7 +378,7 @@ class Registry:
         cold, and starts no pool."""
         ceiling = self.shape["network"]
         if network is not None and network.mode != ceiling.mode:
-            return Sandbox(self._config(template, {**self.shape, "network": network}))
+            return Sandbox(self._config(template, self._shaped(network)))
         with self.lock:
             pool = self.pools.get(template)
         sandbox = pool.acquire() if pool is not None else Sandbox(self._config(template, self.shape))
@@ -398,8 +397,14 @@ class Registry:
                     self.pools[template] = SandboxPool(self.warm, config)
         return sandbox
 
+    def _shaped(self, network: NetworkPolicy | None) -> Shape:
+        """The server's shape with ``network`` (None: the server's own)."""
+        return Shape(
+            limits=self.shape["limits"], network=network or self.shape["network"], secrets=self.shape["secrets"]
+        )
+
     @staticmethod
-    def _config(template: str, shape: Shape | dict) -> SandboxConfig:
+    def _config(template: str, shape: Shape) -> SandboxConfig:
         if template == E2B_TEMPLATE:  # as E2B's base template: its user, starting in its home
             return SandboxConfig(rootfs=template, **shape, user=E2B_USER, workdir=f"/home/{E2B_USER}")
         return SandboxConfig(rootfs=template, **shape)
@@ -632,8 +637,7 @@ class Registry:
                 metadata = _strings(record.metadata, "metadata", MAX_METADATA)
                 envs = _strings(record.envs, "envVars", MAX_ENV)
                 started = datetime.fromisoformat(record.started)
-                shape = {**self.shape, "network": self._restored_network(record.network)}
-                sandbox = Sandbox(snapshot=record.snapshot, **shape)
+                sandbox = Sandbox(snapshot=record.snapshot, **self._shaped(self._restored_network(record.network)))
             except SnapshotNotFound:  # its filesystem is gone: nothing left to resume
                 dormant.forget(paused, record.id)
                 continue
