@@ -9,6 +9,8 @@ forwarded, so a pipelined second request cannot reach another host through the s
 ``CONNECT`` tunnel. The host name and port are matched against the sandbox's rules (deny wins),
 resolved here (names never resolve inside the jail), and its addresses checked again so DNS cannot
 point the jail at the host's loopback or LAN. Refusals get a 403 whose body names the rule. Every request is logged.
+A sandbox's rules can be replaced while it runs (``Proxy.update``, on the loop's thread): a request is
+decided by the rules of the moment its head is read; connections already relaying are left open.
 Inside TLS the proxy ends for a host a secret is bound to (``secrets.py``), a connection carries one
 request after another instead, each checked and filled on its own, each answer relayed up to its end
 (``_Response``) before the next request is read.

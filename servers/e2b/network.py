@@ -195,9 +195,13 @@ def _denied(deny: tuple[str, ...], allow: tuple[str, ...]) -> list[str]:
     inside an allowed one is dropped, an allowed range inside a denied one is cut out of it."""
     allowed = [n for n in (_net(a) for a in allow) if n is not None]
     out: list[str] = []
+    work = 0  # ranges compared: bounded, whatever the lists (each within its own bound) make of each other
     for entry in deny:
         pieces: list[IPNetwork] = [ipaddress.ip_network(entry)]
         for hole in allowed:
+            work += len(pieces)
+            if work > NETWORK_RULES_MAX**2:
+                raise ServeError(400, "denyOut and allowOut cut each other into too many ranges: list fewer entries")
             nxt: list[IPNetwork] = []
             for piece in pieces:
                 if piece.version != hole.version or not piece.overlaps(hole):
@@ -205,7 +209,7 @@ def _denied(deny: tuple[str, ...], allow: tuple[str, ...]) -> list[str]:
                 elif hole.subnet_of(piece) and hole != piece:  # type: ignore[arg-type]
                     nxt += piece.address_exclude(hole)  # type: ignore[arg-type]
             pieces = nxt
-            if len(pieces) > NETWORK_RULES_MAX:
+            if len(out) + len(pieces) > NETWORK_RULES_MAX:
                 raise ServeError(
                     400, f"denyOut less allowOut is more than {NETWORK_RULES_MAX} ranges: list fewer, wider entries"
                 )
