@@ -515,7 +515,11 @@ class Sandbox:
         self._check_open()
         fresh = self._source.take_jail() if self._source is not None else Jail(self.config, vault=self._jail.vault)
         if fresh.config.network != self.config.network:  # a pool's jail, and this sandbox's rules were changed
-            fresh.set_network(self.config.network)
+            try:
+                fresh.set_network(self.config.network)
+            except BaseException:
+                self._retire(fresh)
+                raise
         with self._lock:
             old, self._jail = self._jail, fresh
             self._ids = itertools.count(1)

@@ -224,7 +224,7 @@ def policy(wanted: Ask, ceiling: NetworkPolicy, built: str | None = None) -> Net
     allow = wanted.allow or ()
     allow_all = any(a in ALL_TRAFFIC for a in allow)
     allow = tuple(a for a in allow if a not in ALL_TRAFFIC)
-    deny = () if everything_denied else _denied(wanted.deny or (), allow)
+    deny = () if everything_denied or allow_all else _denied(wanted.deny or (), allow)  # allow wins, as on E2B
     nothing = everything_denied and not allow and not allow_all
     if ceiling.mode == "none":
         if wanted.internet or allow or allow_all:

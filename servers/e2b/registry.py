@@ -18,6 +18,10 @@ or removes it, and a restarted server with the same key finds it again. The E2B 
 jailbox id (``snap-<12 hex>``); an E2B name is kept as given (``_`` stored as ``+``, which a name
 may not hold), and several snapshots may carry one name (the newest answers to it).
 
+A sandbox's network is the server's ``--network``, or what its caller asked for within it
+(``network.py``): a pooled jail narrowed before it is handed out, or one of another mode built cold.
+The ask is kept with the sandbox, for its fork's children and across a stop.
+
 A sandbox paused when the server stops is kept (``dormant.py``): a snapshot named
 ``e2b/<tenant>/<sandbox id>/resume`` and a record; the next server with the key file starts a jail
 from it, paused, under the same id and token, and removes both once that sandbox is closed.
