@@ -459,6 +459,17 @@ def test_set_network_changes_an_allow_sandboxs_rules_while_it_runs(web):
         sb.close()
         assert reach(pool.acquire()) == "ab"  # the pool's own rules are untouched
 
+    import asyncio
+
+    from jailbox.sandbox import AsyncSandbox
+
+    async def from_async() -> str:
+        async with AsyncSandbox(network=both) as asb:
+            await asb.set_network(only_b)
+            return (await asb.exec(fetch)).stdout
+
+    assert "denied by rule 'a.test'" in asyncio.run(from_async())
+
 
 def test_set_network_keeps_the_mode_and_bounds_the_rules():
     from jailbox.sandbox.errors import ConfigError

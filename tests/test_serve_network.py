@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import need
 from support.standin import StandIn
-from test_serve_e2b import KEY_A, Served, _sdk, api, key_file, sdk, start_server
+from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start_server
 
 CEILING = "allow:127.0.0.0/24:*,!127.0.0.4"
 TUNNEL = """
@@ -47,7 +47,7 @@ def upstreams() -> Iterator[tuple[StandIn, StandIn, StandIn]]:
 
 def _server(tmp: Path, network: str) -> Served:
     _sdk()
-    return start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A)), "--network", network, "--warm", "1")
+    return start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--network", network, "--warm", "1")
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,18 @@ def test_a_request_allowed_then_denied_by_update_network_then_allowed_again(
         plain = Sandbox.create("host")                  # nothing asked: the server's network
         assert reach(plain) == "23"
         plain.kill()
+
+        import asyncio
+        from e2b import AsyncSandbox
+
+        async def main():
+            sb = await AsyncSandbox.create("host", allow_internet_access=False)
+            await sb.update_network({"allow_out": ["127.0.0.2"], "deny_out": [ALL_TRAFFIC]})
+            got = (await sb.commands.run(f"curl -sS -m 10 http://127.0.0.2:{PORTS['127.0.0.2']}/hello")).stdout
+            await sb.kill()
+            return got
+
+        assert asyncio.run(main()).startswith("hello from 127.0.0.2")
         """,
     )
 
@@ -231,6 +243,7 @@ def test_hostile_network_asks_get_the_sdks_error_never_a_500(server: Served, tmp
         urllib.request.urlopen(req, timeout=60)
     assert bad_json.value.code == 400 and "JSON" in json.loads(bad_json.value.read())["message"]
     assert api(server, "PUT", "/sandboxes/jbnothere/network", KEY_A, {})[0] == 404
+    assert api(server, "PUT", f"/sandboxes/{sid}/network", KEY_B, {})[0] == 404  # another key's: as missing
     assert api(server, "PUT", f"/sandboxes/{sid}/network", None, {})[0] == 401
     assert api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)[0] == 204
     listed = api(server, "GET", "/v2/sandboxes", KEY_A)[1]
