@@ -213,6 +213,8 @@ def test_hostile_network_asks_get_the_sdks_error_never_a_500(server: Served, tmp
         {"denyOut": [7]},
         {"allow_internet_access": "yes"},
         {"allow_internet_access": 0},
+        {"rules": {"api.example.com": [{"transform": {"headers": {"X": "y"}}}]}},
+        {"egressProxy": {"address": "proxy.example.com:1080"}},
         {"denyOut": ["0.0.0.0/1"], "allowOut": [f"1.{i}.0.1" for i in range(120)]},  # denyOut less allowOut explodes
     ]
     for body in bad:
@@ -220,8 +222,8 @@ def test_hostile_network_asks_get_the_sdks_error_never_a_500(server: Served, tmp
         assert status in (400, 403), (body, status, answer)
         message = answer["message"]  # type: ignore[index]
         assert "\n" not in message and len(message) < 400, message
-        field = "allow_internet_access" if "allow_internet_access" in body else "Out"  # type: ignore[operator]
-        assert field in message or "--network" in message, (body, message)
+        named = [k for k in body if k in message]  # type: ignore[union-attr]
+        assert named or "--network" in message, (body, message)
     for body in bad[:-1]:
         create = {
             "templateID": "host",

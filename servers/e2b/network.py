@@ -69,13 +69,25 @@ def from_create(body: dict) -> Ask:
     if network is not None and not isinstance(network, dict):
         raise ServeError(400, 'network must be an object, e.g. {"network": {"denyOut": ["0.0.0.0/0"]}}')
     network = network or {}
+    _unserved(network, "network.")
     return ask(body.get("allow_internet_access"), network.get("allowOut"), network.get("denyOut"), "network.")
 
 
 def from_update(body: dict) -> Ask:
     """``PUT /sandboxes/{id}/network``: the same fields at the top level; an empty body asks for
     everything (an update replaces the whole configuration)."""
+    _unserved(body, "")
     return ask(body.get("allow_internet_access"), body.get("allowOut"), body.get("denyOut"), "")
+
+
+def _unserved(fields: dict, where: str) -> None:
+    """Refuse what would change how traffic leaves that the proxy does not do (per-host header
+    transforms, a SOCKS5 egress proxy): a caller relying on one learns so, rather than having it
+    dropped. The rest of E2B's fields (DNS servers, public traffic, host masking, HTTPS ports) mean
+    nothing here: no sandbox has a public URL, and names resolve on the host."""
+    for name, what in (("rules", "per-host transform rules"), ("egressProxy", "an egress proxy")):
+        if fields.get(name):
+            raise ServeError(400, f"{where}{name}: {what} are not served by jailbox (use allowOut and denyOut)")
 
 
 def _entries(value: object, field: str, names: bool) -> tuple[str, ...] | None:
