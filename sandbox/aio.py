@@ -17,6 +17,7 @@ from .config import SandboxConfig
 from .errors import SandboxClosed
 from .execution import Stdin, run_async
 from .layers import Checkpoint
+from .net.policy import NetworkPolicy
 from .net.proxy import NetworkLogEntry
 from .results import ExecResult, SandboxStats
 from .sandbox import Command, Sandbox
@@ -114,6 +115,9 @@ class AsyncSandbox:
 
     def network_log(self) -> list[NetworkLogEntry]:
         return self.sandbox.network_log()
+
+    async def set_network(self, policy: NetworkPolicy | str) -> None:
+        await asyncio.to_thread(self.sandbox.set_network, policy)
 
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         return await asyncio.to_thread(self.sandbox.read_file, path, max_bytes)

@@ -38,6 +38,7 @@ from .limits.enforcement import Enforcement
 from .limits.watch import WATCHER, Watched
 from .messages import Ready
 from .net import modes
+from .net.policy import NetworkPolicy
 from .net.secrets import Vault
 from .pause import Pause
 from .seccomp import bpf, syscalls
@@ -146,6 +147,27 @@ class Jail:
             for name, count in self.cgroup.counters().items():
                 found[name] = found.get(name, 0) + count
         return found
+
+    def set_network(self, policy: NetworkPolicy) -> None:
+        """Decide the jail's requests by ``policy`` from now on. Only an ``allow`` jail's rules (and
+        pinned names) can change while it runs: the other modes are built into its namespace."""
+        current = self.config.network
+        if policy.mode != current.mode:
+            raise ConfigError(
+                f"set_network: this sandbox was made with network {current.mode!r}, which cannot become "
+                f"{policy.mode!r} while it runs (make a new Sandbox(network=...))"
+            )
+        if policy.mode != "allow" and policy != current:
+            raise ConfigError(
+                f"set_network: a {current.mode!r} network is fixed when the jail is made; only 'allow' rules "
+                "change while it runs"
+            )
+        if self.network.tenant is not None:
+            from .net.proxy import PROXY
+
+            PROXY.update(self.network.tenant, policy)
+        self.config = self.config.model_copy(update={"network": policy})
+        self.mode.policy = policy
 
     def close(self) -> None:
         """Kill every process of the jail and remove its mounts, writable layer and state. A paused

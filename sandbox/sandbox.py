@@ -16,10 +16,11 @@ from . import files, layers, snapshots
 from .channel import Channel
 from .child.requests import MAX_WALK_ENTRIES, ExecRequest, RunAs
 from .config import SandboxConfig, check_env, jail_path
-from .errors import BranchError, ExecError, SandboxClosed, SandboxPaused
+from .errors import BranchError, ConfigError, ExecError, SandboxClosed, SandboxPaused
 from .execution import ExecRun, Stdin, TtyCommand, run_sync
 from .jail import Jail
 from .limits.enforcement import render
+from .net.policy import NetworkPolicy, first_error
 from .results import ExecResult, SandboxStats
 
 if TYPE_CHECKING:
@@ -255,6 +256,24 @@ class Sandbox:
             tty=tty,
             user=None if run_as is None else RunAs(run_as.uid, run_as.gid, run_as.groups),
         )
+
+    def set_network(self, policy: NetworkPolicy | str) -> None:
+        """Change what an ``allow`` sandbox may reach while it runs (``"allow:pypi,!files.pythonhosted.org"``
+        or a ``NetworkPolicy``): every request made from now on is decided by the new rules; connections
+        already open stay open. The mode cannot change (a ``none`` sandbox cannot become ``allow``), and
+        the new policy is kept through ``reset()``, ``rollback()`` and ``fork()``."""
+        self._check_open()
+        if not isinstance(policy, (str, NetworkPolicy)):
+            raise ConfigError(f"set_network takes a NetworkPolicy or a string such as 'allow:pypi', not {policy!r:.60}")
+        try:  # a policy made without validation (model_construct) is held to the same bounds
+            policy = (
+                NetworkPolicy.parse(policy) if isinstance(policy, str) else NetworkPolicy.model_validate(dict(policy))
+            )
+        except ValueError as exc:
+            raise ConfigError(f"set_network: {first_error(exc)} (e.g. 'allow:pypi,github')") from None
+        with self._lock:
+            self._jail.set_network(policy)
+            self.config = self.config.model_copy(update={"network": policy})
 
     def network_log(self) -> list[NetworkLogEntry]:
         """Every request through the ``allow`` proxy since the jail was made (or last ``reset()``):
@@ -495,6 +514,12 @@ class Sandbox:
         """
         self._check_open()
         fresh = self._source.take_jail() if self._source is not None else Jail(self.config, vault=self._jail.vault)
+        if fresh.config.network != self.config.network:  # a pool's jail, and this sandbox's rules were changed
+            try:
+                fresh.set_network(self.config.network)
+            except BaseException:
+                self._retire(fresh)
+                raise
         with self._lock:
             old, self._jail = self._jail, fresh
             self._ids = itertools.count(1)

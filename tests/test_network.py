@@ -3,8 +3,10 @@ none, full (slirp4netns) and published ports. Runs as root and rootless alike.""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -395,6 +397,107 @@ def test_pooled_and_async_sandboxes_use_the_proxy(web):
             return asb.network_log()
 
     assert [e.verdict for e in asyncio.run(main())] == ["allowed"]
+
+
+@pytest.mark.needs("curl")
+def test_set_network_changes_an_allow_sandboxs_rules_while_it_runs(web):
+    """Allowed, denied by ``set_network``, allowed again: each request follows the rules of the
+    moment; a tunnel opened before a change keeps going; the rules outlive reset, rollback and
+    fork, and a pool's sandbox keeps its own through reset."""
+    from jailbox.sandbox import SandboxPool
+
+    plain, _ = web
+    hosts = {"a.test": "127.0.0.1", "b.test": "127.0.0.1"}
+    both = NetworkPolicy(mode="allow", allow=("a.test:*", "b.test:*"), hosts=hosts)
+    only_b = NetworkPolicy(mode="allow", allow=("*:*",), deny=("a.test",), hosts=hosts)  # deny wins over '*'
+    fetch = f"for h in a.test b.test; do curl -sS http://$h:{plain.port}/hello; echo; done"
+
+    def reach(sb: Sandbox) -> str:
+        out = sb.exec(fetch).stdout
+        return "".join(h for h in "ab" if f"hello from {h}.test:" in out)
+
+    tunnel = (
+        "import socket, os, time\n"
+        "s = socket.create_connection(('127.0.0.1', 3128))\n"
+        f"s.sendall(b'CONNECT a.test:{plain.port} HTTP/1.1\\r\\n\\r\\n')\n"
+        "assert s.recv(4096).startswith(b'HTTP/1.1 200')\n"
+        "open('/tmp/open', 'w').close()\n"
+        "while not os.path.exists('/tmp/go'): time.sleep(0.02)\n"
+        "s.sendall(b'GET /hello HTTP/1.1\\r\\nHost: a.test\\r\\nConnection: close\\r\\n\\r\\n')\n"
+        "print(s.makefile('rb').read().decode().splitlines()[-1])\n"
+    )
+    with Sandbox(network=both) as sb:
+        assert reach(sb) == "ab"
+        sb.write_file("/tmp/tunnel.py", tunnel)
+        held = concurrent.futures.ThreadPoolExecutor(1).submit(sb.exec, ["python3", "/tmp/tunnel.py"])
+        while sb.exec("test -e /tmp/open").exit_code and not held.done():
+            time.sleep(0.02)
+        sb.set_network(only_b)
+        assert reach(sb) == "b" and sb.config.network == only_b
+        assert "denied by rule 'a.test'" in sb.network_log()[-2].reason
+        sb.write_file("/tmp/go", "")
+        assert held.result(60).stdout.startswith("hello from a.test"), "the tunnel opened before the change was cut"
+        sb.set_network("allow:a.test:*")  # the string form; a.test no longer pinned: the host's resolver
+        assert "cannot resolve a.test" in sb.exec(fetch).stdout
+        sb.set_network(both)
+        assert reach(sb) == "ab"
+        cp = sb.checkpoint()
+        sb.set_network(only_b)
+        sb.rollback(cp)
+        assert reach(sb) == "b"
+        sb.reset()
+        assert reach(sb) == "b"
+        child = sb.fork(1)[0]
+        try:
+            assert reach(child) == "b"
+        finally:
+            child.close()
+    with SandboxPool(size=1, network=both) as pool:
+        sb = pool.acquire()
+        sb.set_network(only_b)
+        sb.reset()  # a jail the pool made with its own rules, given this sandbox's
+        assert reach(sb) == "b"
+        sb.close()
+        assert reach(pool.acquire()) == "ab"  # the pool's own rules are untouched
+
+    import asyncio
+
+    from jailbox.sandbox import AsyncSandbox
+
+    async def from_async() -> str:
+        async with AsyncSandbox(network=both) as asb:
+            await asb.set_network(only_b)
+            return (await asb.exec(fetch)).stdout
+
+    assert "denied by rule 'a.test'" in asyncio.run(from_async())
+
+
+def test_set_network_keeps_the_mode_and_bounds_the_rules():
+    from jailbox.sandbox.errors import ConfigError
+
+    with Sandbox() as sb:
+        with pytest.raises(ConfigError, match="made with network 'none', which cannot become 'allow'"):
+            sb.set_network("allow:pypi")
+        sb.set_network("none")  # the same policy: nothing to do
+    with Sandbox(network="allow:pypi") as sb:
+        for bad, says in [
+            ("none", "cannot become 'none'"),
+            ("full", "cannot become 'full'"),
+            ("allow:" + ",".join(f"h{i}.example.com" for i in range(257)), "at most 256 rules"),
+            ("allow:" + "a" * 600 + ".com", "at most 512 characters"),
+            ("allow:bad_host!.com", "not a preset, host name"),
+            (NetworkPolicy.model_construct(mode="allow", allow=(7,)), "(e.g. 'allow:pypi,github')"),
+            (["pypi"], "takes a NetworkPolicy or a string"),
+        ]:
+            with pytest.raises(ConfigError, match=re.escape(says)) as refused:
+                sb.set_network(bad)  # type: ignore[arg-type]
+            assert "\n" not in str(refused.value), str(refused.value)
+        assert sb.config.network.allow == ("pypi",)  # a refused change changes nothing
+    for bad in ([f"h{i}.example.com" for i in range(257)], ["x" * 513], [7]):
+        with pytest.raises(ValidationError):
+            NetworkPolicy(mode="allow", allow=bad)
+        with pytest.raises(ValidationError):
+            NetworkPolicy(mode="allow", deny=bad)
 
 
 # --- full: slirp4netns ------------------------------------------------------------------------

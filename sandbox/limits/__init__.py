@@ -37,3 +37,9 @@ INTERPRETER_EXECUTION_MAX = 64 << 20  # all lines of one execution; past it the 
 INTERPRETER_RESULTS_MAX = 1_000  # results (displays) of one execution, likewise
 INTERPRETER_START = 60.0  # seconds from starting the gateway to its default kernel answering
 INTERPRETER_WAIT = 60.0  # seconds for any other answer (a context made, restarted, removed, listed)
+
+# What one network policy may list (``sandbox/net/policy.py``), however it arrives (a flag, the library, an
+# E2B caller's ``allowOut``/``denyOut``): every rule is checked on each request the proxy decides, so the lists
+# are bounded in length and each rule in size before any is parsed.
+NETWORK_RULES_MAX = 256  # allow rules, and deny rules, of one policy
+NETWORK_RULE_MAX = 512  # characters of one rule: a 253-character name, '*.' and a port list fit

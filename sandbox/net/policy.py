@@ -14,7 +14,9 @@ import re
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError, field_validator, model_validator
+
+from ..limits import NETWORK_RULE_MAX, NETWORK_RULES_MAX
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -95,8 +97,12 @@ def port_ranges(ports: str) -> tuple[tuple[int, int], ...]:
 def check_pattern(pattern: str) -> str:
     """A preset name, ``*``, ``*.domain``, ``host.domain``, an IP address or a CIDR, each optionally
     followed by ``:PORTS`` (``*``, ``8080``, ``8000-8100``, ``80+8080``); returned in canonical form."""
-    if not isinstance(pattern, str) or not pattern.strip():
+    if not isinstance(pattern, str):
+        raise ValueError(f"a network rule must be a string such as 'example.com', not {type(pattern).__name__}")
+    if not pattern.strip():
         raise ValueError("empty network rule")
+    if len(pattern) > NETWORK_RULE_MAX:
+        raise ValueError(f"a network rule is at most {NETWORK_RULE_MAX} characters ({pattern[:40]!r}... is longer)")
     text, ports = split_ports(pattern.strip().lower())
     name = _check_name_pattern(pattern, text)
     if ports is None:
@@ -174,6 +180,8 @@ class NetworkPolicy(BaseModel):
     def _patterns(cls, v: object) -> object:
         if isinstance(v, str):
             v = (v,)
+        if isinstance(v, (list, tuple)) and len(v) > NETWORK_RULES_MAX:
+            raise ValueError(f"at most {NETWORK_RULES_MAX} rules each for allow and deny ({len(v)} given)")
         return tuple(check_pattern(p) for p in v) if isinstance(v, (list, tuple)) else v
 
     @field_validator("hosts", mode="before")
@@ -210,6 +218,16 @@ class NetworkPolicy(BaseModel):
     def parse(cls, text: str) -> NetworkPolicy:
         """``none``, ``host``, ``full`` or ``allow:RULE,RULE,!DENIED``."""
         return cls(**fields_of(text))
+
+
+def first_error(exc: ValueError) -> str:
+    """One line for a refused policy: a validation error's first complaint, with the field it names."""
+    if isinstance(exc, ValidationError):
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        text = error["msg"].removeprefix("Value error, ")
+        return f"{where}: {text}"[:300] if where else text[:300]
+    return str(exc)[:300]
 
 
 def fields_of(text: str) -> dict:

@@ -9,6 +9,8 @@ forwarded, so a pipelined second request cannot reach another host through the s
 ``CONNECT`` tunnel. The host name and port are matched against the sandbox's rules (deny wins),
 resolved here (names never resolve inside the jail), and its addresses checked again so DNS cannot
 point the jail at the host's loopback or LAN. Refusals get a 403 whose body names the rule. Every request is logged.
+A sandbox's rules can be replaced while it runs (``Proxy.update``, on the loop's thread): a request is
+decided by the rules of the moment its head is read; connections already relaying are left open.
 Inside TLS the proxy ends for a host a secret is bound to (``secrets.py``), a connection carries one
 request after another instead, each checked and filled on its own, each answer relayed up to its end
 (``_Response``) before the next request is read.
@@ -120,8 +122,7 @@ class Tenant:
     def __init__(self, sandbox_id: str, policy: NetworkPolicy, vault: Vault | None = None) -> None:
         self.id = sandbox_id
         self.vault = vault  # its secrets: CONNECTs to their hosts end here (``secrets.py``)
-        self.rules = Rules(policy.allow, policy.deny)
-        self.hosts = {name: ipaddress.ip_address(str(addr)) for name, addr in policy.hosts.items()}
+        self.rules, self.hosts = _compiled(policy)
         self.log: collections.deque[_Record] = collections.deque(maxlen=LOG_LIMIT)
         self.conns: set[_Conn] = set()
         self.server: asyncio.AbstractServer | None = None
@@ -131,6 +132,13 @@ class Tenant:
         rec = _Record(method, host, port, verdict, reason)
         self.log.append(rec)
         return rec
+
+
+def _compiled(policy: NetworkPolicy) -> tuple[Rules, dict[str, IPAddress]]:
+    """A policy as the proxy matches it: its rules, and the names it pins to addresses."""
+    return Rules(policy.allow, policy.deny), {
+        name: ipaddress.ip_address(str(addr)) for name, addr in policy.hosts.items()
+    }
 
 
 class _BadRequest(Exception):
@@ -551,14 +559,15 @@ class _Conn:
             self.tenant.record("-", "", 0, "denied", str(exc))
             self.reply(400, "Bad Request", str(exc))
             return
+        rules, hosts = self.tenant.rules, self.tenant.hosts  # one policy decides it, even if changed meanwhile
         if req.literal is not None:
-            ok, reason = self.tenant.rules.check_address(req.literal, req.port)
+            ok, reason = rules.check_address(req.literal, req.port)
             candidates = [req.literal] if ok else []
         else:
-            ok, reason = self.tenant.rules.check_name(req.host, req.port)
+            ok, reason = rules.check_name(req.host, req.port)
             candidates = []
             if ok:
-                candidates, reason = await self.reachable_addresses(req)
+                candidates, reason = await self.reachable_addresses(req, rules, hosts)
                 if self.closed:
                     return
         self.record = self.tenant.record(req.method, req.host, req.port, "allowed" if candidates else "denied", reason)
@@ -724,9 +733,11 @@ class _Conn:
             return
         self.timer = loop.call_later(left, self.idle_check)
 
-    async def reachable_addresses(self, req: _Request) -> tuple[list[IPAddress], str]:
-        """Addresses of an allowed name that its rules let the jail reach (pinned ones first)."""
-        pinned = self.tenant.hosts.get(req.host)
+    async def reachable_addresses(
+        self, req: _Request, rules: Rules, hosts: dict[str, IPAddress]
+    ) -> tuple[list[IPAddress], str]:
+        """Addresses of an allowed name that ``rules`` let the jail reach (pinned ones first)."""
+        pinned = hosts.get(req.host)
         if pinned is not None:
             found: list[IPAddress] = [pinned]
         else:
@@ -740,12 +751,12 @@ class _Conn:
             found = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
         good, reason = [], ""
         for addr in found:
-            ok, why = self.tenant.rules.check_resolved(addr, pinned is not None)
+            ok, why = rules.check_resolved(addr, pinned is not None)
             if ok:
                 good.append(addr)
             elif not reason:
                 reason = why
-        _, allowed_by = self.tenant.rules.check_name(req.host, req.port)
+        _, allowed_by = rules.check_name(req.host, req.port)
         return good, allowed_by if good else reason
 
     def one_request(self, data: bytes) -> bytes:
@@ -881,6 +892,17 @@ class Proxy:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(CALL_TIMEOUT)
 
+    def update(self, tenant: Tenant, policy: NetworkPolicy) -> None:
+        """Decide this sandbox's requests by ``policy`` from now on: every request whose head is
+        read after this returns. Connections already relaying (tunnels, forwarded requests) are
+        left as they are: they were allowed when they opened."""
+        rules, hosts = _compiled(policy)
+        loop = tenant.loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            tenant.rules, tenant.hosts = rules, hosts
+            return
+        asyncio.run_coroutine_threadsafe(self._update(tenant, rules, hosts), loop).result(CALL_TIMEOUT)
+
     def log(self, tenant: Tenant) -> list[NetworkLogEntry]:
         loop = tenant.loop
         if loop is None or loop.is_closed() or not loop.is_running():
@@ -948,6 +970,10 @@ class Proxy:
             tenant.server.close()
         for conn in list(tenant.conns):
             conn.abort()
+
+    @staticmethod
+    async def _update(tenant: Tenant, rules: Rules, hosts: dict[str, IPAddress]) -> None:
+        tenant.rules, tenant.hosts = rules, hosts  # on the loop's thread: no request sees half of it
 
     @staticmethod
     async def _snapshot(tenant: Tenant) -> list[NetworkLogEntry]:

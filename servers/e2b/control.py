@@ -18,7 +18,7 @@ from datetime import datetime
 from email.message import Message
 
 from ..keys import Keys
-from . import envd, interpreter
+from . import envd, interpreter, network
 from .httpd import Request, Response
 from .registry import Kept, Registry, Served, ServeError
 
@@ -29,7 +29,6 @@ MAX_LIST = 1000
 NOT_SERVED = {  # why a sandbox's call is answered 501: what the SDK's exception then says
     "/metrics": "metrics are not kept yet",
     "/logs": "logs are not kept: a command's output goes to its caller",
-    "/network": "a sandbox's network is the server's --network, not changed live",
 }
 MAX_SNAPSHOT_PAGE = 100
 """Snapshots one list page holds at most (E2B's own cap)."""
@@ -154,7 +153,11 @@ class ControlPlane:
             return Response(204)
         if path in ("/sandboxes", "/v2/sandboxes"):
             if method == "POST":
-                return _json(201, created(self.registry.create(owner, interpreter.template(self._body(request)))))
+                body = self._body(request)
+                wanted = network.from_create(body)
+                made = None if wanted.empty else network.policy(wanted, self.registry.shape["network"])
+                ask = None if wanted.empty else wanted.record()
+                return _json(201, created(self.registry.create(owner, interpreter.template(body), made, ask)))
             if method == "GET":
                 return self._list(owner, request)
         m = SANDBOX_PATH.match(path)
@@ -165,6 +168,12 @@ class ControlPlane:
             return _json(200, detail(self.registry.get(owner, sandbox_id)))
         if action is None and method == "DELETE":
             self.registry.kill(owner, sandbox_id)
+            return Response(204)
+        if action == "/network" and method == "PUT":
+            wanted = network.from_update(self._body(request))
+            served = self.registry.get(owner, sandbox_id)
+            made = network.policy(wanted, self.registry.shape["network"], served.sandbox.config.network.mode)
+            self.registry.set_network(owner, sandbox_id, made, wanted.record())
             return Response(204)
         if action == "/timeout" and method == "POST":
             self.registry.set_timeout(owner, sandbox_id, self._body(request).get("timeout"))

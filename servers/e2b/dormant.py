@@ -51,6 +51,7 @@ class Record:
     started: str  # ISO 8601, as first created
     snapshot: str  # the jailbox snapshot of its filesystem
     auto_pause_memory: bool = True
+    network: dict[str, object] | None = None  # its caller's network ask, asked again when it is served again
 
 
 def directory(key_file: Path) -> Path:
@@ -133,6 +134,7 @@ def _read(file: Path) -> Record | None:
         and isinstance(record.auto_pause, bool)
         and isinstance(record.auto_resume, bool)
         and isinstance(record.auto_pause_memory, bool)
+        and (record.network is None or isinstance(record.network, dict))
         and isinstance(record.left, (int, float))
         and 0 <= record.left < 10**9
     ):

@@ -18,6 +18,10 @@ or removes it, and a restarted server with the same key finds it again. The E2B 
 jailbox id (``snap-<12 hex>``); an E2B name is kept as given (``_`` stored as ``+``, which a name
 may not hold), and several snapshots may carry one name (the newest answers to it).
 
+A sandbox's network is the server's ``--network``, or what its caller asked for within it
+(``network.py``): a pooled jail narrowed before it is handed out, or one of another mode built cold.
+The ask is kept with the sandbox, for its fork's children and across a stop.
+
 A sandbox paused when the server stops is kept (``dormant.py``): a snapshot named
 ``e2b/<tenant>/<sandbox id>/resume`` and a record; the next server with the key file starts a jail
 from it, paused, under the same id and token, and removes both once that sandbox is closed.
@@ -40,7 +44,15 @@ from pathlib import Path
 from typing import TypedDict
 
 from ...sandbox import Limits, NetworkPolicy, Sandbox, SandboxConfig, SandboxPool, Secret, snapshots
-from ...sandbox.errors import BranchError, PauseFailed, SandboxClosed, SandboxError, ServerError, SnapshotNotFound
+from ...sandbox.errors import (
+    BranchError,
+    ConfigError,
+    PauseFailed,
+    SandboxClosed,
+    SandboxError,
+    ServerError,
+    SnapshotNotFound,
+)
 from ...sandbox.serving import Store, check_env
 from . import dormant
 from .fs import Watchers
@@ -108,6 +120,7 @@ class Served:
     user: str = "root"  # whom its commands run as when a request names nobody
     users_seen: set[str] = field(default_factory=set)  # other users of its tree a request has named
     metadata_used: bool = False  # an upload has set file metadata in it: entries show theirs
+    network: dict[str, object] | None = None  # its caller's network ask (``network.Ask.record``); None: --network's
 
     def __post_init__(self) -> None:
         self.user = self.sandbox.config.user or "root"
@@ -238,7 +251,12 @@ class Registry:
         sandbox.close()
         raise ServeError(503, "the server is shutting down")
 
-    def create(self, owner: str, body: dict) -> Served:
+    def create(
+        self, owner: str, body: dict, network: NetworkPolicy | None = None, ask: dict[str, object] | None = None
+    ) -> Served:
+        """A sandbox of ``body`` (E2B's create request); ``network`` (None: the server's) is what
+        its caller asked for (``ask``, kept for a restart), already held within the server's
+        (``network.py``)."""
         template = body.get("templateID")
         kept = None
         if not isinstance(template, str) or not (TEMPLATE_NAME.match(template) or SNAPSHOT_NAME.match(template)):
@@ -276,13 +294,14 @@ class Registry:
         try:
             try:
                 if kept is not None:
-                    sandbox, template = Sandbox(snapshot=kept.id, **self.shape), kept.id
+                    sandbox, template = Sandbox(snapshot=kept.id, **self._shaped(network)), kept.id
                 else:
-                    sandbox = self._sandbox(template)
+                    sandbox = self._sandbox(template, network)
             except (SandboxError, ValueError) as exc:
                 raise ServeError(400, f"cannot create a sandbox from templateID {template!r}: {exc}") from None
             served = self._register(owner, template, sandbox, metadata, envs, timeout)
             served.auto_pause, served.auto_pause_memory, served.auto_resume = auto_pause, auto_pause_memory, auto_resume
+            served.network = ask
             return served
         finally:
             self._unreserve(owner, 1)
@@ -355,23 +374,60 @@ class Registry:
         if busy:
             raise ServeError(409, f"snapshot {', '.join(busy)} is in use by a running sandbox: kill it first")
 
-    def _sandbox(self, template: str) -> Sandbox:
+    def _sandbox(self, template: str, network: NetworkPolicy | None = None) -> Sandbox:
         """A jail of ``template``: from its warm pool if it has one. A template gets a pool (up to
         ``MAX_POOLS`` of them) once a sandbox of it has been built, so a name that builds nothing
-        never holds jails."""
+        never holds jails. ``network`` of the server's mode narrows a pooled jail's rules before
+        anything runs in it; of another mode (``none``, or ``allow`` under ``full``) it is built
+        cold, and starts no pool."""
+        ceiling = self.shape["network"]
+        if network is not None and network.mode != ceiling.mode:
+            return Sandbox(self._config(template, self._shaped(network)))
         with self.lock:
             pool = self.pools.get(template)
+        sandbox = pool.acquire() if pool is not None else Sandbox(self._config(template, self.shape))
+        if network is not None and network != ceiling:
+            try:
+                sandbox.set_network(network)
+            except BaseException:
+                sandbox.close()
+                raise
         if pool is not None:
-            return pool.acquire()
-        config = SandboxConfig(rootfs=template, **self.shape)
-        if template == E2B_TEMPLATE:  # as E2B's base template: its user, starting in its home
-            config = SandboxConfig(rootfs=template, **self.shape, user=E2B_USER, workdir=f"/home/{E2B_USER}")
-        sandbox = Sandbox(config)
+            return sandbox
+        config = self._config(template, self.shape)
         if self.warm:
             with self.lock:
                 if template not in self.pools and len(self.pools) < MAX_POOLS and not self.closed:
                     self.pools[template] = SandboxPool(self.warm, config)
         return sandbox
+
+    def _shaped(self, network: NetworkPolicy | None) -> Shape:
+        """The server's shape with ``network`` (None: the server's own)."""
+        return Shape(
+            limits=self.shape["limits"], network=network or self.shape["network"], secrets=self.shape["secrets"]
+        )
+
+    @staticmethod
+    def _config(template: str, shape: Shape) -> SandboxConfig:
+        if template == E2B_TEMPLATE:  # as E2B's base template: its user, starting in its home
+            return SandboxConfig(rootfs=template, **shape, user=E2B_USER, workdir=f"/home/{E2B_USER}")
+        return SandboxConfig(rootfs=template, **shape)
+
+    def set_network(self, owner: str, sandbox_id: str, network: NetworkPolicy, ask: dict[str, object]) -> None:
+        """What a running (or paused) sandbox may reach from now on (``network``, held within the
+        server's by ``network.py``); ``ask`` is kept for a restart. 409 if its mode would change."""
+        served = self.get(owner, sandbox_id)
+        with served.gate:
+            with self.lock:
+                if self.served.get(served.id) is not served:
+                    raise ServeError(404, f"sandbox {served.id} was not found")
+            try:
+                served.sandbox.set_network(network)
+            except ConfigError as exc:
+                raise ServeError(409, str(exc)) from None
+            except SandboxClosed:
+                raise ServeError(404, f"sandbox {served.id} was not found") from None
+            served.network = ask
 
     def get(self, owner: str, sandbox_id: str) -> Served:
         with self.lock:
@@ -514,6 +570,9 @@ class Registry:
                 self._register(owner, served.template, child, dict(served.metadata), dict(served.envs), seconds)
                 for child in children
             ]
+            for child_served in made:  # a child has its source's network (``fork`` gives it the config)
+                if isinstance(child_served, Served):
+                    child_served.network = served.network
         finally:
             self._unreserve(owner, got)
         limit = ServeError(
@@ -562,6 +621,7 @@ class Registry:
             left=served.left or 0.0,
             started=served.started.isoformat(),
             snapshot=snap.id,
+            network=served.network,
         )
         try:
             dormant.keep(paused, record)
@@ -581,7 +641,7 @@ class Registry:
                 metadata = _strings(record.metadata, "metadata", MAX_METADATA)
                 envs = _strings(record.envs, "envVars", MAX_ENV)
                 started = datetime.fromisoformat(record.started)
-                sandbox = Sandbox(snapshot=record.snapshot, **self.shape)
+                sandbox = Sandbox(snapshot=record.snapshot, **self._shaped(self._restored_network(record.network)))
             except SnapshotNotFound:  # its filesystem is gone: nothing left to resume
                 dormant.forget(paused, record.id)
                 continue
@@ -610,7 +670,18 @@ class Registry:
                 auto_resume=record.auto_resume,
                 left=record.left,
                 restored=record.snapshot,
+                network=record.network,
             )
+
+    def _restored_network(self, ask: dict[str, object] | None) -> NetworkPolicy:
+        """A kept sandbox's network, asked again under this server's ``--network`` (which may be
+        narrower now: then ``ServeError``, and the record stays on disk)."""
+        from . import network  # it answers in ServeError, defined here
+
+        if ask is None:
+            return self.shape["network"]
+        wanted = network.ask(ask.get("allow_internet_access"), ask.get("allowOut"), ask.get("denyOut"), "")
+        return network.policy(wanted, self.shape["network"])
 
     def _reap(self) -> None:
         while True:
