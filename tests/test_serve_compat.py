@@ -56,7 +56,11 @@ call("Sandbox.get_metrics", lambda: sb.get_metrics())
 call("Sandbox.update_network", lambda: sb.update_network(SandboxNetworkUpdate(allow_out=["1.1.1.1"])))
 call("Sandbox.get_host", lambda: reaches("http://" + sb.get_host(8080)))
 call("Sandbox.download_url", lambda: (sb.files.write("/tmp/dl", "x"), reaches(sb.download_url("/tmp/dl"))))
-call("Sandbox.upload_url", lambda: reaches(sb.upload_url("/tmp/ul"), data=b"x"))
+def upload():  # as a browser's form posts a file: multipart, as envd takes it
+    import httpx
+    httpx.post(sb.upload_url("/tmp/ul"), files={"file": ("ul", b"x")}, timeout=5).raise_for_status()
+    sb.files.read("/tmp/ul") == "x" or 1 / 0
+call("Sandbox.upload_url", upload)
 call("Sandbox.get_mcp_url", lambda: reaches(sb.get_mcp_url()))
 call("Sandbox.get_mcp_token", lambda: sb.get_mcp_token() or 1 / 0)
 call("Sandbox.git", lambda: (sb.git.init("/tmp/repo"), sb.git.status("/tmp/repo")))

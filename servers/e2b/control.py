@@ -101,6 +101,8 @@ class ControlPlane:
 
     def __call__(self, request: Request) -> Response:
         sandbox_id = _sandbox_id(request.headers)
+        if sandbox_id is None and envd.signed(request.path, request.query):
+            return envd.handle(self.registry, None, request)
         if sandbox_id is not None:
             if interpreter.addressed(request.headers):
                 return interpreter.handle(self.registry, sandbox_id, request)
@@ -113,11 +115,21 @@ class ControlPlane:
         except ServeError as exc:
             return error(exc.status, exc.message)
 
-    def tenant(self, headers: Message) -> str | None:
-        """The key a request's headers prove, as its owner: the API key's, or for a sandbox's daemon
-        the owner of the sandbox whose token it carries. The HTTP server asks before it reads a body;
-        the planes check the same again when they handle the request."""
+    def tenant(self, headers: Message, method: str, target: str) -> str | None:
+        """The key a request's headers (with its ``method`` and ``target``, its path and query) prove, as its owner: the
+        API key's, or for a sandbox's daemon the owner of the sandbox whose token it carries or whose
+        token signed its ``/files`` URL. The HTTP server asks before it reads a body; the planes check
+        the same again when they handle the request."""
         sandbox_id = _sandbox_id(headers)
+        url = urllib.parse.urlsplit(target)
+        try:
+            query = urllib.parse.parse_qs(url.query, max_num_fields=64)
+        except ValueError:
+            query = {}
+        if headers.get("X-Access-Token") is None and envd.signed(url.path, query):
+            request = Request(method, url.path, query, headers, b"")
+            opened = envd.by_signature(self.registry, sandbox_id, request)
+            return None if isinstance(opened, str) else opened.owner
         if sandbox_id is not None:
             if interpreter.addressed(headers):
                 served = interpreter.find(self.registry, sandbox_id, headers)

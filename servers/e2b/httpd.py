@@ -222,8 +222,9 @@ class Response:
 
 
 App = Callable[[Request], Response]
-Tenant = Callable[[Message], "str | None"]
-"""Who a request's headers prove it comes from (a key's tenant), or None: checked before its body is read."""
+Tenant = Callable[[Message, str, str], "str | None"]
+"""Who a request's headers, method and target (path and query: a signed URL's signature) prove it comes
+from (a key's tenant), or None: checked before its body is read."""
 
 
 def _error(status: int, message: str) -> Response:
@@ -365,7 +366,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         url = urllib.parse.urlsplit(self.path)
-        tenant = self.server.tenant(self.headers)
+        tenant = self.server.tenant(self.headers, self.command, self.path)
         if tenant is None:
             self._answer_unproven(url)
             return
