@@ -5,10 +5,13 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import itertools
+import math
 import os
 import posixpath
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,8 +22,9 @@ from .config import SandboxConfig, check_env, jail_path
 from .errors import BranchError, ExecError, SandboxClosed, SandboxPaused
 from .execution import ExecRun, Stdin, TtyCommand, run_sync
 from .jail import Jail
+from .limits import usage as measure
 from .limits.enforcement import render
-from .results import ExecResult, SandboxStats
+from .results import ExecResult, SandboxStats, SandboxUsage
 
 if TYPE_CHECKING:
     from .interpreter import CodeContext, Execution, ExecutionError, Interpreter, OutputMessage, Record, Result
@@ -219,6 +223,33 @@ class Sandbox:
         """Totals over every command this sandbox has run (since the last ``reset()``)."""
         with self._lock:
             return self._stats.model_copy(deep=True)
+
+    def usage(self) -> SandboxUsage:
+        """What the sandbox uses now: CPU (time so far, and its share of ``cpu_count`` CPUs since the
+        previous call), memory and its writable layer, each against its limit (the host's where it
+        has none). From its cgroup where one counts it, else from its processes in ``/proc``; a
+        paused sandbox reads as it stands. ``SandboxClosed`` once closed."""
+        self._check_open()
+        jail = self._jail
+        reading = jail.usage()
+        now = time.clock_gettime(time.CLOCK_BOOTTIME)
+        limits = self.config.limits
+        cpus = math.ceil(limits.cpus) if limits.cpus is not None else os.cpu_count() or 1
+        with self._lock:
+            since, before = jail.usage_mark or (measure.started(jail.init_pid) or now, 0.0)
+            jail.usage_mark = (now, reading.cpu_seconds)
+        share = (reading.cpu_seconds - before) / (now - since) / cpus if now > since else 0.0
+        return SandboxUsage(
+            timestamp=datetime.now(timezone.utc),
+            cpu_count=cpus,
+            cpu_seconds=reading.cpu_seconds,
+            cpu_used_pct=round(min(100.0, max(0.0, share * 100)), 2),
+            memory_used=reading.memory,
+            memory_cache=reading.cache,
+            memory_total=limits.memory or measure.host_memory(),
+            disk_used=reading.disk,
+            disk_total=limits.disk,
+        )
 
     def exec_tty(self, argv: list[str], env: dict[str, str] | None = None, user: str | None = None) -> TtyCommand:
         """Start ``argv`` as session leader on a new pty inside the jail (for interactive shells),

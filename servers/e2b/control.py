@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.parse
 from datetime import datetime
 from email.message import Message
 
+from ...sandbox.errors import SandboxError
 from ..keys import Keys
 from . import envd, interpreter
 from .httpd import Request, Response
@@ -27,7 +29,6 @@ SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([A-Za-z0-9_-]{1,64})(/[a-z]+)?$
 ENVD_HOST = re.compile(r"^\d{1,5}-([a-z0-9]{1,64})\.")
 MAX_LIST = 1000
 NOT_SERVED = {  # why a sandbox's call is answered 501: what the SDK's exception then says
-    "/metrics": "metrics are not kept yet",
     "/logs": "logs are not kept: a command's output goes to its caller",
     "/network": "a sandbox's network is the server's --network, not changed live",
 }
@@ -36,6 +37,8 @@ MAX_SNAPSHOT_PAGE = 100
 MAX_REF = 256
 """Characters of a snapshot id or name in a path or query, checked before it is looked up."""
 MAX_JSON = 1 << 20
+METRICS_INTERVAL = 5
+"""Seconds between two of E2B's metric samples: a window ending this recently still holds the latest."""
 
 
 def _json(status: int, obj: object, headers: dict[str, str] | None = None) -> Response:
@@ -178,6 +181,8 @@ class ControlPlane:
         if action is None and method == "DELETE":
             self.registry.kill(owner, sandbox_id)
             return Response(204)
+        if action == "/metrics" and method == "GET":
+            return _json(200, _metrics(self.registry.get(owner, sandbox_id), request))
         if action == "/timeout" and method == "POST":
             self.registry.set_timeout(owner, sandbox_id, self._body(request).get("timeout"))
             return Response(204)
@@ -289,6 +294,38 @@ def _flag(body: dict, name: str, only: bool | None, why: str) -> None:
         raise ServeError(400, f'{name} must be true or false, e.g. {{"{name}": true}}')
     if only is not None and value != only:
         raise ServeError(400, f"{name}: {value} is not served by jailbox: {why}")
+
+
+def _metrics(served: Served, request: Request) -> list[dict]:
+    """``GET /sandboxes/{id}/metrics``: the sandbox's use now (``Sandbox.usage()``) as E2B's one
+    sample, if the ``start``..``end`` window (Unix seconds) holds now; no history is kept."""
+    window = []
+    for name in ("start", "end"):
+        value = request.arg(name)
+        if value is not None and not re.fullmatch(r"-?[0-9]{1,12}", value):
+            raise ServeError(400, f"{name} must be Unix seconds, e.g. {name}=1767225600")
+        window.append(None if value is None else int(value))
+    now = time.time()
+    start, end = window
+    if (start is not None and start > now) or (end is not None and end < now - METRICS_INTERVAL):
+        return []
+    try:
+        used = served.sandbox.usage()
+    except SandboxError:  # killed meanwhile
+        raise ServeError(404, f"sandbox {served.id} was not found") from None
+    return [
+        {
+            "timestamp": _time(used.timestamp),
+            "timestampUnix": int(used.timestamp.timestamp()),
+            "cpuCount": used.cpu_count,
+            "cpuUsedPct": used.cpu_used_pct,
+            "memUsed": used.memory_used,
+            "memTotal": used.memory_total,
+            "memCache": used.memory_cache,
+            "diskUsed": used.disk_used or 0,
+            "diskTotal": used.disk_total or 0,
+        }
+    ]
 
 
 def _snapshot_info(kept: Kept) -> dict:

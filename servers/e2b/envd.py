@@ -123,9 +123,8 @@ def handle(registry: Registry, sandbox_id: str | None, request: Request) -> Resp
         served: Served | None = opened
     else:
         served = None if sandbox_id is None else registry.by_token(sandbox_id, token, wake=True)
-        sandbox_id = sandbox_id or ""
     if served is None:
-        missing = NOT_FOUND.format(sandbox_id[:64])
+        missing = NOT_FOUND.format((sandbox_id or "")[:64])
         if path.startswith(("/process.", "/filesystem.")):
             return _error_response(RpcError("unavailable", missing))
         return _http_error(502, missing)

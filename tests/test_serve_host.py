@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, key_file, sdk, start_server
+from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start_server
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,57 @@ def test_signed_urls_open_only_what_they_were_signed_for(server: Served, tmp_pat
         other.kill()
         """,
     )
+
+
+def test_metrics_are_the_sandboxs_use_now_in_e2bs_shape(server: Served, tmp_path: Path) -> None:
+    sdk(
+        server,
+        tmp_path,
+        """
+        import datetime, time
+        from e2b import Sandbox, SandboxException, SandboxNotFoundException
+
+        sb = Sandbox.create(template="host")
+        sb.commands.run("python3 -c 'import time; x = bytearray(96 << 20); time.sleep(30)' &")
+        sb.commands.run("head -c 16000000 /dev/zero > /big; timeout 1 sh -c 'while :; do :; done'; true")
+        time.sleep(0.3)
+        for _ in range(100):  # the writable layer is walked by the watcher, a little at a time
+            (m,) = sb.get_metrics()
+            if m.disk_used >= 16_000_000:
+                break
+            time.sleep(0.1)
+        assert m.cpu_count >= 1 and 0 < m.cpu_used_pct <= 100, m
+        assert m.mem_used >= 96 << 20 and m.mem_total == 2 << 30, m
+        assert 16_000_000 <= m.disk_used < m.disk_total == 4 << 30, m
+        assert abs(m.timestamp.timestamp() - time.time()) < 30, m
+
+        (again,) = Sandbox.get_metrics(sb.sandbox_id)  # the class form, by id
+        assert again.mem_total == m.mem_total
+        now = datetime.datetime.now(datetime.timezone.utc)
+        assert sb.get_metrics(start=now - datetime.timedelta(hours=1), end=now) != []
+        assert sb.get_metrics(end=now - datetime.timedelta(hours=1)) == []  # no history is kept
+        assert sb.get_metrics(start=now + datetime.timedelta(hours=1)) == []
+
+        other = Sandbox.get_metrics  # another key's sandbox, and one that never was, are not found
+        for missing in ("nosuch", sb.sandbox_id):
+            key = "jbx_" + "b" * 40 if missing == sb.sandbox_id else None
+            try:
+                other(missing, api_key=key) if key else other(missing)
+                raise AssertionError(f"metrics of {missing} were given")
+            except SandboxNotFoundException:
+                pass
+        sb.kill()
+        """,
+    )
+
+
+def test_a_bad_metrics_window_is_named(server: Served) -> None:
+    status, made = api(server, "POST", "/sandboxes", KEY_A, {"templateID": "host"})
+    assert status == 201 and isinstance(made, dict), made
+    try:
+        for query in ("start=soon", "end=1e9", "start=" + "9" * 40):
+            status, body = api(server, "GET", f"/sandboxes/{made['sandboxID']}/metrics?{query}", KEY_A)
+            name = query.split("=")[0]
+            assert status == 400 and f"{name} must be Unix seconds" in body["message"], (query, status, body)
+    finally:
+        api(server, "DELETE", f"/sandboxes/{made['sandboxID']}", KEY_A)
