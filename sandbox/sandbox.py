@@ -8,6 +8,7 @@ import itertools
 import math
 import os
 import posixpath
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -15,13 +16,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import files, layers, snapshots
+from . import files, layers, ports, snapshots
 from .channel import Channel
 from .child.requests import MAX_WALK_ENTRIES, ExecRequest, RunAs
 from .config import SandboxConfig, check_env, jail_path
 from .errors import BranchError, ExecError, SandboxClosed, SandboxPaused
 from .execution import ExecRun, Stdin, TtyCommand, run_sync
 from .jail import Jail
+from .limits import PORT_CONNECT_WAIT
 from .limits import usage as measure
 from .limits.enforcement import render
 from .results import ExecResult, SandboxStats, SandboxUsage
@@ -359,6 +361,17 @@ class Sandbox:
     def remove_code_context(self, context: CodeContext | str) -> None:
         """End the context's kernel; its id is unknown afterwards."""
         self._code().control("remove", context)
+
+    # --- ports --------------------------------------------------------------------------------
+
+    def connect_port(self, port: int, timeout: float = PORT_CONNECT_WAIT) -> socket.socket:
+        """A TCP connection to ``port`` on the jail's own loopback (what a server in the jail bound to
+        127.0.0.1 or ::1, or to every address, listens on), in every network mode, ``none`` too: the
+        jail's init connects from inside and hands the socket over, and it is checked here before it
+        is returned (``ports.py``). Connected and non-blocking; the caller closes it.
+        ``ConnectionRefusedError`` if nothing listens there, ``TimeoutError`` past ``timeout`` seconds."""
+        self._check_running()
+        return ports.connect(self._channel, port, timeout)
 
     # --- files --------------------------------------------------------------------------------
 

@@ -155,3 +155,170 @@ def test_a_bad_metrics_window_is_named(server: Served) -> None:
             assert status == 400 and f"{name} must be Unix seconds" in body["message"], (query, status, body)
     finally:
         api(server, "DELETE", f"/sandboxes/{made['sandboxID']}", KEY_A)
+
+
+# A server for the jail, stdlib only: GET answers the Host and header names it saw, POST echoes its
+# body, and /ws upgrades to a WebSocket that echoes each text frame back.
+ECHO = r"""
+import base64, hashlib, json, struct, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Echo(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *args): pass
+    def _reply(self, body, ctype="application/json"):
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        if self.path == "/ws":
+            key = self.headers["Sec-WebSocket-Key"] + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Sec-WebSocket-Accept", base64.b64encode(hashlib.sha1(key.encode()).digest()).decode())
+            self.end_headers()
+            self.wfile.flush()
+            while True:
+                head = self.rfile.read(2)
+                if len(head) < 2 or head[0] & 0x0F == 8:
+                    return
+                size = head[1] & 0x7F
+                if size == 126:
+                    size = struct.unpack(">H", self.rfile.read(2))[0]
+                mask = self.rfile.read(4)
+                data = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(size)))
+                out = b"echo:" + data
+                size = bytes([126]) + struct.pack(">H", len(out)) if len(out) > 125 else bytes([len(out)])
+                self.wfile.write(bytes([0x81]) + size + out)
+                self.wfile.flush()
+        names = sorted(k.lower() for k in self.headers.keys())
+        seen = {"host": self.headers["Host"], "names": names, "path": self.path}
+        self._reply(json.dumps(seen).encode())
+    def do_POST(self):
+        self._reply(self.rfile.read(int(self.headers["Content-Length"])), "application/octet-stream")
+
+ThreadingHTTPServer.address_family = __import__("socket").AF_INET
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
+"""
+
+
+def test_get_host_reaches_a_sandbox_port_over_http_and_websocket(server: Served, tmp_path: Path) -> None:
+    (tmp_path / "echo.py").write_text(ECHO)
+    sdk(
+        server,
+        tmp_path,
+        """
+        import json, os, shutil, subprocess, time
+        import httpx, websocket
+        from e2b import Sandbox
+
+        url = os.environ["E2B_API_URL"]
+        sb = Sandbox.create(template="host")
+        sb.files.write("/tmp/echo.py", open("echo.py").read())
+        sb.commands.run("python3 /tmp/echo.py 8080", background=True)
+        host = sb.get_host(8080)
+        port = url.rsplit(":", 1)[1]
+        assert host == f"8080-{sb.sandbox_id}.localhost:{port}", host  # under localhost: loopback by RFC 6761
+
+        def get(path="/", **headers):
+            for _ in range(100):
+                r = httpx.get(url + path, headers={"Host": host, **headers}, timeout=30)
+                if r.status_code != 502 or "nothing listens" not in r.text:
+                    return r
+                time.sleep(0.1)
+            return r
+
+        # where the resolver knows *.localhost (curl, browsers, systemd-resolved) the name works as it is;
+        # any HTTP client reaches it by the server's address and the name as Host
+        r = get("/a?b=1", **{"e2b-traffic-access-token": sb.traffic_access_token, "X-Other": "kept"})
+        seen = r.json()
+        assert r.status_code == 200 and seen["host"] == host and seen["path"] == "/a?b=1", (r.status_code, r.text)
+        assert "x-other" in seen["names"] and "e2b-traffic-access-token" not in seen["names"], seen
+        if shutil.which("curl"):
+            out = subprocess.run(["curl", "-sS", "-m", "30", f"http://{host}/c"], capture_output=True, text=True)
+            assert json.loads(out.stdout)["path"] == "/c", out.stdout + out.stderr
+
+        # a body of 3 MiB each way, and keep-alive requests on one connection
+        body = os.urandom(3 << 20)
+        with httpx.Client(timeout=60) as client:
+            for _ in range(3):
+                r = client.post(url + "/up", content=body, headers={"Host": host})
+                assert r.status_code == 200 and r.content == body, (r.status_code, len(r.content))
+
+        # a WebSocket: the upgrade, then frames both ways
+        ws = websocket.create_connection(url.replace("http", "ws") + "/ws", host=host, timeout=30)
+        for text in ("hello", "x" * 5000):
+            ws.send(text)
+            assert ws.recv() == "echo:" + text
+        ws.close()
+
+        # a port where nothing listens, a sandbox that does not exist, the daemon's port: as E2B's
+        r = httpx.get(url + "/", headers={"Host": sb.get_host(8081)}, timeout=30)
+        assert r.status_code == 502 and "nothing listens on its port 8081" in r.text, r.text
+        r = httpx.get(url + "/", headers={"Host": f"8080-jb0000000000000000000000.localhost:{port}"}, timeout=30)
+        assert r.status_code == 502 and "was not found" in r.text, r.text
+        sb.kill()
+        r = httpx.get(url + "/", headers={"Host": host}, timeout=30)
+        assert r.status_code == 502 and "was not found" in r.text, r.text
+        """,
+    )
+
+
+def test_a_private_sandbox_port_needs_its_traffic_token_and_masks_the_host(server: Served, tmp_path: Path) -> None:
+    (tmp_path / "echo.py").write_text(ECHO)
+    sdk(
+        server,
+        tmp_path,
+        """
+        import os, time
+        import httpx
+        from e2b import Sandbox, SandboxException
+
+        url = os.environ["E2B_API_URL"]
+        sb = Sandbox.create(
+            template="host", network={"allow_public_traffic": False, "mask_request_host": "${PORT}-app.example.com"}
+        )
+        sb.files.write("/tmp/echo.py", open("echo.py").read())
+        sb.commands.run("python3 /tmp/echo.py 3000", background=True)
+        host, token = sb.get_host(3000), sb.traffic_access_token
+
+        def get(**headers):
+            return httpx.get(url + "/", headers={"Host": host, **headers}, timeout=30)
+
+        for _ in range(100):
+            r = get(**{"e2b-traffic-access-token": token})
+            if r.status_code == 200:
+                break
+            time.sleep(0.1)
+        assert r.status_code == 200 and r.json()["host"] == "3000-app.example.com", r.text
+        assert "e2b-traffic-access-token" not in r.json()["names"], r.text
+        missing, wrong = get(), get(**{"e2b-traffic-access-token": token[:-1] + ("0" if token[-1] != "0" else "1")})
+        other = Sandbox.create(template="host")  # another sandbox's token opens nothing here
+        stolen = get(**{"e2b-traffic-access-token": other.traffic_access_token})
+        for r in (missing, wrong, stolen):
+            assert r.status_code == 502 and "was not found" in r.text, (r.status_code, r.text)
+        # the host its forks are reached by is as private
+        (child,) = sb.fork(count=1)
+        child.files.write("/tmp/echo.py", open("echo.py").read())  # a child's /tmp starts empty
+        child.commands.run("python3 /tmp/echo.py 3000", background=True)
+        child_host = {"Host": child.get_host(3000)}
+        for _ in range(100):
+            r = httpx.get(url + "/", headers={**child_host, "e2b-traffic-access-token": child.traffic_access_token})
+            if r.status_code == 200:
+                break
+            time.sleep(0.1)
+        assert r.status_code == 200 and r.json()["host"] == "3000-app.example.com", r.text
+        assert httpx.get(url + "/", headers=child_host, timeout=30).status_code == 502
+        for bad in ({"mask_request_host": "a\\r\\nX-Injected: 1"}, {"mask_request_host": ""}):
+            try:
+                Sandbox.create(template="host", network=bad)
+                raise AssertionError(f"{bad} was taken")
+            except SandboxException as exc:
+                assert "maskRequestHost must be a host name" in str(exc), exc
+        for s in (sb, other, child):
+            s.kill()
+        """,
+    )

@@ -37,3 +37,7 @@ INTERPRETER_EXECUTION_MAX = 64 << 20  # all lines of one execution; past it the 
 INTERPRETER_RESULTS_MAX = 1_000  # results (displays) of one execution, likewise
 INTERPRETER_START = 60.0  # seconds from starting the gateway to its default kernel answering
 INTERPRETER_WAIT = 60.0  # seconds for any other answer (a context made, restarted, removed, listed)
+
+# What a connection to a port on a jail's loopback (``sandbox/ports.py``, ``Sandbox.connect_port``) may make
+# the host wait for: the init hands back a socket whose connection may still be under way.
+PORT_CONNECT_WAIT = 10.0  # seconds for it to be connected (a listener whose backlog is full holds it)

@@ -20,7 +20,7 @@ from email.message import Message
 
 from ...sandbox.errors import SandboxError
 from ..keys import Keys
-from . import envd, interpreter
+from . import envd, interpreter, ports
 from .httpd import Request, Response
 from .registry import Kept, Registry, Served, ServeError
 
@@ -53,8 +53,9 @@ def _time(t: datetime) -> str:
     return t.isoformat().replace("+00:00", "Z")
 
 
-def created(served: Served) -> dict:
-    return {
+def created(served: Served, domain: str | None = None) -> dict:
+    """A sandbox as create, connect and fork answer it; ``domain`` is what ``get_host`` names hosts under."""
+    return ({"domain": domain} if domain else {}) | {
         "templateID": served.template,
         "sandboxID": served.id,
         "clientID": CLIENT_ID,
@@ -98,11 +99,16 @@ def _sandbox_id(headers: Message) -> str | None:
 class ControlPlane:
     """The application ``jailbox serve`` hands its HTTP server: routes each request to a plane."""
 
-    def __init__(self, keys: Keys, registry: Registry) -> None:
+    def __init__(self, keys: Keys, registry: Registry, domain: str | None = None) -> None:
         self.keys = keys
         self.registry = registry
+        self.domain = domain
+        """What the SDK's ``get_host`` names a sandbox's ports under (``localhost:PORT``): set once bound."""
 
     def __call__(self, request: Request) -> Response:
+        port = ports.addressed(request.headers)
+        if port is not None:  # not taken over by the relay: no such sandbox, or its token missing
+            return error(502, ports.NOT_FOUND.format(port[1]))
         sandbox_id = _sandbox_id(request.headers)
         if sandbox_id is None and envd.signed(request.path, request.query):
             return envd.handle(self.registry, None, request)
@@ -123,6 +129,10 @@ class ControlPlane:
         API key's, or for a sandbox's daemon the owner of the sandbox whose token it carries or whose
         token signed its ``/files`` URL. The HTTP server asks before it reads a body; the planes check
         the same again when they handle the request."""
+        port = ports.addressed(headers)
+        if port is not None:
+            served = ports.admitted(self.registry, port[1], headers)
+            return served.owner if served is not None else None
         sandbox_id = _sandbox_id(headers)
         url = urllib.parse.urlsplit(target)
         try:
@@ -169,7 +179,11 @@ class ControlPlane:
             return Response(204)
         if path in ("/sandboxes", "/v2/sandboxes"):
             if method == "POST":
-                return _json(201, created(self.registry.create(owner, interpreter.template(self._body(request)))))
+                body = interpreter.template(self._body(request))
+                public, mask = ports.ingress(body)
+                served = self.registry.create(owner, body)
+                served.public_traffic, served.mask_host = public, mask
+                return _json(201, created(served, self.domain))
             if method == "GET":
                 return self._list(owner, request)
         m = SANDBOX_PATH.match(path)
@@ -193,7 +207,7 @@ class ControlPlane:
             body = self._body(request)
             _flag(body, "memory", None, "")
             served, resumed = self.registry.connect(owner, sandbox_id, body.get("timeout"), body.get("memory") is False)
-            return _json(201 if resumed else 200, created(served))
+            return _json(201 if resumed else 200, created(served, self.domain))
         if action == "/pause" and method == "POST":
             body = self._body(request)
             _flag(body, "memory", None, "")
@@ -209,12 +223,16 @@ class ControlPlane:
         if action == "/fork" and method == "POST":
             body = self._body(request)
             children = self.registry.fork(owner, sandbox_id, body.get("count"), body.get("timeout"))
+            source = self.registry.get(owner, sandbox_id)
+            for child in children:
+                if not isinstance(child, ServeError):  # as reachable as its source, no more
+                    child.public_traffic, child.mask_host = source.public_traffic, source.mask_host
             return _json(
                 201,
                 [
                     {"error": {"code": c.status, "message": c.message}}
                     if isinstance(c, ServeError)
-                    else {"sandbox": created(c)}
+                    else {"sandbox": created(c, self.domain)}
                     for c in children
                 ],
             )

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from ...sandbox.errors import ServerError
 from .connect import MAX_MESSAGE
@@ -221,6 +221,16 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+class Tunnel(Protocol):
+    """Takes over connections whose request it wants (by its headers, once they proved a tenant): the
+    request's head as received and the connection, its body still unread, for as long as it likes."""
+
+    def wants(self, headers: Message) -> bool: ...
+
+    def run(self, headers: Message, conn: socket.socket, rfile: io.BufferedReader, head: bytes) -> Response | None:
+        """Relay the connection; or the answer to send instead (then the connection closes)."""
+
+
 App = Callable[[Request], Response]
 Tenant = Callable[[Message, str, str], "str | None"]
 """Who a request's headers, method and target (path and query: a signed URL's signature) prove it comes
@@ -242,6 +252,8 @@ class Handler(BaseHTTPRequestHandler):
     proven: bool
     """Whether a request on this connection has carried a key or token: it may then stay open between requests."""
     waited_from: float
+    head: bytes
+    """The current request's line and headers as received (what a ``Tunnel`` relays)."""
     expect_continue: bool
 
     def log_message(self, format: str, *args: object) -> None:
@@ -283,6 +295,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.raw_requestline = head[0]
+        self.head = b"".join(head)
         rfile, self.rfile = self.rfile, io.BytesIO(b"".join(head[1:]))  # parse_request reads the headers here
         try:
             parsed = self.parse_request()
@@ -375,6 +388,15 @@ class Handler(BaseHTTPRequestHandler):
                 self._refuse(_error(503, f"this key holds {MAX_TENANT_CONNECTIONS} connections already"))
                 return
             self.proven = True
+        tunnel = self.server.tunnel
+        if tunnel is not None and tunnel.wants(self.headers):
+            self.close_connection = True
+            rfile = self.rfile
+            assert isinstance(rfile, io.BufferedReader)
+            refused = tunnel.run(self.headers, self.connection, rfile, self.head)
+            if refused is not None:
+                self._refuse(refused)
+            return
         heavy = self._heavy(url.path)
         small = 0 if heavy else max(0, int(self.headers.get("Content-Length") or 0))  # _heavy parsed it
         if heavy and not self.server.take_transfer(tenant):
@@ -557,9 +579,12 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256  # the listen backlog: a burst of SDK clients must queue, not be reset
 
-    def __init__(self, address: tuple[str, int], app: App, tenant: Tenant, verbose: bool = False) -> None:
+    def __init__(
+        self, address: tuple[str, int], app: App, tenant: Tenant, verbose: bool = False, tunnel: Tunnel | None = None
+    ) -> None:
         self.app = app
         self.tenant = tenant
+        self.tunnel = tunnel
         self.verbose = verbose
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.transfers = threading.BoundedSemaphore(MAX_TRANSFERS)
