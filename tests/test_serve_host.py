@@ -6,6 +6,8 @@ signs are fetched by a plain HTTP client, as a browser or ``curl`` given one wou
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -322,3 +324,64 @@ def test_a_private_sandbox_port_needs_its_traffic_token_and_masks_the_host(serve
             s.kill()
         """,
     )
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+    raise AssertionError("no VmRSS")
+
+
+def test_a_relay_holds_a_bounded_amount_for_a_sandbox_that_stops_reading(server: Served, tmp_path: Path) -> None:
+    """A client sending 64 MiB to a port whose server never reads, eight at once: the relay holds at
+    most its chunk a direction, so the server grows by the kernel's socket buffers at most."""
+    stall = "import socket, time; s = socket.create_server(('127.0.0.1', 7000)); c = [s.accept() for _ in range(8)]"
+    (tmp_path / "stall.py").write_text(stall + "; time.sleep(300)\n")
+    sandbox_id = sdk(
+        server,
+        tmp_path,
+        """
+        from e2b import Sandbox
+        sb = Sandbox.create(template="host")
+        sb.files.write("/tmp/stall.py", open("stall.py").read())
+        sb.commands.run("python3 /tmp/stall.py", background=True)
+        print(sb.sandbox_id)
+        """,
+    ).split()[-1]
+    port = server.url.rsplit(":", 1)[1]
+    head = f"POST / HTTP/1.1\r\nHost: 7000-{sandbox_id}.localhost:{port}\r\nContent-Length: {64 << 20}\r\n\r\n"
+    before = _rss(server.proc.pid)
+    clients, sent = [], []
+    try:
+        for _ in range(8):
+            for _ in range(100):  # until the stalled server listens
+                sock = socket.create_connection(("127.0.0.1", int(port)), timeout=30)
+                sock.sendall(head.encode())
+                sock.settimeout(0.2)
+                try:
+                    if b"nothing listens" in sock.recv(4096):
+                        sock.close()
+                        time.sleep(0.1)
+                        continue
+                except TimeoutError:
+                    pass
+                break
+            clients.append(sock)
+            total, chunk = 0, b"x" * (1 << 20)
+            sock.settimeout(1)
+            try:
+                while total < 64 << 20:
+                    total += sock.send(chunk)
+            except TimeoutError:
+                pass
+            sent.append(total)
+        grown = _rss(server.proc.pid) - before
+    finally:
+        for sock in clients:
+            sock.close()
+        api(server, "DELETE", f"/sandboxes/{sandbox_id}", KEY_A)
+    assert len(sent) == 8, sent
+    assert all(total < 32 << 20 for total in sent), sent  # the jail never read: only buffers took it
+    assert grown < 16 << 20, (grown, sent)
+    print(f"sent before the relay stopped taking: {[s >> 20 for s in sent]} MiB; server grew {grown >> 20} MiB")
