@@ -7,6 +7,11 @@ another key answers 404 like one that never existed. A request that carries a sa
 the ``<port>-<id>.<domain>`` host the SDK builds without ``E2B_SANDBOX_URL``) goes to the sandbox's own
 daemon protocol instead (``envd``), which is authorised by that sandbox's access token, or, for port
 49999, to its code interpreter (``interpreter``), authorised by that token or its traffic access token.
+So does a ``/files`` request with no token but a signature (``download_url``, ``upload_url``: the
+sandbox whose token signed it). A host naming any other port (``get_host``) is a sandbox's own port:
+the HTTP server hands such a connection to the relay (``ports``) before its body is read, and what
+reaches this plane of one is the refusal (no such sandbox, or no traffic token for a private one).
+The domain reported at create is ``localhost:<the server's port>``.
 """
 
 from __future__ import annotations

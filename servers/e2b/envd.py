@@ -3,7 +3,9 @@
 Runs in the serving host process, on a request's thread. A request names its sandbox (header or
 host) and carries that sandbox's access token (``X-Access-Token``); without the right token it is
 answered exactly as a sandbox that does not exist, so ids cannot be probed; so is a paused sandbox,
-unless it was made to resume on traffic (``autoResume``), which such a request resumes. Served: the Connect RPC
+unless it was made to resume on traffic (``autoResume``), which such a request resumes. A ``/files``
+request without a token is opened by envd's v1 signature of its URL instead (``by_signature``), else
+answered 401 as envd answers it. Served: the Connect RPC
 process service (start with or without a PTY, connect, list, send input, resize, signal, close
 stdin) and filesystem service (stat, list, make dir, move, remove, polled and streamed directory
 watches), and the HTTP ``/files`` download and upload (streamed to the jail a chunk at a time; a

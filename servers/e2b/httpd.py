@@ -14,6 +14,10 @@ connections are held, ``MAX_PEER_WAITING`` of one peer address (an IPv6 /64), an
 either closes the oldest, so unproven peers cannot take the slots that proven work needs. A request
 that proves nothing is answered from its headers with its body unread, and its connection closed.
 
+A proven request the ``Tunnel`` wants (a sandbox's own port, ``ports.py``) is handed to it with its
+head, its body unread, and the connection is the tunnel's until it returns; it counts among its
+tenant's connections meanwhile.
+
 After the key: at most ``MAX_CONNECTIONS`` connections at once, ``MAX_TENANT_CONNECTIONS`` of one
 tenant, ``KEEP_ALIVE`` seconds for a proven connection's next request to arrive whole, a request body
 (declared or chunked) of at most ``MAX_HELD`` bytes read whole before the handler runs, or ``MAX_BODY``
