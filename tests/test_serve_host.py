@@ -385,3 +385,30 @@ def test_a_relay_holds_a_bounded_amount_for_a_sandbox_that_stops_reading(server:
     assert all(total < 32 << 20 for total in sent), sent  # the jail never read: only buffers took it
     assert grown < 16 << 20, (grown, sent)
     print(f"sent before the relay stopped taking: {[s >> 20 for s in sent]} MiB; server grew {grown >> 20} MiB")
+
+
+def test_odd_hosts_and_folded_headers_get_an_answer_not_a_crash(server: Served) -> None:
+    status, made = api(server, "POST", "/sandboxes", KEY_A, {"templateID": "host"})
+    assert status == 201 and isinstance(made, dict), made
+    sandbox_id = made["sandboxID"]
+    port = int(server.url.rsplit(":", 1)[1])
+
+    def ask(head: str) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(head.encode())
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            return answer
+
+    try:
+        for host in ("0-{id}.localhost", "99999-{id}.localhost", "8080-{ID}.localhost", "8080-.localhost", "8080-{id}"):
+            answer = ask(f"GET / HTTP/1.1\r\nHost: {host.format(id=sandbox_id, ID=sandbox_id.upper())}\r\n\r\n")
+            assert answer.startswith((b"HTTP/1.0 4", b"HTTP/1.0 5", b"HTTP/1.1 4", b"HTTP/1.1 5")), (host, answer)
+            assert b" 500 " not in answer.split(b"\r\n")[0] and b"Traceback" not in answer, (host, answer)
+        folded = f"GET / HTTP/1.1\r\nHost: 8080-{sandbox_id}.localhost\r\nX-A: 1\r\n\tHost: elsewhere\r\n\r\n"
+        answer = ask(folded)
+        assert b" 400 " in answer.split(b"\r\n")[0] and b"folded header line" in answer, answer
+    finally:
+        api(server, "DELETE", f"/sandboxes/{sandbox_id}", KEY_A)
+    assert "Traceback" not in "".join(server.log), "".join(server.log)

@@ -397,7 +397,11 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             rfile = self.rfile
             assert isinstance(rfile, io.BufferedReader)
-            refused = tunnel.run(self.headers, self.connection, rfile, self.head)
+            try:
+                refused = tunnel.run(self.headers, self.connection, rfile, self.head)
+            except Exception:  # a bug here must cost one connection, never the server
+                self.log_error("relay failed:\n%s", traceback.format_exc())
+                return
             if refused is not None:
                 self._refuse(refused)
             return

@@ -204,9 +204,12 @@ def pump(conn: socket.socket, rfile: io.BufferedReader, jail: socket.socket, hea
     """Relay ``conn`` (the client's connection, whose reader may hold bytes past the head) and ``jail``
     both ways: the head first, then whatever either side sends, until both have ended."""
     last = [time.monotonic()]
-    conn.setblocking(False)
-    early = rfile.peek()  # what the reader took past the head, never a wait (non-blocking now)
-    rfile.read(len(early))
+    try:
+        conn.setblocking(False)
+        early = rfile.peek()  # what the reader took past the head, never a wait (non-blocking now)
+        rfile.read(len(early))
+    except OSError:  # the client went away already
+        return
     done = threading.Event()
     if not _send(jail, head + early, last):
         return
