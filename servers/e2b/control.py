@@ -104,10 +104,10 @@ def _sandbox_id(headers: Message) -> str | None:
 class ControlPlane:
     """The application ``jailbox serve`` hands its HTTP server: routes each request to a plane."""
 
-    def __init__(self, keys: Keys, registry: Registry, domain: str | None = None) -> None:
+    def __init__(self, keys: Keys, registry: Registry) -> None:
         self.keys = keys
         self.registry = registry
-        self.domain = domain
+        self.domain: str | None = None
         """What the SDK's ``get_host`` names a sandbox's ports under (``localhost:PORT``): set once bound."""
 
     def __call__(self, request: Request) -> Response:
@@ -130,10 +130,10 @@ class ControlPlane:
             return error(exc.status, exc.message)
 
     def tenant(self, headers: Message, method: str, target: str) -> str | None:
-        """The key a request's headers (with its ``method`` and ``target``, its path and query) prove, as its owner: the
-        API key's, or for a sandbox's daemon the owner of the sandbox whose token it carries or whose
-        token signed its ``/files`` URL. The HTTP server asks before it reads a body; the planes check
-        the same again when they handle the request."""
+        """The key a request's headers, ``method`` and ``target`` (path and query) prove, as its owner:
+        the API key's; for a sandbox's daemon, the owner of the sandbox whose token it carries or whose
+        token signed its ``/files`` URL; for a sandbox's port, the owner of a sandbox that takes it. The
+        HTTP server asks before it reads a body; the planes check the same again when they handle it."""
         port = ports.addressed(headers)
         if port is not None:
             served = ports.admitted(self.registry, port[1], headers)
