@@ -32,7 +32,7 @@ from .floor import linux as L
 from .floor import procstat, wire
 from .floor.idmap import IdMap
 from .launcher import LAUNCHER
-from .limits import budget, cgroups, plan, sockets, uids
+from .limits import budget, cgroups, plan, sockets, uids, usage
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
 from .limits.enforcement import Enforcement
 from .limits.watch import WATCHER, Watched
@@ -89,6 +89,7 @@ class Jail:
         self.env = {**self.mode.env(), **(self.vault.env() if self.vault is not None else {})}
         self._shown_as: IdMap | None = None
         self._ids_lock: int | None = None  # the lock of this jail's own host ids, while it holds them
+        self.usage_mark: tuple[float, float] | None = None  # (boot-time seconds, CPU seconds) at the last usage()
         base = state.state_dir(self.config.state_dir)
         self._pids_budget = budget.pids_share(budget.pids_budget(), budget.caller())  # this user's part of it
         lower, system_binds, generated = self._layout(base)
@@ -168,6 +169,19 @@ class Jail:
             PROXY.update(self.network.tenant, policy)
         self.config = self.config.model_copy(update={"network": policy})
         self.mode.policy = policy
+
+    def usage(self) -> usage.Reading:
+        """What the jail uses now: CPU time and memory from its cgroup where that counts them, else
+        from its processes in ``/proc``; its writable layer from the tmpfs or the watcher's last walk."""
+        counted = self.cgroup.usage() if self.cgroup is not None else {}
+        if "cpu_ns" not in counted or "memory" not in counted:
+            cpu, memory = usage.from_proc(self.init_pid)
+            counted = {"cpu_ns": int(cpu * 1e9), "memory": memory, "cache": 0} | counted
+        if self.watched.disk is not None:
+            disk: int | None = self.watched.disk.last_usage[0]
+        else:
+            disk = usage.layer_bytes(self.upper) if self.config.upper == "tmpfs" else None
+        return usage.Reading(counted["cpu_ns"] / 1e9, counted["memory"], counted.get("cache", 0), disk)
 
     def close(self) -> None:
         """Kill every process of the jail and remove its mounts, writable layer and state. A paused

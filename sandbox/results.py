@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 
@@ -90,3 +92,27 @@ class SandboxStats(BaseModel):
         self.pids_limit_hits += bool(r.pids_limit_hit)
         for name, count in r.refused_syscalls.items():
             self.refused_syscalls[name] = self.refused_syscalls.get(name, 0) + count
+
+
+class SandboxUsage(BaseModel):
+    """What a sandbox uses at one instant (``Sandbox.usage()``): from its cgroup where it has one that
+    counts it, else summed over its processes in ``/proc``."""
+
+    timestamp: datetime
+    cpu_count: int
+    """CPUs it may use: its ``cpus`` limit rounded up, else the host's."""
+    cpu_seconds: float
+    """CPU time of all its processes since its jail started (``reset()`` starts a new one)."""
+    cpu_used_pct: float
+    """Its CPU time over that span as a share of ``cpu_count`` CPUs, in percent, since the sandbox's
+    previous ``usage()`` (since its jail started, at the first)."""
+    memory_used: int
+    """Bytes its processes hold, page cache left out (resident anonymous memory without a cgroup)."""
+    memory_cache: int
+    """Bytes of page cache its cgroup is charged (0 without a cgroup that counts memory)."""
+    memory_total: int
+    """Its ``memory`` limit, else the host's memory."""
+    disk_used: int | None
+    """Bytes its writable layer holds (None: a layer on disk without a ``disk`` limit is not walked)."""
+    disk_total: int | None
+    """Its ``disk`` limit."""

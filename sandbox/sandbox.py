@@ -5,23 +5,29 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import itertools
+import math
 import os
 import posixpath
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import files, layers, snapshots
+from . import files, layers, ports, snapshots
 from .channel import Channel
 from .child.requests import MAX_WALK_ENTRIES, ExecRequest, RunAs
 from .config import SandboxConfig, check_env, jail_path
 from .errors import BranchError, ConfigError, ExecError, SandboxClosed, SandboxPaused
 from .execution import ExecRun, Stdin, TtyCommand, run_sync
 from .jail import Jail
+from .limits import PORT_CONNECT_WAIT
+from .limits import usage as measure
 from .limits.enforcement import render
 from .net.policy import NetworkPolicy, first_error
-from .results import ExecResult, SandboxStats
+from .results import ExecResult, SandboxStats, SandboxUsage
 
 if TYPE_CHECKING:
     from .interpreter import CodeContext, Execution, ExecutionError, Interpreter, OutputMessage, Record, Result
@@ -221,6 +227,33 @@ class Sandbox:
         with self._lock:
             return self._stats.model_copy(deep=True)
 
+    def usage(self) -> SandboxUsage:
+        """What the sandbox uses now: CPU (time so far, and its share of ``cpu_count`` CPUs since the
+        previous call), memory and its writable layer, each against its limit (the host's where it
+        has none). From its cgroup where one counts it, else from its processes in ``/proc``; a
+        paused sandbox reads as it stands. ``SandboxClosed`` once closed."""
+        self._check_open()
+        jail = self._jail
+        reading = jail.usage()
+        now = time.clock_gettime(time.CLOCK_BOOTTIME)
+        limits = self.config.limits
+        cpus = math.ceil(limits.cpus) if limits.cpus is not None else os.cpu_count() or 1
+        with self._lock:
+            since, before = jail.usage_mark or (measure.started(jail.init_pid) or now, 0.0)
+            jail.usage_mark = (now, reading.cpu_seconds)
+        share = (reading.cpu_seconds - before) / (now - since) / cpus if now > since else 0.0
+        return SandboxUsage(
+            timestamp=datetime.now(timezone.utc),
+            cpu_count=cpus,
+            cpu_seconds=reading.cpu_seconds,
+            cpu_used_pct=round(min(100.0, max(0.0, share * 100)), 2),
+            memory_used=reading.memory,
+            memory_cache=reading.cache,
+            memory_total=limits.memory or measure.host_memory(),
+            disk_used=reading.disk,
+            disk_total=limits.disk,
+        )
+
     def exec_tty(self, argv: list[str], env: dict[str, str] | None = None, user: str | None = None) -> TtyCommand:
         """Start ``argv`` as session leader on a new pty inside the jail (for interactive shells),
         as ``user`` of the tree if given, else ``config.user``."""
@@ -347,6 +380,17 @@ class Sandbox:
     def remove_code_context(self, context: CodeContext | str) -> None:
         """End the context's kernel; its id is unknown afterwards."""
         self._code().control("remove", context)
+
+    # --- ports --------------------------------------------------------------------------------
+
+    def connect_port(self, port: int, timeout: float = PORT_CONNECT_WAIT) -> socket.socket:
+        """A TCP connection to ``port`` on the jail's own loopback (what a server in the jail bound to
+        127.0.0.1 or ::1, or to every address, listens on), in every network mode, ``none`` too: the
+        jail's init connects from inside and hands the socket over, and it is checked here before it
+        is returned (``ports.py``). Connected and non-blocking; the caller closes it.
+        ``ConnectionRefusedError`` if nothing listens there, ``TimeoutError`` past ``timeout`` seconds."""
+        self._check_running()
+        return ports.connect(self._channel, port, timeout)
 
     # --- files --------------------------------------------------------------------------------
 

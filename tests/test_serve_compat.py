@@ -54,9 +54,25 @@ call("Sandbox.list", lambda: sb.sandbox_id in [s.sandbox_id for s in Sandbox.lis
 call("Sandbox.traffic_access_token", lambda: sb.traffic_access_token or 1 / 0)
 call("Sandbox.get_metrics", lambda: sb.get_metrics())
 call("Sandbox.update_network", lambda: sb.update_network(SandboxNetworkUpdate(allow_internet_access=False)))
-call("Sandbox.get_host", lambda: reaches("http://" + sb.get_host(8080)))
+def host():  # by the server's address and the name as Host: this machine's resolver may not know *.localhost
+    sb.commands.run("python3 -m http.server 8080 --bind 127.0.0.1", background=True)
+    request = urllib.request.Request(__import__("os").environ["E2B_API_URL"], headers={"Host": sb.get_host(8080)})
+    for _ in range(100):
+        try:
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                return reply.read(1)
+        except urllib.error.HTTPError as exc:
+            if "nothing listens" not in exc.read().decode():
+                raise
+            time.sleep(0.1)
+    raise RuntimeError("port 8080 never answered")
+call("Sandbox.get_host", host)
 call("Sandbox.download_url", lambda: (sb.files.write("/tmp/dl", "x"), reaches(sb.download_url("/tmp/dl"))))
-call("Sandbox.upload_url", lambda: reaches(sb.upload_url("/tmp/ul"), data=b"x"))
+def upload():  # as a browser's form posts a file: multipart, as envd takes it
+    import httpx
+    httpx.post(sb.upload_url("/tmp/ul"), files={"file": ("ul", b"x")}, timeout=5).raise_for_status()
+    sb.files.read("/tmp/ul") == "x" or 1 / 0
+call("Sandbox.upload_url", upload)
 call("Sandbox.get_mcp_url", lambda: reaches(sb.get_mcp_url()))
 call("Sandbox.get_mcp_token", lambda: sb.get_mcp_token() or 1 / 0)
 call("Sandbox.git", lambda: (sb.git.init("/tmp/repo"), sb.git.status("/tmp/repo")))

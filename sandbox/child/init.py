@@ -62,6 +62,7 @@ from .replies import (
 from .requests import (
     MAX_REQUEST,
     MAX_WALK_ENTRIES,
+    ConnectRequest,
     DrainRequest,
     ExecRequest,
     KillRequest,
@@ -245,6 +246,7 @@ class Init:
             MkdirRequest: self.op_mkdir,
             WalkRequest: self.op_walk,
             SymlinkRequest: self.op_symlink,
+            ConnectRequest: self.op_connect,
         }
         ctl = self.ctl.fileno()
         while True:
@@ -623,6 +625,19 @@ class Init:
             os.unlink(req.path)
         os.symlink(req.target, req.path)
         self._answer(reply, DoneReply())
+
+    # --- ports --------------------------------------------------------------------------------
+
+    def op_connect(self, req: ConnectRequest, fds: list[int], reply: socket.socket | None) -> None:
+        """Connect to ``req.port`` on the jail's loopback (127.0.0.1, or ::1) from here, inside the
+        jail's network namespace, and hand the socket over. Non-blocking: a connection still under
+        way (loopback too answers a connect so) is the host's to wait for, never this loop's."""
+        family, address = (socket.AF_INET6, "::1") if req.ipv6 else (socket.AF_INET, "127.0.0.1")
+        with socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC) as sock:
+            code = sock.connect_ex((address, req.port))
+            if code not in (0, errno.EINPROGRESS):
+                raise OSError(code, os.strerror(code))
+            self._answer(reply, DoneReply(), [sock.fileno()])
 
     def op_walk(self, req: WalkRequest, fds: list[int], reply: socket.socket | None) -> None:
         """List a tree without following symlinks: [relpath, kind, mode, size, link target]."""

@@ -186,8 +186,34 @@ class SymlinkRequest(_Request):
         return cls(path=wire.typed(f, "path", str), target=wire.typed(f, "target", str))
 
 
+@dataclass(frozen=True)
+class ConnectRequest(_Request):
+    """Open a TCP connection to ``port`` on the jail's own loopback, from inside its network namespace;
+    the socket comes back with ``messages.Done``, its connection possibly still under way."""
+
+    OP: ClassVar[str] = "connect"
+    port: int  # 1 to 65535
+    ipv6: bool  # to ::1; else to 127.0.0.1
+
+    @classmethod
+    def from_wire(cls, obj: object) -> ConnectRequest:
+        f = wire.fields_of(cls, obj)
+        port = wire.typed(f, "port", int)
+        if not 1 <= port <= 65535:
+            raise wire.WireError(f"port: {port} is not 1 to 65535")
+        return cls(port=port, ipv6=wire.typed(f, "ipv6", bool))
+
+
 Request = (
-    ExecRequest | KillRequest | DrainRequest | OpenRequest | StatRequest | MkdirRequest | WalkRequest | SymlinkRequest
+    ExecRequest
+    | KillRequest
+    | DrainRequest
+    | OpenRequest
+    | StatRequest
+    | MkdirRequest
+    | WalkRequest
+    | SymlinkRequest
+    | ConnectRequest
 )
 REQUESTS: dict[str, type[Request]] = {
     cls.OP: cls
@@ -200,6 +226,7 @@ REQUESTS: dict[str, type[Request]] = {
         MkdirRequest,
         WalkRequest,
         SymlinkRequest,
+        ConnectRequest,
     )
 }
 

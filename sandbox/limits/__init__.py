@@ -43,3 +43,7 @@ INTERPRETER_WAIT = 60.0  # seconds for any other answer (a context made, restart
 # are bounded in length and each rule in size before any is parsed.
 NETWORK_RULES_MAX = 256  # allow rules, and deny rules, of one policy
 NETWORK_RULE_MAX = 512  # characters of one rule: a 253-character name, '*.' and a port list fit
+
+# What a connection to a port on a jail's loopback (``sandbox/ports.py``, ``Sandbox.connect_port``) may make
+# the host wait for: the init hands back a socket whose connection may still be under way.
+PORT_CONNECT_WAIT = 10.0  # seconds for it to be connected (a listener whose backlog is full holds it)

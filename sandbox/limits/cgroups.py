@@ -67,6 +67,10 @@ class Cgroup(Protocol):
     def counters(self) -> dict[str, int]:
         """Monotonic counters: ``oom_kill`` and ``pids_max`` events so far."""
 
+    def usage(self) -> dict[str, int]:
+        """What the group counts of its processes now, where it counts it: ``cpu_ns`` (CPU time so
+        far), ``memory`` (bytes charged, page cache left out) and ``cache`` (page cache bytes)."""
+
     def freeze(self) -> bool:
         """Stop every process in the group; whether the kernel reported it frozen within
         ``FREEZE_WAIT`` (if not, the group is thawed again)."""
@@ -169,6 +173,18 @@ class CgroupV1(Cgroup):
     def counters(self) -> dict[str, int]:
         """Monotonic counters: OOM kills and refused forks so far (for the hierarchies in use)."""
         return {name: _field(path, key) for name, path, key in self._counted}
+
+    def usage(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        cpu = self.dirs.get("cpu")
+        if cpu is not None and (cpu / "cpuacct.usage").exists():  # cpuacct mounted with cpu
+            found["cpu_ns"] = _number(str(cpu / "cpuacct.usage"))
+        memory = self.dirs.get("memory")
+        if memory is not None:
+            cache = _field(str(memory / "memory.stat"), b"total_cache")
+            found["memory"] = max(0, _number(str(memory / "memory.usage_in_bytes")) - cache)
+            found["cache"] = cache
+        return found
 
     def freeze(self) -> bool:
         state = str(self.dirs[V1_FREEZER] / "freezer.state")
@@ -321,6 +337,14 @@ class CgroupV2(Cgroup):
     def counters(self) -> dict[str, int]:
         return {"oom_kill": _field(self._memory_events, b"oom_kill"),
                 "pids_max": _field(self._pids_events, b"max")}  # fmt: skip
+
+    def usage(self) -> dict[str, int]:
+        found = {"cpu_ns": _field(str(self.path / "cpu.stat"), b"usage_usec") * 1000}
+        if (self.path / "memory.current").exists():  # the memory controller is enabled for it
+            cache = _field(str(self.path / "memory.stat"), b"file")
+            found["memory"] = max(0, _number(str(self.path / "memory.current")) - cache)
+            found["cache"] = cache
+        return found
 
     def freeze(self) -> bool:
         events = str(self.path / "cgroup.events")
@@ -511,3 +535,11 @@ def _field(path: str, key: bytes) -> int:
             except ValueError:
                 return 0
     return 0
+
+
+def _number(path: str) -> int:
+    """A cgroup file holding one number (0 if it cannot be read)."""
+    try:
+        return int(small.read(path, FIELDS_MAX).strip() or 0)
+    except ValueError:
+        return 0

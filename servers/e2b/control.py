@@ -7,18 +7,25 @@ another key answers 404 like one that never existed. A request that carries a sa
 the ``<port>-<id>.<domain>`` host the SDK builds without ``E2B_SANDBOX_URL``) goes to the sandbox's own
 daemon protocol instead (``envd``), which is authorised by that sandbox's access token, or, for port
 49999, to its code interpreter (``interpreter``), authorised by that token or its traffic access token.
+So does a ``/files`` request with no token but a signature (``download_url``, ``upload_url``: the
+sandbox whose token signed it). A host naming any other port (``get_host``) is a sandbox's own port:
+the HTTP server hands such a connection to the relay (``ports``) before its body is read, and what
+reaches this plane of one is the refusal (no such sandbox, or no traffic token for a private one).
+The domain reported at create is ``localhost:<the server's port>``.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.parse
 from datetime import datetime
 from email.message import Message
 
+from ...sandbox.errors import SandboxError
 from ..keys import Keys
-from . import envd, interpreter, network
+from . import envd, interpreter, network, ports
 from .httpd import Request, Response
 from .registry import Kept, Registry, Served, ServeError
 
@@ -27,7 +34,6 @@ SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([A-Za-z0-9_-]{1,64})(/[a-z]+)?$
 ENVD_HOST = re.compile(r"^\d{1,5}-([a-z0-9]{1,64})\.")
 MAX_LIST = 1000
 NOT_SERVED = {  # why a sandbox's call is answered 501: what the SDK's exception then says
-    "/metrics": "metrics are not kept yet",
     "/logs": "logs are not kept: a command's output goes to its caller",
 }
 MAX_SNAPSHOT_PAGE = 100
@@ -35,6 +41,8 @@ MAX_SNAPSHOT_PAGE = 100
 MAX_REF = 256
 """Characters of a snapshot id or name in a path or query, checked before it is looked up."""
 MAX_JSON = 1 << 20
+METRICS_INTERVAL = 5
+"""Seconds between two of E2B's metric samples: a window ending this recently still holds the latest."""
 
 
 def _json(status: int, obj: object, headers: dict[str, str] | None = None) -> Response:
@@ -49,8 +57,9 @@ def _time(t: datetime) -> str:
     return t.isoformat().replace("+00:00", "Z")
 
 
-def created(served: Served) -> dict:
-    return {
+def created(served: Served, domain: str | None = None) -> dict:
+    """A sandbox as create, connect and fork answer it; ``domain`` is what ``get_host`` names hosts under."""
+    return ({"domain": domain} if domain else {}) | {
         "templateID": served.template,
         "sandboxID": served.id,
         "clientID": CLIENT_ID,
@@ -97,9 +106,16 @@ class ControlPlane:
     def __init__(self, keys: Keys, registry: Registry) -> None:
         self.keys = keys
         self.registry = registry
+        self.domain: str | None = None
+        """What the SDK's ``get_host`` names a sandbox's ports under (``localhost:PORT``): set once bound."""
 
     def __call__(self, request: Request) -> Response:
+        port = ports.addressed(request.headers)
+        if port is not None:  # not taken over by the relay: no such sandbox, or its token missing
+            return error(502, ports.NOT_FOUND.format(port[1]))
         sandbox_id = _sandbox_id(request.headers)
+        if sandbox_id is None and envd.signed(request.path, request.query):
+            return envd.handle(self.registry, None, request)
         if sandbox_id is not None:
             if interpreter.addressed(request.headers):
                 return interpreter.handle(self.registry, sandbox_id, request)
@@ -112,11 +128,25 @@ class ControlPlane:
         except ServeError as exc:
             return error(exc.status, exc.message)
 
-    def tenant(self, headers: Message) -> str | None:
-        """The key a request's headers prove, as its owner: the API key's, or for a sandbox's daemon
-        the owner of the sandbox whose token it carries. The HTTP server asks before it reads a body;
-        the planes check the same again when they handle the request."""
+    def tenant(self, headers: Message, method: str, target: str) -> str | None:
+        """The key a request's headers, ``method`` and ``target`` (path and query) prove, as its owner:
+        the API key's; for a sandbox's daemon, the owner of the sandbox whose token it carries or whose
+        token signed its ``/files`` URL; for a sandbox's port, the owner of a sandbox that takes it. The
+        HTTP server asks before it reads a body; the planes check the same again when they handle it."""
+        port = ports.addressed(headers)
+        if port is not None:
+            served = ports.admitted(self.registry, port[1], headers)
+            return served.owner if served is not None else None
         sandbox_id = _sandbox_id(headers)
+        url = urllib.parse.urlsplit(target)
+        try:
+            query = urllib.parse.parse_qs(url.query, max_num_fields=64)
+        except ValueError:
+            query = {}
+        if headers.get("X-Access-Token") is None and envd.signed(url.path, query):
+            request = Request(method, url.path, query, headers, b"")
+            opened = envd.by_signature(self.registry, sandbox_id, request)
+            return None if isinstance(opened, str) else opened.owner
         if sandbox_id is not None:
             if interpreter.addressed(headers):
                 served = interpreter.find(self.registry, sandbox_id, headers)
@@ -157,7 +187,10 @@ class ControlPlane:
                 wanted = network.from_create(body)
                 made = None if wanted.empty else network.policy(wanted, self.registry.shape["network"])
                 ask = None if wanted.empty else wanted.record()
-                return _json(201, created(self.registry.create(owner, interpreter.template(body), made, ask)))
+                public, mask = ports.ingress(body)
+                served = self.registry.create(owner, interpreter.template(body), made, ask)
+                served.public_traffic, served.mask_host = public, mask
+                return _json(201, created(served, self.domain))
             if method == "GET":
                 return self._list(owner, request)
         m = SANDBOX_PATH.match(path)
@@ -175,6 +208,8 @@ class ControlPlane:
             made = network.policy(wanted, self.registry.shape["network"], served.sandbox.config.network.mode)
             self.registry.set_network(owner, sandbox_id, made, wanted.record())
             return Response(204)
+        if action == "/metrics" and method == "GET":
+            return _json(200, _metrics(self.registry.get(owner, sandbox_id), request))
         if action == "/timeout" and method == "POST":
             self.registry.set_timeout(owner, sandbox_id, self._body(request).get("timeout"))
             return Response(204)
@@ -185,7 +220,7 @@ class ControlPlane:
             body = self._body(request)
             _flag(body, "memory", None, "")
             served, resumed = self.registry.connect(owner, sandbox_id, body.get("timeout"), body.get("memory") is False)
-            return _json(201 if resumed else 200, created(served))
+            return _json(201 if resumed else 200, created(served, self.domain))
         if action == "/pause" and method == "POST":
             body = self._body(request)
             _flag(body, "memory", None, "")
@@ -201,12 +236,16 @@ class ControlPlane:
         if action == "/fork" and method == "POST":
             body = self._body(request)
             children = self.registry.fork(owner, sandbox_id, body.get("count"), body.get("timeout"))
+            source = self.registry.get(owner, sandbox_id)
+            for child in children:
+                if not isinstance(child, ServeError):  # as reachable as its source, no more
+                    child.public_traffic, child.mask_host = source.public_traffic, source.mask_host
             return _json(
                 201,
                 [
                     {"error": {"code": c.status, "message": c.message}}
                     if isinstance(c, ServeError)
-                    else {"sandbox": created(c)}
+                    else {"sandbox": created(c, self.domain)}
                     for c in children
                 ],
             )
@@ -286,6 +325,38 @@ def _flag(body: dict, name: str, only: bool | None, why: str) -> None:
         raise ServeError(400, f'{name} must be true or false, e.g. {{"{name}": true}}')
     if only is not None and value != only:
         raise ServeError(400, f"{name}: {value} is not served by jailbox: {why}")
+
+
+def _metrics(served: Served, request: Request) -> list[dict]:
+    """``GET /sandboxes/{id}/metrics``: the sandbox's use now (``Sandbox.usage()``) as E2B's one
+    sample, if the ``start``..``end`` window (Unix seconds) holds now; no history is kept."""
+    window = []
+    for name in ("start", "end"):
+        value = request.arg(name)
+        if value is not None and not re.fullmatch(r"-?[0-9]{1,12}", value):
+            raise ServeError(400, f"{name} must be Unix seconds, e.g. {name}=1767225600")
+        window.append(None if value is None else int(value))
+    now = time.time()
+    start, end = window
+    if (start is not None and start > now) or (end is not None and end < now - METRICS_INTERVAL):
+        return []
+    try:
+        used = served.sandbox.usage()
+    except SandboxError:  # killed meanwhile
+        raise ServeError(404, f"sandbox {served.id} was not found") from None
+    return [
+        {
+            "timestamp": _time(used.timestamp),
+            "timestampUnix": int(used.timestamp.timestamp()),
+            "cpuCount": used.cpu_count,
+            "cpuUsedPct": used.cpu_used_pct,
+            "memUsed": used.memory_used,
+            "memTotal": used.memory_total,
+            "memCache": used.memory_cache,
+            "diskUsed": used.disk_used or 0,
+            "diskTotal": used.disk_total or 0,
+        }
+    ]
 
 
 def _snapshot_info(kept: Kept) -> dict:

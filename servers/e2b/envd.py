@@ -3,7 +3,9 @@
 Runs in the serving host process, on a request's thread. A request names its sandbox (header or
 host) and carries that sandbox's access token (``X-Access-Token``); without the right token it is
 answered exactly as a sandbox that does not exist, so ids cannot be probed; so is a paused sandbox,
-unless it was made to resume on traffic (``autoResume``), which such a request resumes. Served: the Connect RPC
+unless it was made to resume on traffic (``autoResume``), which such a request resumes. A ``/files``
+request without a token is opened by envd's v1 signature of its URL instead (``by_signature``), else
+answered 401 as envd answers it. Served: the Connect RPC
 process service (start with or without a PTY, connect, list, send input, resize, signal, close
 stdin) and filesystem service (stat, list, make dir, move, remove, polled and streamed directory
 watches), and the HTTP ``/files`` download and upload (streamed to the jail a chunk at a time; a
@@ -14,8 +16,12 @@ switched to: commands run as the jail's user. The client-streaming ``StreamInput
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import posixpath
+import re
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -47,6 +53,10 @@ UPLOAD_CHUNK = 1 << 16
 KEEPALIVE_DEFAULT = 50.0
 WATCH_POLL = 0.5
 NOT_FOUND = "sandbox {} was not found"
+SIGNATURE = re.compile(r"^v1_[A-Za-z0-9+/]{43}$")
+"""envd's v1 signature as the SDK writes it: ``v1_`` and an unpadded base64 sha256."""
+EXPIRATION = re.compile(r"^-?[0-9]{1,19}$")
+OPERATIONS = {"GET": "read", "POST": "write"}
 
 
 def _error_response(error: RpcError) -> Response:
@@ -57,11 +67,66 @@ def _http_error(status: int, message: str) -> Response:
     return Response(status, json.dumps({"code": status, "message": message}).encode(), "application/json")
 
 
-def handle(registry: Registry, sandbox_id: str, request: Request) -> Response:
-    served = registry.by_token(sandbox_id, request.header("X-Access-Token"), wake=True)
+def sign(path: str, operation: str, user: str, token: str, expiration: int | None) -> str:
+    """envd's v1 signature of a ``/files`` URL: base64 of the sha256 of its path, operation (``read``,
+    ``write``), user (empty for the sandbox's own), the sandbox's access token and, if it expires,
+    when (Unix seconds). The SDK's ``get_signature`` computes the same."""
+    raw = f"{path}:{operation}:{user}:{token}" + ("" if expiration is None else f":{expiration}")
+    return "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
+
+
+def signed(path: str, query: dict[str, list[str]]) -> bool:
+    """Whether a request without a token asks for a file by a signed URL (``download_url``,
+    ``upload_url``): its sandbox is then the one whose token makes the signature."""
+    return path == "/files" and "signature" in query
+
+
+def by_signature(registry: Registry, sandbox_id: str | None, request: Request, wake: bool = False) -> Served | str:
+    """The sandbox a signed ``/files`` URL opens, checked as envd checks it (the signature over the
+    URL's path, operation, user and expiry with the sandbox's access token, compared in constant time;
+    an expired one refused), else why not. Without a sandbox id (a URL made against
+    ``E2B_SANDBOX_URL`` names none) every sandbox's token is tried: the signature proves one of them."""
+    query = request.query
+    values = [query.get(name, []) for name in ("signature", "path", "username", "signature_expiration")]
+    if any(len(v) > 1 for v in values) or request.method not in OPERATIONS:
+        return "invalid signature: each of signature, path, username, signature_expiration at most once"
+    signature, path, user, expiration = (v[0] if v else None for v in values)
+    if signature is None or not SIGNATURE.match(signature):
+        return "missing or malformed signature query parameter (v1_ and 43 base64 characters)"
+    if expiration is not None and not EXPIRATION.match(expiration):
+        return "signature_expiration must be Unix seconds, e.g. signature_expiration=1767225600"
+    expires = None if expiration is None else int(expiration)
+    with registry.lock:
+        candidates = list(registry.served.values()) if sandbox_id is None else [registry.served.get(sandbox_id)]
+    operation = OPERATIONS[request.method]
+    found = None
+    for served in candidates:
+        if served is None:
+            continue
+        want = sign(path or "", operation, user or "", served.access_token, expires)
+        if hmac.compare_digest(want.encode(), signature.encode()):
+            found = served
+    if found is None:
+        return "invalid signature"
+    if expires is not None and expires < time.time():
+        return "signature is already expired"
+    return registry.by_token(found.id, found.access_token, wake) or "invalid signature"
+
+
+def handle(registry: Registry, sandbox_id: str | None, request: Request) -> Response:
+    """A daemon request: to ``sandbox_id`` with its access token, or to the sandbox a signed ``/files``
+    URL opens (``sandbox_id`` None: the URL named none)."""
+    token = request.header("X-Access-Token")
     path = request.path
+    if token is None and signed(path, request.query):
+        opened = by_signature(registry, sandbox_id, request, wake=True)
+        if isinstance(opened, str):
+            return _http_error(401, opened)
+        served: Served | None = opened
+    else:
+        served = None if sandbox_id is None else registry.by_token(sandbox_id, token, wake=True)
     if served is None:
-        missing = NOT_FOUND.format(sandbox_id[:64])
+        missing = NOT_FOUND.format((sandbox_id or "")[:64])
         if path.startswith(("/process.", "/filesystem.")):
             return _error_response(RpcError("unavailable", missing))
         return _http_error(502, missing)

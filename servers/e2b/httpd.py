@@ -14,6 +14,10 @@ connections are held, ``MAX_PEER_WAITING`` of one peer address (an IPv6 /64), an
 either closes the oldest, so unproven peers cannot take the slots that proven work needs. A request
 that proves nothing is answered from its headers with its body unread, and its connection closed.
 
+A proven request the ``Tunnel`` wants (a sandbox's own port, ``ports.py``) is handed to it with its
+head, its body unread, and the connection is the tunnel's until it returns; it counts among its
+tenant's connections meanwhile.
+
 After the key: at most ``MAX_CONNECTIONS`` connections at once, ``MAX_TENANT_CONNECTIONS`` of one
 tenant, ``KEEP_ALIVE`` seconds for a proven connection's next request to arrive whole, a request body
 (declared or chunked) of at most ``MAX_HELD`` bytes read whole before the handler runs, or ``MAX_BODY``
@@ -41,7 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from ...sandbox.errors import ServerError
 from .connect import MAX_MESSAGE
@@ -221,9 +225,20 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+class Tunnel(Protocol):
+    """Takes over connections whose request it wants (by its headers, once they proved a tenant): the
+    request's head as received and the connection, its body still unread, for as long as it likes."""
+
+    def wants(self, headers: Message) -> bool: ...
+
+    def run(self, headers: Message, conn: socket.socket, rfile: io.BufferedReader, head: bytes) -> Response | None:
+        """Relay the connection; or the answer to send instead (then the connection closes)."""
+
+
 App = Callable[[Request], Response]
-Tenant = Callable[[Message], "str | None"]
-"""Who a request's headers prove it comes from (a key's tenant), or None: checked before its body is read."""
+Tenant = Callable[[Message, str, str], "str | None"]
+"""Who a request's headers, method and target (path and query: a signed URL's signature) prove it comes
+from (a key's tenant), or None: checked before its body is read."""
 
 
 def _error(status: int, message: str) -> Response:
@@ -241,6 +256,8 @@ class Handler(BaseHTTPRequestHandler):
     proven: bool
     """Whether a request on this connection has carried a key or token: it may then stay open between requests."""
     waited_from: float
+    head: bytes
+    """The current request's line and headers as received (what a ``Tunnel`` relays)."""
     expect_continue: bool
 
     def log_message(self, format: str, *args: object) -> None:
@@ -282,6 +299,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.raw_requestline = head[0]
+        self.head = b"".join(head)
         rfile, self.rfile = self.rfile, io.BytesIO(b"".join(head[1:]))  # parse_request reads the headers here
         try:
             parsed = self.parse_request()
@@ -365,7 +383,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         url = urllib.parse.urlsplit(self.path)
-        tenant = self.server.tenant(self.headers)
+        tenant = self.server.tenant(self.headers, self.command, self.path)
         if tenant is None:
             self._answer_unproven(url)
             return
@@ -374,6 +392,19 @@ class Handler(BaseHTTPRequestHandler):
                 self._refuse(_error(503, f"this key holds {MAX_TENANT_CONNECTIONS} connections already"))
                 return
             self.proven = True
+        tunnel = self.server.tunnel
+        if tunnel is not None and tunnel.wants(self.headers):
+            self.close_connection = True
+            rfile = self.rfile
+            assert isinstance(rfile, io.BufferedReader)
+            try:
+                refused = tunnel.run(self.headers, self.connection, rfile, self.head)
+            except Exception:  # a bug here must cost one connection, never the server
+                self.log_error("relay failed:\n%s", traceback.format_exc())
+                return
+            if refused is not None:
+                self._refuse(refused)
+            return
         heavy = self._heavy(url.path)
         small = 0 if heavy else max(0, int(self.headers.get("Content-Length") or 0))  # _heavy parsed it
         if heavy and not self.server.take_transfer(tenant):
@@ -556,9 +587,12 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256  # the listen backlog: a burst of SDK clients must queue, not be reset
 
-    def __init__(self, address: tuple[str, int], app: App, tenant: Tenant, verbose: bool = False) -> None:
+    def __init__(
+        self, address: tuple[str, int], app: App, tenant: Tenant, verbose: bool = False, tunnel: Tunnel | None = None
+    ) -> None:
         self.app = app
         self.tenant = tenant
+        self.tunnel = tunnel
         self.verbose = verbose
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.transfers = threading.BoundedSemaphore(MAX_TRANSFERS)

@@ -18,6 +18,7 @@ from ..listen import refused
 from . import dormant
 from .control import ControlPlane
 from .httpd import Server
+from .ports import Relay
 from .registry import Registry, Shape
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -47,7 +48,8 @@ def run(
     registry = Registry(max_sandboxes, max_per_key, default_timeout, max_timeout, warm, shape, paused, owners)
     try:
         plane = ControlPlane(keys.Keys(loaded), registry)
-        server = Server((host, port), plane, plane.tenant, verbose)
+        server = Server((host, port), plane, plane.tenant, verbose, Relay(registry))
+        plane.domain = f"localhost:{server.server_address[1]}"  # get_host's <port>-<id>.localhost:PORT
     except OSError as exc:
         registry.close()
         raise refused(host, port, exc) from None

@@ -121,6 +121,8 @@ class Served:
     users_seen: set[str] = field(default_factory=set)  # other users of its tree a request has named
     metadata_used: bool = False  # an upload has set file metadata in it: entries show theirs
     network: dict[str, object] | None = None  # its caller's network ask (``network.Ask.record``); None: --network's
+    public_traffic: bool = True  # its ports take requests without its traffic access token (``ports.py``)
+    mask_host: str | None = None  # the Host its ports' requests carry instead of the one sent (``${PORT}``)
 
     def __post_init__(self) -> None:
         self.user = self.sandbox.config.user or "root"
