@@ -62,14 +62,22 @@ def test_an_unknown_name_is_an_attribute_error():
 
 
 SERVING = [
+    "NETWORK_RULES_MAX",
+    "NETWORK_RULE_MAX",
     "SNAPSHOT_ID",
     "SNAPSHOT_NAME",
     "Checkpoint",
     "ExecRun",
+    "IPNetwork",
+    "Ports",
+    "Rules",
     "Store",
     "TtyCommand",
     "check_env",
+    "first_error",
     "jail_path",
+    "lan_networks",
+    "normalize_host",
     "run_sync",
     "start_ticks",
     "state_dir",

@@ -25,9 +25,17 @@ import ipaddress
 from dataclasses import dataclass
 
 from ...sandbox import NetworkPolicy
-from ...sandbox.limits import NETWORK_RULE_MAX, NETWORK_RULES_MAX
-from ...sandbox.net.policy import IPNetwork, Ports, Rules, first_error, lan_networks, normalize_host
-from .registry import ServeError
+from ...sandbox.serving import (
+    NETWORK_RULE_MAX,
+    NETWORK_RULES_MAX,
+    IPNetwork,
+    Ports,
+    Rules,
+    first_error,
+    lan_networks,
+    normalize_host,
+)
+from .errors import ServeError
 
 ALL_TRAFFIC = ("0.0.0.0/0", "::/0")
 """Entries that mean every destination (the SDK's ``ALL_TRAFFIC`` is the first)."""

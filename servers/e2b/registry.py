@@ -50,11 +50,11 @@ from ...sandbox.errors import (
     PauseFailed,
     SandboxClosed,
     SandboxError,
-    ServerError,
     SnapshotNotFound,
 )
 from ...sandbox.serving import Store, check_env
-from . import dormant
+from . import dormant, network
+from .errors import ServeError
 from .fs import Watchers
 from .processes import ProcessTable
 
@@ -84,15 +84,6 @@ class Kept:
     id: str  # the jailbox snapshot id, which is the E2B snapshot id
     name: str | None  # the E2B name it was given
     sandbox_id: str  # the served sandbox it was taken of
-
-
-class ServeError(ServerError):
-    """A control-plane request that cannot be met: ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass
@@ -678,8 +669,6 @@ class Registry:
     def _restored_network(self, ask: dict[str, object] | None) -> NetworkPolicy:
         """A kept sandbox's network, asked again under this server's ``--network`` (which may be
         narrower now: then ``ServeError``, and the record stays on disk)."""
-        from . import network  # it answers in ServeError, defined here
-
         if ask is None:
             return self.shape["network"]
         wanted = network.ask(ask.get("allow_internet_access"), ask.get("allowOut"), ask.get("denyOut"), "")
