@@ -18,29 +18,21 @@ A's namespace is one nothing in the jail enters; its limits bound the jail (``_i
 B then arms PR_SET_PDEATHSIG against the launcher, and the launcher exits as soon as the host
 process dies (a pidfd of it) or closes the control socket. The host talks to each init directly
 over a socketpair handed back here with SCM_RIGHTS, together with a pidfd of the init.
-Every message here is a typed one of ``child/protocol.py``; a failure names its setup step.
-
-The launcher never waits on one jail's processes while another request waits: once A has its id
-maps, A's channel joins the loop's poll (``Zygote.creating``) and the next request is served; when A
-names the init (or fails, or says nothing for ``STEP_TIMEOUT``) ``finish`` answers the host. The
-removal of a tree owned by subordinate ids and a layer's copy run in children of their own that
-answer the host themselves, so however big the tree, the launcher goes on making jails meanwhile.
-Stdlib only.
+Every message here is a typed one of ``child/protocol.py``; a failure names its setup step. The
+removal of a tree owned by subordinate ids runs in a child of its own that answers the host itself,
+so however big the tree, the launcher goes on making jails meanwhile. Stdlib only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import json
-import math
 import os
 import resource
 import select
 import signal
 import socket
-import time
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
@@ -105,24 +97,17 @@ def main(argv: list[str]) -> None:
     poller = select.poll()
     for fd in (ctl.fileno(), host, wake_r):
         poller.register(fd, select.POLLIN)
-    zygote.poller = poller
     while True:
         try:
-            events = poller.poll(zygote.wait_ms())
+            events = poller.poll()
         except InterruptedError:
             continue
-        zygote.expire()
         for fd, _ in events:
             if fd == host:
                 zygote.shutdown()
             if fd == wake_r:
                 zygote.reap(wake_r)
                 continue
-            if fd in zygote.creating:
-                zygote.finish(fd)
-                continue
-            if fd != ctl.fileno():
-                continue  # a create's channel finished (and closed) by reap() in this round
             # the reply socket; a layer request's sources (its layers, the upper) and the lower beneath
             msg = wire.recv(ctl, max_fds=3 + layers.MAX_LAYERS)
             if msg is None:
@@ -141,14 +126,8 @@ class Zygote:
         self.bases: set[str] = set()  # state directories' "sandboxes" folders seen in requests
         self.views: dict[str, int] = {}  # id map -> a user namespace with it, for idmapped mounts (_view)
         self.copying: set[int] = set()  # processes copying layers (_layer), ended before their trees are removed
-        # jails being made: A's channel -> what is left to do once it names the init (``finish``);
-        # the launcher serves other requests meanwhile, so a create never waits behind another's forks
-        self.creating: dict[int, _Creating] = {}
-        self.poller: select.poll | None = None
 
     def reap(self, wake_r: int) -> None:
-        for fd in [fd for fd, c in self.creating.items() if wire.wait_readable(c.chan, 0)]:
-            self.finish(fd)  # first: an init is in ``live`` before it can be reaped
         for pid, _, _ in L.reaped(wake_r):
             self.live.pop(pid, None)
             self.copying.discard(pid)
@@ -160,10 +139,6 @@ class Zygote:
 
     def shutdown(self) -> NoReturn:
         """The host process is gone: kill every jail it left and remove their state, then exit."""
-        for creating in self.creating.values():  # its init ends when its control socket's host end closes
-            with contextlib.suppress(OSError):
-                os.kill(creating.a_pid, signal.SIGKILL)
-            creating.close()
         for pid in [*self.live, *self.copying]:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -227,14 +202,13 @@ class Zygote:
         if not fds:  # every request carries its reply socket first
             return
         reply = socket.socket(fileno=fds[0])
-        kept = False  # a create's is answered later, by ``finish``
         sources = fds[1:]  # a layer request's source directories
         try:
             req = decode(obj, CreateRequest, RmtreeRequest, LayerRequest)
             if isinstance(req, LayerRequest) and len(sources) == len(req.shifts) + req.beneath:
                 self._layer(req, sources, reply)
             elif isinstance(req, CreateRequest) and not sources:
-                kept = self.create(req.spec, reply)
+                self.create(req.spec, reply)
             elif isinstance(req, RmtreeRequest) and not sources:
                 self._rmtree_in_userns(req, reply)
             else:
@@ -242,8 +216,7 @@ class Zygote:
         except Exception as exc:
             _send(reply, failure(exc, Step.PROTOCOL))
         finally:
-            if not kept:
-                reply.close()
+            reply.close()
             for fd in sources:  # the copying process holds its own
                 os.close(fd)
 
@@ -298,11 +271,10 @@ class Zygote:
             raise
         return mine, pid
 
-    def create(self, spec: JailSpec, reply: socket.socket) -> bool:
-        """Start making a jail; True once ``finish`` has the reply to answer."""
+    def create(self, spec: JailSpec, reply: socket.socket) -> None:
         trees = self._idmapped_trees(spec)
         try:
-            return self._create(spec, reply, trees)
+            self._create(spec, reply, trees)
         finally:
             for fd in trees.values():  # the jail's setup process holds its own copies
                 os.close(fd)
@@ -343,7 +315,7 @@ class Zygote:
         self.views[key] = fd  # most recently used last
         return fd
 
-    def _create(self, spec: JailSpec, reply: socket.socket, trees: dict[str, int]) -> bool:
+    def _create(self, spec: JailSpec, reply: socket.socket, trees: dict[str, int]) -> None:
         host_end, jail_end = wire.seqpacket_pair()
         lifeline = self.lifeline
         go_r, go_w = os.pipe()  # "your parent is now the launcher": arm PDEATHSIG only after that
@@ -372,31 +344,12 @@ class Zygote:
             if spec.pids_budget is not None:
                 soft["RLIMIT_NPROC"] = spec.pids_budget
             chan, a_pid = self._spawn_in_userns(outer, body, soft, spec.creator)
-        except BaseException:
-            host_end.close()
-            os.close(go_w)
-            raise
-        finally:
-            os.close(go_r)  # A and the init hold their own
-            jail_end.close()
-        self.pending[a_pid] = go_w  # reap() says "go" once A has fully exited
-        creating = _Creating(spec, chan, a_pid, reply, host_end, time.monotonic() + STEP_TIMEOUT)
-        self.creating[chan.fileno()] = creating
-        assert self.poller is not None
-        self.poller.register(chan.fileno(), select.POLLIN)
-        return True
-
-    def finish(self, fd: int) -> None:
-        """A named its jail's init (or failed): record the jail, answer the host. Only once its
-        channel is readable (a descriptor number reused within one round of the loop may not be)."""
-        if not wire.wait_readable(self.creating[fd].chan, 0):
-            return
-        creating = self.creating.pop(fd)
-        assert self.poller is not None
-        self.poller.unregister(fd)
-        try:
-            started = _expect(creating.chan, InitPid)
-            spec = creating.spec
+            os.close(go_r)
+            go_r = -1
+            with chan:
+                started = _expect(chan, InitPid)
+            self.pending[a_pid] = go_w  # reap() says "go" once A has fully exited
+            go_w = -1
             if len(self.jails) > 64:
                 self._forget_removed()
             if spec.dir:
@@ -405,33 +358,15 @@ class Zygote:
             self.live[started.pid] = spec.dir
             pidfd = os.pidfd_open(started.pid)
             try:
-                wire.send(creating.reply, Created(started.pid).to_wire(), [creating.host_end.fileno(), pidfd])
+                wire.send(reply, Created(started.pid).to_wire(), [host_end.fileno(), pidfd])
             finally:
                 os.close(pidfd)
-        except Exception as exc:
-            _send(creating.reply, failure(exc, Step.PROTOCOL))
         finally:
-            creating.close()
-
-    def wait_ms(self) -> int:
-        """How long the loop may wait for events: until the first create's deadline (-1: no limit)."""
-        if not self.creating:
-            return -1
-        first = min(c.deadline for c in self.creating.values())
-        return max(0, math.ceil((first - time.monotonic()) * 1000))
-
-    def expire(self) -> None:
-        """Fail the creates whose A said nothing within STEP_TIMEOUT; A is killed (its init, if any,
-        ends with its control socket)."""
-        now = time.monotonic()
-        for fd in [fd for fd, c in self.creating.items() if c.deadline <= now and not wire.wait_readable(c.chan, 0)]:
-            creating = self.creating.pop(fd)
-            assert self.poller is not None
-            self.poller.unregister(fd)
-            with contextlib.suppress(OSError):
-                os.kill(creating.a_pid, signal.SIGKILL)
-            _send(creating.reply, Failed(Step.PROTOCOL, 0, "jail setup step timed out"))
-            creating.close()
+            for fd in (go_r, go_w):
+                if fd >= 0:
+                    os.close(fd)
+            host_end.close()
+            jail_end.close()
 
     def _rmtree_in_userns(self, req: RmtreeRequest, reply: socket.socket) -> int:
         """Remove a tree whose files belong to subordinate ids, as root of a matching namespace. The
@@ -449,22 +384,6 @@ class Zygote:
         chan, pid = self._spawn_in_userns(req.idmap, body)
         chan.close()
         return pid
-
-
-@dataclasses.dataclass
-class _Creating:
-    """A jail being made: A's channel, and what ``finish`` answers the host with."""
-
-    spec: JailSpec
-    chan: socket.socket
-    a_pid: int
-    reply: socket.socket
-    host_end: socket.socket  # the jail's control socket, the host's end
-    deadline: float
-
-    def close(self) -> None:
-        for sock in (self.chan, self.reply, self.host_end):
-            sock.close()
 
 
 def _child_a(chan: socket.socket, body: Body, userns: bool, soft: dict[str, int], creator: int | None) -> NoReturn:
