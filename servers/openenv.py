@@ -445,6 +445,11 @@ class OpenEnvServer:
         if self._route(conn.request.path if conn.request else "") != "ws":
             await conn.close(1008, "not the ws endpoint")
             return
+        # Counted here, with no await since the check: handshakes that passed process_request at once
+        # cannot all stay (the 503 there spares most of them the handshake).
+        if self.held.connections >= self.options.max_connections:
+            await conn.close(1013, f"{self.options.max_connections} connections are open (--max-connections)")
+            return
         self.held.connections += 1
         episode = _Episode(self.held, conn)
         try:

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from conftest import jail_processes, require
+from conftest import require
 from support.cli import JAILBOX
 from support.waits import wait_until
 from websockets.asyncio.client import ClientConnection, connect
@@ -148,16 +149,47 @@ async def _step(ws: ClientConnection, **action: Any) -> dict[str, Any]:
     return answer["data"]
 
 
-async def _ns(ws: ClientConnection) -> str:
-    out = await _step(ws, command="readlink /proc/self/ns/pid")
-    assert out["observation"]["exit_code"] == 0, out
-    return out["observation"]["stdout"].strip()
+def _is_init(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is a jail's pid 1 (its status, readable for every user's processes, lists its pid in
+    each namespace: the last is the jail's)."""
+    with contextlib.suppress(OSError):
+        return re.search(r"^NSpid:.*\s1$", Path(f"/proc/{proc.pid}/status").read_text(), re.MULTILINE) is not None
+    return False
+
+
+def _found(mark: str, count: int = 1) -> Jail:
+    """The host's processes of ``count`` sleeps of ``mark`` seconds (a number no other test uses) and of every
+    ancestor up to their jail's init: a jail is found by what runs in it, the same way as root and rootless
+    (where its processes belong to subordinate ids and their namespaces cannot be read)."""
+
+    def look() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            if proc.info["cmdline"] == ["sleep", mark]:
+                found.append(proc)
+        return found if len(found) >= count else []
+
+    sleeps = wait_until(look, f"{count} 'sleep {mark}' in the jail", 30)
+    jail = list(sleeps)
+    here: psutil.Process | None = sleeps[0]
+    while here is not None and not _is_init(here):
+        here = here.parent()
+        if here is not None:
+            jail.append(here)
+    assert here is not None, f"no init above {sleeps}"
+    return jail
+
+
+def _mark() -> str:
+    return f"{86400 + secrets.randbelow(10**6) / 1000:.3f}"
 
 
 async def _jail(ws: ClientConnection) -> Jail:
-    found = jail_processes(await _ns(ws))
-    assert found
-    return found
+    """The jail of ``ws``'s episode, found by a sleep it leaves running there (it ends with the jail)."""
+    mark = _mark()
+    out = await _step(ws, command=f"sleep {mark} >/dev/null 2>&1 &")
+    assert out["observation"]["exit_code"] == 0, out
+    return _found(mark)
 
 
 # --- the client's episode -----------------------------------------------------------------------------
@@ -176,7 +208,9 @@ def test_openenvs_own_client_runs_an_episode(serve: Callable[..., Server], _stat
         assert first.observation == {
             **{"stdout": "", "stderr": "", "exit_code": 0, "timed_out": False, "failure": None, "error": None}
         }
-        jail = jail_processes(env.step({"command": "readlink /proc/self/ns/pid"}).observation["stdout"].strip())
+        mark = _mark()
+        assert env.step({"command": f"sleep {mark} >/dev/null 2>&1 &"}).observation["exit_code"] == 0
+        jail = _found(mark)
         assert env.step({"command": "mkdir -p /opt/work && echo 6 > /opt/work/a"}).observation["exit_code"] == 0
         wrote = env.step({"action_type": "write_file", "file_path": "/opt/work/b.py", "content": "print(6 * 7)\n"})
         assert wrote.observation["failure"] is None
@@ -377,6 +411,31 @@ def test_episodes_past_the_cap_are_refused_until_one_ends(serve: Callable[..., S
 
 
 @pytest.mark.slow
+def test_connections_opened_at_once_are_held_to_the_cap(serve: Callable[..., Server]) -> None:
+    """Twelve handshakes at once against ``--max-connections 3``: three connections serve, the rest are
+    refused (503) or closed at once (1013), however their handshakes interleave."""
+    server = serve("--max-connections", "3")
+
+    async def one() -> str:
+        try:
+            async with _peer(server) as ws:
+                answer = await _ask(ws, {"type": "state"})
+                await asyncio.sleep(1)  # held open while the others try
+                return answer["type"]
+        except InvalidStatus as exc:
+            return str(exc.response.status_code)
+        except ConnectionClosed as exc:
+            return str(exc.rcvd.code if exc.rcvd else None)
+
+    async def burst() -> list[str]:
+        return await asyncio.gather(*(one() for _ in range(12)))
+
+    outcomes = asyncio.run(burst())
+    assert outcomes.count("state") == 3 and set(outcomes) <= {"state", "503", "1013"}, outcomes
+    wait_until(lambda: server.health()["connections"] == 0, "every connection to end", 30)
+
+
+@pytest.mark.slow
 def test_episodes_are_started_at_most_at_the_rate_given(serve: Callable[..., Server], _state_dir: Path) -> None:
     server = serve("--episodes-per-minute", "3")
 
@@ -413,11 +472,9 @@ def test_a_client_dropping_mid_step_ends_its_sandbox_at_once(
     async def scenario() -> Jail:
         async with _peer(server) as ws:
             assert (await _ask(ws, {"type": "reset"}))["type"] == "observation"
-            ns = await _ns(ws)
-            await ws.send(json.dumps({"type": "step", "data": {"command": "sleep 600 & sleep 600"}}))
-            jail = wait_until(
-                lambda: (lambda found: found if len(found) >= 3 else None)(jail_processes(ns)), "the step", 30
-            )
+            mark = _mark()
+            await ws.send(json.dumps({"type": "step", "data": {"command": f"sleep {mark} & sleep {mark}"}}))
+            jail = _found(mark, 2)
             if how == "reset":
                 _drop(ws)
             else:
@@ -459,12 +516,7 @@ def test_an_idle_or_vanished_client_loses_its_sandbox(serve: Callable[..., Serve
 
 def _init_of(jail: Jail) -> psutil.Process:
     """The jail's pid 1, seen from the host."""
-    for proc in jail:
-        with contextlib.suppress(OSError):
-            status = Path(f"/proc/{proc.pid}/status").read_text()
-            if re.search(r"^NSpid:.*\s1$", status, re.MULTILINE):
-                return proc
-    raise AssertionError(f"no init in {jail}")
+    return next(proc for proc in jail if _is_init(proc))
 
 
 @pytest.mark.slow
@@ -502,9 +554,9 @@ def test_stopping_the_server_ends_every_episode(tmp_path: Path, _state_dir: Path
             for ws in (a, b):
                 assert (await _ask(ws, {"type": "reset"}))["type"] == "observation"
                 jails.append(await _jail(ws))
-            ns = await _ns(b)
-            await b.send(json.dumps({"type": "step", "data": {"command": "sleep 600"}}))
-            wait_until(lambda: len(jail_processes(ns)) >= 2, "the step to start", 30)
+            mark = _mark()
+            await b.send(json.dumps({"type": "step", "data": {"command": f"sleep {mark}"}}))
+            jails.append(_found(mark))
             assert started.stop(sig) == 0  # with both connections open, one mid-step
             return jails
 
