@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,6 +233,21 @@ class _Rate:
         return (1 - self.tokens) / self.rate
 
 
+async def _to_the_end(work: Awaitable[T]) -> tuple[asyncio.Future[T], bool]:
+    """``work`` run to its end even when the caller is cancelled meanwhile (a sandbox made or closed on a
+    thread must not be lost), and whether the caller was: it passes the cancellation on afterwards."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+        except Exception:  # the task's own: read by the caller from it
+            break
+    return task, cancelled
+
+
 class Episodes:
     """Every connection's sandbox, capped at ``max_episodes`` alive; what the tests count."""
 
@@ -267,29 +282,28 @@ class Episodes:
             )
         self.starting += 1
         try:
-            box = await self.call(self.factory.create)
+            making, cancelled = await _to_the_end(self.call(self.factory.create))
+        finally:
+            self.starting -= 1
+        try:
+            box = making.result()
         except InfraError as exc:
             raise _Refused("FACTORY_ERROR", f"the sandbox did not start: {exc}", failure="infra") from None
         except SandboxError as exc:  # the server's configuration: the same for every episode
             raise _Refused("FACTORY_ERROR", f"the sandbox did not start: {type(exc).__name__}: {exc}") from None
-        finally:
-            self.starting -= 1
         self.live.add(box)
+        if cancelled:  # nobody is left to hand it to
+            await self.end(box)
+            raise asyncio.CancelledError
         return box
 
     async def end(self, box: RolloutSandbox) -> None:
         """Close ``box`` to the end, even when the caller is cancelled meanwhile (the cancellation follows). It
         counts as live until closed: the factory frees its slot only then."""
-        task = asyncio.ensure_future(self.call(box.close))
-        cancelled = False
-        while not task.done():
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                cancelled = True
+        closing, cancelled = await _to_the_end(self.call(box.close))
         self.live.discard(box)
         with contextlib.suppress(SandboxError):
-            task.result()
+            closing.result()
         if cancelled:
             raise asyncio.CancelledError
 
