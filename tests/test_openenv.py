@@ -544,6 +544,31 @@ def test_a_jail_that_dies_is_the_infrastructures_failure_and_ends_the_episode(
 
 
 @pytest.mark.slow
+def test_a_sandbox_that_cannot_start_is_an_error_never_an_observation(
+    serve: Callable[..., Server], tmp_path: Path, _state_dir: Path
+) -> None:
+    """The server's root filesystem gone under it: a reset is refused (``FACTORY_ERROR``, one line saying
+    why), nothing is left, and the connection starts episodes again once the tree is back."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    server = serve("--rootfs", str(tree))
+    tree.rmdir()
+
+    async def scenario() -> None:
+        async with _peer(server) as ws:
+            await _refused(ws, {"type": "reset"}, "FACTORY_ERROR", "did not start", str(tree))
+            assert server.health()["episodes"] == 0
+            await _refused(ws, {"type": "step", "data": {"command": "ls"}}, "EXECUTION_ERROR", "reset")
+            tree.mkdir()
+            assert (await _ask(ws, {"type": "reset"}))["type"] == "observation"
+            out = (await _step(ws, command="true"))["observation"]  # an empty tree: no such command
+            assert (out["exit_code"], out["failure"]) == (127, "task")
+
+    asyncio.run(scenario())
+    _nothing_left(server, _state_dir, [])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stopping_the_server_ends_every_episode(tmp_path: Path, _state_dir: Path, sig: int) -> None:
     started = Server(tmp_path / "config")
