@@ -416,19 +416,29 @@ def test_connections_opened_at_once_are_held_to_the_cap(serve: Callable[..., Ser
     refused (503) or closed at once (1013), however their handshakes interleave."""
     server = serve("--max-connections", "3")
 
-    async def one() -> str:
+    settled: list[str] = []
+
+    async def one(everyone: asyncio.Event) -> str:
+        def settle(outcome: str) -> str:
+            settled.append(outcome)
+            if len(settled) == 12:
+                everyone.set()
+            return outcome
+
         try:
             async with _peer(server) as ws:
                 answer = await _ask(ws, {"type": "state"})
-                await asyncio.sleep(1)  # held open while the others try
+                settle(answer["type"])
+                await asyncio.wait_for(everyone.wait(), 60)  # held open until every other one is settled
                 return answer["type"]
         except InvalidStatus as exc:
-            return str(exc.response.status_code)
+            return settle(str(exc.response.status_code))
         except ConnectionClosed as exc:
-            return str(exc.rcvd.code if exc.rcvd else None)
+            return settle(str(exc.rcvd.code if exc.rcvd else None))
 
     async def burst() -> list[str]:
-        return await asyncio.gather(*(one() for _ in range(12)))
+        everyone = asyncio.Event()
+        return await asyncio.gather(*(one(everyone) for _ in range(12)))
 
     outcomes = asyncio.run(burst())
     assert outcomes.count("state") == 3 and set(outcomes) <= {"state", "503", "1013"}, outcomes
