@@ -26,7 +26,6 @@ import contextlib
 import http
 import json
 import logging
-import re
 import signal
 import socket
 import sys
@@ -50,15 +49,15 @@ from ..rl import RolloutSandbox, SandboxFactory
 from ..sandbox import SandboxConfig
 from ..sandbox.errors import SandboxError
 from . import keys
+from .jsonshape import excess
 from .listen import refused
 
 T = TypeVar("T")
 
 MAX_DEPTH = 8
 MAX_ELEMENTS = 4096
-"""A message's nesting and its JSON elements (strings, brackets, commas, colons), checked before it is
-parsed: the protocol's messages are two levels deep and hold a handful of fields."""
-_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]')
+"""A message's nesting and its JSON elements (``jsonshape``), checked before it is parsed: the protocol's
+messages are two levels deep and hold a handful of fields."""
 MAX_PATH = 4096
 MAX_EPISODE_ID = 128
 CLOSE_WAIT = 60.0  # seconds a sandbox's close may take before the server stops waiting on it at exit
@@ -98,25 +97,13 @@ def _bad_field(field: str, problem: str, example: str) -> _Refused:
     return _Refused("VALIDATION_ERROR", f"{field}: {problem}; e.g. {example}")
 
 
-def _check_json(data: bytes) -> None:
-    """Refuse JSON nested deeper than ``MAX_DEPTH`` or of more than ``MAX_ELEMENTS`` elements, by a scan that
-    builds nothing (a string is skipped whole)."""
-    depth = 0
-    for count, match in enumerate(_JSON_TOKEN.finditer(data)):
-        if count == MAX_ELEMENTS:
-            raise _Refused("INVALID_JSON", f"a message holds at most {MAX_ELEMENTS} JSON elements")
-        token = data[match.start()]
-        if token in b"[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise _Refused("INVALID_JSON", f"a message is nested at most {MAX_DEPTH} deep")
-        elif token in b"]}":
-            depth -= 1
-
-
 def _parse(data: bytes) -> tuple[str, dict[str, Any]]:
     """A message's type and data, or ``_Refused`` naming what is wrong with it."""
-    _check_json(data)
+    over = excess(data, MAX_DEPTH, MAX_ELEMENTS)
+    if over == "elements":
+        raise _Refused("INVALID_JSON", f"a message holds at most {MAX_ELEMENTS} JSON elements")
+    if over == "depth":
+        raise _Refused("INVALID_JSON", f"a message is nested at most {MAX_DEPTH} deep")
     try:
         message = json.loads(data)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
