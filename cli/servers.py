@@ -198,6 +198,12 @@ def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeo
     show_default=True,
     help="Bytes kept of each output stream per step (head and tail).",
 )
+@click.option(
+    "--reward-command",
+    default=None,
+    metavar="CMD",
+    help="What an 'evaluate' step runs in the sandbox: exit 0 is reward 1.0, anything else 0.0.",
+)
 def openenv_cmd(host: str, port: int, token_file: str | None, **given: Any) -> None:
     """Serve sandboxes as an OpenEnv environment, for openenv-core's GenericEnvClient (see docs/rl.md): each
     connection's reset starts a sandbox (over --snapshot when given), a step runs a command or writes a file.
@@ -205,10 +211,12 @@ def openenv_cmd(host: str, port: int, token_file: str | None, **given: Any) -> N
     \b
     Example:
       jailbox openenv --port 8100 --memory 1g --max-episodes 16
-      jailbox openenv --snapshot repo-ready --step-timeout 60
+      jailbox openenv --snapshot repo-ready --step-timeout 60 --reward-command 'cd /repo && pytest -q'
     """
     names = ("max_episodes", "max_connections", "episodes_per_minute", "step_timeout", "idle_timeout", "max_message")
-    bounds = {name: given.pop(name) for name in (*names, "output_limit")}
+    bounds = {name: given.pop(name) for name in (*names, "output_limit", "reward_command")}
+    if bounds["reward_command"] is not None and not bounds["reward_command"].strip():
+        _flag_error("--reward-command", "an empty command", "--reward-command 'cd /repo && pytest -q'")
     config = _config(**given)
     from pathlib import Path
 

@@ -8,9 +8,10 @@ snapshot the server was given) and ends the connection's previous one; ``step`` 
 writes a file (the fields of OpenEnv's terminal environment, ``tbench2_env``) and answers with the
 output fields of its coding environment (``stdout``, ``stderr``, ``exit_code``); ``state`` is the episode
 id and its count of steps; ``close``, a dropped connection, an idle one, and the server's stop end the
-sandbox. The reward is None: the trainer scores what it reads. A sandbox the infrastructure broke
-answers ``failure: "infra"`` (``jailbox.agent.outcomes``) and ends the episode; one that never started is
-an ``error`` of code ``FACTORY_ERROR``: neither is ever a task's result.
+sandbox. The reward is None but for an ``evaluate`` step (``tbench2_env``'s too), which runs the server's
+``--reward-command`` in the sandbox: 1.0 when it exits 0, else 0.0, and the episode is done. A sandbox the
+infrastructure broke answers ``failure: "infra"`` (``jailbox.agent.outcomes``) and ends the episode; one
+that never started is an ``error`` of code ``FACTORY_ERROR``: neither is ever a task's result or scored.
 
 The client sends no headers of its own, so the token is the URL's first segment (``/TOKEN/ws``), checked
 in constant time (``keys.Keys``); the server binds loopback unless told otherwise, and refuses a browser's
@@ -78,6 +79,7 @@ class Options:
     idle_timeout: float = 900.0  # seconds without a message before the connection and its sandbox end
     max_message: int = 1 << 20  # bytes of one message the peer sends (a write_file's content included)
     output_limit: int = 64 << 10  # bytes kept per stream per step (head and tail)
+    reward_command: str | None = None  # what an 'evaluate' step runs in the sandbox: exit 0 is reward 1, else 0
 
 
 class _Refused(Exception):
@@ -149,22 +151,33 @@ class _Action:
 
 
 def _action(data: dict[str, Any], options: Options) -> _Action:
-    """A step's action: ``tbench2_env``'s ``action_type`` (``exec``, ``write_file``), ``command``, ``file_path``,
-    ``content``; ``timeout_s`` (OpenEnv's step field) lowers the server's per-step timeout; ``metadata`` (every
-    OpenEnv action's) is accepted and not used."""
+    """A step's action: ``tbench2_env``'s ``action_type`` (``exec``, ``write_file``, ``evaluate``), ``command``,
+    ``file_path``, ``content``; ``timeout_s`` (OpenEnv's step field) lowers the server's per-step timeout;
+    ``metadata`` (every OpenEnv action's) is accepted and not used."""
     allowed = {"action_type", "command", "file_path", "content", "timeout_s", "metadata"}
     extra = sorted(set(data) - allowed)
     if extra:
         raise _bad_field(extra[0][:64], "not a field of an action", ACTION_EXAMPLE)
     kind = data.get("action_type", "exec")
-    if kind not in ("exec", "write_file"):
-        raise _bad_field("action_type", f"{str(kind)[:64]!r} is not 'exec' or 'write_file'", ACTION_EXAMPLE)
+    if kind not in ("exec", "write_file", "evaluate"):
+        raise _bad_field("action_type", f"{str(kind)[:64]!r} is not 'exec', 'write_file' or 'evaluate'", ACTION_EXAMPLE)
     timeout = data.get("timeout_s", options.step_timeout)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise _bad_field("timeout_s", "a positive number of seconds", '{"command": "make", "timeout_s": 60}')
     if not isinstance(data.get("metadata", {}), dict):
         raise _bad_field("metadata", "an object", '{"command": "ls", "metadata": {}}')
     timeout = min(float(timeout), options.step_timeout)
+    if kind == "evaluate":
+        used = sorted(set(data) & {"command", "file_path", "content"})
+        if used:
+            raise _bad_field(used[0], "not for action_type 'evaluate'", '{"action_type": "evaluate"}')
+        if options.reward_command is None:
+            raise _bad_field(
+                "action_type",
+                "'evaluate' needs a server started with --reward-command",
+                "jailbox openenv --reward-command 'pytest -q /opt/task/tests'",
+            )
+        return _Action("evaluate", command=options.reward_command, timeout=timeout)
     if kind == "exec":
         for field in ("file_path", "content"):
             if field in data:
@@ -193,11 +206,12 @@ def _observation(
     failure: str | None = None,
     error: str | None = None,
     done: bool = False,
+    reward: float | None = None,
 ) -> dict[str, Any]:
     """An ``observation`` message's data as OpenEnv serialises one: the observation's own fields, the reward,
     whether the episode is over. ``failure`` says whose failure a step was (``"task"``, ``"infra"``)."""
     fields = {"stdout": stdout, "stderr": stderr, "exit_code": exit_code, "timed_out": timed_out}
-    return {"observation": {**fields, "failure": failure, "error": error}, "reward": None, "done": done}
+    return {"observation": {**fields, "failure": failure, "error": error}, "reward": reward, "done": done}
 
 
 class _Rate:
@@ -345,14 +359,16 @@ class _Episode:
         action = _action(data, self.held.options)
         box = self.box
         self.step_count += 1
-        if action.kind == "exec":
+        if action.kind in ("exec", "evaluate"):
             try:
                 out = await self._watched(lambda: box.exec(action.command, timeout=action.timeout))
             except SandboxError as exc:  # the jail refused the command itself (no infrastructure failed)
                 raise _Refused("EXECUTION_ERROR", f"step: {' '.join(str(exc).split())}") from None
             result = _observation(out.stdout, out.stderr, out.exit_code, out.timed_out, out.failure, out.error)
-            if out.failure == "infra":
+            if out.failure == "infra":  # never scored: the reward stays None
                 return await self._broken(result)
+            if action.kind == "evaluate":  # the server's check of the sandbox: 1 when it passed, else 0
+                return {**result, "reward": 1.0 if out.ok else 0.0, "done": True}
             return result
         try:
             await self._watched(lambda: box.write_file(action.file_path, action.content))
@@ -503,7 +519,7 @@ def _schema(properties: dict[str, Any], required: list[str] | None = None) -> di
 SCHEMA = {  # what /schema answers: OpenEnv's SchemaResponse (the action, the observation, the state)
     "action": _schema(
         {
-            "action_type": {"type": "string", "enum": ["exec", "write_file"], "default": "exec"},
+            "action_type": {"type": "string", "enum": ["exec", "write_file", "evaluate"], "default": "exec"},
             "command": {"type": "string", "description": "a shell command (action_type exec)"},
             "file_path": {"type": "string", "description": "an absolute path (action_type write_file)"},
             "content": {"type": "string", "description": "the file's text (action_type write_file)"},

@@ -239,6 +239,25 @@ def test_openenvs_own_client_runs_an_episode(serve: Callable[..., Server], _stat
     _nothing_left(server, _state_dir, [jail])
 
 
+def test_an_evaluate_step_scores_the_sandbox_with_the_reward_command(serve: Callable[..., Server]) -> None:
+    """``--reward-command``: an ``evaluate`` step runs it in the sandbox; the client reads reward 1.0 when it
+    exits 0, 0.0 otherwise, and ``done``. Every other step's reward stays None."""
+    need_client()
+    from openenv.core import GenericEnvClient
+
+    server = serve("--reward-command", 'test "$(cat /opt/answer)" = 42')
+    with GenericEnvClient(base_url=server.base).sync() as env:
+        env.reset()
+        wrote = env.step({"action_type": "write_file", "file_path": "/opt/answer", "content": "41"})
+        assert (wrote.reward, wrote.done) == (None, False)
+        wrong = env.step({"action_type": "evaluate"})
+        assert (wrong.reward, wrong.done, wrong.observation["failure"]) == (0.0, True, "task")
+        env.step({"command": "echo 42 > /opt/answer"})
+        right = env.step({"action_type": "evaluate", "timeout_s": 30})
+        assert (right.reward, right.done, right.observation["failure"]) == (1.0, True, None)
+        assert env.state()["step_count"] == 4
+
+
 def test_health_schema_and_metadata_are_served_under_the_token(serve: Callable[..., Server]) -> None:
     server = serve()
     assert server.health() == {"status": "healthy", "episodes": 0, "connections": 0}
@@ -365,6 +384,8 @@ def test_bad_messages_get_one_line_naming_the_field(serve: Callable[..., Server]
                 ({"action_type": "write_file", "file_path": "/a", "content": 1}, "content"),
                 ({"action_type": "write_file", "file_path": "/a", "command": "ls"}, "command"),
                 ({"command": "ls", "metadata": []}, "metadata"),
+                ({"action_type": "evaluate"}, "action_type"),  # this server has no --reward-command
+                ({"action_type": "evaluate", "command": "ls"}, "command"),
             ]:
                 await _refused(ws, {"type": "step", "data": action}, "VALIDATION_ERROR", f"{field}:", "e.g.")
             assert (await _ask(ws, {"type": "state"}))["data"]["step_count"] == 1  # refused steps are not steps
@@ -617,6 +638,7 @@ def test_the_command_line_refuses_what_it_cannot_serve_with(tmp_path: Path, monk
 
     assert "--snapshot" in refused("--snapshot", "no-such-snapshot")
     assert "--max-episodes" in refused("--max-episodes", "0")
+    assert "--reward-command: an empty command" in refused("--reward-command", " ")
     loose = tmp_path / "loose-token"
     loose.write_text("jbx_" + "t" * 40 + "\n")
     loose.chmod(0o644)
