@@ -1,8 +1,8 @@
 """The optional parts and the extras that install them: one table, one message.
 
 ``pip install jailbox`` carries what ``jailbox exec`` and ``jailbox run`` need. Each optional part is an
-extra (``serve``, ``mcp``, ``math``, ``ray``, ``secrets``; ``test`` brings them all), imported only when that part
-is used, and its absence is one line naming the extra and the command that installs it.
+extra (``serve``, ``mcp``, ``math``, ``ray``, ``secrets``, ``openenv``; ``test`` brings them all), imported only
+when that part is used, and its absence is one line naming the extra and the command that installs it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "sympy": ("math", "sympy"),  # scorer 'math': symbolic answer equivalence
     "ray": ("ray", "ray"),  # jailbox bench --executor ray; jailbox.rl.ray_backend
     "cryptography": ("secrets", "cryptography"),  # SandboxConfig.secrets: the sandbox's CA and its certificates
+    "websockets": ("openenv", "websockets"),  # jailbox openenv: the WebSocket protocol OpenEnv's clients speak
 }
 
 

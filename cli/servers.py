@@ -1,5 +1,5 @@
-"""``jailbox serve`` (the E2B API), ``jailbox mcp`` (an MCP server) and the hidden ``_service`` (the
-per-user service behind ``jailbox create``).
+"""``jailbox serve`` (the E2B API), ``jailbox mcp`` (an MCP server), ``jailbox openenv`` (an OpenEnv
+environment) and the hidden ``_service`` (the per-user service behind ``jailbox create``).
 
 Runs in the user's process, as the rest of ``jailbox.cli`` (see ``__init__.py``)."""
 
@@ -11,7 +11,7 @@ import click
 
 from .app import main
 from .errors import _fed_by, _flag_error, _missing_extra
-from .options import NETWORK_HELP, SECRET_OPTION, _bound_options, _limits, _secrets
+from .options import NETWORK_HELP, SECRET_OPTION, _bound_options, _config, _jail_options, _limits, _secrets
 
 if TYPE_CHECKING:
     from ..sandbox import Limits
@@ -154,6 +154,92 @@ def mcp_cmd(http: bool, host: str, port: int, token_file: str | None, idle_timeo
     except BadFlag as exc:
         _flag_error(exc.flag, str(exc))
     except KeyFileError as exc:  # its text names the flag and the file: --api-key-file PATH: ...
+        _flag_error("", str(exc))
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command("openenv")
+@_jail_options
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless exposed on purpose)."
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=8100, show_default=True, help="0: any free port.")
+@click.option(
+    "--token-file",
+    default=None,
+    metavar="FILE",
+    help="Tokens, one a line; a client's URL starts with one: http://HOST:PORT/TOKEN (default: made on first start).",
+)
+@click.option("--max-episodes", type=click.IntRange(1, 1024), default=8, show_default=True, help="Live sandboxes.")
+@click.option("--max-connections", type=click.IntRange(1, 4096), default=32, show_default=True)
+@click.option("--episodes-per-minute", type=click.IntRange(1, 100_000), default=60, show_default=True)
+@click.option(
+    "--step-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Seconds a step's command may run (a step's timeout_s may ask less).",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=900.0,
+    show_default=True,
+    help="Seconds without a message before a connection and its sandbox end.",
+)
+@click.option(
+    "--max-message", type=click.IntRange(1 << 10, 64 << 20), default=1 << 20, show_default=True, help="Bytes."
+)
+@click.option(
+    "--output-limit",
+    type=click.IntRange(1, 16 << 20),
+    default=64 << 10,
+    show_default=True,
+    help="Bytes kept of each output stream per step (head and tail).",
+)
+@click.option(
+    "--reward-command",
+    default=None,
+    metavar="CMD",
+    help="What an 'evaluate' step runs in the sandbox: exit 0 is reward 1.0, anything else 0.0.",
+)
+def openenv_cmd(host: str, port: int, token_file: str | None, **given: Any) -> None:
+    """Serve sandboxes as an OpenEnv environment, for openenv-core's GenericEnvClient (see docs/rl.md): each
+    connection's reset starts a sandbox (over --snapshot when given), a step runs a command or writes a file.
+
+    \b
+    Example:
+      jailbox openenv --port 8100 --memory 1g --max-episodes 16
+      jailbox openenv --snapshot repo-ready --step-timeout 60 --reward-command 'cd /repo && pytest -q'
+    """
+    names = ("max_episodes", "max_connections", "episodes_per_minute", "step_timeout", "idle_timeout", "max_message")
+    bounds = {name: given.pop(name) for name in (*names, "output_limit", "reward_command")}
+    if bounds["reward_command"] is not None and not bounds["reward_command"].strip():
+        _flag_error("--reward-command", "an empty command", "--reward-command 'cd /repo && pytest -q'")
+    config = _config(**given)
+    from pathlib import Path
+
+    from ..servers.keys import KeyFileError
+    from ..servers.listen import BadFlag
+
+    try:
+        from ..servers import openenv
+    except ImportError as exc:
+        _missing_extra("openenv", exc)
+    if config.snapshot is not None:
+        from ..sandbox import snapshots
+        from ..sandbox.errors import SnapshotNotFound
+
+        try:
+            snapshots.get(config.snapshot)
+        except SnapshotNotFound as exc:
+            _flag_error("--snapshot", f"{exc} (jailbox snapshots lists them)")
+    try:
+        openenv.main(config, host, port, Path(token_file) if token_file else None, openenv.Options(**bounds))
+    except BadFlag as exc:
+        _flag_error(exc.flag, str(exc))
+    except KeyFileError as exc:  # its text names the flag and the file: --token-file PATH: ...
         _flag_error("", str(exc))
     except OSError as exc:
         raise click.ClickException(str(exc)) from None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import NoReturn, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -142,7 +142,7 @@ class RolloutSandbox:
         self.close()
 
 
-def _reraise(exc: SandboxError) -> None:
+def _reraise(exc: SandboxError) -> NoReturn:
     if is_infra(exc):
         raise InfraError(f"{type(exc).__name__}: {exc}") from exc
     raise exc

@@ -1,5 +1,6 @@
-"""The secrets local servers take from their clients: ``jailbox serve``'s API keys and ``jailbox mcp
---http``'s bearer tokens; the files that hold them, made on first start, and the check of a key.
+"""The secrets local servers take from their clients: ``jailbox serve``'s API keys, ``jailbox mcp
+--http``'s bearer tokens and ``jailbox openenv``'s URL tokens; the files that hold them, made on first
+start, and the check of a key.
 
 Runs in the serving host process. A key file is one key per line (for ``jailbox serve`` each key is a
 tenant: it sees only the sandboxes it made). It is opened without following a link, must be a regular
@@ -23,6 +24,7 @@ MIN_KEY = 16
 PREFIX = "jbx_"
 SERVE_KEYS = "serve-api-keys"  # the default files' names, in the user's config directory
 MCP_TOKENS = "mcp-token"
+OPENENV_TOKENS = "openenv-token"
 
 
 class KeyFileError(ServerError):

@@ -23,6 +23,7 @@ LINES = {
     "math": "scorer 'math' needs the 'math' extra (sympy): pip install 'jailbox[math]'",
     "ray": "executor 'ray' needs the 'ray' extra (ray): pip install 'jailbox[ray]'",
     "secrets": "secrets needs the 'secrets' extra (cryptography): pip install 'jailbox[secrets]'",
+    "openenv": "openenv needs the 'openenv' extra (websockets): pip install 'jailbox[openenv]'",
 }
 # Equal only symbolically (neither side is a plain number or fraction), so scoring them needs sympy.
 ROOT_EIGHT, TWO_ROOT_TWO = r"\sqrt{8}", r"2\sqrt{2}"
@@ -65,13 +66,20 @@ def test_each_extra_installs_its_distribution_the_core_none_and_test_all() -> No
         ("ray", "ray"),
         ("cryptography", "secrets"),
         ("cryptography.x509", "secrets"),
+        ("websockets", "openenv"),
+        ("websockets.asyncio.server", "openenv"),  # websockets before 13: no asyncio implementation
     ],
 )
 def test_a_module_of_an_extra_names_the_extra(name: str, extra: str) -> None:
     exc = ModuleNotFoundError(f"No module named {name!r}", name=name)  # as the import system raises it
-    part = {"serve": "serve", "mcp": "mcp", "math": "scorer 'math'", "ray": "executor 'ray'", "secrets": "secrets"}[
-        extra
-    ]
+    part = {
+        "serve": "serve",
+        "mcp": "mcp",
+        "math": "scorer 'math'",
+        "ray": "executor 'ray'",
+        "secrets": "secrets",
+        "openenv": "openenv",
+    }[extra]
     assert missing(part, exc) == LINES[extra]
 
 
@@ -174,6 +182,7 @@ def test_each_part_without_its_extra_is_one_line_and_nothing_runs(core: Path, tm
         commands = {
             "serve": [core / "jailbox", "serve"],
             "mcp": [core / "jailbox", "mcp"],
+            "openenv": [core / "jailbox", "openenv"],
             "math": _bench(core, math_tasks, server.url, tmp_path / "out-math"),
             "ray": _bench(core, exact_tasks, server.url, tmp_path / "out-ray", "--executor", "ray"),
         }

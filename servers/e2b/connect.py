@@ -9,7 +9,6 @@ message checked for its depth and element count before it is parsed).
 from __future__ import annotations
 
 import json
-import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 
 from ...sandbox.errors import ServerError
+from ..jsonshape import excess
 
 MAX_MESSAGE = 16 << 20
 """Largest message a client may send, after decompression."""
@@ -28,10 +28,9 @@ INFLATE_STEP = 1 << 16
 """Bytes a gzip message is inflated by at a time, each step checked against ``MAX_MESSAGE``."""
 MAX_DEPTH = 32
 MAX_ELEMENTS = 1 << 16
-"""A message's nesting, and its elements (JSON: strings, brackets, commas and colons; protobuf: fields,
-each element of a repeated one too), checked before it is parsed: parsing builds an object per element,
-and 16 MiB of JSON ``[[],[],...`` built 400 MB. A message big for its data (a long string) has few."""
-_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]')
+"""A message's nesting, and its elements (JSON: as ``jsonshape`` counts them; protobuf: fields, each element
+of a repeated one too), checked before it is parsed: parsing builds an object per element, and 16 MiB of
+JSON ``[[],[],...`` built 400 MB. A message big for its data (a long string) has few."""
 
 FLAG_COMPRESSED = 0x01
 FLAG_END = 0x02
@@ -130,19 +129,12 @@ class Codec:
 
 
 def _check_json(data: bytes | bytearray) -> None:
-    """Refuse JSON nested deeper than ``MAX_DEPTH`` or of more than ``MAX_ELEMENTS`` tokens,
-    by a scan that builds nothing (a string is skipped whole; a scalar needs a comma to follow another)."""
-    depth = 0
-    for count, match in enumerate(_JSON_TOKEN.finditer(data)):
-        if count == MAX_ELEMENTS:
-            raise RpcError("resource_exhausted", f"a JSON message holds at most {MAX_ELEMENTS} elements")
-        token = data[match.start()]
-        if token in b"[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise RpcError("invalid_argument", f"a JSON message is nested at most {MAX_DEPTH} deep")
-        elif token in b"]}":
-            depth -= 1
+    """Refuse JSON nested deeper than ``MAX_DEPTH`` or of more than ``MAX_ELEMENTS`` elements (``jsonshape``)."""
+    over = excess(data, MAX_DEPTH, MAX_ELEMENTS)
+    if over == "elements":
+        raise RpcError("resource_exhausted", f"a JSON message holds at most {MAX_ELEMENTS} elements")
+    if over == "depth":
+        raise RpcError("invalid_argument", f"a JSON message is nested at most {MAX_DEPTH} deep")
 
 
 def _varint(data: memoryview, pos: int) -> tuple[int, int]:
