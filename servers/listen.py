@@ -1,7 +1,7 @@
 """A server's command-line value it cannot serve with, and an address it cannot listen on, as one line.
 
-Runs in the serving host process (``jailbox serve``, ``jailbox mcp --http``). Both servers bind the
-address their ``--host`` and ``--port`` give; when the kernel refuses, the user learns which flag to
+Runs in the serving host process (``jailbox serve``, ``jailbox mcp --http``, ``jailbox openenv``). They
+bind the address their ``--host`` and ``--port`` give; when the kernel refuses, the user learns which flag to
 change and how, instead of an errno: the usual cause is a port another server (often another
 ``jailbox serve`` of the same user) already holds.
 """
@@ -33,3 +33,15 @@ def refused(host: str, port: int, exc: OSError) -> BadFlag:
     if exc.errno == errno.EACCES and 0 < port < 1024:
         return BadFlag("--port", f"cannot listen on {shown}: ports below 1024 need privileges")
     return BadFlag("--port", f"cannot listen on {shown}: {exc.strerror or exc}")
+
+
+def bound(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not yet listening), or ``BadFlag`` naming what to change."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise refused(host, port, exc) from None
+    return sock

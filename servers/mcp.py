@@ -27,7 +27,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
@@ -47,7 +46,7 @@ from ..sandbox import AsyncSandbox, Limits, NetworkPolicy, SandboxConfig, Snapsh
 from ..sandbox.errors import BranchError, SandboxError, SandboxPaused, SnapshotNotFound
 from ..sandbox.serving import SNAPSHOT_ID, SNAPSHOT_NAME, Checkpoint, Store, stored
 from . import keys
-from .listen import BadFlag, refused
+from .listen import BadFlag, bound
 
 SESSION_HEADER = "mcp-session-id"
 STDIO = "stdio"  # the one session a stdio server has
@@ -1003,14 +1002,7 @@ async def _serve_http(
         session_idle_timeout=options.idle_timeout,
         max_request_body_size=options.max_file * 4 // 3 + (64 << 10),  # a base64 write_file and its envelope
     )
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise refused(host, port, exc) from None
+    sock = bound(host, port)
     config = uvicorn.Config(Gate(app, held, tokens), log_level="warning", lifespan="on")
     # uvicorn stops gracefully on SIGINT and SIGTERM while it serves, then raises the signal again for
     # the handler it found: this one, which ends the serving task; before and after, the same handler

@@ -28,7 +28,6 @@ import http
 import json
 import logging
 import signal
-import socket
 import sys
 import threading
 import time
@@ -51,7 +50,7 @@ from ..sandbox import SandboxConfig
 from ..sandbox.errors import SandboxError
 from . import keys
 from .jsonshape import excess
-from .listen import refused
+from .listen import bound
 
 T = TypeVar("T")
 
@@ -542,14 +541,7 @@ SCHEMA = {  # what /schema answers: OpenEnv's SchemaResponse (the action, the ob
 
 
 async def _serve(server: OpenEnvServer, host: str, port: int, token_path: Path, made: str | None) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise refused(host, port, exc) from None
+    sock = bound(host, port)
     sock.listen(512)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
