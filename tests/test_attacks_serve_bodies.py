@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start_server
+from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, start_server
 
 from jailbox.servers.e2b import process_pb2 as ppb
 
@@ -27,7 +27,7 @@ GROWTH = 256 << 20
 @pytest.fixture
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A server per test: what one attack leaves allocated (memory freed but kept) is not the next's."""
-    _sdk()
+    need_sdk()
     tmp = tmp_path_factory.mktemp("bodies")
     served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)))
     yield served

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
-from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, start_server
+from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, start_server
 
 from jailbox.servers.e2b.httpd import (
     HEAD_TIMEOUT,
@@ -39,7 +39,7 @@ CLOSE_SLACK = 5.0
 @pytest.fixture
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A server per test: what one attack leaves allocated (memory freed but kept) is not the next's."""
-    _sdk()
+    need_sdk()
     tmp = tmp_path_factory.mktemp("door")
     served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)))
     yield served

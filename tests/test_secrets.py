@@ -503,9 +503,9 @@ def test_serve_gives_every_sandbox_its_secrets_as_placeholders(tmp_path: Path, m
     """``jailbox serve --secret``: a sandbox made through the unmodified E2B SDK sees a placeholder of
     its own, and neither its commands, the API's answers nor the server's log show the value; a
     flag that cannot hold is refused at start in one line, and the host rootfs at create."""
-    from test_serve_e2b import KEY_A, _sdk, api, key_file, sdk, start_server
+    from support.serve import KEY_A, api, key_file, need_sdk, sdk, start_server
 
-    _sdk()
+    need_sdk()
     cache = {"JAILBOX_CACHE_DIR": str(tmp_path / "cache")}
     tarball = tmp_path / "mini.tar"
     subprocess.run(["tar", "-C", str(mini_rootfs), "-cf", str(tarball), "."], check=True)

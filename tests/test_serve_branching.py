@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 from support.cli import JAILBOX
-from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start_server
+from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    _sdk()
+    need_sdk()
     tmp = tmp_path_factory.mktemp("serve-branching")
     served = start_server(tmp, *_flags(tmp), env=_store(tmp))
     yield served

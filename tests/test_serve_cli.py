@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import JAILBOX
-from test_serve_e2b import KEY_A, KEY_B, Served, api, key_file, start_server
+from support.serve import KEY_A, KEY_B, Served, api, key_file, start_server
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import require
-from test_serve_e2b import KEY_A, KEY_B, Served, api, key_file, sdk, start_server
+from support.serve import KEY_A, KEY_B, Served, api, key_file, sdk, start_server
 
 pytestmark = pytest.mark.needs("kernel")
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_serve_e2b import KEY_A, Served, _sdk, api, key_file, sdk, start_server
+from support.serve import KEY_A, Served, api, key_file, need_sdk, sdk, start_server
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "e2b-compat.md"
 # Methods that only make a URL, which the caller then fetches itself: where such a URL does not reach
@@ -145,7 +145,7 @@ def table() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    _sdk()
+    need_sdk()
     tmp = tmp_path_factory.mktemp("serve-compat")
     served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A)), env={"JAILBOX_CACHE_DIR": str(tmp / "c")})
     yield served
@@ -153,7 +153,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def test_the_table_names_every_public_method_of_both_sdks() -> None:
-    _sdk()
+    need_sdk()
     from e2b import Sandbox
     from e2b.sandbox_sync.commands.command import Commands
     from e2b.sandbox_sync.commands.pty import Pty

@@ -5,120 +5,27 @@ The server runs as a subprocess on loopback; the SDK runs in this process. Real 
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import re
 import socket
 import stat
 import subprocess
-import sys
-import textwrap
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require
 from support.bound_probe import BOUNDS, PROBE_LINE, held
 from support.cli import JAILBOX
-
-KEY_A = "jbx_" + "a" * 40
-KEY_B = "jbx_" + "b" * 40
-
-
-def _sdk() -> None:
-    require(
-        importlib.util.find_spec("e2b") is not None,
-        "the e2b SDK (Python 3.11+)",
-        "pip install -e '.[test]' with Python 3.11 or newer",
-    )
-
-
-class Served:
-    def __init__(self, proc: subprocess.Popen[str], url: str, log: list[str], cwd: Path) -> None:
-        self.proc, self.url, self.log, self.cwd = proc, url, log, cwd
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Served:
-    proc = subprocess.Popen(
-        [*JAILBOX, "serve", "--port", "0", *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-        cwd=tmp,
-    )
-    assert proc.stderr is not None
-    log: list[str] = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        log.append(line)
-        m = re.search(r"listening on (http://\S+)", line)
-        if m:
-            threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
-            return Served(proc, m.group(1), log, tmp)
-    proc.kill()
-    raise AssertionError("jailbox serve did not start: " + "".join(log))
-
-
-def key_file(tmp: Path, *keys: str) -> Path:
-    path = tmp / "keys"
-    path.write_text("".join(k + "\n" for k in keys))
-    path.chmod(0o600)
-    return path
+from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    _sdk()
+    need_sdk()
     tmp = tmp_path_factory.mktemp("serve")
     served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--max-per-key", "6")
     yield served
     served.stop()
-
-
-def sdk(server: Served, tmp: Path, code: str, key: str = KEY_A) -> str:
-    """Run ``code`` with the SDK in a fresh interpreter pointed at ``server`` by environment variables
-    alone (its asserts are the test); returns what it printed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    env.update(E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url, E2B_HTTP_VERSION="1.1", E2B_API_KEY=key)
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=tmp, env=env, capture_output=True, text=True, timeout=240
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout
-
-
-def api(server: Served, method: str, path: str, key: str | None, body: object = None) -> tuple[int, object]:
-    headers = {"Content-Type": "application/json"}
-    if key is not None:
-        headers["X-API-Key"] = key
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(server.url + path, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            raw = r.read()
-            return r.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        return exc.code, json.loads(raw) if raw else None
 
 
 def test_create_run_and_kill(server: Served, tmp_path: Path) -> None:
@@ -581,7 +488,7 @@ def test_max_per_key(server: Served, tmp_path: Path) -> None:
 @pytest.mark.cgroup
 @pytest.mark.slow
 def test_the_bound_flags_bound_every_served_sandbox(tmp_path: Path) -> None:
-    _sdk()
+    need_sdk()
     served = start_server(tmp_path, "--api-key-file", str(key_file(tmp_path, KEY_A)), *BOUNDS)
     try:
         code = f"""
@@ -716,7 +623,7 @@ def test_a_refused_body_still_gets_its_answer(server: Served) -> None:
 def test_64_sandboxes_at_once(tmp_path: Path) -> None:
     """The server's whole default capacity, made concurrently through the SDK, each running a command;
     what an idle sandbox costs the server process is printed (``-s`` shows it)."""
-    _sdk()
+    need_sdk()
     served = start_server(tmp_path, "--api-key-file", str(key_file(tmp_path, KEY_A)), "--max-sandboxes", "64")
     try:
         out = sdk(

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 from support.cli import JAILBOX
-from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start_server
+from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    _sdk()
+    need_sdk()
     tmp = tmp_path_factory.mktemp("envd")
     served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--max-per-key", "6")
     yield served
@@ -407,7 +407,7 @@ def _e2b_base_tar(path: Path) -> None:
 @pytest.fixture(scope="module")
 def e2b_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A server whose store holds an ``e2b-base`` tree: E2B's ``base`` template runs as ``user``."""
-    _sdk()
+    need_sdk()
     tmp = tmp_path_factory.mktemp("e2bbase")
     store = tmp / "store"
     store.mkdir(mode=0o700)

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start_server
+from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    _sdk()
+    need_sdk()
     tmp = tmp_path_factory.mktemp("signed")
     served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--max-per-key", "6")
     yield served

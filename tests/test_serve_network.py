@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from conftest import need
+from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, start_server
 from support.standin import StandIn
-from test_serve_e2b import KEY_A, KEY_B, Served, _sdk, api, key_file, sdk, start_server
 
 CEILING = "allow:127.0.0.0/24:*,!127.0.0.4"
 TUNNEL = """
@@ -46,7 +46,7 @@ def upstreams() -> Iterator[tuple[StandIn, StandIn, StandIn]]:
 
 
 def _server(tmp: Path, network: str) -> Served:
-    _sdk()
+    need_sdk()
     return start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--network", network, "--warm", "1")
 
 
