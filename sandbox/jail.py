@@ -32,7 +32,7 @@ from .floor import linux as L
 from .floor import procstat, wire
 from .floor.idmap import IdMap
 from .launcher import LAUNCHER
-from .limits import budget, cgroups, plan, sockets, uids, usage
+from .limits import budget, cgroups, plan, sockets, uids
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
 from .limits.enforcement import Enforcement
 from .limits.watch import WATCHER, Watched
@@ -46,6 +46,7 @@ from .seccomp.policy import SeccompPolicy
 
 if TYPE_CHECKING:
     from .layers import Layer
+    from .limits import usage
     from .rootfs.users import User
 
 EXIT_WAIT = 2.0
@@ -173,6 +174,8 @@ class Jail:
     def usage(self) -> usage.Reading:
         """What the jail uses now: CPU time and memory from its cgroup where that counts them, else
         from its processes in ``/proc``; its writable layer from the tmpfs or the watcher's last walk."""
+        from .limits import usage  # here: a command line that makes a jail never asks what it uses
+
         counted = self.cgroup.usage() if self.cgroup is not None else {}
         if "cpu_ns" not in counted or "memory" not in counted:
             cpu, memory = usage.from_proc(self.init_pid)

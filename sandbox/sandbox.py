@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import files, layers, ports, snapshots
+from . import files, layers, snapshots
 from .channel import Channel
 from .child.requests import MAX_WALK_ENTRIES, ExecRequest, RunAs
 from .config import SandboxConfig, check_env, jail_path
@@ -24,7 +24,6 @@ from .errors import BranchError, ConfigError, ExecError, SandboxClosed, SandboxP
 from .execution import ExecRun, Stdin, TtyCommand, run_sync
 from .jail import Jail
 from .limits import PORT_CONNECT_WAIT
-from .limits import usage as measure
 from .limits.enforcement import render
 from .net.policy import NetworkPolicy, first_error
 from .results import ExecResult, SandboxStats, SandboxUsage
@@ -232,6 +231,8 @@ class Sandbox:
         previous call), memory and its writable layer, each against its limit (the host's where it
         has none). From its cgroup where one counts it, else from its processes in ``/proc``; a
         paused sandbox reads as it stands. ``SandboxClosed`` once closed."""
+        from .limits import usage as measure  # here: a command line that makes a jail never asks
+
         self._check_open()
         jail = self._jail
         reading = jail.usage()
@@ -389,6 +390,8 @@ class Sandbox:
         jail's init connects from inside and hands the socket over, and it is checked here before it
         is returned (``ports.py``). Connected and non-blocking; the caller closes it.
         ``ConnectionRefusedError`` if nothing listens there, ``TimeoutError`` past ``timeout`` seconds."""
+        from . import ports  # here: only what relays a port to the host needs it
+
         self._check_running()
         return ports.connect(self._channel, port, timeout)
 
