@@ -325,6 +325,13 @@ class Sandbox:
                 self._interpreter = Interpreter(self)
             return self._interpreter
 
+    def start_interpreter(self) -> None:
+        """Start the code interpreter (its gateway and the default context's kernel) now, in the
+        background, so that the first ``run_code`` waits only for what is left of the start
+        (``SandboxPool(interpreter=True)`` does this for its ready sandboxes). Does nothing if it
+        runs already."""
+        self._code().start()
+
     def run_code(
         self,
         code: str,
