@@ -30,8 +30,8 @@ import threading
 import uuid
 from typing import Any
 
-# jupyter_client finds the kernel through ipykernel, whose bundled debugger warns on stderr (the host's
-# reason if this process ends) that CPython's frozen modules may hide breakpoints
+# ipykernel's bundled debugger warns on stderr that CPython's frozen modules may hide breakpoints (the
+# kernel inherits this; its stderr goes nowhere, but this process's is the host's reason if it ends)
 os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
 try:
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager

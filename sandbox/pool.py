@@ -33,8 +33,8 @@ class SandboxPool(JailSource):
     def __init__(
         self, size: int = 4, config: SandboxConfig | None = None, *, interpreter: bool = False, **options: Any
     ) -> None:
-        """``interpreter``: start each ready sandbox's code interpreter ahead (one kernel each, about
-        60 MB of memory, in the sandbox's own limits)."""
+        """``interpreter``: start each ready sandbox's code interpreter ahead (a gateway and kernel
+        each, about 100 MB resident, in the sandbox's own limits)."""
         if size < 1:
             raise ValueError("a pool needs size >= 1")
         if not isinstance(interpreter, bool):
