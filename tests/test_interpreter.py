@@ -203,6 +203,7 @@ def test_async_twins_run_callbacks_on_the_loop():
         async with AsyncSandbox() as sb:
             loop_thread = threading.get_ident()
             threads: list[int] = []
+            await sb.start_interpreter()
             execution = await sb.run_code("print('x')\n7", on_stdout=lambda m: threads.append(threading.get_ident()))
             assert execution.text == "7" and threads == [loop_thread]
             ctx = await sb.create_code_context()
