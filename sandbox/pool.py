@@ -56,7 +56,7 @@ class SandboxPool(JailSource):
 
     def acquire(self) -> Sandbox:
         """A ready sandbox; built on the spot (its interpreter not started) when the pool is
-        momentarily empty."""
+        momentarily empty (``JailSource``: an acquired sandbox's ``reset()`` takes over one's jail)."""
         if self._closed:
             raise SandboxClosed("the pool is closed")
         try:
@@ -65,15 +65,6 @@ class SandboxPool(JailSource):
             sb = Sandbox.adopt(Jail(self.config), self)
         self._wake.set()
         return sb
-
-    def take_jail(self) -> Jail:
-        """A ready jail (``JailSource``: what an acquired sandbox's ``reset()`` swaps in). A ready
-        sandbox's started interpreter ends here: the sandbox that takes the jail starts its own."""
-        sb = self.acquire()
-        interpreter, sb._interpreter = sb._interpreter, None
-        if interpreter is not None:
-            interpreter.close()
-        return sb._jail
 
     def retire(self, jail: Jail) -> None:
         """Tear a jail down in the background (``JailSource``: an acquired sandbox's old jails)."""

@@ -528,8 +528,13 @@ def test_a_pool_hands_out_sandboxes_with_a_kernel_started_and_nothing_of_the_las
             contexts.add(context.id)
             seen.append(kernel)
             if user == 3:
-                sb.reset()  # a pooled jail swapped in: its interpreter starts afresh
-                assert sb.run_code("'secret_3' in globals()").text == "False"
+                assert pool.wait_ready(120)
+                sb.reset()  # a ready sandbox's jail swapped in, with its kernel started ahead
+                [fresh] = _started_kernel(sb)
+                again = sb.run_code("'secret_3' in globals(), 'secretmod' in __import__('sys').modules")
+                assert again.text == "(False, False)" and again.execution_count == 1, again
+                assert [p.pid for p in _kernels(sb)] == [fresh.pid] and not kernel.is_running()
+                seen.append(fresh)
             sb.close()
             deadline = time.monotonic() + 30
             while [p for p in seen if p.is_running()]:  # every closed sandbox's kernel is gone (reaped
