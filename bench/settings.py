@@ -35,6 +35,7 @@ class Settings:
     code_reps: int = 300  # run_code("1+1") on a warm context
     view_reps: int = 30  # the viewer's page of a 1,000-task batch
     code_starts: int = 5  # sandboxes created to their first run_code result (a kernel start each)
+    code_warm_starts: int = 30  # the same from a pool whose kernels started ahead (a refill waited for each)
     rollouts: int = 64  # fresh jail + `true`, through Ray and locally
     rollout_workers: int = 4  # rollouts at once (Ray actors, local threads)
     image: str = "docker.io/library/busybox:latest"
@@ -73,6 +74,7 @@ QUICK = Settings(
     code_reps=20,
     view_reps=3,
     code_starts=1,
+    code_warm_starts=3,
     rollouts=4,
     rollout_workers=2,
 )

@@ -95,6 +95,10 @@ class AsyncSandbox:
             await asyncio.to_thread(self.sandbox.interrupt_code, context)
             raise
 
+    async def start_interpreter(self) -> None:
+        """As ``Sandbox.start_interpreter``: returns once the gateway's process is started."""
+        await asyncio.to_thread(self.sandbox.start_interpreter)
+
     async def interrupt_code(self, context: CodeContext | str | None = None) -> None:
         await asyncio.to_thread(self.sandbox.interrupt_code, context)
 

@@ -254,21 +254,34 @@ class Gateway:
             os.close(self.stdin)
             raise
         os.set_blocking(self.stdin, False)
+        self.start_deadline = time.monotonic() + INTERPRETER_START
+        self.default: str | None = None  # the default context's id, once the gateway said it is ready
+        self.ready_lock = threading.Lock()
         self.waiters[""] = self.started
         self.thread = threading.Thread(target=self._pump, name=f"jailbox-interpreter-{sb.id}", daemon=True)
         self.thread.start()
-        try:
-            self.default: str = self._ready()
-        except BaseException:
-            self.close()  # the command killed, its reader joined, both pipe ends closed
-            raise
-        finally:
-            self.waiters.pop("", None)
+
+    def wait_ready(self) -> str:
+        """The default context's id, waiting (until ``INTERPRETER_START`` after the start) for the
+        gateway to say it is ready; on failure the gateway is closed and ``InterpreterError`` raised.
+        A gateway started ahead of its first call (a pool's) costs that call only what is left."""
+        with self.ready_lock:
+            if self.default is not None:
+                return self.default
+            try:
+                self.default = self._ready()
+            except BaseException:
+                self.close()  # the command killed, its reader joined, both pipe ends closed
+                raise
+            finally:
+                with self.lock:
+                    self.waiters.pop("", None)
+            return self.default
 
     def _ready(self) -> str:
         """Wait for the gateway's first line; the default context's id."""
         try:
-            first = self._next(self.started, time.monotonic() + INTERPRETER_START)
+            first = self._next(self.started, self.start_deadline)
         except TimeoutError:
             raise InterpreterError(f"the interpreter did not start in {INTERPRETER_START:g} s") from None
         if isinstance(first, _Over):
@@ -514,8 +527,11 @@ class Gateway:
     def _interrupt(self, context: str | None) -> None:
         """SIGINT to the context's kernel (through jupyter_client), sent without waiting for the
         answer: the execution's own end says it stopped."""
+        target = context or self.default
+        if target is None:  # the default kernel is still starting: nothing runs in it yet
+            return
         rid = str(next(self.ids))
-        self._send({"op": "interrupt", "context": context or self.default, "id": rid}, time.monotonic() + 5)
+        self._send({"op": "interrupt", "context": target, "id": rid}, time.monotonic() + 5)
 
 
 def _first(exc: ValidationError) -> str:
@@ -531,13 +547,33 @@ class Interpreter:
         self.lock = threading.Lock()
         self.gateway: Gateway | None = None
 
+    def start(self) -> None:
+        """Start the gateway and its default kernel without waiting for them, unless one runs: the
+        first call then waits only for what is left of the start."""
+        with self.lock:
+            gateway = self.gateway
+            if gateway is None or gateway.broken is not None or gateway.closed or gateway.jail is not self.sb._jail:
+                if gateway is not None:
+                    gateway.close()
+                self.gateway = None
+                self.gateway = Gateway(self.sb)
+
     def _gateway(self) -> Gateway:
         with self.lock:
             gateway = self.gateway
-            if gateway is None or gateway.broken is not None or gateway.jail is not self.sb._jail:
+            if gateway is not None and gateway.default is None and not gateway.closed and gateway.jail is self.sb._jail:
+                try:  # started ahead (start()): if it did not come up (the jail's code may kill it), afresh
+                    gateway.wait_ready()
+                    return gateway
+                except InterpreterError:
+                    gateway = self.gateway = None  # closed by its wait
+            if gateway is None or gateway.broken is not None or gateway.closed or gateway.jail is not self.sb._jail:
                 if gateway is not None:
                     gateway.close()
-                self.gateway = gateway = Gateway(self.sb)
+                self.gateway = None
+                gateway = Gateway(self.sb)
+                gateway.wait_ready()  # closes it if it does not come up
+                self.gateway = gateway
             return gateway
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ line and wait, and treats what comes back as data.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import queue
@@ -29,11 +30,15 @@ import threading
 import uuid
 from typing import Any
 
-# jupyter_client finds the kernel through ipykernel, whose bundled debugger warns on stderr (the host's
-# reason if this process ends) that CPython's frozen modules may hide breakpoints
+# ipykernel's bundled debugger warns on stderr that CPython's frozen modules may hide breakpoints (the
+# kernel inherits this; its stderr goes nowhere, but this process's is the host's reason if it ends)
 os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
 try:
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
     from jupyter_client.manager import KernelManager
+
+    if importlib.util.find_spec("ipykernel_launcher") is None:  # found, not imported: the kernel imports it
+        raise ImportError("No module named 'ipykernel_launcher'")
 except ImportError as exc:  # the host turns this into a one-line error naming the packages
     sys.stdout.write(json.dumps({"type": "missing", "message": str(exc)}) + "\n")
     sys.stdout.flush()
@@ -104,6 +109,17 @@ FIELDS = {
 out_lock = threading.Lock()
 
 
+class NativeSpec(KernelSpecManager):
+    """ipykernel's own kernel spec (``ipykernel.kernelspec.get_kernel_dict``: this Python, ``-m
+    ipykernel_launcher``), given without a search: jupyter_client's finds it by importing ipykernel
+    into this process, which took 0.6-1.1 s of every start, before the kernel (which imports it
+    again) was even spawned."""
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        return KernelSpec(argv=argv, display_name="Python 3 (ipykernel)", language="python")
+
+
 def send(line: dict[str, Any]) -> None:
     data = json.dumps(line, separators=(",", ":"), default=str) + "\n"
     if line.get("type") == "result" and len(data) > RESULT_MAX:
@@ -140,7 +156,12 @@ class Context:
         # set by an interrupt: the run's backlog of output (a print loop can queue a hundred MiB in the
         # kernel's socket) is drained unsent, so the run ends within the host's grace
         self.quiet = threading.Event()
-        self.manager = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, uuid.uuid4().hex))
+        self.manager = KernelManager(
+            kernel_name="python3",
+            transport="ipc",
+            ip=os.path.join(sockets, uuid.uuid4().hex),
+            kernel_spec_manager=NativeSpec(),
+        )
         self.start()
         self.id = uuid.uuid4().hex
         threading.Thread(target=self.serve, daemon=True).start()

@@ -45,7 +45,7 @@ class JailSource(Protocol):
     """Where an adopted ``Sandbox`` gets a fresh jail on ``reset()`` and hands its jails back (a
     ``SandboxPool``, which builds them ahead of time and tears them down in the background)."""
 
-    def take_jail(self) -> Jail: ...
+    def acquire(self) -> Sandbox: ...
 
     def retire(self, jail: Jail) -> None: ...
 
@@ -326,6 +326,13 @@ class Sandbox:
                 self._interpreter = Interpreter(self)
             return self._interpreter
 
+    def start_interpreter(self) -> None:
+        """Start the code interpreter (its gateway and the default context's kernel) now, in the
+        background, so that the first ``run_code`` waits only for what is left of the start
+        (``SandboxPool(interpreter=True)`` does this for its ready sandboxes). Does nothing if it
+        runs already."""
+        self._code().start()
+
     def run_code(
         self,
         code: str,
@@ -556,21 +563,34 @@ class Sandbox:
     def reset(self) -> None:
         """Start over: every process killed, a fresh writable layer, same configuration.
 
-        From a ``SandboxPool`` this swaps in a jail built ahead of time and retires the old one in
-        the background; otherwise it builds a new jail and tears the old one down.
+        From a ``SandboxPool`` this swaps in the jail of one of its ready sandboxes (with its code
+        interpreter, if the pool starts them ahead) and retires the old one in the background;
+        otherwise it builds a new jail and tears the old one down.
         """
         self._check_open()
-        fresh = self._source.take_jail() if self._source is not None else Jail(self.config, vault=self._jail.vault)
+        started: Interpreter | None = None
+        if self._source is not None:
+            ready = self._source.acquire()  # handed out once: its jail and its interpreter are this one's now
+            fresh, started = ready._jail, ready._interpreter
+        else:
+            fresh = Jail(self.config, vault=self._jail.vault)
         if fresh.config.network != self.config.network:  # a pool's jail, and this sandbox's rules were changed
             try:
                 fresh.set_network(self.config.network)
             except BaseException:
+                if started is not None:
+                    started.close()
                 self._retire(fresh)
                 raise
+        if started is not None:
+            started.sb = self
         with self._lock:
             old, self._jail = self._jail, fresh
+            previous, self._interpreter = self._interpreter, started
             self._ids = itertools.count(1)
             self._stats = SandboxStats()
+        if previous is not None:  # its gateway ends before its jail is retired
+            previous.close()
         self._retire(old)
 
     def _retire(self, old: Jail) -> None:

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from conftest import host_tree
 from support.descriptors import held_fds
 
-from jailbox.sandbox import AsyncSandbox, Sandbox, interpreter
+from jailbox.sandbox import AsyncSandbox, Sandbox, SandboxPool, interpreter
 from jailbox.sandbox.errors import InterpreterError, InterpreterTimeout
 from jailbox.sandbox.rootfs.build import load_recipe
 
@@ -202,6 +203,7 @@ def test_async_twins_run_callbacks_on_the_loop():
         async with AsyncSandbox() as sb:
             loop_thread = threading.get_ident()
             threads: list[int] = []
+            await sb.start_interpreter()
             execution = await sb.run_code("print('x')\n7", on_stdout=lambda m: threads.append(threading.get_ident()))
             assert execution.text == "7" and threads == [loop_thread]
             ctx = await sb.create_code_context()
@@ -472,3 +474,106 @@ def test_the_host_rootfs_imports_matplotlib():
     with Sandbox() as sb:
         result = sb.exec(["python3", "-c", "import matplotlib; print(matplotlib.get_configdir() != '')"])
         assert result.exit_code == 0, result.stderr
+
+
+# --- started ahead: SandboxPool(interpreter=True) and start_interpreter() ----------------------------
+
+
+def _kernels(sb: Sandbox) -> list[psutil.Process]:
+    """The sandbox's kernel processes, seen from the host."""
+    procs = psutil.Process(sb.init_pid).children(recursive=True)
+    return [p for p in procs if "ipykernel_launcher" in p.cmdline()]
+
+
+def _started_kernel(sb: Sandbox) -> list[psutil.Process]:
+    """The kernel a pool started before handing ``sb`` out, once its process exists (bounded: 30 s; it
+    exists as soon as the gateway spawned it)."""
+    deadline = time.monotonic() + 30
+    while not (kernels := _kernels(sb)):
+        assert time.monotonic() < deadline, "no kernel was started ahead"
+        time.sleep(0.05)
+    return kernels
+
+
+def test_a_pool_hands_out_sandboxes_with_a_kernel_started_and_nothing_of_the_last_user():
+    """Each acquired sandbox has its kernel running before its first run_code, and that kernel has run
+    nothing: no variable, module, environment variable, working directory or file of an earlier user,
+    and its first cell is number 1. Closed sandboxes leave no kernel; the pool refills with warm ones."""
+    with Sandbox():
+        pass
+    baseline = sorted(p.pid for p in host_tree())
+    threads = set(threading.enumerate())  # an earlier test's may still be ending
+    seen: list[psutil.Process] = []
+    with SandboxPool(2, interpreter=True) as pool:
+        assert pool.wait_ready(120)
+        contexts = set()
+        for user in range(4):  # more than the pool holds: it refilled in between
+            assert pool.wait_ready(120)
+            sb = pool.acquire()
+            [kernel] = _started_kernel(sb)  # before anything asked for it
+            first = sb.run_code(
+                "import os, sys\n"
+                "[k for k in globals() if k.startswith('secret')], 'secretmod' in sys.modules, "
+                "os.environ.get('SECRET'), os.getcwd(), os.path.exists('/tmp/secret')"
+            )
+            assert first.error is None and first.execution_count == 1, first
+            assert first.text == "([], False, None, '/testbed', False)", first.text
+            assert [p.pid for p in _kernels(sb)] == [kernel.pid]  # the one started ahead answered
+            sb.run_code(
+                f"secret_{user} = {user}\nimport json as secretmod\nsys.modules['secretmod'] = secretmod\n"
+                "os.environ['SECRET'] = 'x'\nos.chdir('/tmp')\nopen('/tmp/secret', 'w').write('x')"
+            )
+            [context] = sb.list_code_contexts()
+            assert context.id not in contexts  # a kernel of its own, not one handed on
+            contexts.add(context.id)
+            seen.append(kernel)
+            if user == 3:
+                assert pool.wait_ready(120)
+                sb.reset()  # a ready sandbox's jail swapped in, with its kernel started ahead
+                [fresh] = _started_kernel(sb)
+                again = sb.run_code("'secret_3' in globals(), 'secretmod' in __import__('sys').modules")
+                assert again.text == "(False, False)" and again.execution_count == 1, again
+                assert [p.pid for p in _kernels(sb)] == [fresh.pid] and not kernel.is_running()
+                seen.append(fresh)
+            sb.close()
+            deadline = time.monotonic() + 30
+            while [p for p in seen if p.is_running()]:  # every closed sandbox's kernel is gone (reaped
+                assert time.monotonic() < deadline, seen  # with its jail, which the pool tears down)
+                time.sleep(0.1)
+        assert pool.wait_ready(120)
+        assert pool.errors == []
+    assert sorted(p.pid for p in host_tree()) == baseline
+    assert not [t for t in set(threading.enumerate()) - threads if t.name.startswith("jailbox-interpreter-")]
+
+
+def test_an_interpreter_killed_while_it_starts_is_replaced_on_first_use():
+    """The jail's code may kill the interpreter started ahead before it is up (the gateway alone, or
+    with its kernel): the first run_code starts another rather than failing."""
+    for what in ("import json", "python3"):  # the gateway (its source); the gateway and its kernel
+        with Sandbox() as sb:
+            sb.start_interpreter()
+            deadline = time.monotonic() + 30
+            while not [p for p in psutil.Process(sb.init_pid).children(recursive=True) if "-c" in p.cmdline()]:
+                assert time.monotonic() < deadline, "the gateway did not start"
+                time.sleep(0.01)
+            sb.exec(["pkill", "-KILL", "-f", what])  # long before its kernel answers (a second or so)
+            assert sb.run_code("1+1").text == "2"
+            deadline = time.monotonic() + 10
+            while len(_kernels(sb)) != 1:  # an orphaned kernel notices its gateway went
+                assert time.monotonic() < deadline, "a kernel started ahead outlived its gateway"
+                time.sleep(0.2)
+
+
+def test_start_interpreter_starts_the_kernel_without_waiting_and_close_ends_it():
+    with Sandbox() as sb:
+        sb.start_interpreter()
+        [kernel] = _started_kernel(sb)
+        sb.start_interpreter()  # once: a second call keeps the one running
+        assert sb.run_code("1+1").text == "2" and [p.pid for p in _kernels(sb)] == [kernel.pid]
+    for _ in range(3):  # closed while the kernel is still starting: nothing stays
+        sb = Sandbox()
+        sb.start_interpreter()
+        sb.close()
+        assert not [t for t in threading.enumerate() if t.name == f"jailbox-interpreter-{sb.id}"]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "ipykernel_launcher" in (p.info["cmdline"] or [])
+                and p.pid == kernel.pid]  # fmt: skip

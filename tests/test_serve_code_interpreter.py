@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import require
+from conftest import host_tree, require
 from support.serve import KEY_A, KEY_B, Served, api, key_file, sdk, start_server
 
 pytestmark = pytest.mark.needs("kernel")
@@ -368,3 +368,75 @@ def test_a_client_that_goes_away_has_its_run_interrupted_and_leaves_no_thread(se
     while serving.num_threads() > before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert serving.num_threads() <= before
+
+
+@pytest.fixture(scope="module")
+def warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    require(
+        importlib.util.find_spec("e2b_code_interpreter") is not None,
+        "the e2b-code-interpreter SDK (Python 3.11+)",
+        "pip install -e '.[test]' with Python 3.11 or newer",
+    )
+    tmp = tmp_path_factory.mktemp("serve-interpreter-warm")
+    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--warm", "1")
+    yield served
+    served.stop()
+
+
+def _server_kernels(server: Served) -> set[int]:
+    """The kernels the server's jails run, by pid (``host_tree`` may name a process twice)."""
+    return {p.pid for p in host_tree(server.proc.pid) if "ipykernel_launcher" in p.cmdline()}
+
+
+def test_the_sdk_gets_a_sandbox_whose_kernel_started_ahead_and_ran_nothing(warm_server: Served, tmp_path: Path) -> None:
+    """``Sandbox.create()`` of the code-interpreter SDK from a warm pool: the kernel runs before the first
+    ``run_code`` (the sandbox's own ``ps`` shows it), and has nothing of the previous user: no variable,
+    module, environment variable, working directory or file, and its first cell is number 1, for one
+    user after another (the pool refilling between them), with both keys. A sandbox of the plain
+    ``e2b`` SDK's template gets no kernel. Killed sandboxes leave no kernel: the server ends up running
+    just the pool's one."""
+    script = """
+        import time
+        from e2b_code_interpreter import Sandbox
+
+        contexts = set()
+        for user in range(3):
+            sb = Sandbox.create()
+            deadline = time.monotonic() + 30
+            while "ipykernel_launcher" not in sb.commands.run("ps -eo args").stdout:  # no run_code yet
+                assert time.monotonic() < deadline, "no kernel was started ahead"
+                time.sleep(0.1)
+            first = sb.run_code(
+                "import os, sys\\n"
+                "[k for k in globals() if k.startswith('secret')], 'secretmod' in sys.modules, "
+                "os.environ.get('SECRET'), os.path.exists('/tmp/secret')"
+            )
+            assert first.error is None and first.execution_count == 1, first
+            assert first.text == "([], False, None, False)", first.text
+            sb.run_code(
+                f"secret_{user} = {user}\\nimport json as secretmod\\nsys.modules['secretmod'] = secretmod\\n"
+                "os.environ['SECRET'] = 'x'\\nopen('/tmp/secret', 'w').write('x')"
+            )
+            [context] = sb.list_code_contexts()
+            assert context.id not in contexts
+            contexts.add(context.id)
+            sb.kill()
+            time.sleep(0.5)  # the pool refills (a create meanwhile would be built cold, and still fresh)
+        """
+    sdk(warm_server, tmp_path, script)
+    sdk(warm_server, tmp_path, script, key=KEY_B)
+    sdk(
+        warm_server,
+        tmp_path,
+        """
+        from e2b import Sandbox
+
+        sb = Sandbox.create(template="host")
+        assert "ipykernel_launcher" not in sb.commands.run("ps -eo args").stdout
+        sb.kill()
+        """,
+    )
+    deadline = time.monotonic() + 60
+    while len(_server_kernels(warm_server)) != 1:  # the warm one; every killed sandbox's is gone
+        assert time.monotonic() < deadline, _server_kernels(warm_server)
+        time.sleep(0.2)

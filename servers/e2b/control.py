@@ -188,7 +188,8 @@ class ControlPlane:
                 made = None if wanted.empty else network.policy(wanted, self.registry.shape["network"])
                 ask = None if wanted.empty else wanted.record()
                 public, mask = ports.ingress(body)
-                served = self.registry.create(owner, interpreter.template(body), made, ask)
+                body, coded = interpreter.template(body)
+                served = self.registry.create(owner, body, made, ask, coded)
                 served.public_traffic, served.mask_host = public, mask
                 return _json(201, created(served, self.domain))
             if method == "GET":

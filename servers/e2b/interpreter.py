@@ -65,12 +65,13 @@ def traffic_token(served: Served) -> str:
     return hmac.new(served.access_token.encode(), b"e2b traffic access token", hashlib.sha256).hexdigest()
 
 
-def template(body: dict[str, Any]) -> dict[str, Any]:
+def template(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """A create request's body, its ``SDK_TEMPLATE`` made the ``code-interpreter`` tree if it is
-    stored, else the host's (whose Python has a kernel where ipykernel is installed)."""
+    stored, else the host's (whose Python has a kernel where ipykernel is installed); and whether it
+    was ``SDK_TEMPLATE``, the code-interpreter SDK's, whose sandbox gets its kernel started at once."""
     if body.get("templateID") != SDK_TEMPLATE:
-        return body
-    return {**body, "templateID": TREE if Store().resolve(TREE) is not None else "host"}
+        return body, False
+    return {**body, "templateID": TREE if Store().resolve(TREE) is not None else "host"}, True
 
 
 def find(registry: Registry, sandbox_id: str, headers: Message, wake: bool = False) -> Served | None:

@@ -173,7 +173,7 @@ class Registry:
         self.max_total = max_total
         self.shape = shape
         self.warm = warm
-        self.pools: dict[str, SandboxPool] = {}
+        self.pools: dict[tuple[str, bool], SandboxPool] = {}  # by template, and whether they run a kernel
         self.max_per_key = max_per_key
         self.default_timeout = default_timeout
         self.max_timeout = max_timeout
@@ -245,11 +245,17 @@ class Registry:
         raise ServeError(503, "the server is shutting down")
 
     def create(
-        self, owner: str, body: dict, network: NetworkPolicy | None = None, ask: dict[str, object] | None = None
+        self,
+        owner: str,
+        body: dict,
+        network: NetworkPolicy | None = None,
+        ask: dict[str, object] | None = None,
+        interpreter: bool = False,
     ) -> Served:
         """A sandbox of ``body`` (E2B's create request); ``network`` (None: the server's) is what
         its caller asked for (``ask``, kept for a restart), already held within the server's
-        (``network.py``)."""
+        (``network.py``). ``interpreter``: the code-interpreter SDK asked for it, so its code
+        interpreter is started at once (warm from a pool of such sandboxes)."""
         template = body.get("templateID")
         kept = None
         if not isinstance(template, str) or not (TEMPLATE_NAME.match(template) or SNAPSHOT_NAME.match(template)):
@@ -289,7 +295,7 @@ class Registry:
                 if kept is not None:
                     sandbox, template = Sandbox(snapshot=kept.id, **self._shaped(network)), kept.id
                 else:
-                    sandbox = self._sandbox(template, network)
+                    sandbox = self._sandbox(template, network, interpreter)
             except (SandboxError, ValueError) as exc:
                 raise ServeError(400, f"cannot create a sandbox from templateID {template!r}: {exc}") from None
             served = self._register(owner, template, sandbox, metadata, envs, timeout)
@@ -367,17 +373,22 @@ class Registry:
         if busy:
             raise ServeError(409, f"snapshot {', '.join(busy)} is in use by a running sandbox: kill it first")
 
-    def _sandbox(self, template: str, network: NetworkPolicy | None = None) -> Sandbox:
+    def _sandbox(self, template: str, network: NetworkPolicy | None = None, interpreter: bool = False) -> Sandbox:
         """A jail of ``template``: from its warm pool if it has one. A template gets a pool (up to
         ``MAX_POOLS`` of them) once a sandbox of it has been built, so a name that builds nothing
-        never holds jails. ``network`` of the server's mode narrows a pooled jail's rules before
-        anything runs in it; of another mode (``none``, or ``allow`` under ``full``) it is built
-        cold, and starts no pool."""
+        never holds jails; with ``interpreter``, a pool of its own whose sandboxes have their code
+        interpreter started (a kernel each, so only for the code-interpreter SDK's creates), and a
+        sandbox built cold starts its interpreter at once, while the create is answered. ``network``
+        of the server's mode narrows a pooled jail's rules before anything of the caller runs in it
+        (the pool's kernel uses unix sockets only); of another mode (``none``, or ``allow`` under
+        ``full``) it is built cold, and starts no pool."""
         ceiling = self.shape["network"]
+        key = (template, interpreter)
         if network is not None and network.mode != ceiling.mode:
-            return Sandbox(self._config(template, self._shaped(network)))
+            sandbox = Sandbox(self._config(template, self._shaped(network)))
+            return self._started(sandbox) if interpreter else sandbox
         with self.lock:
-            pool = self.pools.get(template)
+            pool = self.pools.get(key)
         sandbox = pool.acquire() if pool is not None else Sandbox(self._config(template, self.shape))
         if network is not None and network != ceiling:
             try:
@@ -385,13 +396,24 @@ class Registry:
             except BaseException:
                 sandbox.close()
                 raise
+        if interpreter:
+            self._started(sandbox)  # a pool's runs already (unless the pool was empty): then this starts it
         if pool is not None:
             return sandbox
         config = self._config(template, self.shape)
         if self.warm:
             with self.lock:
-                if template not in self.pools and len(self.pools) < MAX_POOLS and not self.closed:
-                    self.pools[template] = SandboxPool(self.warm, config)
+                if key not in self.pools and len(self.pools) < MAX_POOLS and not self.closed:
+                    self.pools[key] = SandboxPool(self.warm, config, interpreter=interpreter)
+        return sandbox
+
+    @staticmethod
+    def _started(sandbox: Sandbox) -> Sandbox:
+        try:
+            sandbox.start_interpreter()
+        except BaseException:
+            sandbox.close()
+            raise
         return sandbox
 
     def _shaped(self, network: NetworkPolicy | None) -> Shape:
