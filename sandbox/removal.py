@@ -27,6 +27,7 @@ from .floor.idmap import IdMap
 
 BACKLOG = 16  # trees waiting for the remover before close() removes its own
 EXIT_WAIT = 30.0  # seconds the host's exit waits for the trees still queued
+RETRY_AFTER = 1.0  # seconds before a failed removal is tried again, once
 
 log = logging.getLogger("jailbox")
 
@@ -60,8 +61,8 @@ class _Remover:
                 path, id_map = self.queue.popleft()
                 self.busy += 1
             try:
-                state.remove_sandbox_dir(path, id_map)
-            except Exception as exc:  # left in trash/: `jailbox cleanup` tries again and reports it
+                _remove(path, id_map)
+            except Exception as exc:  # left in trash/: the launcher at exit, or `jailbox cleanup`, tries again
                 log.warning("could not remove the closed sandbox's directory %s: %s", path, exc)
             finally:
                 with self.cond:
@@ -78,6 +79,16 @@ class _Remover:
                     return False
                 self.cond.wait(left)
         return True
+
+
+def _remove(path: Path, id_map: IdMap | None) -> None:
+    """Remove ``path``; once more after ``RETRY_AFTER`` if that failed (what the kernel was still
+    tearing down of the jail may have held a part of it)."""
+    try:
+        state.remove_sandbox_dir(path, id_map)
+    except Exception:
+        time.sleep(RETRY_AFTER)
+        state.remove_sandbox_dir(path, id_map)
 
 
 _REMOVER = _Remover()

@@ -141,12 +141,14 @@ def cleanup(base: Path, force: bool = False) -> tuple[list[Path], list[tuple[Pat
     trash = trash_dir(base)
     for path in sorted(trash.iterdir()) if trash.is_dir() else []:
         meta = read_meta(path)
-        if force or not owner_alive(meta):  # a live owner's remover has it in hand
-            try:
-                remove_sandbox_dir(path, _meta_idmap(meta))
-                removed.append(path)
-            except Exception as exc:
-                failed.append((path, str(exc)))
+        # a live owner's remover has it in hand (and may have removed its meta.json already)
+        if not force and (owner_alive(meta) or (not meta and _younger_than(path, META_GRACE))):
+            continue
+        try:
+            remove_sandbox_dir(path, _meta_idmap(meta))
+            removed.append(path)
+        except Exception as exc:
+            failed.append((path, str(exc)))
     for path in sorted((base / "sandboxes").iterdir()):
         meta = read_meta(path)
         if not force and (owner_alive(meta) or (not meta and _younger_than(path, META_GRACE))):

@@ -64,7 +64,7 @@ def test_close_leaves_no_process_mount_or_directory(_state_dir):
     assert not sb.dir.exists()
     assert _sandbox_dirs(_state_dir) == []
     assert _snapshot() == before  # once the remover is done with the directory close() handed it
-    assert list(state.trash_dir(_state_dir).iterdir()) == []
+    assert not (state.trash_dir(_state_dir) / sb.id).exists()
 
 
 @pytest.mark.parametrize("group", [False, True], ids=["the host", "its whole process group"])
@@ -146,7 +146,8 @@ def test_cleanup_removes_what_a_crashed_launcher_left(_state_dir, reaped):
     removed, failed = cleanup(_state_dir)
     child.wait()
     assert failed == []
-    assert [str(p) for p in removed] == [info["dir"]]
+    assert info["dir"] in [str(p) for p in removed]  # with what other dead hosts of this worker left, if any
+    assert [p for p in removed if p.parent.name == "sandboxes"] == [Path(info["dir"])]
     assert not Path(info["dir"]).exists()
 
 
