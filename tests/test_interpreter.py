@@ -509,33 +509,32 @@ def test_a_pool_hands_out_sandboxes_with_a_kernel_started_and_nothing_of_the_las
         contexts = set()
         for user in range(4):  # more than the pool holds: it refilled in between
             assert pool.wait_ready(120)
-            sb = pool.acquire()
-            [kernel] = _started_kernel(sb)  # before anything asked for it
-            first = sb.run_code(
-                "import os, sys\n"
-                "[k for k in globals() if k.startswith('secret')], 'secretmod' in sys.modules, "
-                "os.environ.get('SECRET'), os.getcwd(), os.path.exists('/tmp/secret')"
-            )
-            assert first.error is None and first.execution_count == 1, first
-            assert first.text == "([], False, None, '/testbed', False)", first.text
-            assert [p.pid for p in _kernels(sb)] == [kernel.pid]  # the one started ahead answered
-            sb.run_code(
-                f"secret_{user} = {user}\nimport json as secretmod\nsys.modules['secretmod'] = secretmod\n"
-                "os.environ['SECRET'] = 'x'\nos.chdir('/tmp')\nopen('/tmp/secret', 'w').write('x')"
-            )
-            [context] = sb.list_code_contexts()
-            assert context.id not in contexts  # a kernel of its own, not one handed on
-            contexts.add(context.id)
-            seen.append(kernel)
-            if user == 3:
-                assert pool.wait_ready(120)
-                sb.reset()  # a ready sandbox's jail swapped in, with its kernel started ahead
-                [fresh] = _started_kernel(sb)
-                again = sb.run_code("'secret_3' in globals(), 'secretmod' in __import__('sys').modules")
-                assert again.text == "(False, False)" and again.execution_count == 1, again
-                assert [p.pid for p in _kernels(sb)] == [fresh.pid] and not kernel.is_running()
-                seen.append(fresh)
-            sb.close()
+            with pool.acquire() as sb:  # closed even when an assertion fails: no jail outlives the test
+                [kernel] = _started_kernel(sb)  # before anything asked for it
+                first = sb.run_code(
+                    "import os, sys\n"
+                    "[k for k in globals() if k.startswith('secret')], 'secretmod' in sys.modules, "
+                    "os.environ.get('SECRET'), os.getcwd(), os.path.exists('/tmp/secret')"
+                )
+                assert first.error is None and first.execution_count == 1, first
+                assert first.text == "([], False, None, '/testbed', False)", first.text
+                assert [p.pid for p in _kernels(sb)] == [kernel.pid]  # the one started ahead answered
+                sb.run_code(
+                    f"secret_{user} = {user}\nimport json as secretmod\nsys.modules['secretmod'] = secretmod\n"
+                    "os.environ['SECRET'] = 'x'\nos.chdir('/tmp')\nopen('/tmp/secret', 'w').write('x')"
+                )
+                [context] = sb.list_code_contexts()
+                assert context.id not in contexts  # a kernel of its own, not one handed on
+                contexts.add(context.id)
+                seen.append(kernel)
+                if user == 3:
+                    assert pool.wait_ready(120)
+                    sb.reset()  # a ready sandbox's jail swapped in, with its kernel started ahead
+                    [fresh] = _started_kernel(sb)
+                    again = sb.run_code("'secret_3' in globals(), 'secretmod' in __import__('sys').modules")
+                    assert again.text == "(False, False)" and again.execution_count == 1, again
+                    assert [p.pid for p in _kernels(sb)] == [fresh.pid]  # the old jail's: awaited below
+                    seen.append(fresh)
             deadline = time.monotonic() + 30
             while [p for p in seen if p.is_running()]:  # every closed sandbox's kernel is gone (reaped
                 assert time.monotonic() < deadline, seen  # with its jail, which the pool tears down)
