@@ -3,18 +3,23 @@
 a method the table says is served works (a URL it returns reaches the sandbox), and one it says is
 not raises one of the SDK's own exceptions whose message names what is missing, never a 500 or a
 server traceback. The table names every method; a method the SDK gains fails this test until the
-table says what it does here."""
+table says what it does here. Both releases are held to it: the latest (the venv's) and the previous
+minor release of each SDK (``support.serve.previous_sdk``)."""
 
 from __future__ import annotations
 
-import inspect
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.serve import KEY_A, Served, api, key_file, need_sdk, sdk, start_server
+from support import sdk_methods
+from support.sdk_methods import public_methods
+from support.serve import KEY_A, PREVIOUS_DIR, Served, api, key_file, need_sdk, previous_sdk, sdk, start_server
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "e2b-compat.md"
 # Methods that only make a URL, which the caller then fetches itself: where such a URL does not reach
@@ -154,26 +159,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 def test_the_table_names_every_public_method_of_both_sdks() -> None:
     need_sdk()
-    from e2b import Sandbox
-    from e2b.sandbox_sync.commands.command import Commands
-    from e2b.sandbox_sync.commands.pty import Pty
-    from e2b.sandbox_sync.filesystem.filesystem import Filesystem
-    from e2b_code_interpreter import Sandbox as CodeSandbox
-
-    def public(cls: type) -> set[str]:
-        return {
-            n for n, v in inspect.getmembers(cls) if not n.startswith("_") and (callable(v) or isinstance(v, property))
-        }
-
-    names = {f"Sandbox.{n}" for n in public(Sandbox)} - {
-        "Sandbox.commands", "Sandbox.files", "Sandbox.pty",  # the objects below, not calls
-        "Sandbox.connection_config", "Sandbox.envd_api_url", "Sandbox.envd_direct_url", "Sandbox.sandbox_domain",
-        "Sandbox.sandbox_id",  # plain attributes the SDK sets from its own configuration
-    }  # fmt: skip
-    names |= {f"Filesystem.{n}" for n in public(Filesystem)}
-    names |= {f"Commands.{n}" for n in public(Commands)} | {f"Pty.{n}" for n in public(Pty)}
-    names |= {f"CodeSandbox.{n}" for n in public(CodeSandbox) - public(Sandbox)}
+    names = public_methods()
     assert set(table()) == names, (sorted(names - set(table())), sorted(set(table()) - names))
+
+
+def test_the_table_names_every_public_method_of_the_previous_release() -> None:
+    """Found as the test above finds the latest's, with the previous release first on the path."""
+    previous_sdk()
+    script = Path(sdk_methods.__file__)
+    env = {**os.environ, "PYTHONPATH": str(PREVIOUS_DIR)}
+    got = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    missing = set(json.loads(got.stdout)) - set(table())
+    assert missing == set(), sorted(missing)
 
 
 def test_the_envd_version_parses_as_pep_440_and_unlocks_every_gate(server: Served) -> None:
@@ -187,8 +185,9 @@ def test_the_envd_version_parses_as_pep_440_and_unlocks_every_gate(server: Serve
         api(server, "DELETE", f"/sandboxes/{made['sandboxID']}", KEY_A)
 
 
-def test_every_method_does_what_the_table_says(server: Served, tmp_path: Path) -> None:
-    got = json.loads(sdk(server, tmp_path, CALLS).strip().splitlines()[-1])
+@pytest.mark.parametrize("release", ["latest", "previous"])
+def test_every_method_does_what_the_table_says(server: Served, tmp_path: Path, release: str) -> None:
+    got = json.loads(sdk(server, tmp_path, CALLS, release=release).strip().splitlines()[-1])
     wrong = {}
     for name, says in table().items():
         outcome = got.get(name, "not called")

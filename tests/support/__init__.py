@@ -10,6 +10,7 @@
 - ``paper_tree``: the default recipe's tree, built once (early, in the background) and kept between runs.
 - ``per_uid_fills``: what the kernel counts per host uid, filled from a jail.
 - ``qemu_guest``: a throwaway QEMU guest with a cgroup v2 hierarchy, to run a script in.
+- ``sdk_methods``: the public methods of the E2B SDKs an interpreter imports, as ``docs/e2b-compat.md`` names them.
 - ``service_probe``: who listens on a service socket, and when that process has ended.
 - ``standin``: a stand-in internet for the network tests: a test CA, HTTP(S) servers, a package index.
 - ``waits``: ``wait_until``, the one way a test waits for what another process does.
