@@ -43,9 +43,10 @@ from .limits import procs
 from .limits.cgroups import Cgroup
 
 WALK_ROUNDS = 200  # walks of the jail's processes one pause makes at most
-WALK_TIME = 2.0  # seconds one pause walks at most
+WALK_TIME = 5.0  # seconds one pause walks at most (a loaded host may take seconds to run a signalled thread)
 WALK_PROCS = 65_536  # threads one walk visits at most (a rootless jail's count is bounded by RLIMIT_NPROC)
-WALK_REST = 0.0002  # seconds between two walks while a signalled process has not stopped yet
+WALK_REST = 0.0002  # seconds between the first two walks while a signalled process has not stopped yet
+WALK_REST_MAX = 0.05  # seconds the rest doubles up to: the rounds then last past WALK_TIME, which binds
 CHILDREN_MAX = 1 << 20  # bytes of one thread's list of children read (7 bytes a pid)
 SMALL_MAX = 512  # bytes of a thread's stat or schedstat line read
 HELD = (b"T", b"t", b"Z", b"X", b"x")  # states in which a thread runs nothing (stopped, traced, dead)
@@ -148,6 +149,7 @@ class Stopper:
         """In the holder: walk until nothing runs, or continue what was stopped and raise."""
         deadline = time.monotonic() + WALK_TIME
         last: dict[int, _Process] | None = None
+        rest = WALK_REST
         for _ in range(WALK_ROUNDS):
             view = self._walk()
             if view is None:
@@ -159,7 +161,8 @@ class Stopper:
             if time.monotonic() >= deadline:
                 break
             if running:
-                time.sleep(WALK_REST)
+                time.sleep(rest)
+                rest = min(2 * rest, WALK_REST_MAX)
         self._cont()
         raise PauseFailed(
             f"the jail's processes could not all be stopped within {WALK_ROUNDS} walks and {WALK_TIME:g}s "

@@ -39,7 +39,7 @@ def test_cpu_memory_and_disk_grow_with_what_the_jail_does(upper: Literal["disk",
         r = sb.exec("python3 -c 'sum(range(30_000_000))'")
         work = r.cpu_user + r.cpu_system  # what the command's own result counts: no wall-clock guess
         spun = sb.usage()
-        assert work > 0.2 and spun.cpu_seconds >= held.cpu_seconds + 0.9 * work, (work, held, spun)
+        assert work > 0.1 and spun.cpu_seconds >= held.cpu_seconds + 0.9 * work, (work, held, spun)
         assert 0 < spun.cpu_used_pct <= 100, spun
         sb.exec("head -c 20000000 /dev/zero > /big")
         _until(sb, lambda u: u.disk_used is not None and u.disk_used >= 20_000_000)
