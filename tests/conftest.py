@@ -233,7 +233,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("paper_tree"):
             item.add_marker(pytest.mark.xdist_group("paper_tree"))
             item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT))
-    items.sort(key=lambda item: (item.get_closest_marker("alone") is not None, item.get_closest_marker("guest") is not None))
+    items.sort(key=lambda item: (bool(item.get_closest_marker("alone")), bool(item.get_closest_marker("guest"))))
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,8 @@ from jailbox.sandbox import Mount, Sandbox, SandboxConfig
 from jailbox.sandbox.config import parse_size
 from jailbox.sandbox.errors import ExecError, RootfsNotFound, SandboxClosed
 
+pytestmark = pytest.mark.once  # validation on the host, the same whoever runs it
+
 
 def test_sizes():
     assert parse_size("512M") == 512 << 20

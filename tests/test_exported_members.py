@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import types
 
+import pytest
+
 import jailbox
 import jailbox.sandbox
 import jailbox.sandbox.serving
+
+pytestmark = pytest.mark.once  # the public names are the same whoever runs it
 
 PUBLIC = [
     "AsyncSandbox",

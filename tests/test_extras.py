@@ -17,6 +17,8 @@ from support.wheels import build_wheel, new_venv, pip_install
 
 from jailbox.extras import EXTRAS, missing
 
+pytestmark = pytest.mark.once  # the extras' metadata and messages are the same whoever installs them
+
 LINES = {
     "serve": "serve needs the 'serve' extra (protobuf): pip install 'jailbox[serve]'",
     "mcp": "mcp needs the 'mcp' extra (mcp): pip install 'jailbox[mcp]'",

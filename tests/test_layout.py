@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.once  # the import graph is the same whoever runs it
+
 ROOT = Path(__file__).resolve().parent.parent
 TOP = "jailbox"
 

@@ -23,6 +23,8 @@ from jailbox.agent.llm import (
     parse_text_action,
 )
 
+pytestmark = pytest.mark.once  # the client's HTTP handling is the same whoever runs it
+
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "6*7?"}]
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
 VLLM_CONTEXT = (

@@ -24,6 +24,8 @@ from jailbox.agent.llm import (
     Timeouts,
 )
 
+pytestmark = pytest.mark.once  # the client's HTTP handling is the same whoever runs it
+
 MESSAGES = [{"role": "user", "content": "6*7?"}]
 LIMIT = MiB  # the tests' bound; the default is MAX_REPLY_BYTES
 GiB = 1 << 30

@@ -22,6 +22,8 @@ from jailbox.agent.llm import LLMClient, LLMConfig, Retry
 from jailbox.agent.loop import NO_TOOL_CALL
 from jailbox.agent.trajectory import load as load_trajectory
 
+pytestmark = pytest.mark.once  # the reply shapes are the same whoever runs them (the jails' side: test_agent)
+
 ROOT = Path(__file__).resolve().parent.parent
 JAILBOX_RUN = [
     *JAILBOX,

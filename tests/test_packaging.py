@@ -8,6 +8,8 @@ import sys
 import pytest
 from support.wheels import ROOT, build_wheel, new_venv, pip_install, run, site_packages
 
+pytestmark = pytest.mark.once  # the built package is the same whoever builds it
+
 
 @pytest.mark.slow
 def test_pip_install_adds_only_jailbox(tmp_path):

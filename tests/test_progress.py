@@ -11,6 +11,7 @@ import struct
 import subprocess
 import termios
 
+import pytest
 from support.batch_tasks import ROOT, bench_command, jails_left, responder, tasks_file
 from support.llm_server import ScriptedServer
 
@@ -18,6 +19,8 @@ from jailbox.agent.batch import Batch, BatchConfig
 from jailbox.agent.llm import LLMConfig
 from jailbox.agent.progress import Progress
 from jailbox.agent.tasks import load_tasks
+
+pytestmark = pytest.mark.once  # the display is the same whoever runs it
 
 ESC = "\x1b"
 

@@ -29,6 +29,8 @@ from jailbox.sandbox.floor import wire
 from jailbox.sandbox.floor.wire import WireError
 from jailbox.sandbox.messages import Done
 
+pytestmark = pytest.mark.once  # the typed requests are the same whoever runs them
+
 EXEC = ExecRequest(
     id=3, argv=None, shell="echo hi", cwd="/", env={"PATH": "/bin"}, tty=False, user=RunAs(1000, 1000, (1000, 27))
 )

@@ -27,6 +27,8 @@ from jailbox.agent.llm import LLMConfig
 from jailbox.agent.scoring import ScoringError, load_scorers, score
 from jailbox.agent.tasks import Task, check_task, load_tasks, read_results
 
+pytestmark = pytest.mark.once  # scorers run on the host, the same whoever runs them
+
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 EXAMPLES = SHARED / "reference-examples"
 TRAJECTORIES = SHARED / "reference-trajectories"

@@ -22,6 +22,8 @@ from jailbox.agent.scoring import (
     score,
 )
 
+pytestmark = pytest.mark.once  # scorers run on the host, the same whoever runs them
+
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 TRAJECTORIES = SHARED / "reference-trajectories"
 EXAMPLES = SHARED / "reference-examples"

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.once  # the document and the tests it cites are the same whoever runs them
+
 ROOT = Path(__file__).resolve().parent.parent
 REF = re.compile(r"`(?:(test_[a-z0-9_]+\.py))?::(test_[a-z0-9_]+)`")
 

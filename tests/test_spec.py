@@ -22,6 +22,8 @@ from jailbox.sandbox.limits import rlimits, scratch
 from jailbox.sandbox.net import modes
 from jailbox.sandbox.net.policy import NetworkPolicy
 
+pytestmark = pytest.mark.once  # parsing on the host, the same whoever runs it
+
 
 def _spec(**changes: object) -> JailSpec:
     fields: dict = {

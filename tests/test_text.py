@@ -9,6 +9,8 @@ from jailbox.agent.schemas import EDITOR_COMMANDS, PARAMETERS
 from jailbox.agent.text import ToolError
 from jailbox.sandbox import ExecResult
 
+pytestmark = pytest.mark.once  # text handling on the host, the same whoever runs it
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 # --- clip -----------------------------------------------------------------------------------------

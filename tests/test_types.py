@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.once  # mypy reads the same source whoever runs it
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

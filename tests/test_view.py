@@ -318,7 +318,8 @@ def _color_at_centre(driver: Any, element: Any) -> tuple[int, ...]:
     clip is in page coordinates: the box's, which are the viewport's, plus the scroll)."""
     x, y, width, height = driver.execute_script(BOX, element)
     scroll_x, scroll_y = driver.execute_script("return [window.scrollX, window.scrollY]")
-    clip = {"x": scroll_x + int(x + width / 2), "y": scroll_y + int(y + height / 2), "width": 1, "height": 1, "scale": 1}
+    centre = {"x": scroll_x + int(x + width / 2), "y": scroll_y + int(y + height / 2)}
+    clip = {**centre, "width": 1, "height": 1, "scale": 1}
     shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "clip": clip})
     one_wide, one_high, [pixel] = browser.pixels(base64.b64decode(shot["data"]))
     assert (one_wide, one_high) == (1, 1)
