@@ -47,6 +47,7 @@ from ..sandbox.errors import BranchError, SandboxError, SandboxPaused, SnapshotN
 from ..sandbox.serving import SNAPSHOT_ID, SNAPSHOT_NAME, Checkpoint, Store, stored
 from . import keys
 from .listen import BadFlag, bound
+from .shield import to_the_end
 
 SESSION_HEADER = "mcp-session-id"
 STDIO = "stdio"  # the one session a stdio server has
@@ -952,15 +953,10 @@ def _security(host: str) -> TransportSecuritySettings:
 async def _closed(held: Sandboxes) -> None:
     """``held.close()`` run to the end even if the server is cancelled meanwhile (a second signal, the
     client's SIGTERM after closing the pipe): the cancellation is passed on once nothing is left."""
-    task = asyncio.ensure_future(held.close())
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True
+    closing, cancelled = await to_the_end(held.close())
     if cancelled:
         raise asyncio.CancelledError
+    closing.result()
 
 
 async def _die_of(held: Sandboxes, sig: int) -> None:

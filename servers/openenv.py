@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +51,7 @@ from ..sandbox.errors import SandboxError
 from . import keys
 from .jsonshape import excess
 from .listen import bound
+from .shield import to_the_end
 
 T = TypeVar("T")
 
@@ -233,21 +234,6 @@ class _Rate:
         return (1 - self.tokens) / self.rate
 
 
-async def _to_the_end(work: Awaitable[T]) -> tuple[asyncio.Future[T], bool]:
-    """``work`` run to its end even when the caller is cancelled meanwhile (a sandbox made or closed on a
-    thread must not be lost), and whether the caller was: it passes the cancellation on afterwards."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True
-        except Exception:  # the task's own: read by the caller from it
-            break
-    return task, cancelled
-
-
 class Episodes:
     """Every connection's sandbox, capped at ``max_episodes`` alive; what the tests count."""
 
@@ -282,7 +268,7 @@ class Episodes:
             )
         self.starting += 1
         try:
-            making, cancelled = await _to_the_end(self.call(self.factory.create))
+            making, cancelled = await to_the_end(self.call(self.factory.create))
         finally:
             self.starting -= 1
         try:
@@ -300,7 +286,7 @@ class Episodes:
     async def end(self, box: RolloutSandbox) -> None:
         """Close ``box`` to the end, even when the caller is cancelled meanwhile (the cancellation follows). It
         counts as live until closed: the factory frees its slot only then."""
-        closing, cancelled = await _to_the_end(self.call(box.close))
+        closing, cancelled = await to_the_end(self.call(box.close))
         self.live.discard(box)
         with contextlib.suppress(SandboxError):
             closing.result()

@@ -16,16 +16,14 @@ from pathlib import Path
 
 import pytest
 from support.cli import JAILBOX
-from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, start_server
+from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, serving, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     need_sdk()
     tmp = tmp_path_factory.mktemp("serve-branching")
-    served = start_server(tmp, *_flags(tmp), env=_store(tmp))
-    yield served
-    served.stop()
+    yield from serving(tmp, "--max-per-key", "6", env=_store(tmp))
 
 
 def _flags(tmp: Path) -> list[str]:

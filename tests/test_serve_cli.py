@@ -17,15 +17,12 @@ from pathlib import Path
 
 import pytest
 from support.cli import JAILBOX
-from support.serve import KEY_A, KEY_B, Served, api, key_file, start_server
+from support.serve import KEY_A, KEY_B, Served, api, key_file, serving
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    tmp = tmp_path_factory.mktemp("serve-cli")
-    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)))
-    yield served
-    served.stop()
+    yield from serving(tmp_path_factory.mktemp("serve-cli"))
 
 
 def cli(*args: str, key: str | None = None, config: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import host_tree, require
-from support.serve import KEY_A, KEY_B, Served, api, key_file, sdk, start_server
+from support.serve import KEY_A, KEY_B, Served, api, sdk, serving
 
 pytestmark = pytest.mark.needs("kernel")
 
@@ -30,10 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "the e2b-code-interpreter SDK (Python 3.11+)",
         "pip install -e '.[test]' with Python 3.11 or newer",
     )
-    tmp = tmp_path_factory.mktemp("serve-interpreter")
-    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--warm", "0")
-    yield served
-    served.stop()
+    yield from serving(tmp_path_factory.mktemp("serve-interpreter"), "--warm", "0")
 
 
 def test_a_notebook_run_through_the_sdk(server: Served, tmp_path: Path) -> None:
@@ -377,10 +374,7 @@ def warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "the e2b-code-interpreter SDK (Python 3.11+)",
         "pip install -e '.[test]' with Python 3.11 or newer",
     )
-    tmp = tmp_path_factory.mktemp("serve-interpreter-warm")
-    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--warm", "1")
-    yield served
-    served.stop()
+    yield from serving(tmp_path_factory.mktemp("serve-interpreter-warm"), "--warm", "1")
 
 
 def _server_kernels(server: Served) -> set[int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from support import sdk_methods
 from support.sdk_methods import public_methods
-from support.serve import KEY_A, PREVIOUS_DIR, Served, api, key_file, need_sdk, previous_sdk, sdk, start_server
+from support.serve import KEY_A, PREVIOUS_DIR, Served, api, need_sdk, previous_sdk, sdk, serving
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "e2b-compat.md"
 # Methods that only make a URL, which the caller then fetches itself: where such a URL does not reach
@@ -152,9 +152,7 @@ def table() -> dict[str, str]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     need_sdk()
     tmp = tmp_path_factory.mktemp("serve-compat")
-    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A)), env={"JAILBOX_CACHE_DIR": str(tmp / "c")})
-    yield served
-    served.stop()
+    yield from serving(tmp, keys=(KEY_A,), env={"JAILBOX_CACHE_DIR": str(tmp / "c")})
 
 
 def test_the_table_names_every_public_method_of_both_sdks() -> None:

@@ -16,16 +16,13 @@ from pathlib import Path
 import pytest
 from support.bound_probe import BOUNDS, PROBE_LINE, held
 from support.cli import JAILBOX
-from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, start_server
+from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, serving, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     need_sdk()
-    tmp = tmp_path_factory.mktemp("serve")
-    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--max-per-key", "6")
-    yield served
-    served.stop()
+    yield from serving(tmp_path_factory.mktemp("serve"), "--max-per-key", "6")
 
 
 def test_create_run_and_kill(server: Served, tmp_path: Path) -> None:

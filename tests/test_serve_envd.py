@@ -16,16 +16,13 @@ from pathlib import Path
 
 import pytest
 from support.cli import JAILBOX
-from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, start_server
+from support.serve import KEY_A, Served, api, key_file, need_sdk, sdk, serving, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     need_sdk()
-    tmp = tmp_path_factory.mktemp("envd")
-    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--max-per-key", "6")
-    yield served
-    served.stop()
+    served = yield from serving(tmp_path_factory.mktemp("envd"), "--max-per-key", "6")
     assert "Traceback" not in "".join(served.log), "".join(served.log)
 
 

@@ -12,16 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, start_server
+from support.serve import KEY_A, Served, api, need_sdk, sdk, serving
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     need_sdk()
-    tmp = tmp_path_factory.mktemp("signed")
-    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), "--max-per-key", "6")
-    yield served
-    served.stop()
+    served = yield from serving(tmp_path_factory.mktemp("signed"), "--max-per-key", "6")
     assert "Traceback" not in "".join(served.log), "".join(served.log)
 
 

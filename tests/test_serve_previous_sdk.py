@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import need
-from support.serve import KEY_A, PREVIOUS_INSTALL, ROOT, Served, key_file, previous_sdk, sdk, start_server
+from support.serve import KEY_A, PREVIOUS_INSTALL, ROOT, Served, previous_sdk, sdk, serving
 from support.standin import StandIn
 
 pytestmark = pytest.mark.needs("kernel")
@@ -190,10 +190,7 @@ def upstreams() -> Iterator[tuple[StandIn, StandIn]]:
 def server(tmp_path_factory: pytest.TempPathFactory, upstreams: tuple[StandIn, StandIn]) -> Iterator[Served]:
     previous_sdk()
     tmp = tmp_path_factory.mktemp("serve-previous")
-    keys = str(key_file(tmp, KEY_A))
-    served = start_server(tmp, "--api-key-file", keys, "--network", "allow:127.0.0.0/24:*", "--warm", "1")
-    yield served
-    served.stop()
+    yield from serving(tmp, "--network", "allow:127.0.0.0/24:*", "--warm", "1", keys=(KEY_A,))
 
 
 def test_ci_installs_the_previous_minor_release_of_each_sdk() -> None:

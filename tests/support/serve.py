@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Generator
 from pathlib import Path
 
 from conftest import require
@@ -92,6 +93,19 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Se
             return Served(proc, m.group(1), log, tmp)
     proc.kill()
     raise AssertionError("jailbox serve did not start: " + "".join(log))
+
+
+def serving(
+    tmp: Path, *args: str, keys: tuple[str, ...] = (KEY_A, KEY_B), env: dict[str, str] | None = None
+) -> Generator[Served, None, Served]:
+    """A module's server (its fixture yields from this): ``keys`` in a key file in ``tmp``, stopped when
+    the module is done; returns it, stopped, for what the fixture checks after."""
+    served = start_server(tmp, "--api-key-file", str(key_file(tmp, *keys)), *args, env=env)
+    try:
+        yield served
+    finally:
+        served.stop()
+    return served
 
 
 def key_file(tmp: Path, *keys: str) -> Path:
