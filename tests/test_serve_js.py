@@ -1,0 +1,117 @@
+"""``jailbox serve`` driven by the unmodified JavaScript SDKs, npm's ``e2b`` and ``@e2b/code-interpreter``,
+under Node, pointed at the server by environment variables alone.
+
+The scenarios are ``tests/support/js_sdk.cjs``; each test runs a few of them in one Node process against
+one server for the module. The packages are looked for in ``$JAILBOX_JS_SDK`` (a directory holding
+``node_modules``), else ``.venv/js-sdk`` in the checkout, where ``JS_SDK_INSTALL`` puts them (``.ci/run``
+runs it). Over ``http://`` the SDK's fetch (undici, HTTP/2 allowed only where TLS offers it) speaks
+HTTP/1.1, the server's, with no variable to set."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import require
+from support.serve import KEY_A, KEY_B, Served, key_file, start_server
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = Path(__file__).resolve().parent / "support" / "js_sdk.cjs"
+TABLE = ROOT / "docs" / "e2b-compat.md"
+JS_ROW = re.compile(r"^\| `([A-Za-z.]+)` \| `[A-Za-z_.]+` \| (served|not served) \|", re.MULTILINE)
+PROPERTIES = {"Sandbox.git"}  # rows for what is an attribute in JS, not a method
+CI_INSTALL = re.search(r'^JS_SDK_INSTALL="(.*)"$', (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
+JS_SDK_INSTALL = CI_INSTALL.group(1) if CI_INSTALL else ""
+PACKAGES = dict(re.findall(r"\s(@?[\w./-]+)@([\d.]+)", JS_SDK_INSTALL))  # name: the version tested
+
+
+def sdk_dir() -> Path:
+    return Path(os.environ.get("JAILBOX_JS_SDK") or ROOT / ".venv" / "js-sdk") / "node_modules"
+
+
+def need_js_sdk() -> Path:
+    """Skip (strict: fail) unless node and both packages, at the versions tested, are installed."""
+    assert set(PACKAGES) == {"e2b", "@e2b/code-interpreter"}, ".ci/run no longer sets JS_SDK_INSTALL"
+    require(shutil.which("node") is not None, "Node.js 20 or newer", "sudo apt-get install nodejs npm")
+    modules = sdk_dir()
+    for name, version in PACKAGES.items():
+        manifest = modules / name / "package.json"
+        found = json.loads(manifest.read_text())["version"] if manifest.exists() else None
+        require(
+            found == version,
+            f"npm's {name} {version} in {modules} (found: {found or 'none'})",
+            f"cd {ROOT} && {JS_SDK_INSTALL}",
+        )
+    return modules
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    need_js_sdk()
+    tmp = tmp_path_factory.mktemp("serve-js")
+    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)))
+    yield served
+    served.stop()
+
+
+def node(server: Served, tmp: Path, *scenarios: str) -> str:
+    """Run ``scenarios`` of js_sdk.cjs in one Node process pointed at ``server``; its asserts are the
+    test. Returns what it printed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(
+        NODE_PATH=str(need_js_sdk()),
+        E2B_API_URL=server.url,
+        E2B_SANDBOX_URL=server.url,
+        E2B_API_KEY=KEY_A,
+        JB_OTHER_KEY=KEY_B,
+    )
+    r = subprocess.run(
+        ["node", str(SCENARIOS), *scenarios], cwd=tmp, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stdout + r.stderr + "".join(server.log[-20:])
+    done = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("ok ")]
+    assert done == list(scenarios), r.stdout
+    assert "Traceback" not in "".join(server.log), "".join(server.log)
+    return r.stdout
+
+
+def test_sandboxes_and_branching(server: Served, tmp_path: Path) -> None:
+    """Create, getInfo, list with metadata and state filters, connect, setTimeout, getMetrics, another
+    key's view, kill; pause and resume, fork, snapshots."""
+    node(server, tmp_path, "sandboxes", "branching")
+
+
+def test_commands_and_pty(server: Served, tmp_path: Path) -> None:
+    """run (output, callbacks, exit errors, cwd, user, envs), background with stdin, list, connect, kill;
+    a terminal typed into, resized and killed."""
+    node(server, tmp_path, "commands", "pty")
+
+
+def test_files_and_watch(server: Served, tmp_path: Path) -> None:
+    node(server, tmp_path, "files")
+
+
+def test_ports_signed_urls_network_and_what_is_not_served(server: Served, tmp_path: Path) -> None:
+    node(server, tmp_path, "host", "network", "unserved")
+
+
+@pytest.mark.needs("kernel")
+def test_code_interpreter(server: Served, tmp_path: Path) -> None:
+    """runCode: variables kept, a matplotlib PNG, an exception's name, value and traceback, callbacks in
+    order, per-run envs; contexts created, listed, restarted and removed."""
+    node(server, tmp_path, "interpreter")
+
+
+def test_the_compat_table_names_every_js_method(server: Served, tmp_path: Path) -> None:
+    """docs/e2b-compat.md's JS table has a row for each public method the packages have, and no other."""
+    out = node(server, tmp_path, "methods")
+    [line] = [line for line in out.splitlines() if line.startswith("methods ")]
+    have = set(json.loads(line.removeprefix("methods "))) | PROPERTIES
+    rows = dict(JS_ROW.findall(TABLE.read_text()))
+    assert set(rows) == have, (sorted(have - set(rows)), sorted(set(rows) - have))
