@@ -3,8 +3,8 @@ under Node, pointed at the server by environment variables alone.
 
 The scenarios are ``tests/support/js_sdk.cjs``; each test runs a few of them in one Node process against
 one server for the module. The packages are looked for in ``$JAILBOX_JS_SDK`` (a directory holding
-``node_modules``), else ``.venv/js-sdk`` in the checkout, where ``JS_SDK_INSTALL`` puts them (``.ci/run``
-runs it). Over ``http://`` the SDK's fetch (undici, HTTP/2 allowed only where TLS offers it) speaks
+``node_modules``), else ``.venv/js-sdk`` in the checkout, where ``.ci/run``'s ``JS_SDK_INSTALL`` puts
+them (a missing one's skip names that command). Over ``http://`` the SDK's fetch (undici, HTTP/2 allowed only where TLS offers it) speaks
 HTTP/1.1, the server's, with no variable to set."""
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ def sdk_dir() -> Path:
     return Path(os.environ.get("JAILBOX_JS_SDK") or ROOT / ".venv" / "js-sdk") / "node_modules"
 
 
+def install_command() -> str:
+    """``JS_SDK_INSTALL`` as it fills ``sdk_dir()``."""
+    chosen = os.environ.get("JAILBOX_JS_SDK")
+    if chosen:
+        return JS_SDK_INSTALL.replace("--prefix .venv/js-sdk", f"--prefix {chosen}")
+    return f"cd {ROOT} && {JS_SDK_INSTALL}"
+
+
 def need_js_sdk() -> Path:
     """Skip (strict: fail) unless node and both packages, at the versions tested, are installed."""
     assert set(PACKAGES) == {"e2b", "@e2b/code-interpreter"}, ".ci/run no longer sets JS_SDK_INSTALL"
@@ -46,7 +54,7 @@ def need_js_sdk() -> Path:
         require(
             found == version,
             f"npm's {name} {version} in {modules} (found: {found or 'none'})",
-            f"cd {ROOT} && {JS_SDK_INSTALL}",
+            install_command(),
         )
     return modules
 
