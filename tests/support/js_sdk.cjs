@@ -84,6 +84,15 @@ const scenarios = {
       assert.deepEqual(await listed({ metadata: { suite: 'js', run: 'two' } }), [other.sandboxId])
       assert.deepEqual(await listed({ metadata: { run: 'none' } }), [])
       assert.deepEqual(await listed({ state: ['paused'], metadata: { suite: 'js' } }), [])
+      const pager = Sandbox.list({ query: { metadata: { suite: 'js' } }, limit: 1 })
+      const pages = [await pager.nextItems()]
+      assert.equal(pager.hasNext, true)
+      pages.push(await pager.nextItems())
+      assert.deepEqual(pages.map((page) => page.map((s) => s.sandboxId)), [[other.sandboxId], [sb.sandboxId]])
+      assert.equal(pager.hasNext, false)
+      assert.ok(!(await listed({ startedAfter: new Date(Date.now() + 60_000) })).includes(other.sandboxId))
+      assert.ok((await listed({ startedAfter: new Date(Date.now() - 600_000), template: 'host' })).includes(sb.sandboxId))
+      assert.ok(!(await listed({ template: 'default' })).includes(sb.sandboxId))
       const listedInfo = (await Sandbox.list({ query: { metadata: { run: 'one' } } }).nextItems())[0]
       assert.deepEqual(listedInfo.metadata, { suite: 'js', run: 'one' })
       assert.equal(listedInfo.state, 'running')
@@ -153,6 +162,16 @@ const scenarios = {
       assert.equal(await child.files.read('/kept.txt'), 'before the pause')
       assert.deepEqual((await child.getInfo()).metadata, { suite: 'js-branch' })
 
+      // paused at its timeout instead of killed, and resumed by the next daemon call
+      const napper = await Sandbox.create('host', { lifecycle: { onTimeout: 'pause', autoResume: true } })
+      made.push(napper)
+      assert.deepEqual((await napper.getInfo()).lifecycle, { onTimeout: 'pause', autoResume: true })
+      await napper.files.write('/napped.txt', 'asleep')
+      await napper.setTimeout(0)
+      await until('the pause at the timeout', async () => (await napper.getInfo()).state === 'paused')
+      assert.equal(await napper.files.read('/napped.txt'), 'asleep')
+      assert.equal((await napper.getInfo()).state, 'running')
+
       const snap = await sb.createSnapshot({ name: 'js-snap' })
       assert.match(snap.snapshotId, /^snap-[0-9a-f]{12}$/)
       const listed = await Sandbox.listSnapshots({ sandboxId: sb.sandboxId }).nextItems()
@@ -211,6 +230,14 @@ const scenarios = {
       await rejects(joined.wait(), CommandExitError)
       assert.ok(!(await sb.commands.list()).some((p) => p.pid === ticker.pid))
       assert.equal(await sb.commands.kill(ticker.pid), false)
+
+      const slow = sb.commands.run('sleep 30', { timeoutMs: 300 })
+      await rejects(slow, e2b.TimeoutError)
+
+      const away = await sb.commands.run('sleep 0.5; echo later', { background: true })
+      await away.disconnect()
+      const back = await sb.commands.connect(away.pid)
+      assert.equal((await back.wait()).stdout, 'later\n')
 
       const killed = await sb.commands.run('sleep 300', { background: true })
       await killed.kill()
@@ -350,6 +377,7 @@ const scenarios = {
       let exited = null
       const watch = await sb.files.watchDir('/tmp/w', (ev) => events.push(ev), {
         recursive: true,
+        includeEntry: true,
         onExit: (err) => {
           exited = err || 'ended'
         },
@@ -357,6 +385,9 @@ const scenarios = {
       const names = (type) => events.filter((e) => e.type === type).map((e) => e.name)
       await sb.files.write('/tmp/w/new.txt', 'x')
       await until('CREATE and WRITE', () => names(FilesystemEventType.CREATE).includes('new.txt') && names(FilesystemEventType.WRITE).includes('new.txt'))
+      const made = events.find((e) => e.type === FilesystemEventType.CREATE && e.name === 'new.txt')
+      assert.equal(made.entry && made.entry.path, '/tmp/w/new.txt')
+      assert.equal(made.entry.type, FileType.FILE)
       await sb.files.makeDir('/tmp/w/sub')
       await until('the directory', () => names(FilesystemEventType.CREATE).includes('sub'))
       await sb.commands.run('sleep 0.2; echo y > /tmp/w/sub/deep.txt')
@@ -560,6 +591,10 @@ const scenarios = {
       await rejects(sb.createCodeContext({ language: 'r' }), e2b.SandboxError, /^400 Bad Request: language 'r' has no kernel/)
       await rejects(sb.runCode('1', { language: 'javascript' }), e2b.SandboxError, /only Python runs here/)
       await rejects(sb.restartCodeContext('no-such-context'), e2b.NotFoundError)
+
+      // the SDK's read deadline: its own TimeoutError (the server interrupts the run at its next keepalive)
+      const slow = await sb.createCodeContext()
+      await rejects(sb.runCode('import time\ntime.sleep(30)', { context: slow, timeoutMs: 500 }), e2b.TimeoutError)
     } finally {
       await sb.kill()
     }
