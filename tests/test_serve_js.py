@@ -91,8 +91,8 @@ def node(server: Served, tmp: Path, *scenarios: str) -> str:
 
 def test_sandboxes_and_branching(server: Served, tmp_path: Path) -> None:
     """Create, getInfo, list with metadata and state filters, connect, setTimeout, getMetrics, another
-    key's view, kill; pause and resume, fork, snapshots."""
-    node(server, tmp_path, "sandboxes", "branching")
+    key's view, kill; pause and resume, fork, snapshots; 16 sandboxes made and run at once."""
+    node(server, tmp_path, "sandboxes", "branching", "burst")
 
 
 def test_commands_and_pty(server: Served, tmp_path: Path) -> None:

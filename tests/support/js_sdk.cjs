@@ -123,13 +123,29 @@ const scenarios = {
       await rejects(Sandbox.list({ apiKey: 'jbx_' + 'c'.repeat(40) }).nextItems(), e2b.AuthenticationError)
       await rejects(Sandbox.create('no-such-template'), e2b.SandboxError, /no-such-template/)
 
+      // a kill breaks a running command's stream: the SDK's own error, not an exit code
+      const running = await sb.commands.run('sleep 300', { background: true })
       await sb.kill()
+      await rejects(running.wait(), e2b.SandboxError)
       assert.equal(await sb.isRunning(), false)
       assert.ok(!(await listed(undefined)).includes(sb.sandboxId))
       assert.equal(await Sandbox.kill(sb.sandboxId), false)
       await rejects(sb.commands.run('true'), e2b.SandboxError)
     } finally {
       await Promise.allSettled([sb.kill(), other.kill()])
+    }
+  },
+
+  // sandboxes made at once, each running a command, over the SDK's shared connections
+  async burst() {
+    const made = await Promise.allSettled(Array.from({ length: 16 }, () => Sandbox.create('host', { metadata: { suite: 'js-burst' } })))
+    const sandboxes = made.filter((r) => r.status === 'fulfilled').map((r) => r.value)
+    try {
+      assert.deepEqual(made.filter((r) => r.status === 'rejected').map((r) => String(r.reason)), [])
+      const outs = await Promise.all(sandboxes.map((sb, i) => sb.commands.run(`echo ${i}`)))
+      assert.deepEqual(outs.map((r) => r.stdout), sandboxes.map((_, i) => `${i}\n`))
+    } finally {
+      await Promise.allSettled(sandboxes.map((sb) => sb.kill()))
     }
   },
 
