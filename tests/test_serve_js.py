@@ -4,8 +4,8 @@ under Node, pointed at the server by environment variables alone.
 The scenarios are ``tests/support/js_sdk.cjs``; each test runs a few of them in one Node process against
 one server for the module. The packages are looked for in ``$JAILBOX_JS_SDK`` (a directory holding
 ``node_modules``), else ``.venv/js-sdk`` in the checkout, where ``.ci/run``'s ``JS_SDK_INSTALL`` puts
-them (a missing one's skip names that command). Over ``http://`` the SDK's fetch (undici, HTTP/2 allowed only where TLS offers it) speaks
-HTTP/1.1, the server's, with no variable to set."""
+them (a missing one's skip names that command). Over ``http://`` the SDK's fetch (undici, HTTP/2
+allowed only where TLS offers it) speaks HTTP/1.1, the server's, with no variable to set."""
 
 from __future__ import annotations
 
@@ -63,7 +63,10 @@ def need_js_sdk() -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     need_js_sdk()
     tmp = tmp_path_factory.mktemp("serve-js")
-    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)))
+    # a state directory of its own: its jails' share of root's inotify instances is not the other
+    # servers' of the session (``sandbox/limits/budget.py``), so its watches are inotify's, with RENAME
+    state = {"JAILBOX_STATE_DIR": str(tmp / "state")}
+    served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), env=state)
     yield served
     served.stop()
 
@@ -91,7 +94,7 @@ def node(server: Served, tmp: Path, *scenarios: str) -> str:
 
 def test_sandboxes_and_branching(server: Served, tmp_path: Path) -> None:
     """Create, getInfo, list with metadata and state filters, connect, setTimeout, getMetrics, another
-    key's view, kill; pause and resume, fork, snapshots; 16 sandboxes made and run at once."""
+    key's view, kill; pause and resume, fork, snapshots; 16 made at once, each running a command."""
     node(server, tmp_path, "sandboxes", "branching", "burst")
 
 

@@ -417,6 +417,22 @@ const scenarios = {
       assert.equal(exited, null) // the watch ran until stopped (its onExit then gets the SDK's abort)
       await watch.stop()
       await rejects(sb.files.watchDir('/tmp/w/none', () => {}), e2b.FileNotFoundError, /No such file/)
+
+      // a jail whose share of inotify instances is taken (here by a program of its own) is watched by polling
+      const hog =
+        'import ctypes, sys, time\nlibc = ctypes.CDLL(None)\nn = 0\n' +
+        'while n < 4096 and libc.inotify_init1(0) >= 0:\n    n += 1\n' +
+        'print(n, flush=True)\ntime.sleep(300)\n'
+      await sb.files.write('/tmp/hog.py', hog)
+      const holder = await sb.commands.run('python3 /tmp/hog.py', { background: true })
+      await until('the instances taken', () => holder.stdout.trim() !== '')
+      assert.ok(Number(holder.stdout.trim()) < 4096, holder.stdout)
+      const polled = []
+      const pollWatch = await sb.files.watchDir('/tmp/w', (ev) => polled.push(ev))
+      await sb.files.write('/tmp/w/polled.txt', 'p')
+      await until('a polled CREATE', () => polled.some((e) => e.type === FilesystemEventType.CREATE && e.name === 'polled.txt'))
+      await pollWatch.stop()
+      await holder.kill()
     } finally {
       await sb.kill()
     }
