@@ -255,6 +255,15 @@ const scenarios = {
       const back = await sb.commands.connect(away.pid)
       assert.equal((await back.wait()).stdout, 'later\n')
 
+      // git: the SDK's commands in the sandbox (the host tree has git)
+      await sb.git.init('/tmp/repo', { initialBranch: 'main' })
+      await sb.files.write('/tmp/repo/a.txt', 'tracked')
+      assert.deepEqual((await sb.git.status('/tmp/repo')).fileStatus.map((f) => f.name), ['a.txt'])
+      await sb.git.add('/tmp/repo', { all: true })
+      await sb.git.commit('/tmp/repo', 'first', { authorName: 'js', authorEmail: 'js@example.com' })
+      const clean = await sb.git.status('/tmp/repo')
+      assert.deepEqual([clean.isClean, clean.currentBranch], [true, 'main'])
+
       const killed = await sb.commands.run('sleep 300', { background: true })
       await killed.kill()
       const end = await rejects(killed.wait(), CommandExitError)
@@ -523,7 +532,7 @@ const scenarios = {
   async unserved() {
     const sb = await Sandbox.create('host')
     try {
-      await rejects(sb.getMcpToken(), e2b.SandboxError)
+      await rejects(sb.getMcpToken(), e2b.FileNotFoundError)
       await rejects(Sandbox.create('host', { volumeMounts: { '/mnt/data': 'vol' } }), e2b.SandboxError, /volumeMounts: volumes are not served/)
       const iam = { tokens: { gcp: { audience: 'x', tokenType: 'oidc' } } }
       await rejects(Sandbox.create('host', { iam }), e2b.SandboxError, /iam: IAM tokens are not served/)
