@@ -98,9 +98,10 @@ def test_sandboxes_and_branching(server: Served, tmp_path: Path) -> None:
     node(server, tmp_path, "sandboxes", "branching", "burst")
 
 
+@pytest.mark.needs("git")
 def test_commands_and_pty(server: Served, tmp_path: Path) -> None:
-    """run (output, callbacks, exit errors, cwd, user, envs), background with stdin, list, connect, kill;
-    a terminal typed into, resized and killed."""
+    """run (output, callbacks, exit errors, cwd, user, envs, timeouts), background with stdin, list,
+    connect, kill; git; a terminal typed into, connected to, resized and killed."""
     node(server, tmp_path, "commands", "pty")
 
 
