@@ -533,6 +533,10 @@ const scenarios = {
     const sb = await Sandbox.create('host')
     try {
       await rejects(sb.getMcpToken(), e2b.FileNotFoundError)
+      const mcp = new URL(sb.getMcpUrl()) // https: no TLS here; its name to the server's address finds no gateway
+      const gateway = await viaHost(mcp.host, mcp.pathname)
+      assert.equal(gateway.status, 502)
+      assert.match(gateway.body.toString(), /nothing listens on its port/)
       await rejects(Sandbox.create('host', { volumeMounts: { '/mnt/data': 'vol' } }), e2b.SandboxError, /volumeMounts: volumes are not served/)
       const iam = { tokens: { gcp: { audience: 'x', tokenType: 'oidc' } } }
       await rejects(Sandbox.create('host', { iam }), e2b.SandboxError, /iam: IAM tokens are not served/)
