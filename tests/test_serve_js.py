@@ -63,7 +63,7 @@ def need_js_sdk() -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     need_js_sdk()
     tmp = tmp_path_factory.mktemp("serve-js")
-    # a state directory of its own: its jails' share of root's inotify instances is not the other
+    # a state directory of its own: its jails' share of their user's inotify instances is not the other
     # servers' of the session (``sandbox/limits/budget.py``), so its watches are inotify's, with RENAME
     state = {"JAILBOX_STATE_DIR": str(tmp / "state")}
     served = start_server(tmp, "--api-key-file", str(key_file(tmp, KEY_A, KEY_B)), env=state)
