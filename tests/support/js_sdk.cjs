@@ -18,12 +18,12 @@ const SERVER = new URL(process.env.E2B_API_URL)
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
-async function until(what, check, ms = 30000) {
+async function until(what, check, ms = 30000, seen = () => '') {
   const deadline = Date.now() + ms
   for (;;) {
     const got = await check()
     if (got) return got
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${seen() ? `; seen: ${seen()}` : ''}`)
     await sleep(50)
   }
 }
@@ -409,7 +409,8 @@ const scenarios = {
       })
       const names = (type) => events.filter((e) => e.type === type).map((e) => e.name)
       await sb.files.write('/tmp/w/new.txt', 'x')
-      await until('CREATE and WRITE', () => names(FilesystemEventType.CREATE).includes('new.txt') && names(FilesystemEventType.WRITE).includes('new.txt'))
+      const seen = () => JSON.stringify(events.map((e) => [e.type, e.name]))
+      await until('CREATE and WRITE', () => names(FilesystemEventType.CREATE).includes('new.txt') && names(FilesystemEventType.WRITE).includes('new.txt'), 30000, seen)
       const made = events.find((e) => e.type === FilesystemEventType.CREATE && e.name === 'new.txt')
       assert.equal(made.entry && made.entry.path, '/tmp/w/new.txt')
       assert.equal(made.entry.type, FileType.FILE)
