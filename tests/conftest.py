@@ -59,6 +59,8 @@ TOOLS = {  # tool: the Debian package that has it
     "dpkg-deb": "dpkg",
     "apt-get": "apt",
     "unshare": "util-linux",
+    "node": "nodejs",
+    "npm": "npm",
 }
 KERNEL_PACKAGES = "python3-ipykernel python3-jupyter-client python3-numpy python3-pandas python3-matplotlib"
 SUBIDS_FIX = "sudo apt-get install uidmap && sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 " + (

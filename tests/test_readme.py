@@ -77,6 +77,7 @@ PREREQUISITES = {  # what a block's text uses -> what conftest.need checks (skip
     "--network full": ("slirp4netns", "tun"),
     "curl ": ("curl",),
     "run_code(": ("kernel",),
+    "npm install": ("node", "npm"),
 }
 
 

@@ -36,6 +36,10 @@ MAX_LIST = 1000
 NOT_SERVED = {  # why a sandbox's call is answered 501: what the SDK's exception then says
     "/logs": "logs are not kept: a command's output goes to its caller",
 }
+NOT_SERVED_AT_CREATE = {  # a create's field that asks for what jailbox does not do: refused, never dropped quietly
+    "volumeMounts": "volumes are not served by jailbox (mount nothing, or copy files in with files.write)",
+    "iam": "IAM tokens are not served by jailbox",
+}
 MAX_SNAPSHOT_PAGE = 100
 """Snapshots one list page holds at most (E2B's own cap)."""
 MAX_REF = 256
@@ -184,6 +188,9 @@ class ControlPlane:
         if path in ("/sandboxes", "/v2/sandboxes"):
             if method == "POST":
                 body = self._body(request)
+                for name, why in NOT_SERVED_AT_CREATE.items():
+                    if body.get(name) not in (None, [], {}):
+                        raise ServeError(400, f"{name}: {why}")
                 wanted = network.from_create(body)
                 made = None if wanted.empty else network.policy(wanted, self.registry.shape["network"])
                 ask = None if wanted.empty else wanted.record()

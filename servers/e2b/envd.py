@@ -36,6 +36,8 @@ from . import process_pb2 as ppb
 from .connect import (
     HTTP_STATUS,
     RpcError,
+    codec_for,
+    end_envelope,
     stream_frames,
     stream_request,
     unary_request,
@@ -61,6 +63,17 @@ OPERATIONS = {"GET": "read", "POST": "write"}
 
 def _error_response(error: RpcError) -> Response:
     return Response(HTTP_STATUS[error.code], json.dumps(error.json()).encode(), "application/json")
+
+
+def _stream_error(error: RpcError, content_type: str) -> Response:
+    """A server-streaming call's error before its first message, as Connect sends one: HTTP 200 and the
+    error in the stream's end (a client that reads only the status of a stream, as connect-web does,
+    would see no message); a content type that is no Connect stream's gets the error as a status."""
+    try:
+        codec = codec_for(content_type, stream=True)
+    except RpcError:
+        return _error_response(error)
+    return Response(200, end_envelope(error), codec.stream_type)
 
 
 def _http_error(status: int, message: str) -> Response:
@@ -166,11 +179,11 @@ def handle(registry: Registry, sandbox_id: str | None, request: Request) -> Resp
                 request.header("Connect-Content-Encoding") or "",
             )
         except RpcError as exc:
-            return _error_response(exc)
+            return _stream_error(exc, request.header("Content-Type") or "")
         try:
             user = users.requested(served, request)
         except RpcError as exc:
-            return _error_response(exc)
+            return _stream_error(exc, request.header("Content-Type") or "")
         limits = _call_limits(request)
         return Response(
             200, stream_frames(codec, _wrap(lambda: stream(served, message, limits, user))), codec.stream_type

@@ -285,7 +285,8 @@ Watch = tuple[str, bool, dict[str, Entry]] | InotifyWatch
 
 class Watchers:
     """A sandbox's directory watchers, by the id the client polls them with: inotify in the jail where
-    the jail has ``python3`` to run it, else a snapshot diffed on each poll."""
+    the jail has ``python3`` to run it and an inotify instance to spare, else a snapshot diffed on
+    each poll."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

@@ -79,6 +79,8 @@ of one peer address (an IPv6 /64); a new one past either bound closes the oldest
 (of that peer, else of all), so at least ``MAX_CONNECTIONS - MAX_WAITING`` slots stay for proven
 work. Once one peer without a key held every slot by sending a byte every couple of minutes."""
 SMALL_BODY = 1 << 20
+MAX_REASON = 200
+"""Characters of a reason phrase sent at most (``Response.reason``)."""
 MAX_TRANSFERS = 8
 MAX_TENANT_TRANSFERS = 2
 """Requests with a body over ``SMALL_BODY``, or moving a file, at once (of one tenant): what they hold
@@ -223,6 +225,9 @@ class Response:
     body: bytes | Iterator[bytes] = b""
     content_type: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    reason: str | None = None
+    """The status line's reason phrase (None: the status's standard one): where a client shows only
+    that, it can say what failed (printable ASCII, ``MAX_REASON`` characters at most, is sent)."""
 
 
 class Tunnel(Protocol):
@@ -541,7 +546,10 @@ class Handler(BaseHTTPRequestHandler):
             pass
 
     def _send(self, response: Response) -> None:
-        self.send_response(response.status)
+        reason = None
+        if response.reason is not None:
+            reason = " ".join("".join(c if " " <= c <= "~" else " " for c in response.reason).split())[:MAX_REASON]
+        self.send_response(response.status, reason or None)
         if self.close_connection:
             self.send_header("Connection", "close")
         for name, value in response.headers.items():

@@ -9,7 +9,8 @@ host never resolves a path the jail made. What the program writes is untrusted: 
 parsed from NUL-separated fields, a record longer than ``MAX_RECORD`` bytes ends the watch with an
 error, each path must lie in the watched directory, and the events a client has not collected yet
 are held up to ``MAX_PENDING`` bytes (past that the watch ends with an error the client sees, as a
-full inotify queue does). A jail without ``python3`` gets no inotify watcher: ``start`` returns
+full inotify queue does). A jail without ``python3``, or whose share of its user's inotify instances
+is spent (``sandbox/limits/budget.py``: the jail degrades), gets no inotify watcher: ``start`` returns
 None and the caller polls.
 """
 
@@ -34,6 +35,8 @@ READY_WAIT = 30.0
 """Seconds the in-jail watcher has to report its watches in place."""
 SYNC_WAIT = 2.0
 """Seconds a poll waits for the watcher to report every event of what was done before it."""
+NO_INSTANCE = 3
+"""The watcher's exit status when the jail may make no inotify instance."""
 
 IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
 IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
@@ -55,7 +58,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
 fd = libc.inotify_init1(0o4000)  # IN_NONBLOCK
 if fd < 0:
-    sys.exit("inotify_init1: " + os.strerror(ctypes.get_errno()))
+    sys.stderr.write("inotify_init1: " + os.strerror(ctypes.get_errno()))
+    sys.exit(3)
 MASK = 0x2 | 0x4 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800 | 0x01000000 | 0x02000000
 dirs = {}
 out = sys.stdout.buffer
@@ -234,7 +238,8 @@ class WatchFailed(ServerError):
 
 def start(sb: Sandbox, root: str, recursive: bool, user: str | None = None) -> InotifyWatch | None:
     """A running inotify watch of ``root`` in the jail, or None if the jail has no ``python3`` to run
-    the watcher (the caller polls instead). Raises ``WatchFailed`` if the watcher could not watch."""
+    the watcher or may make no inotify instance (the caller polls instead). Raises ``WatchFailed`` if
+    the watcher could not watch."""
     watch = InotifyWatch(root)
     ask_r, watch.ask_w = os.pipe2(os.O_CLOEXEC)
     os.set_blocking(watch.ask_w, False)
@@ -273,7 +278,7 @@ def start(sb: Sandbox, root: str, recursive: bool, user: str | None = None) -> I
     with watch.cond:
         watch.cond.wait_for(lambda: bool(result), READY_WAIT)
     got = result[0] if result else None
-    if getattr(got, "exit_code", None) == 127:  # no python3 in this tree
+    if getattr(got, "exit_code", None) in (127, NO_INSTANCE):  # no python3 in this tree; no instance left
         return None
     stderr = getattr(got, "stderr_bytes", b"").decode(errors="replace").strip()
     raise WatchFailed(f"cannot watch {root}: {stderr[-300:] or 'the watcher did not start'}")

@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from email.message import Message
+from http import HTTPStatus
 from typing import Any
 
 from ...sandbox.errors import InterpreterError, SandboxError, ServerError
@@ -87,8 +88,11 @@ def find(registry: Registry, sandbox_id: str, headers: Message, wake: bool = Fal
 
 
 def _text(status: int, message: str) -> Response:
-    """An error as E2B's Jupyter front sends it: plain text, which the SDK puts in its exception."""
-    return Response(status, message.encode(), "text/plain; charset=utf-8")
+    """An error as E2B's Jupyter front sends it: plain text, which the Python SDK puts in its exception;
+    the JavaScript SDK shows only the status line, so its reason phrase says it too."""
+    return Response(
+        status, message.encode(), "text/plain; charset=utf-8", reason=f"{HTTPStatus(status).phrase}: {message}"
+    )
 
 
 def _json(obj: object) -> Response:

@@ -5,6 +5,7 @@
 - ``bound_probe``: a program that meets each bound a jail is given and reports what it got.
 - ``cli``: ``JAILBOX``, the one command line that starts the ``jailbox`` CLI.
 - ``host_memory``: the host's available memory, a fixture that checks a test leaves most of it, a sampler.
+- ``js_sdk.cjs`` (not Python): scenarios Node runs with npm's E2B SDKs against ``jailbox serve``.
 - ``llm_server``: a scripted OpenAI-compatible HTTP server on loopback.
 - ``oci_images``: OCI layers and layouts built by hand, a local registry and a counting proxy.
 - ``paper_tree``: the default recipe's tree, built once (early, in the background) and kept between runs.
