@@ -20,6 +20,7 @@ import pytest
 from support.serve import KEY_A, KEY_B, Served, api, key_file, need_sdk, sdk, start_server
 
 from jailbox.servers.e2b import process_pb2 as ppb
+from jailbox.servers.e2b.connect import MAX_MESSAGE as MAX_INFLATED
 
 GROWTH = 256 << 20
 """The goal: what the attacks together may add to the server's resident memory."""
@@ -297,3 +298,47 @@ def test_a_refused_upload_is_answered_once_its_small_rest_arrives(
         conn.settimeout(60)
         answer = conn.recv(65536)
         assert answer.startswith(b"HTTP/1.1 400") and time.monotonic() - started < 30, answer[:200]
+
+
+def test_a_client_stream_of_input_is_read_and_checked_message_by_message(
+    server: Served, sandboxes: dict[str, dict[str, str]]
+) -> None:
+    """``StreamInput``'s envelopes are read one at a time, each bounded before it is read or inflated:
+    a stream that names no process, a forged or cut envelope, a bomb, JSON too deep each end the
+    stream with their own code, the server's memory flat, the other tenant served meanwhile."""
+
+    def envelope(message: bytes, flags: int = 0) -> bytes:
+        return struct.pack(">BI", flags, len(message)) + message
+
+    def data(text: bytes) -> bytes:
+        event = ppb.StreamInputRequest(data=ppb.StreamInputRequest.DataEvent(input=ppb.ProcessInput(stdin=text)))
+        return envelope(event.SerializeToString())
+
+    start_of_nothing = ppb.StreamInputRequest(
+        start=ppb.StreamInputRequest.StartEvent(process=ppb.ProcessSelector(pid=999_999))
+    )
+    bomb = gzip.compress(b"\0" * (MAX_INFLATED + 1), 9)
+    deep = b'{"data": {"input": ' * 40 + b"{}" + b"}" * 80
+    streams = {
+        "data before start": (data(b"x"), "proto", "invalid_argument"),
+        "an empty stream": (b"", "proto", "invalid_argument"),
+        "an unknown process": (envelope(start_of_nothing.SerializeToString()), "proto", "not_found"),
+        "a 1 GiB envelope": (struct.pack(">BI", 0, 1 << 30) + b"x" * 100, "proto", "resource_exhausted"),
+        "a cut envelope": (struct.pack(">BI", 0, 100) + b"x" * 10, "proto", "invalid_argument"),
+        "unknown flags": (envelope(b"", 0x80), "proto", "invalid_argument"),
+        "a gzip bomb": (envelope(bomb, 1), "proto", "resource_exhausted"),
+        "JSON too deep": (envelope(deep), "json", "invalid_argument"),
+    }
+    requests = []
+    for body, codec, _ in streams.values():
+        head = _head(
+            sandboxes[KEY_A],
+            "/process.Process/StreamInput",
+            len(body),
+            f"Content-Type: application/connect+{codec}",
+            "Connect-Content-Encoding: gzip",
+        )
+        requests.append((head, body))
+    statuses = _attack(server, sandboxes[KEY_B], requests)
+    for (what, (_, _, code)), status in zip(streams.items(), statuses, strict=True):
+        assert status.endswith(f" 200 OK [{code}]"), (what, status)

@@ -690,3 +690,52 @@ def test_an_address_that_cannot_be_listened_on_is_one_line_naming_the_flag(tmp_p
             assert lines[0].endswith("; e.g. --port 0 (any free port; the server prints the address it bound)") == (
                 flag == "--port"
             ), r.stderr
+
+
+def test_stream_input_reaches_the_process_as_it_is_sent(server: Served, tmp_path: Path) -> None:
+    """``stream_input`` (Connect's client stream, over HTTP/1.1): each chunk reaches the command before
+    the next is sent, a PTY's too; a command that is gone is the SDK's NotFoundException."""
+    sdk(
+        server,
+        tmp_path,
+        """
+        import time
+        from e2b import NotFoundException, PtySize, Sandbox
+
+        sb = Sandbox.create(template="host")
+        watcher = Sandbox.connect(sb.sandbox_id)  # its own connection: the stream holds the first's
+
+        def arrived(text):
+            deadline = time.monotonic() + 30
+            while watcher.commands.run("cat /tmp/got 2>/dev/null || true").stdout != text:
+                assert time.monotonic() < deadline, "the chunk did not reach the command"
+                time.sleep(0.05)
+
+        def chunks():
+            yield "first\\n"
+            arrived("first\\n")  # written before the stream goes on
+            yield b"second\\n"
+            arrived("first\\nsecond\\n")
+            for i in range(200):
+                yield f"{i}\\n"
+
+        cat = sb.commands.run("cat > /tmp/got", background=True, stdin=True)
+        sb.commands.stream_input(cat.pid, chunks())
+        sb.commands.close_stdin(cat.pid)
+        cat.wait()
+        lines = sb.files.read("/tmp/got").splitlines()
+        assert lines == ["first", "second", *map(str, range(200))], lines[:5]
+
+        term = sb.pty.create(PtySize(rows=24, cols=80))
+        sb.pty.stream_input(term.pid, iter([b"echo typed$((40+2)) > /tmp/pty\\n", b"exit\\n"]))
+        term.wait()
+        assert sb.files.read("/tmp/pty") == "typed42\\n"
+
+        try:
+            sb.commands.stream_input(cat.pid, iter(["late\\n"]))
+            raise AssertionError("a stream to a finished command did not raise")
+        except NotFoundException:
+            pass
+        sb.kill()
+        """,
+    )

@@ -1,9 +1,11 @@
-"""Connect RPC over HTTP/1.1, server side: unary and server-streaming calls, protobuf binary or JSON.
+"""Connect RPC over HTTP/1.1, server side: unary, server-streaming and client-streaming calls, protobuf
+binary or JSON.
 
 Runs in the serving host process, on the thread of one HTTP request. Every request body arrives
 already bounded by the HTTP layer; this module bounds what it decodes from it too (one message per
-unary call, one envelope per server-streaming request, gzip inflated to at most ``MAX_MESSAGE``, every
-message checked for its depth and element count before it is parsed).
+unary call, one envelope per server-streaming request, a client stream's envelopes one at a time, gzip
+inflated to at most ``MAX_MESSAGE``, every message checked for its depth and element count before it is
+parsed).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
@@ -203,6 +205,37 @@ def stream_request(kind: type[M], body: bytes, content_type: str, encoding: str)
         raise RpcError("invalid_argument", "a server-streaming request holds exactly one message envelope")
     data = inflate(body[5:], encoding or "gzip") if flags & FLAG_COMPRESSED else body[5:]
     return codec.decode(kind, data), codec
+
+
+def client_stream(kind: type[M], read: Callable[[int], bytes], codec: Codec, encoding: str) -> Iterator[M]:
+    """The messages of a client-streaming call as they arrive (``read(n)``: at most ``n`` bytes of the
+    request body, ``b""`` at its end), each envelope at most ``MAX_MESSAGE`` bytes as sent and inflated,
+    decoded within its bounds. The stream ends with the body, or at an end-of-stream envelope."""
+    while (head := _exactly(read, 5)) is not None:
+        flags, size = struct.unpack(">BI", head)
+        if flags & ~(FLAG_COMPRESSED | FLAG_END):
+            raise RpcError("invalid_argument", f"unknown envelope flags {flags:#x}")
+        if size > MAX_MESSAGE:
+            raise RpcError("resource_exhausted", f"message larger than {MAX_MESSAGE} bytes")
+        data = _exactly(read, size) if size else b""
+        if data is None:
+            raise RpcError("invalid_argument", "the request ended inside a message")
+        if flags & FLAG_END:
+            return
+        yield codec.decode(kind, inflate(data, encoding or "gzip") if flags & FLAG_COMPRESSED else data)
+
+
+def _exactly(read: Callable[[int], bytes], size: int) -> bytes | None:
+    """``size`` bytes read whole, or None at the body's end before the first; ended inside: an error."""
+    data = bytearray()
+    while len(data) < size:
+        part = read(size - len(data))
+        if not part:
+            if data:
+                raise RpcError("invalid_argument", "the request ended inside a message")
+            return None
+        data += part
+    return bytes(data)
 
 
 def end_envelope(error: RpcError | None) -> bytes:

@@ -5,13 +5,12 @@ host) and carries that sandbox's access token (``X-Access-Token``); without the 
 answered exactly as a sandbox that does not exist, so ids cannot be probed; so is a paused sandbox,
 unless it was made to resume on traffic (``autoResume``), which such a request resumes. A ``/files``
 request without a token is opened by envd's v1 signature of its URL instead (``by_signature``), else
-answered 401 as envd answers it. Served: the Connect RPC
-process service (start with or without a PTY, connect, list, send input, resize, signal, close
-stdin) and filesystem service (stat, list, make dir, move, remove, polled and streamed directory
-watches), and the HTTP ``/files`` download and upload (streamed to the jail a chunk at a time; a
-refused upload keeps the files written before the refusal). The user an SDK names (``user=``) is not
-switched to: commands run as the jail's user. The client-streaming ``StreamInput`` answers
-``unimplemented``.
+answered 401 as envd answers it. Served: the Connect RPC process service (start with or without a
+PTY, connect, list, send input, a client stream of input, resize, signal, close stdin) and filesystem
+service (stat, list, make dir, move, remove, polled and streamed directory watches), and the HTTP
+``/files`` download and upload (streamed to the jail a chunk at a time; a refused upload keeps the
+files written before the refusal). Each request runs as the user the SDK
+names, or the sandbox's own (``users``).
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from . import process_pb2 as ppb
 from .connect import (
     HTTP_STATUS,
     RpcError,
+    client_stream,
     codec_for,
     end_envelope,
     stream_frames,
@@ -169,6 +169,8 @@ def handle(registry: Registry, sandbox_id: str | None, request: Request) -> Resp
         except SandboxError as exc:
             return _error_response(RpcError("unavailable", f"the sandbox stopped: {exc}"))
         return Response(200, codec.encode(reply), codec.unary_type)
+    if request.method == "POST" and (service, method) == ("process.Process", "StreamInput"):
+        return _stream_input(served, request)
     if request.method == "POST" and (service, method) in STREAMS:
         kind, stream = STREAMS[(service, method)]
         try:
@@ -485,6 +487,47 @@ def _send_input(served: Served, req: ppb.SendInputRequest, user: str | None) -> 
         raise RpcError("invalid_argument", "input must hold stdin or pty bytes")
     _find(served, req.process).write_input(getattr(req.input, which), pty=which == "pty")
     return ppb.SendInputResponse()
+
+
+def _stream_input(served: Served, request: Request) -> Response:
+    """``StreamInput``, Connect's client stream: a ``start`` naming the process, then each ``data``
+    message written to it as it arrives (keepalives skipped); answered once the client ends its stream
+    (over HTTP/1.1 the client sends it whole, then reads the answer). A stream holds at most
+    ``MAX_BODY`` bytes (``httpd``); an error ends it there and is the stream's end."""
+    assert request.stream is not None  # a STREAMED request
+    content_type = request.header("Content-Type") or ""
+    try:
+        codec = codec_for(content_type, stream=True)
+        target: processes.Process | None = None
+        messages = client_stream(
+            ppb.StreamInputRequest, request.stream.read, codec, request.header("Connect-Content-Encoding") or ""
+        )
+        for message in messages:
+            event = message.WhichOneof("event")
+            if event == "start":
+                if target is not None:
+                    raise RpcError("invalid_argument", "a stream names its process once, in its first message")
+                target = _find(served, message.start.process)
+            elif event == "data":
+                if target is None:
+                    raise RpcError("invalid_argument", "the first message must be start, naming the process")
+                which = message.data.input.WhichOneof("input")
+                if which is None:
+                    raise RpcError("invalid_argument", "input must hold stdin or pty bytes")
+                target.write_input(getattr(message.data.input, which), pty=which == "pty")
+        if target is None:
+            raise RpcError("invalid_argument", "the stream named no process (its first message must be start)")
+    except RpcError as exc:
+        return _stream_error(exc, content_type)
+    except (fs.FsError, processes.ProcessError) as exc:
+        return _stream_error(RpcError(exc.code, str(exc)), content_type)
+    except BodyTooLarge as exc:
+        return _stream_error(RpcError("resource_exhausted", str(exc)), content_type)
+    except BodyCut as exc:
+        return _stream_error(RpcError("canceled", str(exc)), content_type)
+    except SandboxError as exc:
+        return _stream_error(RpcError("unavailable", f"the sandbox stopped: {exc}"), content_type)
+    return Response(200, stream_frames(codec, iter([ppb.StreamInputResponse()])), codec.stream_type)
 
 
 def _update(served: Served, req: ppb.UpdateRequest, user: str | None) -> Message:

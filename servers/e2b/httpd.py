@@ -102,9 +102,10 @@ million empty parts in a 64 MiB body held 1.2 GB): the upload now streams, and t
 MAX_PART_HEAD = 8 << 10
 """Bytes of one multipart part's headers: the only part of an upload held whole, so a header without
 end is refused here rather than read to the end of the body."""
-STREAMED = frozenset({("POST", "/files")})
+STREAMED = frozenset({("POST", "/files"), ("POST", "/process.Process/StreamInput")})
 """Requests whose body the handler reads as it arrives (``Request.stream``) instead of whole: a file
-upload is written to the jail a chunk at a time, so what it holds does not grow with the file."""
+upload is written to the jail a chunk at a time, so what it holds does not grow with the file, and a
+client stream of input reaches the process message by message, as the client sends it."""
 
 
 class BodyTooLarge(ServerError):
