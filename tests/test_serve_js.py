@@ -1,11 +1,13 @@
-"""``jailbox serve`` driven by the unmodified JavaScript SDKs, npm's ``e2b`` and ``@e2b/code-interpreter``,
-under Node, pointed at the server by environment variables alone.
+"""``jailbox serve`` driven by the unmodified JavaScript SDKs, npm's ``e2b`` and ``@e2b/code-interpreter``, under
+Node, pointed at the server by environment variables alone.
 
-The scenarios are ``tests/support/js_sdk.cjs``; each test runs a few of them in one Node process against
-one server for the module. The packages are looked for in ``$JAILBOX_JS_SDK`` (a directory holding
-``node_modules``), else ``.venv/js-sdk`` in the checkout, where ``.ci/run``'s ``JS_SDK_INSTALL`` puts
-them (a missing one's skip names that command). Over ``http://`` the SDK's fetch (undici, HTTP/2
-allowed only where TLS offers it) speaks HTTP/1.1, the server's, with no variable to set."""
+The scenarios are ``tests/support/js_sdk.cjs``; each test runs a few of them in one Node process against one
+server for the module, with the latest release of each package and with the previous minor release. The
+packages are looked for in ``$JAILBOX_JS_SDK`` and ``$JAILBOX_JS_SDK_PREVIOUS`` (directories holding
+``node_modules``), else where ``.ci/run``'s ``JS_SDK_INSTALL`` and ``JS_SDK_PREVIOUS_INSTALL`` put them,
+``.venv/js-sdk`` and ``.venv/js-sdk-previous`` in the checkout (a missing one's skip names its command). Over
+``http://`` the SDK's fetch (undici, HTTP/2 allowed only where TLS offers it) speaks HTTP/1.1, the server's,
+with no variable to set."""
 
 from __future__ import annotations
 
@@ -26,35 +28,50 @@ SCENARIOS = Path(__file__).resolve().parent / "support" / "js_sdk.cjs"
 TABLE = ROOT / "docs" / "e2b-compat.md"
 JS_ROW = re.compile(r"^\| `([A-Za-z.]+)` \| `[A-Za-z_.]+` \| (served|not served) \|", re.MULTILINE)
 PROPERTIES = {"Sandbox.git"}  # rows for what is an attribute in JS, not a method
-CI_INSTALL = re.search(r'^JS_SDK_INSTALL="(.*)"$', (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
-JS_SDK_INSTALL = CI_INSTALL.group(1) if CI_INSTALL else ""
-PACKAGES = dict(re.findall(r"\s(@?[\w./-]+)@([\d.]+)", JS_SDK_INSTALL))  # name: the version tested
+RELEASES = {
+    "latest": ("JS_SDK_INSTALL", "JAILBOX_JS_SDK"),
+    "previous": ("JS_SDK_PREVIOUS_INSTALL", "JAILBOX_JS_SDK_PREVIOUS"),
+}
+"""Each release tested: ``.ci/run``'s variable that installs it, and the variable that may name another place."""
 
 
-def sdk_dir() -> Path:
-    return Path(os.environ.get("JAILBOX_JS_SDK") or ROOT / ".venv" / "js-sdk") / "node_modules"
+def ci_install(release: str) -> str:
+    """``.ci/run``'s command that installs ``release`` (npm, ``--prefix`` a directory of the checkout)."""
+    found = re.search(rf'^{RELEASES[release][0]}="(.*)"$', (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
+    return found.group(1) if found else ""
 
 
-def install_command() -> str:
-    """``JS_SDK_INSTALL`` as it fills ``sdk_dir()``."""
-    chosen = os.environ.get("JAILBOX_JS_SDK")
+def packages(release: str) -> dict[str, str]:
+    """Each package's name and the version of it tested in ``release``."""
+    return dict(re.findall(r"\s(@?[\w./-]+)@([\d.]+)", ci_install(release)))
+
+
+def sdk_dir(release: str) -> Path:
+    prefix = re.search(r"--prefix (\S+)", ci_install(release))
+    return Path(os.environ.get(RELEASES[release][1]) or ROOT / (prefix.group(1) if prefix else "")) / "node_modules"
+
+
+def install_command(release: str) -> str:
+    """The command that fills ``sdk_dir(release)``."""
+    command, chosen = ci_install(release), os.environ.get(RELEASES[release][1])
     if chosen:
-        return JS_SDK_INSTALL.replace("--prefix .venv/js-sdk", f"--prefix {chosen}")
-    return f"cd {ROOT} && {JS_SDK_INSTALL}"
+        return re.sub(r"--prefix \S+", f"--prefix {chosen}", command)
+    return f"cd {ROOT} && {command}"
 
 
-def need_js_sdk() -> Path:
-    """Skip (strict: fail) unless node and both packages, at the versions tested, are installed."""
-    assert set(PACKAGES) == {"e2b", "@e2b/code-interpreter"}, ".ci/run no longer sets JS_SDK_INSTALL"
+def need_js_sdk(release: str = "latest") -> Path:
+    """Skip (strict: fail) unless node and both packages, at the versions ``release`` tests, are installed."""
+    wanted = packages(release)
+    assert set(wanted) == {"e2b", "@e2b/code-interpreter"}, f".ci/run no longer sets {RELEASES[release][0]}"
     require(shutil.which("node") is not None, "Node.js 20 or newer", "sudo apt-get install nodejs npm")
-    modules = sdk_dir()
-    for name, version in PACKAGES.items():
+    modules = sdk_dir(release)
+    for name, version in wanted.items():
         manifest = modules / name / "package.json"
         found = json.loads(manifest.read_text())["version"] if manifest.exists() else None
         require(
             found == version,
             f"npm's {name} {version} in {modules} (found: {found or 'none'})",
-            install_command(),
+            install_command(release),
         )
     return modules
 
@@ -76,12 +93,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     served.stop()
 
 
-def node(server: Served, tmp: Path, *scenarios: str) -> str:
-    """Run ``scenarios`` of js_sdk.cjs in one Node process pointed at ``server``; its asserts are the
-    test. Returns what it printed."""
+def node(server: Served, tmp: Path, *scenarios: str, release: str = "latest") -> str:
+    """Run ``scenarios`` of js_sdk.cjs in one Node process pointed at ``server``, with ``release`` of the
+    packages; its asserts are the test. Returns what it printed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env.update(
-        NODE_PATH=str(need_js_sdk()),
+        NODE_PATH=str(need_js_sdk(release)),
         E2B_API_URL=server.url,
         E2B_SANDBOX_URL=server.url,
         E2B_API_KEY=KEY_A,
@@ -97,10 +114,11 @@ def node(server: Served, tmp: Path, *scenarios: str) -> str:
     return r.stdout
 
 
-def test_sandboxes_and_branching(server: Served, tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_sandboxes_and_branching(server: Served, tmp_path: Path, release: str) -> None:
     """Create, getInfo, list with metadata and state filters, connect, setTimeout, getMetrics, another
     key's view, kill; pause and resume, fork, snapshots."""
-    node(server, tmp_path, "sandboxes", "branching")
+    node(server, tmp_path, "sandboxes", "branching", release=release)
 
 
 def test_sandboxes_made_at_once(tmp_path: Path) -> None:
@@ -114,31 +132,39 @@ def test_sandboxes_made_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.needs("git")
-def test_commands_and_pty(server: Served, tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_commands_and_pty(server: Served, tmp_path: Path, release: str) -> None:
     """run (output, callbacks, exit errors, cwd, user, envs, timeouts), background with stdin, list,
     connect, kill; git; a terminal typed into, connected to, resized and killed."""
-    node(server, tmp_path, "commands", "pty")
+    node(server, tmp_path, "commands", "pty", release=release)
 
 
-def test_files_and_watch(server: Served, tmp_path: Path) -> None:
-    node(server, tmp_path, "files")
+@pytest.mark.parametrize("release", RELEASES)
+def test_files_and_watch(server: Served, tmp_path: Path, release: str) -> None:
+    node(server, tmp_path, "files", release=release)
 
 
-def test_ports_signed_urls_network_and_what_is_not_served(server: Served, tmp_path: Path) -> None:
-    node(server, tmp_path, "host", "network", "unserved")
+@pytest.mark.parametrize("release", RELEASES)
+def test_ports_signed_urls_network_and_what_is_not_served(server: Served, tmp_path: Path, release: str) -> None:
+    node(server, tmp_path, "host", "network", "unserved", release=release)
 
 
 @pytest.mark.needs("kernel")
-def test_code_interpreter(server: Served, tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_code_interpreter(server: Served, tmp_path: Path, release: str) -> None:
     """runCode: variables kept, a matplotlib PNG, an exception's name, value and traceback, callbacks in
     order, per-run envs; contexts created, listed, restarted and removed."""
-    node(server, tmp_path, "interpreter")
+    node(server, tmp_path, "interpreter", release=release)
 
 
 def test_the_compat_table_names_every_js_method(server: Served, tmp_path: Path) -> None:
-    """docs/e2b-compat.md's JS table has a row for each public method the packages have, and no other."""
-    out = node(server, tmp_path, "methods")
-    [line] = [line for line in out.splitlines() if line.startswith("methods ")]
-    have = set(json.loads(line.removeprefix("methods "))) | PROPERTIES
+    """docs/e2b-compat.md's JS table has a row for each public method the latest packages have, and no
+    other; the previous release has none the table lacks."""
     rows = dict(JS_ROW.findall(TABLE.read_text()))
-    assert set(rows) == have, (sorted(have - set(rows)), sorted(set(rows) - have))
+    for release in RELEASES:
+        out = node(server, tmp_path, "methods", release=release)
+        [line] = [line for line in out.splitlines() if line.startswith("methods ")]
+        have = set(json.loads(line.removeprefix("methods "))) | PROPERTIES
+        if release == "latest":
+            assert set(rows) == have, (sorted(have - set(rows)), sorted(set(rows) - have))
+        assert have <= set(rows), (release, sorted(have - set(rows)))

@@ -6,7 +6,8 @@ network={"allow_out": [...], "deny_out": [...]})`` and ``sandbox.update_network(
 become a jailbox ``NetworkPolicy``. E2B's meaning: every destination is reachable unless ``denyOut``
 lists it (``0.0.0.0/0`` meaning all, which ``allow_internet_access=False`` stands for), and an entry of
 ``allowOut`` (an IP address, a CIDR, a domain, ``*.domain``) is reachable even when ``denyOut`` covers
-it. An update replaces the whole ask; nothing asked means "everything".
+it. An update replaces the whole ask; nothing asked means "everything", and so does
+``allow_internet_access=True``, E2B's default, which older SDKs send with every create.
 
 The server's ``--network`` is a ceiling: the policy made is never wider than it. "Everything" means
 what the operator allowed; an ``allowOut`` entry outside it is refused (403, naming the flag the
@@ -193,19 +194,17 @@ def _inside(entry: str, deny: Rules) -> bool:
     return False
 
 
-def _past(entry: str | None, ceiling: NetworkPolicy) -> ServeError:
-    """403 for an ``allowOut`` entry (None: ``allow_internet_access=True``) past the server's network."""
+def _past(entry: str, ceiling: NetworkPolicy) -> ServeError:
+    """403 for an ``allowOut`` entry past the server's network."""
     now = (
         f"allow:{','.join((*ceiling.allow, *('!' + d for d in ceiling.deny)))}"
         if ceiling.mode == "allow"
         else ceiling.mode
     )
-    what, wider = "allow_internet_access=True", "allow:api.example.com"
-    if entry is not None:
-        what, wider = f"allowOut {entry!r}", "allow:" + (_rule(entry, EVERY_PORT) if _net(entry) is not None else entry)
+    wider = "allow:" + (_rule(entry, EVERY_PORT) if _net(entry) is not None else entry)
     return ServeError(
         403,
-        f"{what} is past what this server lets its sandboxes reach (its --network is {now}): the operator "
+        f"allowOut {entry!r} is past what this server lets its sandboxes reach (its --network is {now}): the operator "
         f"must widen --network, e.g. jailbox serve --network {wider}",
     )
 
@@ -247,8 +246,8 @@ def policy(wanted: Ask, ceiling: NetworkPolicy, built: str | None = None) -> Net
     deny = () if everything_denied or allow_all else _denied(wanted.deny or (), allow)  # allow wins, as on E2B
     nothing = everything_denied and not allow and not allow_all
     if ceiling.mode == "none":
-        if wanted.internet or allow or allow_all:
-            raise _past(wanted.allow[0] if wanted.allow else None, ceiling)
+        if wanted.allow:  # allow_internet_access=True is E2B's default (older SDKs send it): "everything"
+            raise _past(wanted.allow[0], ceiling)
         made = ceiling
     elif ceiling.mode == "allow":
         rules, denied = Rules(ceiling.allow, ()), Rules((), ceiling.deny)

@@ -517,7 +517,9 @@ const scenarios = {
         e2b.SandboxError,
         /--network/
       )
-      await rejects(Sandbox.create('host', { allowInternetAccess: true }), e2b.SandboxError, /--network/)
+      const open = await Sandbox.create('host', { allowInternetAccess: true }) // E2B's default: all the server allows
+      assert.equal((await open.commands.run('echo open')).stdout, 'open\n')
+      await open.kill()
       await rejects(dark.updateNetwork({ allowOut: ['10.1.2.3'] }), e2b.SandboxError, /--network/)
       await dark.updateNetwork({ allowInternetAccess: false })
       await rejects(
