@@ -317,6 +317,7 @@ def test_close_and_reset_of_a_paused_sandbox_leak_nothing(limits):
     assert held_fds() == fds
 
 
+@pytest.mark.alone  # fills its pids cap (512), a quarter of a user's share here: others' creates failed
 def test_a_jail_forking_and_continuing_itself_ends_up_stopped_or_running(limits):
     """Four workers fork as fast as they can while two send SIGCONT to everything: each pause either
     stops the whole jail (no CPU used while paused, no process made) or fails with PauseFailed and
