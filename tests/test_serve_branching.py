@@ -58,6 +58,10 @@ def test_pause_and_resume_on_connect_keep_processes_files_id_and_token(server: S
         sb.files.write("/tmp/kept", "before the pause")
         sleeper = sb.commands.run("sleep 1000", background=True, timeout=0)
         sb.commands.run("echo $$ > /tmp/shell; sleep 1000", background=True, timeout=0)
+        deadline = time.monotonic() + 60
+        while not sb.files.exists("/tmp/shell"):  # the shell ran before the pause, not only started
+            assert time.monotonic() < deadline, "the background shell did not start"
+            time.sleep(0.05)
         assert sb.is_running()
         assert sb.get_info().state == SandboxState.RUNNING
         assert sb.get_info().lifecycle == {"on_timeout": "kill", "auto_resume": False}
