@@ -228,7 +228,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # then runs beside the other workers' tests, in the first test's setup, which may take that long.
     # The tests marked ``alone`` go last but one: run one after another they wait once for the other
     # workers to drain, not once each (about a hundred drains of a few seconds each, with workers idle,
-    # otherwise). The emulated guest goes last: its passes take 50 s alone here, and beside other work
+    # otherwise). The emulated guest goes last: it takes about 90 s alone here, and beside other work
     # its fork bomb outran the 60 s its command is given (a CI run with the guest first).
     from support.paper_tree import BUILD_TIMEOUT  # it imports this module: not at the top
 
