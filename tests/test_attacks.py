@@ -143,6 +143,7 @@ def test_tiocsti_injection_into_the_controlling_terminal(sb):
         command.close()
 
 
+@pytest.mark.slow
 @pytest.mark.alone  # fills its pids cap (512), a quarter of a user's share here: others' creates failed
 def test_fork_bomb_is_capped_and_host_stays_responsive():
     """The bomb runs until its command's timeout, which kills its whole tree (round after round,

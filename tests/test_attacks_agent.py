@@ -477,6 +477,7 @@ HUGE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", HUGE)
 def test_a_huge_reply_costs_the_host_no_more_than_the_reply_limit(tmp_path, quiet_rss, step):
     """A GiB of reply, one string of a chat completion's content however it is framed or compressed (gzip

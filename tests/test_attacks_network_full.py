@@ -224,6 +224,7 @@ def test_the_jails_dns_still_goes_to_the_hosts_resolver():
         assert _guard_refused(sb) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(LAN is None, reason="this host has no non-loopback IPv4 address")
 def test_without_its_supervisor_slirp_reaches_nothing(listeners):
     """Fail closed: once the host's checking thread is gone, slirp4netns's connects and datagrams

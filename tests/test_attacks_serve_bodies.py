@@ -264,6 +264,7 @@ def test_uploads_still_work_single_multi_gzip_and_streamed(server: Served, tmp_p
     )
 
 
+@pytest.mark.slow
 def test_a_refused_upload_is_answered_once_its_small_rest_arrives(
     server: Served, sandboxes: dict[str, dict[str, str]]
 ) -> None:
@@ -300,6 +301,7 @@ def test_a_refused_upload_is_answered_once_its_small_rest_arrives(
         assert answer.startswith(b"HTTP/1.1 400") and time.monotonic() - started < 30, answer[:200]
 
 
+@pytest.mark.slow
 def test_a_client_stream_of_input_is_read_and_checked_message_by_message(
     server: Served, sandboxes: dict[str, dict[str, str]]
 ) -> None:

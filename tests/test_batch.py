@@ -21,6 +21,7 @@ from jailbox.agent.tasks import Task, load_tasks, read_results
 from jailbox.sandbox.launcher import LAUNCHER
 
 
+@pytest.mark.slow
 def test_fifty_tasks_sixteen_workers_all_scored(tmp_path, _state_dir):
     tasks = load_tasks(tasks_file(tmp_path / "tasks.jsonl", 50))
     with ScriptedServer(responder=responder()) as server:

@@ -26,6 +26,7 @@ from jailbox.agent.llm import LLMCancelled, LLMClient, LLMConfig
 from jailbox.agent.tasks import Task, read_results
 
 
+@pytest.mark.slow
 def test_first_sigint_lets_running_tasks_finish_and_starts_no_new_one(tmp_path, _state_dir):
     path = tasks_file(tmp_path / "tasks.jsonl", 50)
     out = tmp_path / "out"
@@ -53,6 +54,7 @@ def test_first_sigint_lets_running_tasks_finish_and_starts_no_new_one(tmp_path, 
     assert jails_left(_state_dir) == []
 
 
+@pytest.mark.slow
 def test_second_sigint_kills_tasks_stuck_in_llm_requests(tmp_path, _state_dir):
     two_sigints_end_stuck_tasks(tmp_path, _state_dir)
 

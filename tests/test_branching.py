@@ -128,6 +128,7 @@ def test_checkpoint_write_checkpoint_rollback_rollback(left: Callable[[], list[s
     assert left() == []
 
 
+@pytest.mark.slow
 def test_two_hundred_cycles_keep_mounts_and_disk_bounded(left: Callable[[], list[str]]) -> None:
     longest = 0
     with Sandbox() as sb:
@@ -241,6 +242,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_a_host_killed_mid_cut_leaves_no_layer(left: Callable[[], list[str]]) -> None:
     host = subprocess.Popen([sys.executable, "-c", KILLED_MID_CUT], stdout=subprocess.PIPE, text=True)
     try:

@@ -103,6 +103,7 @@ def test_killing_the_host_during_a_burst_ends_the_launcher_and_every_jail(_state
     wait_until(lambda: not any(Path(d).exists() for d in info["dirs"]), "the sandbox directories to go", 60)
 
 
+@pytest.mark.slow
 def test_killing_the_launcher_during_a_burst_ends_every_jail(_state_dir):
     child, info = _hold_a_burst()
     try:

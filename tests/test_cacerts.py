@@ -156,6 +156,7 @@ def test_the_ca_cert_flag_feeds_the_field_and_a_bad_one_is_named(tmp_path, pki, 
     assert "\n" not in line and line.startswith("jailbox: --ca-cert: ") and "e.g. --ca-cert " in line, line
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.paper_tree
 @pytest.mark.needs("openssl")

@@ -72,6 +72,7 @@ def test_exec_takes_every_bound_at_once() -> None:
     held(r.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.cgroup
 def test_shell_takes_every_bound() -> None:
     pid, master = pty.fork()
@@ -97,6 +98,7 @@ def test_shell_takes_every_bound() -> None:
     held(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text))  # a terminal's line ends and escapes (bracketed paste)
 
 
+@pytest.mark.slow
 @pytest.mark.cgroup
 def test_run_takes_every_bound(tmp_path: Path) -> None:
     with ScriptedServer(responder=obeying) as server:
@@ -104,6 +106,7 @@ def test_run_takes_every_bound(tmp_path: Path) -> None:
     held(observation(run_dir(r)))
 
 
+@pytest.mark.slow
 @pytest.mark.cgroup
 def test_bench_takes_every_bound(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"

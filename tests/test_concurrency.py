@@ -44,6 +44,7 @@ TICK = 0.01
 LONGEST_GAP = 0.25  # a blocking `sleep 1` or 0.5 s timeout would stop the ticker for 1 s or 0.5 s
 
 
+@pytest.mark.slow
 @pytest.mark.alone  # other workers' jail builds hold this process's CPU and GIL: gaps of 0.41 s seen
 def test_async_sandbox_runs_concurrently_without_blocking_the_loop():
     """The loop keeps ticking every 10 ms while jails start, run and time out (the longest gap between

@@ -59,6 +59,7 @@ SKIPS = {  # every way a test can skip itself, outside conftest.need
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strict", [False, True])
 def test_under_strict_every_kind_of_skip_fails(tmp_path: Path, strict: bool) -> None:
     for name, text in SKIPS.items():

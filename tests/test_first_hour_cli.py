@@ -225,6 +225,7 @@ def test_no_message_suggests_python_syntax_on_the_command_line(rootfs: str, stor
 # item 4: a dead or failing endpoint is visible while it happens, and ends with the fix
 
 
+@pytest.mark.slow
 def test_run_against_a_dead_port_shows_each_retry_and_ends_with_the_fix(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{dead_port()}/v1"
     r = jailbox(
@@ -344,6 +345,7 @@ def test_bench_refuses_an_earlier_run_and_overwrite_moves_it_aside(tmp_path: Pat
     assert len(read_results(out / "results.jsonl")) == 2
 
 
+@pytest.mark.slow
 def test_resume_keys_results_by_task_mode_and_model(tmp_path: Path) -> None:
     tasks = tasks_file(tmp_path / "tasks.jsonl", 3)
     out = tmp_path / "out"

@@ -29,6 +29,7 @@ def sb() -> Iterator[Sandbox]:
         yield sandbox
 
 
+@pytest.mark.slow
 def test_a_notebook_run_keeps_variables_plots_and_explains_errors(sb: Sandbox):
     first = sb.run_code("x = 41\nprint('hi')\nx + 1")
     assert first.text == "42" and first.logs.stdout == ["hi\n"] and first.error is None
@@ -53,6 +54,7 @@ def test_a_notebook_run_keeps_variables_plots_and_explains_errors(sb: Sandbox):
     assert sb.run_code("x").text == "41"  # an error leaves the context working
 
 
+@pytest.mark.slow
 def test_rich_formats_map_to_their_fields(sb: Sandbox):
     shown = sb.run_code(
         "from IPython.display import display, HTML, Latex, JSON, Markdown, SVG\n"
@@ -90,6 +92,7 @@ def test_callbacks_stream_in_order_as_the_records_come(sb: Sandbox):
     assert line == '{"type":"stdout","text":"1\\n"}'  # e2b's /execute line: absent fields left out
 
 
+@pytest.mark.slow
 def test_contexts_are_independent_and_restart_and_remove(sb: Sandbox):
     sb.run_code("shared = 'default'")
     ctx = sb.create_code_context(cwd="/tmp")
@@ -117,6 +120,7 @@ def test_contexts_are_independent_and_restart_and_remove(sb: Sandbox):
     assert sb.run_code("1 + 1").text == "2"
 
 
+@pytest.mark.slow
 def test_a_long_run_in_one_context_does_not_hold_up_another(sb: Sandbox):
     other = sb.create_code_context()
     slow = threading.Thread(target=sb.run_code, args=("import time\ntime.sleep(5)",), kwargs={"context": other})
@@ -152,6 +156,7 @@ def test_bad_arguments_name_the_argument(sb: Sandbox):
             call()
 
 
+@pytest.mark.slow
 def test_a_timeout_interrupts_the_kernel_and_the_next_run_works(sb: Sandbox):
     sb.run_code("kept = 'yes'")
     started = time.monotonic()
@@ -170,6 +175,7 @@ def test_closing_the_stream_early_interrupts_the_code(sb: Sandbox):
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.slow
 def test_no_timeout_and_an_interrupt_from_another_thread(sb: Sandbox):
     """``timeout=0`` is no limit (as e2b's SDK); ``interrupt_code`` ends a run another thread waits on
     (a server whose client went away), and the context keeps its state."""
@@ -183,6 +189,7 @@ def test_no_timeout_and_an_interrupt_from_another_thread(sb: Sandbox):
     assert sb.run_code("import time\ntime.sleep(1.5)\nkept", timeout=0).text == "still"
 
 
+@pytest.mark.slow
 def test_a_timeout_does_not_count_time_paused(sb: Sandbox):
     """As exec's: 2 s of running in a 3 s timeout, with the sandbox paused 3 s meanwhile."""
     sb.run_code("'warm'")  # the gateway started: the pause falls inside the run
@@ -198,6 +205,7 @@ def test_a_timeout_does_not_count_time_paused(sb: Sandbox):
     assert done == ["ran"]
 
 
+@pytest.mark.slow
 def test_async_twins_run_callbacks_on_the_loop():
     async def main() -> None:
         async with AsyncSandbox() as sb:
@@ -220,6 +228,7 @@ def test_async_twins_run_callbacks_on_the_loop():
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_close_leaves_no_process_and_no_thread():
     sb = Sandbox()
     sb.run_code("1")
@@ -234,6 +243,7 @@ def test_close_leaves_no_process_and_no_thread():
         sb.run_code("1")
 
 
+@pytest.mark.slow
 def test_close_during_a_run_ends_it_with_a_typed_error():
     sb = Sandbox()
     sb.run_code("1")
@@ -255,6 +265,7 @@ def test_close_during_a_run_ends_it_with_a_typed_error():
     assert len(raised) == 1 and isinstance(raised[0], InterpreterError), raised
 
 
+@pytest.mark.slow
 def test_reset_starts_a_fresh_interpreter():
     with Sandbox() as sb:
         sb.run_code("v = 1")
@@ -339,6 +350,7 @@ def test_garbage_in_a_context_reply_is_typed_too(monkeypatch: pytest.MonkeyPatch
         sb.create_code_context()
 
 
+@pytest.mark.slow
 def test_a_gateway_that_never_answers_is_killed_after_the_grace(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(interpreter, "INTERRUPT_GRACE", 1.0)
     monkeypatch.setattr(interpreter, "INTERPRETER_WAIT", 2.0)
@@ -351,6 +363,7 @@ def test_a_gateway_that_never_answers_is_killed_after_the_grace(monkeypatch: pyt
             sb.list_code_contexts()  # a fresh (equally silent) gateway: the wait is bounded too
 
 
+@pytest.mark.slow
 def test_endless_lines_are_bounded_per_execution(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(interpreter, "INTERPRETER_EXECUTION_MAX", 1 << 20)
     monkeypatch.setattr(interpreter, "INTERRUPT_GRACE", 2.0)
@@ -362,6 +375,7 @@ def test_endless_lines_are_bounded_per_execution(monkeypatch: pytest.MonkeyPatch
         assert gateway is not None and gateway.broken is not None
 
 
+@pytest.mark.slow
 def test_a_gateway_that_does_not_start_says_why(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(interpreter, "INTERPRETER_START", 2.0)
     with _hostile(monkeypatch, "pass", first="") as sb:
@@ -383,6 +397,7 @@ def test_a_gateway_that_does_not_start_says_why(monkeypatch: pytest.MonkeyPatch)
         assert held_fds() <= fds and threading.active_count() <= threads  # nothing kept
 
 
+@pytest.mark.slow
 def test_code_that_kills_its_gateway_leaves_no_kernel_and_the_next_call_recovers():
     with Sandbox() as sb:
         sb.run_code("1")
@@ -395,6 +410,7 @@ def test_code_that_kills_its_gateway_leaves_no_kernel_and_the_next_call_recovers
         assert sb.run_code("2").text == "2"
 
 
+@pytest.mark.slow
 def test_a_kernel_sending_malformed_messages_ends_only_its_gateway():
     """The code drives its kernel's own iopub socket: a stream whose text is not a string."""
     with Sandbox() as sb:
@@ -408,6 +424,7 @@ def test_a_kernel_sending_malformed_messages_ends_only_its_gateway():
         assert sb.run_code("2").text == "2"
 
 
+@pytest.mark.slow
 def test_endless_output_and_results_are_bounded_per_execution(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(interpreter, "INTERPRETER_EXECUTION_MAX", 1 << 20)
     monkeypatch.setattr(interpreter, "INTERPRETER_RESULTS_MAX", 20)
@@ -449,6 +466,7 @@ def test_a_print_flood_costs_the_host_one_execution_bound():
         assert sb.run_code("kept").text == "yes"
 
 
+@pytest.mark.slow
 def test_a_stopped_gateway_is_killed_after_the_grace(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(interpreter, "INTERRUPT_GRACE", 1.0)
     with Sandbox() as sb:
@@ -495,6 +513,7 @@ def _started_kernel(sb: Sandbox) -> list[psutil.Process]:
     return kernels
 
 
+@pytest.mark.slow
 def test_a_pool_hands_out_sandboxes_with_a_kernel_started_and_nothing_of_the_last_user():
     """Each acquired sandbox has its kernel running before its first run_code, and that kernel has run
     nothing: no variable, module, environment variable, working directory or file of an earlier user,
@@ -545,6 +564,7 @@ def test_a_pool_hands_out_sandboxes_with_a_kernel_started_and_nothing_of_the_las
     assert not [t for t in set(threading.enumerate()) - threads if t.name.startswith("jailbox-interpreter-")]
 
 
+@pytest.mark.slow
 def test_an_interpreter_killed_while_it_starts_is_replaced_on_first_use():
     """The jail's code may kill the interpreter started ahead before it is up (the gateway alone, or
     with its kernel): the first run_code starts another rather than failing."""
@@ -563,6 +583,7 @@ def test_an_interpreter_killed_while_it_starts_is_replaced_on_first_use():
                 time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_start_interpreter_starts_the_kernel_without_waiting_and_close_ends_it():
     with Sandbox() as sb:
         sb.start_interpreter()

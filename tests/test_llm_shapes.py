@@ -181,6 +181,7 @@ def test_tool_calls_without_ids_and_with_object_arguments_come_back_well_formed(
     assert len(set(ids)) == 2 and ids == answered
 
 
+@pytest.mark.slow
 def test_openrouter_errors_carried_in_http_200_are_retried(tmp_path):
     """OpenRouter relays a provider's failure as HTTP 200 with an error body, or as a choice that ended in
     error; both are retried like the status they stand for, and the status line says so."""
@@ -297,6 +298,7 @@ def test_llama_cpp_context_error_whose_words_give_no_numbers(tmp_path):
     assert len(shrinks) == 2, r.stderr
 
 
+@pytest.mark.slow
 def test_retry_after_as_an_http_date_is_waited(tmp_path):
     """A 429 or 503 whose Retry-After is an HTTP date (what proxies in front of OpenAI-compatible servers send)
     is waited out as the date says, and the status line says the server asked for the wait."""

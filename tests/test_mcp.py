@@ -178,6 +178,7 @@ async def _exercise(session: ClientSession) -> None:
     assert (await _call(session, "list_sandboxes"))["sandboxes"] == []
 
 
+@pytest.mark.slow
 def test_stdio_session_lists_tools_runs_commands_and_moves_files(_state_dir):
     asyncio.run(_exercise_stdio())
     assert _sandbox_dirs(_state_dir) == []
@@ -188,6 +189,7 @@ async def _exercise_stdio() -> None:
         await _exercise(session)
 
 
+@pytest.mark.slow
 def test_streamable_http_session_runs_the_same_tools(_state_dir, tmp_path):
     server = HttpServer(tmp_path / "config")
     try:
@@ -345,6 +347,7 @@ def test_checkpoints_are_bounded_per_sandbox_and_freed_with_it(_state_dir):
     wait_until(lambda: _sandbox_dirs(_state_dir) == [], "the session's sandboxes and checkpoints to go", 30)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_given_up_on_or_killed_under_is_held_or_freed_never_lost(_state_dir):
     """A client that cancels a checkpoint mid-copy still has it (listed, counted, freed with its
     sandbox); a kill during one waits for it and removes it with the sandbox."""
@@ -507,6 +510,7 @@ def test_a_paused_sandbox_refuses_its_tools_naming_resume_sandbox():
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_a_snapshot_outlives_its_session_and_server_and_starts_sandboxes(_state_dir, shelf, tmp_path):
     """Taken over stdio, listed, started from and deleted over HTTP by another server."""
 
@@ -705,6 +709,7 @@ async def _two_sessions(server: HttpServer, state: Path, sig: int) -> str:
     return kept_ns
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_http_sessions_own_their_sandboxes_and_end_them(_state_dir, tmp_path, sig):
     """Over HTTP: a sandbox is invisible to another session; ending a session (the client's DELETE)

@@ -147,6 +147,7 @@ def test_the_freezer_where_there_is_a_cgroup_else_sigstop(limits):
         assert expected.startswith("cgroup")
 
 
+@pytest.mark.slow
 def test_a_paused_jail_uses_no_cpu_and_resumes_as_it_was(limits):
     with Sandbox(limits=limits) as sb:
         sb.exec(BUSY)
@@ -203,6 +204,7 @@ def test_pause_write_pause_resume_keeps_the_tree_byte_for_byte(limits):
         assert sb.exec("cat /root/tree/file").stdout == "content\nround 1\nround 2\nround 3\n"
 
 
+@pytest.mark.slow
 def test_the_watcher_leaves_a_paused_jail_within_its_bounds_alone(limits):
     """The host's watcher samples a paused jail as any other (its memory rootless, its disk always):
     stopped processes holding memory and a written file are neither killed nor counted as over."""
@@ -228,6 +230,7 @@ def test_pause_twice_and_resume_of_a_running_sandbox_do_nothing(limits):
         assert sb.exec("echo on").stdout == "on\n"
 
 
+@pytest.mark.slow
 def test_a_commands_timeout_does_not_run_while_paused(limits):
     with Sandbox(limits=limits) as sb:
         results = []
@@ -317,6 +320,7 @@ def test_close_and_reset_of_a_paused_sandbox_leak_nothing(limits):
     assert held_fds() == fds
 
 
+@pytest.mark.slow
 @pytest.mark.alone  # fills its pids cap (512), a quarter of a user's share here: others' creates failed
 def test_a_jail_forking_and_continuing_itself_ends_up_stopped_or_running(limits):
     """Four workers fork as fast as they can while two send SIGCONT to everything: each pause either
@@ -344,6 +348,7 @@ def test_a_jail_forking_and_continuing_itself_ends_up_stopped_or_running(limits)
         assert stopped >= 4  # measured: every pause stops it, both ways, rootless too
 
 
+@pytest.mark.slow
 def test_a_jail_that_has_the_kernel_send_it_sigcont_stays_paused(limits, tmp_path):
     """A POSIX timer or a dnotify armed with SIGCONT (and a handler for it) continues a process the
     host only stopped; the SIGSTOP way also holds each thread in ptrace's stop, which SIGCONT does not
@@ -400,6 +405,7 @@ def service() -> Iterator[dict[str, str]]:
         yield env
 
 
+@pytest.mark.slow
 def test_pause_and_resume_from_the_cli(service):
     """The freezer as root, SIGSTOP rootless (the CLI has no flag that drops every cgroup limit)."""
     r = jailbox(service, "create", "--name", "box")

@@ -38,6 +38,7 @@ def read_all(fd: int) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_display_in_a_pseudo_terminal(tmp_path, _state_dir):
     path = tasks_file(tmp_path / "tasks.jsonl", 12)
     master, slave = pty.openpty()
@@ -84,6 +85,7 @@ def test_plain_lines_when_not_a_terminal(tmp_path, _state_dir):
     assert "| mult | sandbox | 6 | 1.0 |" in r.stdout
 
 
+@pytest.mark.slow
 def test_plain_summary_lines_come_while_tasks_run(tmp_path):
     tasks = load_tasks(tasks_file(tmp_path / "tasks.jsonl", 8))
     stream = io.StringIO()

@@ -66,6 +66,7 @@ os._exit(0)  # no atexit: the remover's queue dies with the host
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["exits without atexit", "SIGKILL"])
 def test_a_host_gone_before_its_remover_leaves_the_launcher_to_remove_it(_state_dir, how):
     removal.wait()

@@ -28,6 +28,7 @@ def test_reference_math_trajectory_reproduces_step_by_step(with_python):
     assert [s.verdict for s in steps] == ["same"] * 8
 
 
+@pytest.mark.slow
 @pytest.mark.needs("shared-data")
 def test_a_changed_observation_is_reported_with_a_diff(tmp_path, with_python):
     data = json.loads((REFERENCE / "trajectory_math.json").read_text())

@@ -306,6 +306,7 @@ def pull_measured(ref: str, store: Store) -> tuple[str, int]:
     return said.rstrip("\n"), peak - base
 
 
+@pytest.mark.slow
 def test_deep_wide_and_huge_documents_are_refused_in_one_line_with_bounded_memory(
     hostile: Hostile, store: Store
 ) -> None:

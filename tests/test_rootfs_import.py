@@ -113,6 +113,7 @@ def test_import_refuses_a_layout_blob_that_does_not_match(tmp_path: Path, store:
     assert store.list() == []
 
 
+@pytest.mark.slow
 def test_rootfs_commands(tmp_path: Path, store: Store) -> None:
     src = tmp_path / "rootfs.tar"
     src.write_bytes(tar_bytes([*ROOTFS, E("big", data=b"x" * 200_000)]))

@@ -264,6 +264,7 @@ def test_an_opaque_directory_keeps_what_its_own_layer_put_there(area, tmp_path: 
     assert sorted(os.listdir(tree / "d")) == ["old"] and os.listdir(tree / "d/old") == ["new"]
 
 
+@pytest.mark.slow
 def test_a_whiteout_removes_a_deep_tree_without_following_its_links(area, tmp_path: Path) -> None:
     """Deeper than Python's recursion limit, with a link out of the tree inside: all of it goes,
     nothing outside does."""

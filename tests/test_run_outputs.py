@@ -150,6 +150,7 @@ def test_the_input_copy_is_bounded_by_bytes_and_refused_before_anything_is_copie
 # --- a directory of its own for each run, the reference's layout ------------------------------------------
 
 
+@pytest.mark.slow
 def test_each_run_gets_a_fresh_timestamped_directory_and_a_stale_answer_is_never_this_runs(tmp_path, server):
     out = tmp_path / "out"
     first = run_dir(jailbox_run(server, out, "echo 41 > /testbed/output/answer.txt", "--network", "none"))
@@ -234,6 +235,7 @@ def test_a_reply_with_several_calls_or_none_maps_to_the_references_one_action_st
 # --- the paper's defaults ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.needs("slirp4netns", "tun")
 def test_run_defaults_to_the_papers_environment_and_network_and_none_locks_down(tmp_path, server):
     default = run_dir(jailbox_run(server, tmp_path / "a", "echo 1 > /testbed/output/answer.txt"))

@@ -230,6 +230,7 @@ def test_reference_settings_file_fills_what_the_command_line_leaves_out(tmp_path
     assert "--save_litellm_response" in r.stderr
 
 
+@pytest.mark.slow
 def test_run_and_bench_route_a_provider_prefix_alike(tmp_path):
     """A litellm provider prefix is dropped, and names the endpoint when no --llm_base_url does, for
     ``bench`` as for ``run`` (bench used to send "hosted_vllm/m" to the server as it was)."""
@@ -272,6 +273,7 @@ def test_bad_reference_flags_are_refused_in_one_line(tmp_path, flags, named):
     assert named in message and "e.g." in message
 
 
+@pytest.mark.slow
 @pytest.mark.needs("docker-registry", "skopeo")
 def test_docker_image_is_pulled_once_and_run_in(tmp_path, mini_rootfs):
     """--docker_image REF pulls REF into the store and runs the task in it; a second run takes the stored copy

@@ -499,6 +499,7 @@ def test_run_takes_the_secret_flag_and_refuses_a_bad_one_before_any_model_call(t
         assert server.requests == []
 
 
+@pytest.mark.slow
 def test_serve_gives_every_sandbox_its_secrets_as_placeholders(tmp_path: Path, mini_rootfs: Path) -> None:
     """``jailbox serve --secret``: a sandbox made through the unmodified E2B SDK sees a placeholder of
     its own, and neither its commands, the API's answers nor the server's log show the value; a

@@ -197,6 +197,7 @@ def test_a_paused_sandbox_answers_envd_exactly_as_a_missing_one(server: Served) 
         api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)
 
 
+@pytest.mark.slow
 def test_timeout_does_not_run_while_paused_and_connect_only_extends(server: Served, tmp_path: Path) -> None:
     sdk(
         server,
@@ -430,6 +431,7 @@ def test_bad_fork_requests_are_named(server: Served) -> None:
         api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)
 
 
+@pytest.mark.slow
 def test_on_timeout_pause_pauses_at_the_deadline_and_auto_resume_wakes_it(server: Served, tmp_path: Path) -> None:
     sdk(
         server,
@@ -592,6 +594,7 @@ def test_a_keys_snapshots_are_invisible_to_another_key(server: Served, tmp_path:
         api(server, "DELETE", f"/templates/{made}", KEY_A)
 
 
+@pytest.mark.slow
 def test_snapshots_outlive_the_server(server: Served, tmp_path: Path) -> None:
     tmp = tmp_path / "second"
     tmp.mkdir()
@@ -692,6 +695,7 @@ def test_a_keys_snapshots_are_bounded(server: Served) -> None:
         api(server, "DELETE", f"/sandboxes/{sid}", KEY_A)
 
 
+@pytest.mark.slow
 def test_a_sandbox_paused_at_a_stop_is_served_paused_again_with_fresh_processes(server: Served, tmp_path: Path) -> None:
     tmp = tmp_path / "restart"
     tmp.mkdir()

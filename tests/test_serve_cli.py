@@ -200,6 +200,7 @@ def peers() -> Iterator[Peers]:
         httpd.server_close()
 
 
+@pytest.mark.slow
 def test_a_redirect_does_not_carry_the_key_elsewhere(peers: Peers) -> None:
     target, caught = peers(200, {"Content-Type": "application/json"}, b"[]")
     for status in (301, 302, 307, 308):
@@ -234,6 +235,7 @@ def test_what_a_peer_names_is_checked_before_it_is_printed_or_used(peers: Peers)
     assert deletes and all(path in ("/sandboxes/jbgood", "/sandboxes/jbmeta") for path in deletes), deletes
 
 
+@pytest.mark.slow
 def test_an_endless_or_malformed_reply_is_bounded(peers: Peers) -> None:
     huge, _ = peers(200, {"Content-Type": "application/json"}, b"[" + b" " * (17 << 20) + b"]")
     one_line_error(cli("ps", "--server", huge, key=KEY_A), 1, "--server", "over")

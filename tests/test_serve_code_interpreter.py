@@ -33,6 +33,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     yield from serving(tmp_path_factory.mktemp("serve-interpreter"), "--warm", "0")
 
 
+@pytest.mark.slow
 def test_a_notebook_run_through_the_sdk(server: Served, tmp_path: Path) -> None:
     """Variables kept between calls, a figure as a PNG, a data frame's columns, an exception's
     traceback, and the callbacks in order, from the SDK's default ``Sandbox.create()``."""
@@ -86,6 +87,7 @@ def test_a_notebook_run_through_the_sdk(server: Served, tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_contexts_through_the_sdk(server: Served, tmp_path: Path) -> None:
     sdk(
         server,
@@ -142,6 +144,7 @@ def test_contexts_through_the_sdk(server: Served, tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_timeouts_a_killed_sandbox_and_a_missing_kernel(server: Served, tmp_path: Path) -> None:
     """The SDK's ``timeout`` is its read deadline: past it the SDK raises and the server, seeing the
     client gone, interrupts the run (the next one in the context starts well before the first
@@ -204,6 +207,7 @@ def test_timeouts_a_killed_sandbox_and_a_missing_kernel(server: Served, tmp_path
     )
 
 
+@pytest.mark.slow
 def test_the_async_sdk(server: Served, tmp_path: Path) -> None:
     sdk(
         server,
@@ -251,6 +255,7 @@ def _headers(made: dict, **tokens: str) -> dict[str, str]:
     return {"E2b-Sandbox-Id": made["sandboxID"], "E2b-Sandbox-Port": "49999", **tokens}
 
 
+@pytest.mark.slow
 def test_execute_streams_lines_and_keepalives(server: Served, made: dict) -> None:
     headers = _headers(made, **{"X-Access-Token": made["envdAccessToken"], "Content-Type": "application/json"})
     code = "import sys, time\nprint('one'); sys.stdout.flush()\ntime.sleep(6)\n'two'"
@@ -333,6 +338,7 @@ def test_bad_bodies_are_named_never_a_500(server: Served, made: dict, body: byte
     assert b"Traceback" not in said
 
 
+@pytest.mark.slow
 def test_a_client_that_goes_away_has_its_run_interrupted_and_leaves_no_thread(server: Served, made: dict) -> None:
     """A client that closes during a run (the SDK past its timeout, a killed agent) is found by the
     next keepalive: the run is interrupted, the context keeps working, and the run's reader thread
@@ -382,6 +388,7 @@ def _server_kernels(server: Served) -> set[int]:
     return {p.pid for p in host_tree(server.proc.pid) if "ipykernel_launcher" in p.cmdline()}
 
 
+@pytest.mark.slow
 def test_the_sdk_gets_a_sandbox_whose_kernel_started_ahead_and_ran_nothing(warm_server: Served, tmp_path: Path) -> None:
     """``Sandbox.create()`` of the code-interpreter SDK from a warm pool: the kernel runs before the first
     ``run_code`` (the sandbox's own ``ps`` shows it), and has nothing of the previous user: no variable,

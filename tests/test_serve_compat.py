@@ -183,6 +183,7 @@ def test_the_envd_version_parses_as_pep_440_and_unlocks_every_gate(server: Serve
         api(server, "DELETE", f"/sandboxes/{made['sandboxID']}", KEY_A)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("release", ["latest", "previous"])
 def test_every_method_does_what_the_table_says(server: Served, tmp_path: Path, release: str) -> None:
     got = json.loads(sdk(server, tmp_path, CALLS, release=release).strip().splitlines()[-1])

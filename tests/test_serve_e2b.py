@@ -185,6 +185,7 @@ def test_pty(server: Served, tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_killed_terminal_ends_as_killed_when_it_exits_0_on_the_hangup(server: Served, tmp_path: Path) -> None:
     """A command that has not read its terminal yet when the kill hangs it up reads end of file and may
     exit 0 (a shell that had not set its SIGHUP handler up, here one that ignores SIGHUP): it was killed
@@ -216,6 +217,7 @@ def test_a_killed_terminal_ends_as_killed_when_it_exits_0_on_the_hangup(server: 
     )
 
 
+@pytest.mark.slow
 def test_timeout_and_expiry(server: Served, tmp_path: Path) -> None:
     sdk(
         server,
@@ -506,6 +508,7 @@ def test_the_bound_flags_bound_every_served_sandbox(tmp_path: Path) -> None:
         served.stop()
 
 
+@pytest.mark.slow
 def test_first_start_makes_a_private_key_once(tmp_path: Path) -> None:
     env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
     first = start_server(tmp_path, env=env)

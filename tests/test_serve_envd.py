@@ -259,6 +259,7 @@ def test_killing_a_sandbox_breaks_its_running_commands_streams(server: Served, t
     )
 
 
+@pytest.mark.slow
 def test_list_newest_first_with_filters_and_a_stable_end_at(server: Served, tmp_path: Path) -> None:
     sdk(
         server,
@@ -288,6 +289,7 @@ def test_list_newest_first_with_filters_and_a_stable_end_at(server: Served, tmp_
     assert status == 200 and listed == [], listed
 
 
+@pytest.mark.slow
 def test_hostile_names_and_an_event_flood_end_only_that_watch(server: Served, tmp_path: Path) -> None:
     sdk(
         server,
@@ -424,6 +426,7 @@ def e2b_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     assert "Traceback" not in "".join(served.log), "".join(served.log)
 
 
+@pytest.mark.slow
 def test_base_runs_as_user_in_home_and_root_on_request(e2b_server: Served, tmp_path: Path) -> None:
     sdk(
         e2b_server,
@@ -470,6 +473,7 @@ def test_base_runs_as_user_in_home_and_root_on_request(e2b_server: Served, tmp_p
     )
 
 
+@pytest.mark.slow
 def test_a_user_the_tree_lacks_is_refused_naming_the_build(e2b_server: Served, server: Served, tmp_path: Path) -> None:
     code = """
         from e2b import AuthenticationException, Sandbox, SandboxException

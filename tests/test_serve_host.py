@@ -22,6 +22,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     assert "Traceback" not in "".join(served.log), "".join(served.log)
 
 
+@pytest.mark.slow
 def test_signed_urls_open_only_what_they_were_signed_for(server: Served, tmp_path: Path) -> None:
     sdk(
         server,
@@ -102,6 +103,7 @@ def test_signed_urls_open_only_what_they_were_signed_for(server: Served, tmp_pat
     )
 
 
+@pytest.mark.slow
 def test_metrics_are_the_sandboxs_use_now_in_e2bs_shape(server: Served, tmp_path: Path) -> None:
     sdk(
         server,
@@ -204,6 +206,7 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
 """
 
 
+@pytest.mark.slow
 def test_get_host_reaches_a_sandbox_port_over_http_and_websocket(server: Served, tmp_path: Path) -> None:
     (tmp_path / "echo.py").write_text(ECHO)
     sdk(
@@ -266,6 +269,7 @@ def test_get_host_reaches_a_sandbox_port_over_http_and_websocket(server: Served,
     )
 
 
+@pytest.mark.slow
 def test_a_private_sandbox_port_needs_its_traffic_token_and_masks_the_host(server: Served, tmp_path: Path) -> None:
     (tmp_path / "echo.py").write_text(ECHO)
     sdk(
@@ -330,6 +334,7 @@ def _rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.slow
 def test_a_relay_holds_a_bounded_amount_for_a_sandbox_that_stops_reading(server: Served, tmp_path: Path) -> None:
     """A client sending 64 MiB to a port whose server never reads, eight at once: the relay holds at
     most its chunk a direction, so the server grows by the kernel's socket buffers at most."""

@@ -121,6 +121,7 @@ def test_sandboxes_and_branching(server: Served, tmp_path: Path, release: str) -
     node(server, tmp_path, "sandboxes", "branching", release=release)
 
 
+@pytest.mark.slow
 def test_sandboxes_made_at_once(tmp_path: Path) -> None:
     """16 sandboxes made at once over the SDK's shared connections, each running a command; on a server
     of its own, whose ledger their shares fill until their removals are done."""
@@ -131,6 +132,7 @@ def test_sandboxes_made_at_once(tmp_path: Path) -> None:
         served.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.needs("git")
 @pytest.mark.parametrize("release", RELEASES)
 def test_commands_and_pty(server: Served, tmp_path: Path, release: str) -> None:
@@ -139,16 +141,19 @@ def test_commands_and_pty(server: Served, tmp_path: Path, release: str) -> None:
     node(server, tmp_path, "commands", "pty", release=release)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("release", RELEASES)
 def test_files_and_watch(server: Served, tmp_path: Path, release: str) -> None:
     node(server, tmp_path, "files", release=release)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("release", RELEASES)
 def test_ports_signed_urls_network_and_what_is_not_served(server: Served, tmp_path: Path, release: str) -> None:
     node(server, tmp_path, "host", "network", "unserved", release=release)
 
 
+@pytest.mark.slow
 @pytest.mark.needs("kernel")
 @pytest.mark.parametrize("release", RELEASES)
 def test_code_interpreter(server: Served, tmp_path: Path, release: str) -> None:

@@ -87,6 +87,7 @@ def _run(server: Served, tmp: Path, upstreams: tuple[StandIn, ...], code: str) -
     return sdk(server, tmp, _prelude(upstreams) + textwrap.dedent(code))
 
 
+@pytest.mark.slow
 def test_a_request_allowed_then_denied_by_update_network_then_allowed_again(
     server: Served, upstreams: tuple[StandIn, ...], tmp_path: Path
 ) -> None:
@@ -135,6 +136,7 @@ def test_a_request_allowed_then_denied_by_update_network_then_allowed_again(
     )
 
 
+@pytest.mark.slow
 def test_a_connection_open_before_the_update_is_kept_and_new_ones_follow_it(
     server: Served, upstreams: tuple[StandIn, ...], tmp_path: Path
 ) -> None:
@@ -162,6 +164,7 @@ def test_a_connection_open_before_the_update_is_kept_and_new_ones_follow_it(
     )
 
 
+@pytest.mark.slow
 def test_a_caller_cannot_widen_past_the_servers_network(
     server: Served, upstreams: tuple[StandIn, ...], tmp_path: Path
 ) -> None:
@@ -252,6 +255,7 @@ def test_hostile_network_asks_get_the_sdks_error_never_a_500(server: Served, tmp
     assert listed == [], listed  # no refused create left a sandbox behind
 
 
+@pytest.mark.slow
 def test_a_server_without_a_network_refuses_asks_for_one(upstreams: tuple[StandIn, ...], tmp_path: Path) -> None:
     none = _server(tmp_path, "none")
     try:
@@ -276,6 +280,7 @@ def test_a_server_without_a_network_refuses_asks_for_one(upstreams: tuple[StandI
         none.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.needs("slirp4netns", "tun")
 def test_under_full_a_caller_narrows_to_none_or_rules_but_never_reaches_the_lan(
     upstreams: tuple[StandIn, ...], tmp_path: Path
@@ -307,6 +312,7 @@ def test_under_full_a_caller_narrows_to_none_or_rules_but_never_reaches_the_lan(
         full.stop()
 
 
+@pytest.mark.slow
 def test_a_narrowed_sandbox_kept_across_a_stop_comes_back_as_narrow(
     upstreams: tuple[StandIn, ...], tmp_path: Path
 ) -> None:

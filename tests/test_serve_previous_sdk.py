@@ -206,6 +206,7 @@ def test_ci_installs_the_previous_minor_release_of_each_sdk() -> None:
         assert previous[0] == latest[0] and previous[1] < latest[1], (name, version, floor.group(1))
 
 
+@pytest.mark.slow
 def test_a_users_session_with_the_previous_release(
     server: Served, upstreams: tuple[StandIn, StandIn], tmp_path: Path
 ) -> None:

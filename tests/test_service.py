@@ -181,6 +181,7 @@ def test_an_unknown_id_is_one_line_naming_it_and_ps(svc, tmp_path):
     assert len(svc.sandbox_dirs()) == 2  # a failed stop stops nothing
 
 
+@pytest.mark.slow
 def test_cp_out_never_follows_a_link_the_jail_planted_in_the_destination(svc, tmp_path, outside):
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -202,6 +203,7 @@ def test_cp_out_never_follows_a_link_the_jail_planted_in_the_destination(svc, tm
     assert (shared / "d" / "sub" / "secret").read_text() == "x\n" and not (shared / "d" / "sub").is_symlink()
 
 
+@pytest.mark.slow
 def test_cp_in_lands_in_the_jails_view_whatever_it_planted(svc, tmp_path, outside):
     sid = svc.create("--bind", f"{outside}:/ro")
     before = snapshot(outside)
@@ -266,6 +268,7 @@ def test_stdin_streams_with_bounded_memory(svc):
     assert psutil.Process(svc.pid()).memory_info().rss < 400 << 20
 
 
+@pytest.mark.slow
 def test_ctrl_c_kills_the_command_and_a_timeout_too(svc):
     sid = svc.create()
     proc = svc.popen("exec", "--id", sid, "--", "sh", "-c", "echo started; exec sleep 4242", stdout=subprocess.PIPE)
@@ -298,6 +301,7 @@ def test_the_service_leaves_once_idle_and_takes_nothing_with_it_but_its_own(quic
     assert quick.run("create").returncode == 0  # and the next create starts a new one
 
 
+@pytest.mark.slow
 def test_a_stopped_service_closes_every_sandbox(svc):
     sids = [svc.create(), svc.create()]
     running = svc.popen("exec", "--id", sids[0], "--", "sh", "-c", "echo up; exec sleep 4545", stdout=subprocess.PIPE)
@@ -311,6 +315,7 @@ def test_a_stopped_service_closes_every_sandbox(svc):
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4545"]]
 
 
+@pytest.mark.slow
 def test_a_killed_service_leaves_nothing_cleanup_does_not_remove(svc):
     sids = [svc.create(), svc.create(), svc.create("--upper", "tmpfs")]  # the last has no state directory
     for n, sid in enumerate(sids):
@@ -332,6 +337,7 @@ def test_a_killed_service_leaves_nothing_cleanup_does_not_remove(svc):
     assert svc.create()  # a fresh service, in place of the dead one
 
 
+@pytest.mark.slow
 def test_two_creates_at_once_start_one_service(svc):
     procs = [svc.popen("create", stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
     sids = [p.communicate(timeout=HANG)[0].decode().strip() for p in procs]
@@ -354,6 +360,7 @@ def _raw(svc: Service, payload: bytes | dict, fds: list[int] | None = None) -> d
         return None if got is None else got[0]
 
 
+@pytest.mark.slow
 def test_bad_requests_get_an_error_and_the_service_keeps_serving(svc):
     sid = svc.create()
     bad: list[bytes | dict] = [
@@ -386,6 +393,7 @@ def test_bad_requests_get_an_error_and_the_service_keeps_serving(svc):
     assert svc.sandbox_dirs() == [sid]
 
 
+@pytest.mark.slow
 @pytest.mark.root
 def test_another_user_cannot_reach_the_service(svc):
     sid = svc.create()

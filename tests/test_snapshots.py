@@ -207,6 +207,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_a_host_killed_mid_snapshot_leaves_only_whole_snapshots(left: Callable[[], list[str]], shelf: Path) -> None:
     host = subprocess.Popen([sys.executable, "-c", KILLED_MID_SNAPSHOT], stdout=subprocess.PIPE, text=True)
     try:
@@ -341,6 +342,7 @@ def test_another_user_can_neither_read_nor_use_a_users_snapshots(monkeypatch: py
 # --- the CLI --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_fork_snapshot_and_start_from_one_on_the_command_line(shelf: Path) -> None:
     with own_service() as env:
         assert jailbox(env, "create", "--name", "work").returncode == 0
@@ -367,6 +369,7 @@ def test_fork_snapshot_and_start_from_one_on_the_command_line(shelf: Path) -> No
         assert jailbox(env, "snapshots", "list", "--json").stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_snapshot_refusals_on_the_command_line_are_one_line(shelf: Path) -> None:
     with own_service() as env:
         jailbox(env, "create", "--name", "w")

@@ -164,6 +164,7 @@ def test_get_of_a_huge_tree_costs_the_host_a_bounded_listing(tmp_path: Path):
     assert found["grew"] < 300 * MiB, found
 
 
+@pytest.mark.slow
 def test_jailbox_exec_streams_stdin_and_ends_with_its_reader(tmp_path: Path):
     """``yes | jailbox exec -- head -n1`` (stdin streamed, the pipeline ends), and a finite stdin
     that arrives whole, from a pipe and from a file."""

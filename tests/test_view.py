@@ -326,6 +326,7 @@ def _color_at_centre(driver: Any, element: Any) -> tuple[int, ...]:
     return pixel
 
 
+@pytest.mark.slow
 def test_a_run_shows_its_steps_its_image_and_its_files(
     chrome: Any, outputs: dict[str, Path], canary: Canary, tmp_path: Path
 ):
@@ -354,6 +355,7 @@ def test_a_run_shows_its_steps_its_image_and_its_files(
         _untouched(chrome, canary)
 
 
+@pytest.mark.slow
 def test_produced_files_never_run_as_pages(chrome: Any, outputs: dict[str, Path], canary: Canary):
     with viewing(outputs["run"]) as url:
         token = token_of(url)
@@ -380,6 +382,7 @@ def test_produced_files_never_run_as_pages(chrome: Any, outputs: dict[str, Path]
         assert canary.hits == []
 
 
+@pytest.mark.slow
 def test_nothing_outside_the_output_directories_is_served(outputs: dict[str, Path]):
     with viewing(outputs["run"]) as url:
         token = token_of(url)
@@ -409,6 +412,7 @@ def test_nothing_outside_the_output_directories_is_served(outputs: dict[str, Pat
         assert status == 404
 
 
+@pytest.mark.slow
 def test_links_fifos_odd_names_and_large_files(chrome: Any, outputs: dict[str, Path], tmp_path: Path):
     """A run directory someone tampered with: its record a link out, a FIFO, a name that is not UTF-8, a file
     larger than a page shows; each is refused or shown in part, and nothing waits on the FIFO."""
@@ -448,6 +452,7 @@ def test_links_fifos_odd_names_and_large_files(chrome: Any, outputs: dict[str, P
         assert abs(chrome.execute_script("return arguments[0].duration", audio) - 0.5) < 0.01  # playable
 
 
+@pytest.mark.slow
 def test_a_batch_with_mixed_outcomes(chrome: Any, batch: Path, canary: Canary, tmp_path: Path):
     results = [json.loads(line) for line in (batch / "results.jsonl").read_text().splitlines()]
     assert sorted(r["exit_status"] for r in results) == ["llm_error", "submitted", "submitted"]
@@ -485,6 +490,7 @@ def test_a_batch_with_mixed_outcomes(chrome: Any, batch: Path, canary: Canary, t
         _untouched(chrome, canary)
 
 
+@pytest.mark.slow
 def test_a_batch_still_running_updates_live(chrome: Any, batch: Path, canary: Canary, tmp_path: Path):
     live = tmp_path / "live"
     shutil.copytree(batch, live)
@@ -508,6 +514,7 @@ def test_a_batch_still_running_updates_live(chrome: Any, batch: Path, canary: Ca
         _untouched(chrome, canary)
 
 
+@pytest.mark.slow
 def test_a_replay_side_by_side(chrome: Any, outputs: dict[str, Path], canary: Canary, tmp_path: Path):
     steps = json.loads(outputs["replay"].read_text())
     beside = tmp_path / "run"  # the replay's JSON in the run's directory: the recorded observations are shown too
@@ -539,6 +546,7 @@ def test_a_replay_side_by_side(chrome: Any, outputs: dict[str, Path], canary: Ca
         _untouched(chrome, canary)
 
 
+@pytest.mark.slow
 def test_two_runs_compared(chrome: Any, outputs: dict[str, Path], batch: Path, tmp_path: Path):
     from selenium.webdriver.support.ui import Select
 
@@ -558,6 +566,7 @@ def test_two_runs_compared(chrome: Any, outputs: dict[str, Path], batch: Path, t
         )
 
 
+@pytest.mark.slow
 def test_the_export_is_one_page_without_script(
     chrome: Any, outputs: dict[str, Path], batch: Path, canary: Canary, tmp_path: Path
 ):
@@ -583,6 +592,7 @@ def test_the_export_is_one_page_without_script(
     assert canary.hits == []
 
 
+@pytest.mark.slow
 def test_a_thousand_tasks_open_whole(chrome: Any, tmp_path: Path):
     """Every row of a 1,000-task batch is served and in the browser's table; how long it takes is
     measured by ``python -m bench --only view`` (the server's render) and printed here for the browser's
@@ -620,6 +630,7 @@ def test_a_thousand_tasks_open_whole(chrome: Any, tmp_path: Path):
     print(f"1,000 tasks: served in {served * 1000:.0f} ms, DOMContentLoaded after {loaded:.0f} ms")
 
 
+@pytest.mark.slow
 def test_the_papers_trajectories_open(tmp_path: Path):
     """The reference package's published trajectories, each named as a PATH: every step on its page."""
     need("shared-data")
@@ -635,6 +646,7 @@ def test_the_papers_trajectories_open(tmp_path: Path):
             assert b"<h3>Files</h3>" not in body  # a lone record: its directory is not a run's
 
 
+@pytest.mark.slow
 def test_bad_paths_and_flags_are_one_line_errors(tmp_path: Path):
     (tmp_path / "notes.txt").write_text("hi")
     (tmp_path / "bad.json").write_text("{not json")
