@@ -228,39 +228,54 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # then runs beside the other workers' tests, in the first test's setup, which may take that long.
     # The tests marked ``alone`` go last but one: run one after another they wait once for the other
     # workers to drain, not once each (about a hundred drains of a few seconds each, with workers idle,
-    # otherwise). The emulated guest goes last: it takes about 90 s alone here, and beside other work
-    # its fork bomb outran the 60 s its command is given (a CI run with the guest first).
+    # otherwise). The emulated guest is handed out just before them and runs beside them (``_alone``):
+    # they leave about half of the two cores idle, which the guest, at the lowest priority, takes;
+    # beside the other tests its fork bomb outran the 60 s its command is given (a CI run with the
+    # guest first).
     from support.paper_tree import BUILD_TIMEOUT  # it imports this module: not at the top
 
     for item in items:
         if item.get_closest_marker("paper_tree"):
             item.add_marker(pytest.mark.xdist_group("paper_tree"))
             item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT))
-    items.sort(key=lambda item: (bool(item.get_closest_marker("guest")), bool(item.get_closest_marker("alone"))))
+
+    def order(item: pytest.Item) -> tuple[bool, bool]:
+        guest, alone = (item.get_closest_marker(name) is not None for name in ("guest", "alone"))
+        return guest or alone, alone
+
+    items.sort(key=order)
 
 
 @pytest.fixture(autouse=True)
-def _alone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Generator[None, None, None]:
+def _alone(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Generator[Callable[[], None], None, None]:
     """Under pytest-xdist, a test marked ``alone`` runs while no other test of the session runs: it
     counts what jails share across a user or the host (a per-user budget, the host's mounts or open
     files), which other workers' jails would change. Readers-writer locks in the session's shared
     directory: each test holds ``running`` shared, an ``alone`` test exclusively; ``turnstile`` keeps
     new tests from starting ahead of an ``alone`` test that waits. A test on the paper's tree waits for
-    its build before it counts as running."""
+    its build before it counts as running.
+
+    The emulated guest (``guest``) holds ``running`` exclusively until it calls what this fixture
+    gives it, once booted, and nothing after: the ``alone`` tests then run beside it. It makes no jail
+    and no network on the host, its memory is taken at boot and its QEMU is niced, so nothing they
+    count moves while they run. For other tests what it gives does nothing."""
     if request.node.get_closest_marker("paper_tree"):
         from support.paper_tree import paper_store  # it imports this module: not at the top
 
         paper_store()
     if "PYTEST_XDIST_WORKER" not in os.environ:
-        yield
+        yield lambda: None
         return
     shared = tmp_path_factory.getbasetemp().parent  # each worker's base is a directory of the session's
-    exclusive = request.node.get_closest_marker("alone") is not None
+    guest = request.node.get_closest_marker("guest") is not None
+    exclusive = guest or request.node.get_closest_marker("alone") is not None
     with open(shared / "turnstile", "a") as turnstile, open(shared / "running", "a") as running:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         fcntl.flock(running, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         fcntl.flock(turnstile, fcntl.LOCK_UN)
-        yield
+        yield (lambda: fcntl.flock(running, fcntl.LOCK_UN)) if guest else (lambda: None)
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ GUEST_TESTS = (
 @pytest.mark.guest
 @pytest.mark.timeout(1800)
 @pytest.mark.needs("qemu-system-x86_64", "apt-get", "dpkg-deb", "cpio", "test-user")
-def test_cgroup_v2_limits_in_a_qemu_guest():
+def test_cgroup_v2_limits_in_a_qemu_guest(_alone: Callable[[], None]) -> None:
     require(
         Path(sys.base_prefix).is_relative_to("/usr"),
         f"a venv made from a Python under /usr (the guest runs it from the host's /usr, not {sys.base_prefix})",
@@ -67,7 +68,7 @@ $AS_USER {pytest_cmd} || USER_RC=$?
 wait $ROOT_PASS
 [ "$USER_RC" = 0 ] && [ "$(cat /tmp/root.rc)" = 0 ]
 """
-    rc, out = qemu_guest.run(script)
+    rc, out = qemu_guest.run(script, booted=_alone)  # once booted, the alone tests run beside it
     assert rc == 0, out[-12000:]
     lines = out.splitlines()
     before, after = (
