@@ -226,7 +226,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The tests on the paper's tree are one group, handed to one worker first (pytest-xdist gives out
     # the largest groups first): on a fresh machine its build (about 17 minutes on two loaded cores)
     # then runs beside the other workers' tests, in the first test's setup, which may take that long.
-    # The tests marked ``alone`` go last but one: run one after another they wait once for the other
+    # The tests marked ``alone`` go last: run one after another they wait once for the other
     # workers to drain, not once each (about a hundred drains of a few seconds each, with workers idle,
     # otherwise). The emulated guest is handed out just before them and runs beside them (``_alone``):
     # they leave about half of the two cores idle, which the guest, at the lowest priority, takes;
@@ -259,8 +259,9 @@ def _alone(
 
     The emulated guest (``guest``) holds ``running`` exclusively until it calls what this fixture
     gives it, once booted, and nothing after: the ``alone`` tests then run beside it. It makes no jail
-    and no network on the host, its memory is taken at boot and its QEMU is niced, so nothing they
-    count moves while they run. For other tests what it gives does nothing."""
+    and no network on the host, its QEMU is niced and takes its memory at boot (after it, only its code
+    cache grows, capped at 256 MiB), so what they count moves little while they run. For other tests
+    what it gives does nothing."""
     if request.node.get_closest_marker("paper_tree"):
         from support.paper_tree import paper_store  # it imports this module: not at the top
 

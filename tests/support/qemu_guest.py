@@ -108,8 +108,8 @@ def run(script: str, timeout: float = 1200, booted: Callable[[], None] | None = 
     exit code -1 and the console's tail). ``booted`` is called once the script has started.
 
     QEMU runs at the lowest priority (``nice`` 19) with its memory taken at boot: it is background
-    work that tests beside it neither wait for nor see grow (the host's available memory moves by
-    the guest's 2 GiB before ``booted``, not while they measure)."""
+    work that tests beside it do not wait for, and the host's available memory moves by the guest's
+    2 GiB before ``booted``; after it only QEMU's code cache grows (``CODE_CACHE_MIB`` at most)."""
     kernel, initrd = assets()
     with tempfile.TemporaryDirectory(prefix="jailbox-guest-") as scratch_dir, tempfile.TemporaryFile() as console:
         scratch = Path(scratch_dir)
