@@ -6,8 +6,10 @@ queues and buffers (``sockets.py``), a disk writable layer (``disk.py``), the ho
 (``hostfiles.py``, for every jail) and descriptors in flight where the jail's root shares its host uid
 (``flight.py``). This module is the scheduler: every ``TICK`` one sample reads ``/proc`` once for all
 watched sandboxes and runs each bound's check; between two samples, a jail whose memory total passed
-1/``memory.NEAR`` of its bound is sampled again every ``QUICK_TICK``, and each such quick sample is
-followed by a rest ``QUICK_SHARE`` times as long as it took (forked workers opening pipes at full
+1/``memory.NEAR`` of its bound is sampled again every ``QUICK_TICK``, as are the TCP and UDP buffers
+of the jails holding a share of the host's once the host's figure has grown by half the smallest
+share (``sockets.HostInet``: one small read a quick sample), and each quick sample is followed by a
+rest ``QUICK_SHARE`` times as long as it took (forked workers opening pipes at full
 speed add 100 MiB of kernel memory in a ``TICK`` on 2 cores; the quick samples take at most a fifth
 of the thread's time whatever the host's size).
 
@@ -108,7 +110,7 @@ class Watcher:
             spent = self._sample(check)
             while (left := due - time.monotonic()) > 0:
                 with self._lock:
-                    near = any(w.memory is not None and w.memory.near for w in self._watched)
+                    near = any(_near(w) for w in self._watched)
                 pause = max(QUICK_TICK, spent * QUICK_SHARE)
                 if not near or pause >= left:  # nothing to sample quickly before the next full sample
                     time.sleep(left)
@@ -132,6 +134,7 @@ class Watcher:
 
 WATCHER = Watcher()
 PROBES = flight.Probes()  # used by the watcher's thread, and by ``remove`` while it holds the sample's lock
+INET = sockets.HostInet()  # used by the watcher's thread
 
 
 def check(watched: list[Watched], now: float) -> None:
@@ -151,6 +154,8 @@ def check(watched: list[Watched], now: float) -> None:
         if flight.due(key, now):
             tree = tree if tree is not None else proc.children()
             flight.check(key, [w.procs for w in watched if w.flight == key and not w.procs.dying], tree, now)
+    if _inet(watched):
+        INET.reset()  # before the counts below: what is added while they run shows as growth
     for w in sorted(watched, key=lambda w: -w.memory.undecided if w.memory else 0):  # the longest undecided first
         if w.memory is not None:
             tree = tree if tree is not None else proc.children()
@@ -167,16 +172,38 @@ def check(watched: list[Watched], now: float) -> None:
 
 def quick(watched: list[Watched], now: float) -> None:
     """A quick sample between two: the memory of the jails whose total was near their bound at the
-    last sample (nothing if none is). Their other bounds wait for the next full sample."""
+    last sample, and the TCP and UDP buffers of all jails with a bound on them once the host's have
+    grown by half the smallest (``sockets.HostInet``). Their other bounds wait for the next full sample."""
     near = [w for w in watched if w.memory is not None and w.memory.near]
-    if not near:
+    inet = _inet(watched)
+    rising = inet if INET.rising([w.sockets for w in inet if w.sockets is not None]) else []
+    if not near and not rising:
         return
     counters = _counters(watched)
-    tree, maps = proc.children(), memory.Maps(now)
-    for w in near:
-        assert w.memory is not None
+    if rising:
+        INET.reset()
+    if near:
+        tree, maps = proc.children(), memory.Maps(now)
+        for w in near:
+            assert w.memory is not None
+            w.procs.forget_gone(now)
+            memory.check(w.procs, w.memory, _queued(w, counters), tree, maps, quick=True)
+    for w in rising:
+        assert w.sockets is not None
         w.procs.forget_gone(now)
-        memory.check(w.procs, w.memory, _queued(w, counters), tree, maps, quick=True)
+        if not w.procs.dying:
+            sockets.check(w.procs, w.sockets, counters)
+
+
+def _near(w: Watched) -> bool:
+    """Whether ``w`` is looked at between two samples: its memory is near its bound, or its TCP and
+    UDP buffers are bounded here (the host's figure is read for them)."""
+    return (w.memory is not None and w.memory.near) or (w.sockets is not None and w.sockets.inet is not None)
+
+
+def _inet(watched: list[Watched]) -> list[Watched]:
+    """The jails whose TCP and UDP buffers the watcher holds, none of them dying."""
+    return [w for w in watched if w.sockets is not None and w.sockets.inet is not None and not w.procs.dying]
 
 
 def _counters(watched: list[Watched]) -> int:
