@@ -52,7 +52,7 @@ def cleanup(force: bool) -> None:
     Example:
       jailbox cleanup
     """
-    from ..sandbox.limits.cgroups import reap_stale as reap_stale_cgroups
+    from ..sandbox.limits.reap import reap_stale as reap_stale_cgroups
     from ..sandbox.rootfs.store import Store
     from ..sandbox.state import cleanup as cleanup_state
     from ..sandbox.state import state_dir

@@ -32,7 +32,7 @@ from .floor import linux as L
 from .floor import procstat, wire
 from .floor.idmap import IdMap
 from .launcher import LAUNCHER
-from .limits import budget, cgroups, plan, sockets, uids
+from .limits import budget, cgroupfs, cgroups, plan, sockets, uids
 from .limits.cgroups import Cgroup, CgroupV1, CgroupV2
 from .limits.enforcement import Enforcement
 from .limits.watch import WATCHER, Watched
@@ -492,7 +492,7 @@ def _compiled(policy: SeccompPolicy, guard_modes: bool, chroot: bool, no_memfd: 
 def _make_cgroup(sandbox_id: str, wanted: Limits, pids_budget: int) -> Cgroup | None:
     """Per-sandbox cgroups where this host lets us make them, else None (rlimits then)."""
     try:
-        if cgroups.v2_mounted():
+        if cgroupfs.v2_mounted():
             parent = _v2_parent()
             return None if parent is None else CgroupV2(parent, sandbox_id, wanted, pids_budget)
         needed = wanted.memory is not None or wanted.pids is not None or wanted.cpus is not None

@@ -34,7 +34,7 @@ import psutil
 import pytest
 
 from jailbox.sandbox import ExecResult, Mount, Sandbox, SandboxConfig, hostids
-from jailbox.sandbox.limits import cgroups
+from jailbox.sandbox.limits import cgroupfs, cgroups
 from jailbox.sandbox.rootfs.store import Store
 
 MINI_TOOLS = ("bash", "sh", "cat", "ls", "rm", "echo", "touch", "mkdir", "id", "ln", "readlink", "sleep", "env")
@@ -201,7 +201,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _cgroup_usable() -> bool:
-    if cgroups.v2_mounted():
+    if cgroupfs.v2_mounted():
         return cgroups.v2_parent()[0] is not None
     return cgroups.v1_usable()
 

@@ -19,7 +19,7 @@ from support.descriptors import held_fds
 from support.waits import wait_until
 
 from jailbox.sandbox import Sandbox, state
-from jailbox.sandbox.limits import cgroups
+from jailbox.sandbox.limits import reap
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,6 +118,6 @@ def test_killing_the_launcher_during_a_burst_ends_every_jail(_state_dir):
     # groups: `cleanup` does, and takes exactly those (other tests count what is left in this directory).
     removed, failed = state.cleanup(_state_dir)
     assert failed == [] and sorted(map(str, removed)) == sorted(info["dirs"])
-    assert cgroups.reap_stale()[1] == []
+    assert reap.reap_stale()[1] == []
     ids = [Path(d).name for d in info["dirs"]]
     assert [g for i in ids for g in glob.glob(f"/sys/fs/cgroup/**/{i}-*", recursive=True)] == []

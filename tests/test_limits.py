@@ -134,12 +134,12 @@ WITHOUT_CGROUPS = f"""
 import json, warnings
 from jailbox.sandbox import Limits, Sandbox
 from jailbox.sandbox.checks import doctor
-from jailbox.sandbox.limits import cgroups
+from jailbox.sandbox.limits import cgroupfs, cgroups
 warnings.simplefilter("ignore")
 with Sandbox(limits=Limits(memory="256M", pids=32)) as sb:
     memory, fork = sb.exec({MEMORY_BOMB!r}), sb.exec({FORK_BOMB!r}, timeout=60)
     print(json.dumps({{
-        "cgroups": cgroups.v1_usable() or cgroups.v2_mounted(), "enforcement": sb.enforcement,
+        "cgroups": cgroups.v1_usable() or cgroupfs.v2_mounted(), "enforcement": sb.enforcement,
         "memory": [memory.exit_code, memory.stderr], "fork": fork.stderr, "next": sb.exec("echo ok").stdout,
         "doctor": doctor.cgroup(doctor.Host()).detail,
     }}))

@@ -27,7 +27,7 @@ from support.trees import SETUP, manifest
 
 from jailbox.sandbox import AsyncSandbox, Limits, Mount, Sandbox
 from jailbox.sandbox.errors import PauseFailed, SandboxClosed, SandboxPaused
-from jailbox.sandbox.limits import cgroups, proc
+from jailbox.sandbox.limits import cgroups, proc, reap
 
 HANG = 120  # seconds: a hang guard only, never a measure
 WAYS = [
@@ -473,7 +473,7 @@ def test_a_paused_jail_does_not_outlive_its_host(limits):
     if groups:
         if cgroups.v1_usable():
             assert any(g.startswith("/sys/fs/cgroup/freezer/") for g in groups)
-        removed, failed = cgroups.reap_stale()
+        removed, failed = reap.reap_stale()
         assert failed == []
         assert {str(g) for g in removed} >= set(groups)
     deadline = time.monotonic() + HANG

@@ -28,7 +28,7 @@ from jailbox.sandbox.checks import doctor
 from jailbox.sandbox.errors import ConfigError, SandboxSetupError
 from jailbox.sandbox.floor import procstat
 from jailbox.sandbox.launcher import LAUNCHER
-from jailbox.sandbox.limits import budget, cgroups
+from jailbox.sandbox.limits import budget, cgroupfs, cgroups, reap
 
 # alone: the user's pids budget, its counters and the host's stale groups are shared with every worker's jails
 pytestmark = pytest.mark.alone
@@ -349,8 +349,8 @@ def _pids_groups(owns: int) -> Iterator[tuple[list[Path], str]]:
     groups are made under where JAILBOX_CGROUP_PARENT is read, v2); all removed after, with the
     ``jailbox`` groups made in them."""
     tag = f"jbx-budget-{os.getpid()}"
-    v2 = cgroups.v2_mounted()
-    root = cgroups.V2_ROOT if v2 else cgroups._v1_mounts()["pids"]
+    v2 = cgroupfs.v2_mounted()
+    root = cgroupfs.V2_ROOT if v2 else cgroupfs.v1_mounts()["pids"]
     groups = [root / f"{tag}-own{i}" for i in range(owns)]
     made = [*groups, *([root / tag] if v2 else [])]
     for group in made:
@@ -362,7 +362,7 @@ def _pids_groups(owns: int) -> Iterator[tuple[list[Path], str]]:
             made_in = sorted((p for p in group.glob("jailbox/*") if p.is_dir()), reverse=True)  # not its files
             for sub in [*made_in, group / "jailbox", group]:
                 if sub.exists():
-                    cgroups._remove_v2(sub) if v2 else cgroups._remove_v1([sub])
+                    cgroupfs.remove_v2(sub) if v2 else cgroupfs.remove_v1([sub])
 
 
 @pytest.mark.root
@@ -396,7 +396,7 @@ def test_sandboxes_of_processes_in_different_cgroups_share_one_pids_budget():
     with contextlib.ExitStack() as stack:
         groups = (
             stack.enter_context(_pids_groups(2))[0]
-            if os.getuid() == 0 and (cgroups.v1_usable() or cgroups.v2_mounted())
+            if os.getuid() == 0 and (cgroups.v1_usable() or cgroupfs.v2_mounted())
             else []
         )
 
@@ -514,7 +514,7 @@ def test_cleanup_removes_empty_groups_of_the_old_naming_and_keeps_busy_ones():
             group.mkdir()
         (busy / "cgroup.procs").write_text(str(sleeper.pid))
         for group in [*empty, busy]:
-            old = time.time() - 2 * cgroups.OLD_IDLE
+            old = time.time() - 2 * reap.OLD_IDLE
             os.utime(group, (old, old))
         r = subprocess.run([*JAILBOX, "cleanup"], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.returncode == 0, r.stderr
@@ -526,7 +526,7 @@ def test_cleanup_removes_empty_groups_of_the_old_naming_and_keeps_busy_ones():
         sleeper.kill()
         sleeper.wait()
         for group in (busy, young):
-            cgroups._remove_v2(group) if cgroups.v2_mounted() else cgroups._remove_v1([group])
+            cgroupfs.remove_v2(group) if cgroupfs.v2_mounted() else cgroupfs.remove_v1([group])
 
 
 # --- a YAML bomb in a prompt config ---------------------------------------------------------------------

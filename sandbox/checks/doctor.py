@@ -25,7 +25,7 @@ from ..child.spec import DEV_INODES, DEV_SIZE, PTYS
 from ..errors import ConfigError
 from ..floor import linux as L
 from ..hostids import RANGE_ENV, ROOT_ENTRY, ROOT_RANGE, subordinate_range, subuid_fix
-from ..limits import budget, cgroups, flight, hostfiles, memory, sockets
+from ..limits import budget, cgroupfs, cgroups, flight, hostfiles, memory, sockets
 
 Status = Literal["ok", "degraded", "failing"]
 
@@ -268,7 +268,7 @@ def seccomp_notify() -> Probe:
 
 
 def cgroup(host: Host) -> Probe:
-    if cgroups.v2_mounted():
+    if cgroupfs.v2_mounted():
         parent, how = cgroups.v2_parent()
         if parent is not None:
             return Probe(name="cgroups", status="ok", detail=f"v2, {how}")
@@ -306,7 +306,7 @@ def bounds(cgroup_probe: Probe) -> Probe:
         f"/dev: {DEV_SIZE >> 10} KiB, {DEV_INODES} inodes; ptys: {PTYS} per jail (devpts max=)"
     )
     if cgroup_probe.status == "ok":
-        kind = "v2" if cgroups.v2_mounted() else "v1"
+        kind = "v2" if cgroupfs.v2_mounted() else "v1"
         return Probe(
             name="memory and disk bounds",
             status="ok",
@@ -377,7 +377,7 @@ def shared_bounds(host: Host) -> Probe:
         f"open files: the watcher acts past 1/{hostfiles.FILES_ALARM} of fs.file-max; AIO: io_setup ENOSYS; "
         + _per_uid_counts(host.uid)
     )
-    if host.uid == 0 and not cgroups.v1_usable() and not (cgroups.v2_mounted() and cgroups.v2_parent()[0]):
+    if host.uid == 0 and not cgroups.v1_usable() and not (cgroupfs.v2_mounted() and cgroups.v2_parent()[0]):
         held = f"{detail}; no pids cgroup: the budget is not held"
         return Probe(name=name, status="degraded", detail=held, fix="mount the cgroup v1 pids hierarchy, or cgroup v2")
     if host.uid != 0 and str(host.uid) not in budget.accounts():

@@ -6,7 +6,8 @@ the host's watcher where it cannot.
 ``sockets``, ``disk``, ``hostfiles``, ``flight``), on what ``procs.py`` and ``proc.py`` share; the
 kernel-held ones are ``rlimits``, ``pids``, ``cpus``, ``scratch`` (tmpfs and SysV IPC), ``uids`` (per
 host uid counts), ``built`` (held by how the jail is built) and ``budget`` (what all sandboxes share);
-``cgroups`` makes the groups.
+``cgroups`` makes the groups (``cgroupfs``: the hierarchies and removal; ``reap``: what dead host
+processes left).
 
 The default bounds live here, not in ``config.py``: the CLI shows them in ``--help``, which may not load
 pydantic (``tests/test_cli_imports.py``)."""

@@ -11,10 +11,9 @@ the caller's own groups, and in the freezer hierarchy where it is mounted (``San
 
 Either way the init is moved in before the jail reports ready, so every command is inside.
 The ``jailbox`` group every sandbox's group is created in holds the pids budget all of them share
-(``pids.max``, ``budget.py``). A group's name records its owner (``ID-PID-START-PIDNS``: the
-host process, its start time in clock ticks, its pid namespace), so the remains of a host process
-killed before its ``destroy()`` ran are found and removed: by the next process that makes a group
-in the same place, and by ``jailbox cleanup`` (``reap_stale``), which looks in every hierarchy.
+(``pids.max``, ``budget.py``). A group's name records its owner, so what a host process killed
+before its ``destroy()`` ran left is found and removed (``reap.py``); removal itself, and where the
+hierarchies are, is ``cgroupfs.py``.
 Counters read around each command give ``oom_killed`` (``oom_kill`` in memory.events or
 memory.oom_control, never ``failcnt``) and ``pids_limit_hit`` (``max`` in pids.events).
 
@@ -30,28 +29,34 @@ rlimits instead and records, limit by limit, how (or whether) each is enforced.
 from __future__ import annotations
 
 import os
-import re
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from ..config import Limits
-from ..floor import procstat, small
+from ..floor import small
+from .cgroupfs import (
+    FIELDS_MAX,
+    PARENT_NAME,
+    V1_CONTROLLERS,
+    V1_FREEZER,
+    V2_ROOT,
+    remove_v1,
+    remove_v2,
+    v1_mounts,
+    v2_mounted,
+)
+from .reap import group_name, reap_once
 
 CPU_PERIOD_US = 100_000
 # what counters() reports on v1: (name, controller, file, key in the file)
 TCP_LIMIT = "memory.kmem.tcp.limit_in_bytes"
 V1_COUNTERS = (("oom_kill", "memory", "memory.oom_control", b"oom_kill"), ("pids_max", "pids", "pids.events", b"max"))
-FIELDS_MAX = 4096  # bytes read of a counters file (memory.oom_control is under 100)
-V1_CONTROLLERS = ("memory", "pids", "cpu")
-V1_FREEZER = "freezer"  # made for every v1 sandbox group where mounted: pause() needs no limit
 # seconds freeze() waits for the kernel to report every process frozen: one in an uninterruptible wait
 # (disk writeback on a loaded host) freezes only once out of it; 2 s was once not enough, with load 16
 FREEZE_WAIT = 10.0
 FREEZE_POLL = 0.0005  # seconds between two looks at the group's state while it freezes
-V2_ROOT = Path("/sys/fs/cgroup")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 
 
@@ -82,24 +87,6 @@ class Cgroup(Protocol):
         """Kill what is left in the group and remove it."""
 
 
-def _v1_mounts() -> dict[str, Path]:
-    """controller -> mount point of its v1 hierarchy."""
-    found: dict[str, Path] = {}
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return found
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields, extra = left.split(), right.split()
-        if len(extra) < 3 or extra[0] != "cgroup":
-            continue
-        for option in extra[2].split(","):
-            if option in V1_CONTROLLERS or option == V1_FREEZER:
-                found[option] = Path(fields[4])
-    return found
-
-
 def _own_paths() -> dict[str, str]:
     """controller -> this process's group path in that v1 hierarchy."""
     paths: dict[str, str] = {}
@@ -114,7 +101,7 @@ def _own_paths() -> dict[str, str]:
 
 
 def v1_usable() -> bool:
-    mounts = _v1_mounts()
+    mounts = v1_mounts()
     return os.geteuid() == 0 and all(c in mounts for c in V1_CONTROLLERS)
 
 
@@ -126,15 +113,15 @@ class CgroupV1(Cgroup):
     def __init__(self, sandbox_id: str, limits: Limits, pids_budget: int, inet: tuple[int, int]) -> None:
         """``inet``: (bytes of TCP and UDP buffers this sandbox may hold, all sandboxes of the
         ``jailbox`` group together), shares of the host's one count (``sockets.inet_bound``)."""
-        mounts, own = _v1_mounts(), _own_paths()
+        mounts, own = v1_mounts(), _own_paths()
         self.dirs: dict[str, Path] = {}
         # Only the hierarchies a limit needs: attaching a process to a v1 group costs about 0.2 ms each.
         wanted = {"memory": limits.memory, "pids": limits.pids, "cpu": limits.cpus}
         made = [c for c in V1_CONTROLLERS if wanted[c] is not None] + [V1_FREEZER] * (V1_FREEZER in mounts)
         for controller in made:
-            parent = mounts[controller] / own.get(controller, "/").lstrip("/") / "jailbox"
+            parent = mounts[controller] / own.get(controller, "/").lstrip("/") / PARENT_NAME
             parent.mkdir(parents=True, exist_ok=True)
-            _reap_once(parent)
+            reap_once(parent)
             if controller == "pids":
                 (parent / "pids.max").write_text(str(pids_budget))
             if controller == "memory" and (parent / TCP_LIMIT).exists():
@@ -198,63 +185,7 @@ class CgroupV1(Cgroup):
         self._write(V1_FREEZER, "freezer.state", "THAWED")
 
     def destroy(self) -> None:
-        _remove_v1(list(self.dirs.values()))
-
-
-def _remove_v1(paths: list[Path]) -> bool:
-    """Kill what is in the groups (v1 has no cgroup.kill) and remove them; whether they are gone."""
-    freezer = _v1_mounts().get(V1_FREEZER)
-    for _ in range(200):
-        remaining = False
-        for path in paths:
-            if not path.exists():
-                continue
-            for pid in _pids(path):
-                remaining = True
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                if freezer is not None:
-                    _thaw_v1(pid, freezer)
-            try:
-                path.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError:
-                remaining = True
-        if not remaining:
-            return True
-        time.sleep(0.005)
-    return False
-
-
-def _thaw_v1(pid: int, freezer: Path) -> None:
-    """Thaw the group of the freezer hierarchy (mounted at ``freezer``) that ``pid`` is in, whichever
-    hierarchy it is being removed from: a frozen process dies of SIGKILL only once thawed, and every
-    process of that group is the same sandbox's, killed too."""
-    try:
-        lines = small.read(f"/proc/{pid}/cgroup", FIELDS_MAX).decode().splitlines()
-    except UnicodeDecodeError:
-        return
-    for line in lines:
-        controllers, _, group = line.partition(":")[2].partition(":")
-        if V1_FREEZER in controllers.split(",") and group.startswith("/") and group != "/":
-            try:
-                (freezer / group.lstrip("/") / "freezer.state").write_text("THAWED")
-            except OSError:
-                pass
-
-
-def _pids(path: Path) -> list[int]:
-    try:
-        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def v2_mounted() -> bool:
-    return (V2_ROOT / "cgroup.controllers").exists()
+        remove_v1(list(self.dirs.values()))
 
 
 def _v2_own() -> Path:
@@ -298,7 +229,7 @@ def v2_parent() -> tuple[Path | None, str]:
             continue
         try:
             _enable(group)
-            base = group / "jailbox"
+            base = group / PARENT_NAME
             base.mkdir(exist_ok=True)
             _enable(base)
             return base, f"delegated at {group}"
@@ -314,7 +245,7 @@ class CgroupV2(Cgroup):
     can_freeze = True
 
     def __init__(self, parent: Path, sandbox_id: str, limits: Limits, pids_budget: int) -> None:
-        _reap_once(parent)
+        reap_once(parent)
         (parent / "pids.max").write_text(str(pids_budget))
         self.path = parent / group_name(sandbox_id)
         self.path.mkdir()
@@ -358,160 +289,7 @@ class CgroupV2(Cgroup):
         self._write("cgroup.freeze", 0)
 
     def destroy(self) -> None:
-        _remove_v2(self.path)
-
-
-def _remove_v2(path: Path) -> bool:
-    """Kill what is in the group and remove it; whether it is gone."""
-    if not path.exists():
-        return True
-    try:
-        (path / "cgroup.kill").write_text("1")
-    except OSError:
-        for pid in _pids(path):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-    for _ in range(200):
-        try:
-            path.rmdir()
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            time.sleep(0.005)
-    return False
-
-
-# --- what a killed host process left --------------------------------------------------------------
-
-PARENT_NAME = "jailbox"
-SEARCH_DEPTH = 8  # how deep below a hierarchy's root ``reap_stale`` looks for ``jailbox`` groups
-SEARCH_GROUPS = 20_000  # and how many groups it visits at most (a systemd host has a few hundred)
-OLD_NAME = re.compile(r"[0-9a-f]{12}")  # a bare sandbox id: how groups were named before they named an owner
-OLD_IDLE = 60.0  # seconds an empty group of the old naming stays untouched (its maker may be attaching)
-
-
-def _owner() -> str:
-    """This process as group names record it: pid, start time (clock ticks since boot), pid namespace.
-    Not cached: a forked child is another owner."""
-    return f"{os.getpid()}-{procstat.start_ticks(os.getpid())}-{os.stat('/proc/self/ns/pid').st_ino}"
-
-
-def group_name(sandbox_id: str) -> str:
-    return f"{sandbox_id}-{_owner()}"
-
-
-def _stale(name: str) -> bool:
-    """A group of ours whose owner is gone. Groups of another pid namespace (whose pids mean other
-    processes) and names we did not make are left alone."""
-    parts = name.split("-")
-    if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
-        return False
-    pid, start, pidns = (int(p) for p in parts[1:])
-    if pidns != os.stat("/proc/self/ns/pid").st_ino:
-        return False
-    return procstat.start_ticks(pid) != start
-
-
-def _stale_groups(parent: Path) -> list[Path]:
-    """Groups in ``parent`` that this user made (another's are not ours to remove) for dead owners."""
-    found = []
-    try:
-        for entry in os.scandir(parent):
-            if entry.is_dir(follow_symlinks=False) and _stale(entry.name):
-                if entry.stat(follow_symlinks=False).st_uid == os.geteuid():
-                    found.append(Path(entry.path))
-    except OSError:
-        pass
-    return found
-
-
-def _abandoned_groups(parent: Path) -> list[Path]:
-    """Empty groups of the old naming (no owner recorded), this user's, untouched for ``OLD_IDLE``.
-    Nothing in them is killed: they are only removed, and ``rmdir`` refuses a group that has a
-    process or a child, so one in use by a process of an older jailbox stays."""
-    found = []
-    now = time.time()
-    try:
-        for entry in os.scandir(parent):
-            if entry.is_dir(follow_symlinks=False) and OLD_NAME.fullmatch(entry.name):
-                st = entry.stat(follow_symlinks=False)
-                if st.st_uid == os.geteuid() and now - st.st_mtime > OLD_IDLE and not _pids(Path(entry.path)):
-                    found.append(Path(entry.path))
-    except OSError:
-        pass
-    return found
-
-
-def _remove_empty(group: Path) -> bool:
-    try:
-        group.rmdir()
-    except FileNotFoundError:
-        pass
-    except OSError:
-        return False
-    return True
-
-
-_REAPED: set[Path] = set()
-
-
-def _reap_once(parent: Path) -> None:
-    """The first time this process uses ``parent``: remove the groups dead owners left in it."""
-    if parent not in _REAPED:
-        _REAPED.add(parent)
-        for group in _stale_groups(parent):
-            if v2_mounted():
-                _remove_v2(group)
-            else:
-                _remove_v1([group])
-        for group in _abandoned_groups(parent):
-            _remove_empty(group)
-
-
-def _parents(root: Path) -> list[Path]:
-    """Every ``jailbox`` group below ``root`` (bounded: depth and count), without following links."""
-    found: list[Path] = []
-    level, visited = [root], 0
-    for _ in range(SEARCH_DEPTH):
-        below: list[Path] = []
-        for group in level:
-            try:
-                entries = list(os.scandir(group))
-            except OSError:
-                continue
-            for entry in entries:
-                if not entry.is_dir(follow_symlinks=False):
-                    continue
-                visited += 1
-                if visited > SEARCH_GROUPS:
-                    return found
-                if entry.name == PARENT_NAME:
-                    found.append(Path(entry.path))
-                else:
-                    below.append(Path(entry.path))
-        level = below
-    return found
-
-
-def reap_stale() -> tuple[list[Path], list[tuple[Path, str]]]:
-    """Kill and remove every sandbox group whose host process is gone, in every hierarchy.
-    Returns (removed, failed)."""
-    roots = [V2_ROOT] if v2_mounted() else list(dict.fromkeys(_v1_mounts().values()))
-    removed: list[Path] = []
-    failed: list[tuple[Path, str]] = []
-    for root in roots:
-        for parent in _parents(root):
-            for group in _stale_groups(parent):
-                gone = _remove_v2(group) if v2_mounted() else _remove_v1([group])
-                if gone:
-                    removed.append(group)
-                else:
-                    failed.append((group, "processes in it survived SIGKILL, or it could not be removed"))
-            removed.extend(group for group in _abandoned_groups(parent) if _remove_empty(group))
-    return removed, failed
+        remove_v2(self.path)
 
 
 def _wait_for(done: Callable[[], bool]) -> bool:
