@@ -29,11 +29,11 @@ from jailbox.sandbox.seccomp.syscalls import NEWER, syscall_table
 MAIN = "import sys; from jailbox.cli import main; sys.exit(main())"  # the full CLI
 QUICK = "import sys; from jailbox.console import main; sys.exit(main())"  # the console script's body
 
-# Measured on a 2-core VM (editable install, Python 3.11): exec -- true 218 modules beyond a bare
-# interpreter, --help 50, --version 41 (76 with a regular install, whose finder loads less up front);
-# --help's count leaves jailbox's own modules out (the test lists those exactly). The budgets leave
-# room for a dependency's minor release.
-EXEC_MODULES = 300
+# Measured on a 2-core VM (Python 3.11): exec -- true 301 modules beyond a bare interpreter with a
+# regular install (what CI runs), 267 editable (whose finder loads pathlib, re and more up front);
+# --help 50, --version 41 (76 with a regular install); --help's count leaves jailbox's own modules
+# out (the test lists those exactly). The budgets leave room for a dependency's minor release.
+EXEC_MODULES = 330
 HELP_MODULES = 80
 CLI_DIR = Path(__file__).resolve().parent.parent / "cli"
 CLI_MODULES = ["jailbox.cli", *(f"jailbox.cli.{p.stem}" for p in CLI_DIR.glob("*.py") if p.stem[0] != "_")]
