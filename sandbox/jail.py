@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from . import cacerts, hostids, hostroot, removal, snapshots, state
 from .channel import Channel
-from .child.protocol import Created, CreateRequest, Failed, Step, decode
+from .child.protocol import Created, CreateRequest, Failed, Step, decode, fresh_name
 from .child.spec import Bind, JailSpec, SeccompSpec
 from .config import Limits, SandboxConfig
 from .errors import ConfigError, ProtocolError, SandboxSetupError, SecurityWarning
@@ -227,13 +227,20 @@ class Jail:
         if self.config.upper != "disk":
             return None
         sandbox_dir = base / "sandboxes" / self.id
-        sandbox_dir.mkdir(mode=0o700)
+        # made in trash/ under a name that says whose it is, and moved to sandboxes/ once it names its
+        # owner: a host killed at any step leaves a directory its launcher removes (by that name, or
+        # its meta), and `cleanup` can tell is dead at once, not one that waits out the grace
+        fresh = state.trash_dir(base) / fresh_name(os.getpid(), self.id)
+        fresh.mkdir(mode=0o700)
+        try:
+            state.write_meta(fresh, host_pid=os.getpid(), host_start=state.own_start(), idmap=self._idmap.to_wire())
+            if os.getuid() == 0 and self.config.userns:  # the jail's root (a subordinate id) makes its layer here
+                os.chown(fresh, *self._idmap.host_root())
+            os.rename(fresh, sandbox_dir)
+        except BaseException:
+            state.remove_sandbox_dir(fresh, None)  # nothing but the meta in it yet
+            raise
         undo.callback(removal.retire, sandbox_dir, self._idmap)  # removed after close() returns
-        # the owner first: a host killed before the jail is up leaves a directory `cleanup` (and the
-        # next run) can tell is dead at once, not one that waits out the grace for half-made ones
-        state.write_meta(sandbox_dir, host_pid=os.getpid(), host_start=state.own_start(), idmap=self._idmap.to_wire())
-        if os.getuid() == 0 and self.config.userns:  # the jail's root (a subordinate id) makes its layer here
-            os.chown(sandbox_dir, *self._idmap.host_root())
         return sandbox_dir
 
     def _make_cgroup(self, undo: contextlib.ExitStack) -> Cgroup | None:

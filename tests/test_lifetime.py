@@ -129,6 +129,53 @@ def test_a_host_killed_while_making_a_sandbox_leaves_no_directory(_state_dir):
     assert late in removed and not failed and not late.exists()
 
 
+# The host dies inside Jail's making of its next sandbox directory, at the step argv[1] names, after
+# printing what the state directory's sandboxes/ and trash/ hold then.
+DIES_MAKING = r"""
+import json, os, signal, sys
+from jailbox.sandbox import Sandbox, state
+sb = Sandbox()  # the launcher now knows this state directory
+write_meta, rename, point = state.write_meta, os.rename, sys.argv[1]
+def die() -> None:
+    held = [str(p) for folder in ("sandboxes", "trash") for p in (sb.dir.parent.parent / folder).iterdir()]
+    print(json.dumps({"pid": os.getpid(), "held": held}), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+def meta(path, **fields):
+    if point == "before its meta":
+        die()
+    write_meta(path, **fields)
+    if point == "after its meta":
+        die()
+def moved(src, dst):
+    rename(src, dst)
+    if point == "once moved in" and os.path.dirname(dst) == str(sb.dir.parent):
+        die()
+state.write_meta, os.rename = meta, moved
+Sandbox()
+"""
+
+
+@pytest.mark.parametrize("point", ["before its meta", "after its meta", "once moved in"])
+def test_a_host_killed_at_any_step_of_making_a_sandbox_directory_leaves_none(_state_dir, point):
+    """Killed between making the next sandbox's directory and writing its owner into it, between
+    that and moving it into sandboxes/, or after: its launcher removes every directory it left, in
+    sandboxes/ and trash/ (a directory without its meta in sandboxes/ once waited for `cleanup`'s grace)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", DIES_MAKING, point],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(Path(__file__).parent.parent),
+    )
+    info = json.loads(child.stdout.readline())
+    assert child.wait() == -signal.SIGKILL
+    held = [Path(p) for p in info["held"]]
+    making = [p for p in held if p.parent.name == "trash" and p.name.startswith(f"new-{info['pid']}-")]
+    live = [p for p in held if p.parent.name == "sandboxes"]
+    # the first sandbox's directory, and the next one's: in the trash while being made, then beside it
+    assert (len(making), len(live)) == ((0, 2) if point == "once moved in" else (1, 1)), held
+    wait_until(lambda: not any(p.exists() for p in held), "what the dead host left to go", 30)
+
+
 @pytest.mark.parametrize("reaped", [True, False], ids=["owner reaped", "owner a zombie"])
 def test_cleanup_removes_what_a_crashed_launcher_left(_state_dir, reaped):
     child = subprocess.Popen(

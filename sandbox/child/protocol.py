@@ -24,6 +24,12 @@ from .spec import JailSpec
 TRASH = "trash"  # the state directory's folder of closed sandboxes being removed (the launcher sweeps it too)
 
 
+def fresh_name(host: int, sandbox_id: str) -> str:
+    """The name in ``TRASH`` a sandbox directory is made under by host process ``host``, before it
+    holds its meta and moves to ``sandboxes/``: the launcher knows it as its host's by its name alone."""
+    return f"new-{host}-{sandbox_id}"
+
+
 class Step(enum.Enum):
     """A step of jail setup, in the order they run."""
 

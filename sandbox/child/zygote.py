@@ -58,6 +58,7 @@ from .protocol import (
     UsernsReady,
     decode,
     failure,
+    fresh_name,
     step,
 )
 from .spec import JailSpec
@@ -168,7 +169,8 @@ class Zygote:
     def _half_made(self) -> list[tuple[str, IdMap | None]]:
         """Sandbox directories beside ours that our host made (its meta names it) but no jail of ours
         uses: the host died between making one and asking for its jail, or it held a layer (a
-        checkpoint's), or closed one and had not removed it yet (``removal.py``). Only the host writes
+        checkpoint's), or closed one and had not removed it yet (``removal.py``), or was making one
+        (in the trash under ``fresh_name``, with or without its meta yet). Only the host writes
         a meta (the jail never sees its sandbox directory); read bounded all the same. Each with the
         id map its files may belong to."""
         found: list[tuple[str, IdMap | None]] = []
@@ -182,6 +184,9 @@ class Zygote:
                 for name in names[:4096]:
                     path = os.path.join(folder, name)
                     if path in self.jails:
+                        continue
+                    if closed and name.startswith(fresh_name(self.host, "")):  # being made when the host died
+                        found.append((path, None))
                         continue
                     try:
                         fd = os.open(os.path.join(path, "meta.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
