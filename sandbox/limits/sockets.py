@@ -112,7 +112,7 @@ def host_inet() -> int:
     pages = 0
     for line in text.splitlines():
         fields = line.split()
-        if fields[:1] in ([b"TCP:"], [b"UDP:"]) and b"mem" in fields[:-1]:
+        if fields and fields[0] in (b"TCP:", b"UDP:") and b"mem" in fields[:-1]:
             try:
                 pages += int(fields[fields.index(b"mem") + 1])
             except ValueError:
