@@ -16,10 +16,12 @@ import stat
 from pathlib import Path
 
 import pytest
+from support.renames import renaming
 from test_attacks_devices import host_nodes
 
 from jailbox.sandbox import Mount, Sandbox, hostids
 from jailbox.sandbox.errors import ConfigError, SandboxFileError, SandboxSetupError
+from jailbox.sandbox.floor import linux
 from jailbox.sandbox.rootfs.store import Store
 
 RANGE = hostids.ROOT_RANGE
@@ -320,6 +322,47 @@ def test_the_file_api_stays_in_the_jail_when_openat2_is_refused(tmp_path: Path) 
         sb.write_file("/w/dl/out", b"x")
         assert sb.exec(["cat", "/w/d/out"]).stdout == "x"
     assert secret.read_text() == "host's own\n"
+
+
+DEEP = "/".join(["d"] * 30)  # a link at the bottom climbs back up with thirty '..'
+
+
+def test_renames_anywhere_do_not_fail_opens_through_links_that_climb() -> None:
+    """openat2 held under a root gives up (EAGAIN) at a ``..`` when a rename or a mount happened
+    anywhere on the host during the lookup: beside a jail renaming in a loop, about three single tries
+    in four through a link of thirty ``..`` failed. The init's file API (here a neighbour's) tries
+    again (``floor.linux.SCOPED_TRIES``), then resolves the path a component at a time."""
+    with Sandbox() as renamer, Sandbox() as sb:
+        renaming(renamer)
+        planted = f"mkdir -p /tmp/w/{DEEP} && echo in > /tmp/w/f && ln -s {'../' * 30}f /tmp/w/{DEEP}/link"
+        assert sb.exec(["sh", "-c", planted]).exit_code == 0
+        renaming(sb)  # and its own renames
+        for _ in range(200):
+            assert sb.read_file(f"/tmp/w/{DEEP}/link") == b"in\n"
+
+
+def test_an_open_whose_every_try_is_raced_resolves_a_component_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one try, the races above leave many opens to the walk; each still reaches the file the
+    link names in the tree, never above it."""
+    monkeypatch.setattr(linux, "SCOPED_TRIES", 1)
+    (tmp_path / DEEP).mkdir(parents=True)
+    (tmp_path / "f").write_text("in\n")
+    (tmp_path / DEEP / "link").symlink_to("../" * 40 + "f")  # ten more than it has: held at the root
+    want = os.stat(tmp_path / "f").st_ino
+    root = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        with Sandbox() as renamer:
+            renaming(renamer)
+            for _ in range(2000):
+                fd = linux.open_in_root(root, f"{DEEP}/link", os.O_RDONLY)
+                try:
+                    assert os.fstat(fd).st_ino == want
+                finally:
+                    os.close(fd)
+    finally:
+        os.close(root)
 
 
 @pytest.mark.root

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from support.bundle_tree import CERTIFI, HOST_BUNDLE, USR, bundle_tree, tree_config
 from support.cli import JAILBOX
 from support.paper_tree import paper_store
+from support.renames import renaming
 from support.standin import StandIn, make_ca
 
 from jailbox.sandbox import Mount, Sandbox, SandboxConfig
@@ -105,6 +106,19 @@ def test_a_hostile_tree_cannot_point_the_bundles_outside_itself(tmp_path, pki, o
         assert sb.exec("true").exit_code == 0
         assert sb.exec("cat /data/secret").stdout == "host secret\n"
     assert snapshot(outside) == host
+
+
+@pytest.mark.needs("openssl")
+def test_a_neighbours_renames_do_not_fail_a_setup_through_links_that_climb(tmp_path, pki):
+    """The bundles are opened held in the tree; a link of thirty ``..`` (ten more than it has) made
+    most single tries fail (EAGAIN) beside a jail renaming in a loop: each start still finds them."""
+    root = bundle_tree(tmp_path, links={CERTIFI: "../" * 30 + "etc/ssl/certs/ca-certificates.crt"})
+    with Sandbox() as renamer:
+        renaming(renamer)
+        for _ in range(5):
+            with Sandbox(tree_config(root, ca_certs=[pki[0]])) as sb:
+                count = sb.exec(f"grep -c 'BEGIN CERTIFICATE' /{CERTIFI}").stdout
+                assert int(count) == HOST_BUNDLE.read_text().count("BEGIN CERTIFICATE") + 1
 
 
 @pytest.mark.needs("openssl")

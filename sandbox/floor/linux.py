@@ -198,35 +198,53 @@ def move_mount(tree: int, target: str) -> None:
 
 
 MAX_LINKS = 40  # the kernel's own bound on symlinks in one lookup (ELOOP past it)
+# openat2 calls made for one open while the kernel answers EAGAIN: a lookup held beneath a directory
+# (RESOLVE_BENEATH, RESOLVE_IN_ROOT) gives up at a '..' when any rename or mount on the host happened
+# during it, which any jail can cause (3-4% of such opens failed beside one renaming process here)
+SCOPED_TRIES = 16
+
+
+def _openat2(dir_fd: int, path: bytes, flags: int, mode: int, resolve: int) -> tuple[int, int]:
+    """openat2 tried up to ``SCOPED_TRIES`` times while it answers EAGAIN: (descriptor, 0) or (-1, errno)."""
+    how = struct.pack("QQQ", flags | os.O_CLOEXEC, mode, resolve)
+    buf = ctypes.create_string_buffer(how, len(how))
+    err = errno.EAGAIN
+    for _ in range(SCOPED_TRIES):
+        res = _libc.syscall(_NR["openat2"], dir_fd, path, buf, len(how))
+        if res >= 0:
+            return int(res), 0
+        err = ctypes.get_errno()
+        if err != errno.EAGAIN:
+            break
+    return -1, err
 
 
 def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
     """openat2(RESOLVE_IN_ROOT): symlinks in ``path`` resolve inside ``root_fd``, never above it.
 
     A jail with a read-write bind refuses openat2 itself (ENOSYS: seccomp cannot read the mode in
-    its struct), and the init's file API runs under that filter too: then the same resolution is
-    done here, a component at a time with ``O_NOFOLLOW``."""
-    how = struct.pack("QQQ", flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-    buf = ctypes.create_string_buffer(how, len(how))
-    res = _libc.syscall(_NR["openat2"], root_fd, _b(path), buf, len(how))
-    if res < 0 and ctypes.get_errno() == errno.ENOSYS:
+    its struct), and the init's file API runs under that filter too; and a jail's renames can make
+    the kernel give up every try (EAGAIN, ``SCOPED_TRIES``). Then the same resolution is done here,
+    a component at a time with ``O_NOFOLLOW``."""
+    fd, err = _openat2(root_fd, os.fsencode(path), flags, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    if fd >= 0:
+        return fd
+    if err in (errno.ENOSYS, errno.EAGAIN):
         return _walk_in_root(root_fd, path, flags, mode)
-    return _check(res, f"open {path}")
+    raise OSError(err, f"open {path}: {os.strerror(err)}")
 
 
 def open_beneath(dir_fd: int, path: str | bytes, flags: int, resolve: int = 0) -> int:
     """openat2(RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS|``resolve``): ``path`` below ``dir_fd`` (EXDEV
-    when resolution would leave it), as the host opens what a jail or an image made. With
+    when resolution would leave it; tried again while a race elsewhere makes the kernel give up at a
+    ``..``, ``SCOPED_TRIES``), as the host opens what a jail or an image made. With
     ``RESOLVE_NO_SYMLINKS`` (ELOOP for a link anywhere on the path), where openat2 is refused (ENOSYS:
     the host itself under a seccomp profile older than it), a component at a time with ``O_NOFOLLOW``;
     ``path`` is then names only, no ``..``."""
     raw = os.fsencode(path or ".")
-    how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | resolve)
-    buf = ctypes.create_string_buffer(how, len(how))
-    res = _libc.syscall(_NR["openat2"], dir_fd, raw, buf, len(how))
-    if res >= 0:
-        return int(res)
-    err = ctypes.get_errno()
+    fd, err = _openat2(dir_fd, raw, flags, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | resolve)
+    if fd >= 0:
+        return fd
     if err != errno.ENOSYS or not resolve & RESOLVE_NO_SYMLINKS:
         raise OSError(err, os.strerror(err), os.fsdecode(raw))
     *dirs, last = raw.split(b"/")
