@@ -206,6 +206,16 @@ def _cgroup_usable() -> bool:
     return cgroups.v1_usable()
 
 
+def _uses_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture made once a module (a server, a browser, a built wheel): its
+    module's tests that do are one group, so that the fixture is made on one worker, not on each."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope in ("module", "class") for found in defs for d in found)
+
+
+# first: pytest-xdist's own hook reads the groups added here (as a plain hook it ran before this one)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``root`` run in the root pass, ``rootless`` in the unprivileged pass, ``cgroup``
     where this user gets per-sandbox cgroups and ``nocgroup`` where it does not (deselected, not
@@ -223,27 +233,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if not wrong & set(item.keywords)]
-    # The tests on the paper's tree are one group, handed to one worker first (pytest-xdist gives out
-    # the largest groups first): on a fresh machine its build (about 17 minutes on two loaded cores)
-    # then runs beside the other workers' tests, in the first test's setup, which may take that long.
-    # The tests marked ``alone`` go last: run one after another they wait once for the other
-    # workers to drain, not once each (about a hundred drains of a few seconds each, with workers idle,
-    # otherwise). The emulated guest is handed out just before them and runs beside them (``_alone``):
-    # they leave about half of the two cores idle, which the guest, at the lowest priority, takes;
-    # beside the other tests its fork bomb outran the 60 s its command is given (a CI run with the
-    # guest first).
+    # pytest-xdist hands the tests out in this order (``--no-loadscope-reorder``), a group
+    # (``xdist_group``) where its first test is, each group to one worker:
+    # - the tests on the paper's tree first: on a fresh machine its build (about 17 minutes on two
+    #   loaded cores) then runs beside the other workers' tests, in the first test's setup;
+    # - then the other groups, then the ``slow`` tests, then the rest: the long ones do not end the
+    #   phase with one worker busy and the others idle;
+    # - the tests marked ``alone`` last: run one after another they wait once for the other workers
+    #   to drain, not once each (about a hundred drains of a few seconds each, with workers idle,
+    #   otherwise). A group with an ``alone`` test goes with them.
+    # The emulated guest is handed out just before the ``alone`` tests and runs beside them
+    # (``_alone``): they leave about half of the two cores idle, which the guest, at the lowest
+    # priority, takes; beside the other tests its fork bomb outran the 60 s its command is given (a CI
+    # run with the guest first).
     from support.paper_tree import BUILD_TIMEOUT  # it imports this module: not at the top
+
+    def group(item: pytest.Item) -> str | None:
+        mark = item.get_closest_marker("xdist_group")
+        return None if mark is None else str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
     for item in items:
         if item.get_closest_marker("paper_tree"):
             item.add_marker(pytest.mark.xdist_group("paper_tree"))
             item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT))
+        elif group(item) is None and _uses_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
-    def order(item: pytest.Item) -> tuple[bool, bool]:
-        guest, alone = (item.get_closest_marker(name) is not None for name in ("guest", "alone"))
-        return guest or alone, alone
+    def order(item: pytest.Item) -> tuple[bool, bool, bool, bool, bool]:
+        paper, guest, alone, slow = (
+            item.get_closest_marker(name) is not None for name in ("paper_tree", "guest", "alone", "slow")
+        )
+        return not paper, guest or alone, alone, group(item) is None, not slow
 
-    items.sort(key=order)
+    groups: dict[str, tuple[bool, bool, bool, bool, bool]] = {}
+    for item in items:
+        if (name := group(item)) is not None:
+            key = order(item)
+            first = groups.setdefault(name, key)
+            groups[name] = (first[0] and key[0], first[1] or key[1], first[2] or key[2], False, first[4] and key[4])
+    items.sort(key=lambda item: groups[name] if (name := group(item)) is not None else order(item))
 
 
 @pytest.fixture(autouse=True)

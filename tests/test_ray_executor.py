@@ -32,9 +32,9 @@ from jailbox.agent.batch import Batch, BatchConfig, find_executor
 from jailbox.agent.llm import LLMConfig
 from jailbox.agent.tasks import load_tasks, read_results
 
-# alone (pytest-xdist): beside other workers' tests a Ray cluster on two cores took its tests past
-# 300 s, and once its in-process driver ended the worker running it
-pytestmark = [pytest.mark.slow, pytest.mark.needs("ray"), pytest.mark.alone]
+# one worker runs the Ray tests one after another (pytest-xdist), each cluster beside other workers'
+# tests but not beside another cluster
+pytestmark = [pytest.mark.slow, pytest.mark.needs("ray"), pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from support.waits import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.needs("ray"), pytest.mark.alone]
+pytestmark = [pytest.mark.slow, pytest.mark.needs("ray"), pytest.mark.xdist_group("ray")]  # one worker
 
 
 def test_the_backend_implements_rays_interface_over_jails():

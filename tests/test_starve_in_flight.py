@@ -106,15 +106,23 @@ for _ in range(3):
 """,
 }
 
-# Tries to pass a descriptor every millisecond for argv[1] seconds, with the usual soft limit of
-# 1,024; prints the longest run of refusals (ms) and whether the last try passed.
+# Tries to pass a descriptor every millisecond, with the usual soft limit of 1,024, for argv[1]
+# seconds, or until it has passed again for PASSING seconds once the file argv[2] exists (the test
+# makes it when the fill has been killed); prints the longest run of refusals (ms) and whether the
+# last try passed.
 VICTIM = """
-import array, errno, resource, socket, sys, time
+import array, errno, os, resource, socket, sys, time
 resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 end = time.monotonic() + float(sys.argv[1])
-longest, since, tries, refusals = 0.0, None, 0, 0
+longest, since, tries, refusals, passing = 0.0, None, 0, 0, None
 while time.monotonic() < end:
+    if since is not None:
+        passing = None
+    elif passing is None:
+        passing = time.monotonic()
+    elif time.monotonic() - passing > PASSING and os.path.exists(sys.argv[2]):
+        break
     tries += 1
     try:
         a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0]))])
@@ -129,6 +137,8 @@ while time.monotonic() < end:
 print(round(longest * 1000), int(since is None), tries, refusals, flush=True)
 """
 VICTIM_TIME = 5  # seconds: the fill starts within one and is held for 600 if nothing stops it
+PASSING = 0.5  # seconds a victim told the fill is over goes on passing before it ends
+VICTIM = VICTIM.replace("PASSING", repr(PASSING))
 REFUSED_MOST = 3000  # ms a victim may be refused in a row: far below what the fill would hold
 
 
@@ -164,22 +174,25 @@ def victim_result(sb: Sandbox) -> list[int]:
 @pytest.mark.parametrize("fill", FILLS)
 @pytest.mark.slow
 def test_a_jail_holding_descriptors_in_flight_is_killed_and_its_uid_passes_again(
-    fill: str, shared_root_uid: None
+    fill: str, shared_root_uid: None, tmp_path: Path
 ) -> None:
     with Sandbox() as filler, Sandbox() as neighbour:
         assert filler.enforcement["in_flight"].startswith("host watcher"), filler.enforcement["in_flight"]
         assert len(probes_started()) == 1  # one for the uid both jails' roots are
         neighbour.write_file("/tmp/victim.py", VICTIM)
         neighbour.exec("sleep 600 >/dev/null 2>&1 &")  # a command of the neighbour's, which lives on
-        neighbour.exec(f"python3 /tmp/victim.py {VICTIM_TIME} >/tmp/victim.out 2>&1 &")
+        neighbour.exec(f"python3 /tmp/victim.py {VICTIM_TIME} /tmp/fill.over >/tmp/victim.out 2>&1 &")
         on_host = None
+        over = tmp_path / "fill.over"
         if os.getuid() != 0:  # your own process, as a laptop user's desktop would be
             on_host = subprocess.Popen(
-                [sys.executable, "-c", VICTIM, str(VICTIM_TIME)], stdout=subprocess.PIPE, text=True
+                [sys.executable, "-c", VICTIM, str(VICTIM_TIME), str(over)], stdout=subprocess.PIPE, text=True
             )
         filler.write_file("/tmp/fill.py", FILLS[fill])
         r = filler.exec("python3 /tmp/fill.py", timeout=60)
         assert (r.exit_code, r.oom_killed) == (137, True), (r.exit_code, r.stderr[-2000:])
+        neighbour.write_file("/tmp/fill.over", "")
+        over.write_text("")
         results = {"neighbour": victim_result(neighbour)}
         if on_host is not None:
             results["host"] = [int(word) for word in on_host.communicate(timeout=60)[0].split()]
