@@ -257,7 +257,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("paper_tree"))
             item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT))
         elif group(item) is None and _uses_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+            item.add_marker(pytest.mark.xdist_group(Path(item.nodeid.split("::")[0]).stem))
 
     def order(item: pytest.Item) -> tuple[bool, bool, bool, bool, bool]:
         paper, guest, alone, slow = (
