@@ -391,6 +391,7 @@ def test_the_environment_holds_tasks_to_the_same_rules(tmp_path, root, outside):
 
 @pytest.mark.slow
 @pytest.mark.needs("ray")
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time: with another beside it, a raylet died
 def test_ray_reads_inputs_by_the_same_rules_and_writes_back_through_the_same_guard(tmp_path, server, root, outside):
     before = snapshot(outside)
     out = tmp_path / "out"
