@@ -48,10 +48,13 @@ def check_rootfs(tree: Path) -> None:
 
 @pytest.fixture
 def podman(tmp_path: Path):
-    """podman with its own storage (vfs) in a temp dir: its runroot path must be short."""
+    """podman with its own storage (vfs) and state in a temp dir: its runroot path must be short, and
+    its tmpdir its own (root's default, /run/libpod, is shared: one's ``system reset`` removed it
+    under another running beside it)."""
     home = Path(tempfile.mkdtemp(prefix="jbpm-", dir="/tmp"))
     (home / "run").mkdir(mode=0o700)
     base = ["podman", "--storage-driver", "vfs", "--root", str(home / "root"), "--runroot", str(home / "rr")]
+    base += ["--tmpdir", str(home / "tmp")]
     env = {**os.environ, "HOME": str(home), "XDG_RUNTIME_DIR": str(home / "run")}
 
     def run(*args: str) -> subprocess.CompletedProcess:
