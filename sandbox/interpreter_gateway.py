@@ -51,6 +51,13 @@ REPLY_WAIT = 30.0  # seconds a silent helper request (env vars) may take
 # result too large to send is named on stderr instead.
 STREAM_PIECE = 1 << 20  # characters
 RESULT_MAX = 30 << 20  # bytes of a result's line
+# A run ends on its idle status, which comes on the kernel's PUB socket: past that socket's high-water
+# mark (a display loop outruns this reader under load) messages are dropped, the idle status too. So
+# while the output pauses the shell socket is asked for the run's reply every REPLY_POLL seconds, and
+# once that came, output silent for IOPUB_TAIL seconds ends the run (kept under the host's grace for
+# an interrupted run, INTERRUPT_GRACE, 10 s).
+REPLY_POLL = 0.5
+IOPUB_TAIL = 3.0
 # Run silently in each new kernel: tracebacks without colour codes, data frames also as
 # e2b's ``e2b/data`` (a dict of columns, ``DataFrame.to_dict(orient="list")`` in JSON types).
 SETUP = r"""
@@ -128,6 +135,16 @@ def send(line: dict[str, Any]) -> None:
     with out_lock:
         sys.stdout.write(data)
         sys.stdout.flush()
+
+
+def error_line(content: dict[str, Any]) -> dict[str, Any]:
+    """An ``error`` line from an error message's content, or an execute_reply's (the same fields)."""
+    return {
+        "type": "error",
+        "name": content.get("ename") or "",
+        "value": content.get("evalue") or "",
+        "traceback": "\n".join(content.get("traceback") or []),
+    }
 
 
 def result_line(content: dict[str, Any], main: bool) -> dict[str, Any]:
@@ -229,8 +246,20 @@ class Context:
         # stop_on_error off: after an error (an interrupt too) ipykernel would otherwise abort the requests
         # that reach it next, and runs here are one at a time per context anyway
         msg_id = self.client.execute(code, store_history=True, stop_on_error=False)
+        reply: dict[str, Any] | None = None  # the execute_reply, once it came
+        failed = False  # an error line was sent
         while True:
-            msg = self.client.get_iopub_msg()
+            try:
+                msg = self.client.get_iopub_msg(timeout=REPLY_POLL if reply is None else IOPUB_TAIL)
+            except queue.Empty:
+                if reply is None:
+                    reply = self.replied(msg_id)
+                    continue
+                # the reply came and the kernel published nothing since: its end (and maybe output before
+                # it) was dropped, as a PUB socket drops past its high-water mark when this reader lags
+                if reply.get("status") == "error" and not failed:
+                    send({"id": rid, **error_line(reply)})
+                return
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
@@ -250,17 +279,20 @@ class Context:
             elif kind in ("execute_result", "display_data"):
                 send({"id": rid, **result_line(content, kind == "execute_result")})
             elif kind == "error":
-                send(
-                    {
-                        "id": rid,
-                        "type": "error",
-                        "name": content["ename"],
-                        "value": content["evalue"],
-                        "traceback": "\n".join(content["traceback"]),
-                    }
-                )
+                send({"id": rid, **error_line(content)})
+                failed = True
             elif kind == "status" and content["execution_state"] == "idle":
                 return
+
+    def replied(self, msg_id: str) -> dict[str, Any] | None:
+        """The execute_reply to ``msg_id`` if it is in (the shell socket does not drop), else None."""
+        while True:
+            try:
+                msg = self.client.get_shell_msg(timeout=0)
+            except queue.Empty:
+                return None
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return dict(msg["content"])
 
     def shutdown(self) -> None:
         self.jobs.put(None)

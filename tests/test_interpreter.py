@@ -432,9 +432,39 @@ def test_endless_output_and_results_are_bounded_per_execution(monkeypatch: pytes
         sb.run_code("kept = 1")
         with pytest.raises(InterpreterError, match=f"over {1 << 20} bytes"):
             sb.run_code("while True: print('y' * 1000)", timeout=60)
-        with pytest.raises(InterpreterError, match="over 20 results"):
+        with pytest.raises(InterpreterError, match="was interrupted: it sent over 20 results"):
             sb.run_code("while True: display(1)", timeout=60)
         assert sb.run_code("kept").text == "1"  # interrupted, not killed: the context kept its state
+
+
+# The run stops the gateway (the kernel's parent) and floods the kernel's PUB socket past its high-water
+# mark, which drops the rest, the run's idle status too; the gateway goes on once the run is over.
+DROPPED_END = """
+import os, signal, subprocess
+gateway = os.getppid()
+os.kill(gateway, signal.SIGSTOP)
+for i in range(5000):
+    display(i)
+subprocess.Popen(["sh", "-c", f"sleep 1; kill -CONT {gateway}"])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("end", ["", "raise ValueError('after the flood')"], ids=["ok", "error"])
+def test_a_run_whose_end_the_kernel_dropped_still_ends(monkeypatch: pytest.MonkeyPatch, end: str):
+    """A display loop outruns the gateway under load and the kernel drops messages, the end of the run
+    among them: the run's reply (on a socket that does not drop) ends it, with its error, and the
+    context goes on. Before, the run waited for an end that never came, until it was killed."""
+    monkeypatch.setattr(interpreter, "INTERPRETER_RESULTS_MAX", 10_000)
+    with Sandbox() as sb:
+        sb.run_code("kept = 1")
+        run = sb.run_code(DROPPED_END + end, timeout=60)
+        assert 0 < len(run.results) < 5000  # some of the output was dropped
+        if end:
+            assert run.error is not None and (run.error.name, run.error.value) == ("ValueError", "after the flood")
+        else:
+            assert run.error is None
+        assert sb.run_code("kept").text == "1"
 
 
 @pytest.mark.slow
