@@ -478,6 +478,31 @@ def jail_processes(ns: str) -> list[psutil.Process]:
     return found
 
 
+def _ns_of(pid: int, ns: str) -> int | None:
+    """A descriptor of process ``pid``'s pid namespace if that is still ``ns``."""
+    try:
+        fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if os.readlink(f"/proc/self/fd/{fd}") == ns:
+        return fd
+    os.close(fd)
+    return None
+
+
+@contextlib.contextmanager
+def pid_namespace_held(*namespaces: str) -> Generator[None, None, None]:
+    """Keep live pid namespaces from being freed while the block runs, by a descriptor of each (taken
+    through one of its visible processes). The kernel gives a freed namespace's number to the next
+    namespace made, another worker's jail's, in which ``jail_processes`` would then find processes."""
+    with contextlib.ExitStack() as held:
+        for ns in namespaces:
+            fd = next(filter(None, (_ns_of(proc.pid, ns) for proc in jail_processes(ns))), None)
+            assert fd is not None, f"no process of {ns} to hold it by"
+            held.callback(os.close, fd)
+        yield
+
+
 HOST_SECRET = "host secret\n"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import jail_processes, run_threads
+from conftest import jail_processes, pid_namespace_held, run_threads
 from support.descriptors import held_fds
 from support.waits import wait_until
 
@@ -96,9 +96,10 @@ def _hold_a_burst() -> tuple[subprocess.Popen, dict]:
 def test_killing_the_host_during_a_burst_ends_the_launcher_and_every_jail(_state_dir):
     child, info = _hold_a_burst()
     assert all(jail_processes(ns) for ns in info["ns"])
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    wait_until(lambda: all(jail_processes(ns) == [] for ns in info["ns"]), "every jail's processes to end", 60)
+    with pid_namespace_held(*info["ns"]):
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        wait_until(lambda: all(jail_processes(ns) == [] for ns in info["ns"]), "every jail's processes to end", 60)
     wait_until(lambda: all(_gone(pid) for pid in info["launchers"]), "the launchers to end", 60)
     wait_until(lambda: not any(Path(d).exists() for d in info["dirs"]), "the sandbox directories to go", 60)
 
@@ -107,9 +108,10 @@ def test_killing_the_host_during_a_burst_ends_the_launcher_and_every_jail(_state
 def test_killing_the_launcher_during_a_burst_ends_every_jail(_state_dir):
     child, info = _hold_a_burst()
     try:
-        os.kill(info["launchers"][0], signal.SIGKILL)
-        wait_until(lambda: all(_gone(pid) for pid in info["launchers"]), "the launchers to end", 60)
-        wait_until(lambda: all(jail_processes(ns) == [] for ns in info["ns"]), "every jail's processes to end", 60)
+        with pid_namespace_held(*info["ns"]):
+            os.kill(info["launchers"][0], signal.SIGKILL)
+            wait_until(lambda: all(_gone(pid) for pid in info["launchers"]), "the launchers to end", 60)
+            wait_until(lambda: all(jail_processes(ns) == [] for ns in info["ns"]), "every jail's processes to end", 60)
         assert all(_gone(pid) for pid in info["inits"])
     finally:
         child.kill()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import host_tree, jail_processes
+from conftest import host_tree, jail_processes, pid_namespace_held
 from support.descriptors import held_fds
 from support.waits import wait_until
 
@@ -57,9 +57,10 @@ def test_close_leaves_no_process_mount_or_directory(_state_dir):
     assert len(jail_processes(ns)) >= 3  # the init itself is not dumpable: only root sees its ns
     assert sb.dir.exists()
     assert _snapshot() != before
-    sb.close()
-    sb.close()  # idempotent
-    assert jail_processes(ns) == []
+    with pid_namespace_held(ns):
+        sb.close()
+        sb.close()  # idempotent
+        assert jail_processes(ns) == []
     assert not psutil.pid_exists(sb.init_pid)
     assert not sb.dir.exists()
     assert _sandbox_dirs(_state_dir) == []
@@ -80,12 +81,13 @@ def test_sigkill_of_the_host_process_kills_and_removes_everything(_state_dir, gr
     )
     info = json.loads(child.stdout.readline())
     assert len(jail_processes(info["ns"])) >= 2
-    if group:
-        os.killpg(child.pid, signal.SIGKILL)
-    else:
-        child.send_signal(signal.SIGKILL)
-    child.wait()
-    wait_until(lambda: jail_processes(info["ns"]) == [], "the jail's processes to end", 30)
+    with pid_namespace_held(info["ns"]):
+        if group:
+            os.killpg(child.pid, signal.SIGKILL)
+        else:
+            child.send_signal(signal.SIGKILL)
+        child.wait()
+        wait_until(lambda: jail_processes(info["ns"]) == [], "the jail's processes to end", 30)
     wait_until(
         lambda: (
             not psutil.pid_exists(info["launcher"]) or psutil.Process(info["launcher"]).status() == psutil.STATUS_ZOMBIE
@@ -187,8 +189,9 @@ def test_cleanup_removes_what_a_crashed_launcher_left(_state_dir, reaped):
         [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parent.parent)
     )
     info = json.loads(child.stdout.readline())
-    os.kill(info["launcher"], signal.SIGKILL)  # no janitor left: the jail dies, its files stay
-    wait_until(lambda: jail_processes(info["ns"]) == [], "the jail's processes to end", 30)
+    with pid_namespace_held(info["ns"]):
+        os.kill(info["launcher"], signal.SIGKILL)  # no janitor left: the jail dies, its files stay
+        wait_until(lambda: jail_processes(info["ns"]) == [], "the jail's processes to end", 30)
     child.kill()
     if reaped:
         child.wait()

@@ -202,7 +202,7 @@ def test_a_bench_task_whose_ray_worker_dies_is_worker_lost_not_the_tasks(tmp_pat
     temp = tempfile.mkdtemp(prefix="jbrl3-", dir="/tmp")
     monkeypatch.setenv("RAY_TMPDIR", temp)
     results: list = []
-    delay = {"t0": 4.0, "t1": 0.0}
+    delay = {"t0": 3600.0, "t1": 0.0}  # t0 waits on its model until its worker is killed (or the server closes)
     try:
         with ScriptedServer(responder=responder(delay_for=lambda tid: delay[tid])) as server:
             batch = Batch(
