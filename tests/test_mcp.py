@@ -16,13 +16,13 @@ import stat
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
-from conftest import jail_processes, require
+from conftest import jail_processes, pid_namespace_held, require
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from support.cli import JAILBOX
@@ -617,6 +617,7 @@ def test_snapshots_are_bounded_in_the_store_and_refusals_name_the_field(shelf, m
 def test_stdio_client_going_away_ends_its_sandboxes(_state_dir):
     """Two ways a stdio client goes: it closes the session (pipe closed), or it is killed mid-command."""
     namespaces: list[str] = []
+    held = ExitStack()
 
     async def closes() -> None:
         async with _stdio() as session:
@@ -624,11 +625,13 @@ def test_stdio_client_going_away_ends_its_sandboxes(_state_dir):
                 sid = (await _call(session, "create_sandbox"))["sandbox_id"]
                 await _call(session, "run_command", sandbox_id=sid, command="sleep 1000 >/dev/null 2>&1 &")
                 namespaces.append(await _pid_ns(session, sid))
+                held.enter_context(pid_namespace_held(namespaces[-1]))
             assert len(_sandbox_dirs(_state_dir)) == 2
 
-    asyncio.run(closes())
-    for ns in namespaces:
-        wait_until(lambda ns=ns: jail_processes(ns) == [], f"the jail in {ns} to end", 30)
+    with held:
+        asyncio.run(closes())
+        for ns in namespaces:
+            wait_until(lambda ns=ns: jail_processes(ns) == [], f"the jail in {ns} to end", 30)
     wait_until(lambda: _sandbox_dirs(_state_dir) == [], "every sandbox directory to go", 30)
 
     async def cancelled_mid_command() -> None:
@@ -677,13 +680,15 @@ def test_a_stdio_server_stopped_by_a_signal_ends_its_sandboxes(_state_dir, sig):
         proc.wait()
 
 
-async def _two_sessions(server: HttpServer, state: Path, sig: int) -> str:
+async def _two_sessions(server: HttpServer, state: Path, sig: int, held: ExitStack) -> str:
     """A keeper session and another: the other cannot see or touch the keeper's sandbox, and ending
-    it ends its own sandbox only; then the server is stopped with ``sig``, the keeper still open."""
+    it ends its own sandbox only; then the server is stopped with ``sig``, the keeper still open.
+    The keeper's pid namespace is held in ``held``."""
     async with _http(server.url, server.token) as keeper:
         kept_id = (await _call(keeper, "create_sandbox"))["sandbox_id"]
         await _call(keeper, "run_command", sandbox_id=kept_id, command="sleep 1000 >/dev/null 2>&1 &")
         kept_ns = await _pid_ns(keeper, kept_id)
+        held.enter_context(pid_namespace_held(kept_ns))
         kept_cp = (await _call(keeper, "checkpoint", sandbox_id=kept_id))["checkpoint_id"]
         async with _http(server.url, server.token) as other:
             assert (await _call(other, "list_sandboxes"))["sandboxes"] == []
@@ -715,12 +720,13 @@ def test_http_sessions_own_their_sandboxes_and_end_them(_state_dir, tmp_path, si
     """Over HTTP: a sandbox is invisible to another session; ending a session (the client's DELETE)
     ends its sandboxes and no other's; stopping the server ends the rest."""
     server = HttpServer(tmp_path / "config")
-    try:
-        kept_ns = asyncio.run(_two_sessions(server, _state_dir, sig))
-    finally:
-        if server.proc.returncode is None:
-            server.stop(signal.SIGKILL)
-    wait_until(lambda: jail_processes(kept_ns) == [], "the kept jail to end", 30)
+    with ExitStack() as held:
+        try:
+            kept_ns = asyncio.run(_two_sessions(server, _state_dir, sig, held))
+        finally:
+            if server.proc.returncode is None:
+                server.stop(signal.SIGKILL)
+        wait_until(lambda: jail_processes(kept_ns) == [], "the kept jail to end", 30)
     assert _sandbox_dirs(_state_dir) == []
 
 
