@@ -226,12 +226,15 @@ print(len(removed), len(failed))
 """
 
 
-def test_a_step_of_the_wall_clock_leaves_live_sandboxes_and_their_counters_alone(_state_dir, tmp_path):
+def test_a_step_of_the_wall_clock_leaves_live_sandboxes_and_their_counters_alone(tmp_path, monkeypatch):
     """A host's clock may be stepped while sandboxes run (NTP at boot, a VM resumed): owners were once
     recorded in seconds since the epoch, which such a step moves, and 12 s of it made `cleanup` kill live
     sandboxes and the counters ledger drop their grants. The step is shown to a second process as the
     kernel shows it, in /proc/stat's boot time (in a mount namespace of its own), since stepping this
-    host's clock would move every other test's."""
+    host's clock would move every other test's. The state directory is the test's own: the worker's
+    may hold an earlier test's sandbox whose removal is rightly finished by `cleanup`."""
+    state_dir = tmp_path / "state"
+    monkeypatch.setenv("JAILBOX_STATE_DIR", str(state_dir))
     stat = Path("/proc/stat").read_text()
     stepped = tmp_path / "stat"
     stepped.write_text(re.sub(r"(?m)^btime (\d+)$", lambda m: f"btime {int(m[1]) + 12}", stat))
@@ -239,10 +242,10 @@ def test_a_step_of_the_wall_clock_leaves_live_sandboxes_and_their_counters_alone
     namespace = ["unshare", "--mount"] if os.getuid() == 0 else ["unshare", "--map-root-user", "--mount"]
     code = f"mount --bind {stepped} /proc/stat && grep '^btime ' /proc/stat && exec \"$@\""
     with Sandbox() as sb:
-        ledger = (_state_dir / budget.LEDGER).read_text()
+        ledger = (state_dir / budget.LEDGER).read_text()
         assert sb.id in ledger  # this sandbox was given a share of the user's counters
         proc = subprocess.run(
-            [*namespace, "sh", "-c", code, "sh", sys.executable, "-c", STEPPED, str(_state_dir)],
+            [*namespace, "sh", "-c", code, "sh", sys.executable, "-c", STEPPED, str(state_dir)],
             capture_output=True,
             text=True,
             cwd=str(Path(__file__).parent.parent),
@@ -253,7 +256,7 @@ def test_a_step_of_the_wall_clock_leaves_live_sandboxes_and_their_counters_alone
         assert int(seen.split()[1]) != int(re.search(r"(?m)^btime (\d+)$", stat)[1])  # it saw the step
         assert counts == "0 0"
         assert sb.exec("echo alive").stdout == "alive\n"
-        assert sb.id in (_state_dir / budget.LEDGER).read_text()
+        assert sb.id in (state_dir / budget.LEDGER).read_text()
 
 
 @pytest.mark.alone  # counts the host's mounts, which other workers' jails change
