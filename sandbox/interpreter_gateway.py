@@ -58,6 +58,10 @@ RESULT_MAX = 30 << 20  # bytes of a result's line
 # an interrupted run, INTERRUPT_GRACE, 10 s).
 REPLY_POLL = 0.5
 IOPUB_TAIL = 3.0
+RESTART_WAIT = 5.0  # seconds a restart or removal waits for the run in flight to leave the kernel's sockets
+# the error a run in flight ends with when its context is restarted or removed
+RESTARTED = ("ContextRestarted", "the context was restarted while the code ran")
+REMOVED = ("ContextRemoved", "the context was removed while the code ran")
 # Run silently in each new kernel: tracebacks without colour codes, data frames also as
 # e2b's ``e2b/data`` (a dict of columns, ``DataFrame.to_dict(orient="list")`` in JSON types).
 SETUP = r"""
@@ -137,6 +141,17 @@ def send(line: dict[str, Any]) -> None:
         sys.stdout.flush()
 
 
+def replied(client: Any, msg_id: str) -> dict[str, Any] | None:
+    """The execute_reply to ``msg_id`` if it is in (the shell socket does not drop), else None."""
+    while True:
+        try:
+            msg = client.get_shell_msg(timeout=0)
+        except queue.Empty:
+            return None
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return dict(msg["content"])
+
+
 def error_line(content: dict[str, Any]) -> dict[str, Any]:
     """An ``error`` line from an error message's content, or an execute_reply's (the same fields)."""
     return {
@@ -173,6 +188,12 @@ class Context:
         # set by an interrupt: the run's backlog of output (a print loop can queue a hundred MiB in the
         # kernel's socket) is drained unsent, so the run ends within the host's grace
         self.quiet = threading.Event()
+        # set by a restart (until it is done) or a removal: a run in flight ends with ``ended_by`` (its
+        # kernel is about to go), and the kernel's sockets are closed only once the run has left them
+        self.ending = threading.Event()
+        self.ended_by = RESTARTED
+        self.idle = threading.Event()
+        self.idle.set()
         self.manager = KernelManager(
             kernel_name="python3",
             transport="ipc",
@@ -204,12 +225,22 @@ class Context:
                 return dict(reply["content"])
 
     def restart(self) -> None:
-        self.client.stop_channels()
-        self.manager.restart_kernel(now=True)
-        self.client = self.manager.client()
-        self.client.start_channels()
-        self.client.wait_for_ready(timeout=KERNEL_START)
-        self.silent(SETUP)
+        self.end_run(RESTARTED)
+        try:
+            self.client.stop_channels()
+            self.manager.restart_kernel(now=True)
+            self.client = self.manager.client()
+            self.client.start_channels()
+            self.client.wait_for_ready(timeout=KERNEL_START)
+            self.silent(SETUP)
+        finally:
+            self.ending.clear()
+
+    def end_run(self, why: tuple[str, str]) -> None:
+        """End the run in flight, if any, with ``why`` as its error, and wait (bounded) until it has."""
+        self.ended_by = why
+        self.ending.set()
+        self.idle.wait(RESTART_WAIT)
 
     def serve(self) -> None:
         while True:
@@ -217,11 +248,14 @@ class Context:
             if job is None:
                 return
             self.quiet.clear()
+            self.idle.clear()
             try:
                 self.execute(job)
             except Exception as exc:
                 send({"id": job["id"], "type": "error", "name": type(exc).__name__, "value": str(exc), "traceback": ""})
-            send({"id": job["id"], "type": "end_of_execution"})
+            finally:
+                send({"id": job["id"], "type": "end_of_execution"})
+                self.idle.set()
 
     def execute(self, job: dict[str, Any]) -> None:
         rid = job["id"]
@@ -235,7 +269,7 @@ class Context:
         try:
             self.run(rid, job["code"])
         finally:
-            if saved is not None:
+            if saved is not None and not self.ending.is_set():  # a restarted kernel has its own
                 self.silent(
                     "exec('import os as o\\nfor k, v in s.items():\\n"
                     " o.environ.pop(k, None) if v is None else o.environ.__setitem__(k, v)', "
@@ -245,15 +279,20 @@ class Context:
     def run(self, rid: str, code: str) -> None:
         # stop_on_error off: after an error (an interrupt too) ipykernel would otherwise abort the requests
         # that reach it next, and runs here are one at a time per context anyway
-        msg_id = self.client.execute(code, store_history=True, stop_on_error=False)
+        client = self.client
+        msg_id = client.execute(code, store_history=True, stop_on_error=False)
         reply: dict[str, Any] | None = None  # the execute_reply, once it came
         failed = False  # an error line was sent
         while True:
+            if self.ending.is_set():
+                name, value = self.ended_by
+                send({"id": rid, "type": "error", "name": name, "value": value, "traceback": ""})
+                return
             try:
-                msg = self.client.get_iopub_msg(timeout=REPLY_POLL if reply is None else IOPUB_TAIL)
+                msg = client.get_iopub_msg(timeout=REPLY_POLL if reply is None else IOPUB_TAIL)
             except queue.Empty:
                 if reply is None:
-                    reply = self.replied(msg_id)
+                    reply = replied(client, msg_id)
                     continue
                 # the reply came and the kernel published nothing since: its end (and maybe output before
                 # it) was dropped, as a PUB socket drops past its high-water mark when this reader lags
@@ -284,18 +323,9 @@ class Context:
             elif kind == "status" and content["execution_state"] == "idle":
                 return
 
-    def replied(self, msg_id: str) -> dict[str, Any] | None:
-        """The execute_reply to ``msg_id`` if it is in (the shell socket does not drop), else None."""
-        while True:
-            try:
-                msg = self.client.get_shell_msg(timeout=0)
-            except queue.Empty:
-                return None
-            if msg["parent_header"].get("msg_id") == msg_id:
-                return dict(msg["content"])
-
     def shutdown(self) -> None:
         self.jobs.put(None)
+        self.end_run(REMOVED)
         try:
             self.client.stop_channels()
             self.manager.shutdown_kernel(now=True)

@@ -15,7 +15,7 @@ import pytest
 from conftest import host_tree
 from support.descriptors import held_fds
 
-from jailbox.sandbox import AsyncSandbox, Sandbox, SandboxPool, interpreter
+from jailbox.sandbox import AsyncSandbox, Execution, Sandbox, SandboxPool, interpreter
 from jailbox.sandbox.errors import InterpreterError, InterpreterTimeout
 from jailbox.sandbox.rootfs.build import load_recipe
 
@@ -118,6 +118,41 @@ def test_contexts_are_independent_and_restart_and_remove(sb: Sandbox):
         with pytest.raises(InterpreterError, match=f"context {ctx.id} not found"):
             call()
     assert sb.run_code("1 + 1").text == "2"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", ["restart", "remove"])
+def test_restarting_or_removing_a_context_ends_its_run_in_flight(sb: Sandbox, ending: str):
+    """The run's kernel goes: the run ends at once with an error saying why, a restarted context
+    starts afresh, and the other contexts keep their state. Before, a restart left the run waiting on
+    the old kernel's sockets until its timeout, and then the whole interpreter was killed; a removal
+    ended it as if it had succeeded."""
+    sb.run_code("kept = 'default'")
+    ctx = sb.create_code_context()
+    sb.run_code("mine = 1", context=ctx)
+    ended: list[object] = []
+    runner = threading.Thread(
+        target=lambda: ended.append(sb.run_code("print('started', flush=True); import time; time.sleep(600)",
+                                                context=ctx, on_stdout=lambda _: started.set(), timeout=300)),
+    )  # fmt: skip
+    started = threading.Event()
+    runner.start()
+    assert started.wait(60)
+    if ending == "restart":
+        sb.restart_code_context(ctx)
+    else:
+        sb.remove_code_context(ctx)
+    runner.join(60)
+    [run] = ended
+    assert isinstance(run, Execution) and run.error is not None, run
+    assert (run.error.name, run.error.value) == {
+        "restart": ("ContextRestarted", "the context was restarted while the code ran"),
+        "remove": ("ContextRemoved", "the context was removed while the code ran"),
+    }[ending]
+    if ending == "restart":
+        assert sb.run_code("mine", context=ctx).error.name == "NameError"  # a fresh kernel
+        sb.remove_code_context(ctx)
+    assert sb.run_code("kept").text == "default"
 
 
 @pytest.mark.slow
