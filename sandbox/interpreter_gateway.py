@@ -254,8 +254,10 @@ class Context:
             except Exception as exc:
                 send({"id": job["id"], "type": "error", "name": type(exc).__name__, "value": str(exc), "traceback": ""})
             finally:
-                send({"id": job["id"], "type": "end_of_execution"})
-                self.idle.set()
+                try:
+                    send({"id": job["id"], "type": "end_of_execution"})
+                finally:  # a restart or removal waits on it, whether or not the host still listens
+                    self.idle.set()
 
     def execute(self, job: dict[str, Any]) -> None:
         rid = job["id"]
