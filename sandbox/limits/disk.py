@@ -4,7 +4,8 @@ Runs in the host process (the watcher's thread). A writable layer on the host's 
 each sample goes on with a walk of it for at most ``WALK_TIME``, all sandboxes together, the least
 recently walked first, and once a walk is done, every process of the jail but its init is killed if
 its usage is past a bound and grew since the last walk. What the jail made is only measured: the walk
-never follows a link, reads at most ``WALK_SLACK`` times ``inodes`` entries, and holds at most
+never follows a link, reads at most ``WALK_SLACK`` times ``inodes`` entries (its bytes, however many,
+are all counted: a removal past twice the bound must read as shrinking), and holds at most
 ``WALK_HELD`` bytes and ``WALK_BASES`` descriptors for what it has still to read (a tree needing more
 is judged over its bounds).
 """
@@ -22,7 +23,7 @@ from .enforcement import Enforcement, held, unbounded
 from .procs import Procs
 
 WALK_TIME = 0.01  # seconds a sample spends walking writable layers, all sandboxes together
-WALK_SLACK = 2  # a walk counts up to twice a bound, so growth past it is still seen
+WALK_SLACK = 2  # a walk counts up to twice the inodes bound, so growth past it is still seen
 WALK_HELD = 16 << 20  # bytes a walk holds at most for directories waiting to be read, their names
 WALK_BASES = 64  # directories a walk holds open at most, to open deeper ones from
 UNDER_LAYER = L.RESOLVE_NO_SYMLINKS | L.RESOLVE_NO_XDEV  # how a walk opens what is below a layer
@@ -69,7 +70,7 @@ def plan(disk: int | None, inodes: int | None, upper: str) -> list[Enforcement]:
 def check(p: Procs, d: DiskBound, now: float, until: float) -> None:
     """Go on with the walk of the jail's writable layer until ``until``; once it is done, kill the
     jail's processes if its usage is past a bound and grew since the last walk."""
-    d.walk = d.walk or _Walk(d.upper, d.disk, d.inodes)
+    d.walk = d.walk or _Walk(d.upper, d.inodes)
     d.walked = now
     if not d.walk.step(until):
         return
@@ -112,7 +113,9 @@ class _Walk:
     """One walk of a writable layer: (bytes allocated, entries). A sample goes on with it for at
     most ``WALK_TIME``, all sandboxes together: a jail may hold a million entries inside its bounds,
     and walking them at once kept the watcher from every other sandbox for seconds. It stops at
-    ``WALK_SLACK`` times a bound (a jail over it that long has been killed since it crossed it).
+    ``WALK_SLACK`` times the inodes bound (a jail over it that long has been killed since it crossed
+    it); bytes cost the walk nothing and are counted whole: a walk stopped at a bytes mark summed
+    a different part of the layer each time files went, so a removal read as growth, and was killed.
 
     Everything the walk holds is the jail's to shape, so it is bounded too. The jail renames its
     files while they are walked: each directory is opened from an open directory beneath the layer
@@ -128,8 +131,7 @@ class _Walk:
     DEEP = 32  # names below a base: what each open walks in the kernel
     ENTRY = 64  # bytes a waiting directory holds besides its name
 
-    def __init__(self, top: Path, disk: int | None, inodes: int | None) -> None:
-        self.disk = disk * WALK_SLACK if disk is not None else None
+    def __init__(self, top: Path, inodes: int | None) -> None:
         self.inodes = inodes * WALK_SLACK if inodes is not None else None
         self.used = self.entries = 0
         self.overflowed = False
@@ -165,11 +167,7 @@ class _Walk:
                 if stat.S_ISDIR(st.st_mode):
                     self._push(here, os.fsencode(entry.name))
                     self.overflowed = self.held > WALK_HELD
-                if (
-                    self.overflowed
-                    or (self.disk is not None and self.used > self.disk)
-                    or (self.inodes is not None and self.entries > self.inodes)
-                ):
+                if self.overflowed or (self.inodes is not None and self.entries > self.inodes):
                     self.close()
                     return True
                 if looked % 64 == 63 and time.monotonic() >= until:
