@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -58,6 +59,14 @@ RESULT_MAX = 30 << 20  # bytes of a result's line
 # an interrupted run, INTERRUPT_GRACE, 10 s).
 REPLY_POLL = 0.5
 IOPUB_TAIL = 3.0
+# An interrupted run ends on its reply, asked for every QUIET_POLL seconds while it drains: a print loop
+# outrunning this reader leaves up to the high-water mark of messages queued (1,227 of 1.1 MB each, 3.6 s
+# to read, beside eight busy loops; past the host's grace under CI's load). What it left queued is read
+# and dropped once its end is sent, before the next run starts (a full queue would drop that run's
+# messages), until the socket is silent for QUIET_POLL seconds or for at most DRAIN_MAX seconds (a
+# thread of the kernel printing on would otherwise hold the context's next run for ever).
+QUIET_POLL = 0.1
+DRAIN_MAX = 60.0
 RESTART_WAIT = 5.0  # seconds a restart or removal waits for the run in flight to leave the kernel's sockets
 # the error a run in flight ends with when its context is restarted or removed
 RESTARTED = ("ContextRestarted", "the context was restarted while the code ran")
@@ -257,7 +266,7 @@ class Context:
                 try:
                     send({"id": job["id"], "type": "end_of_execution"})
                 finally:  # a restart or removal waits on it, whether or not the host still listens
-                    self.idle.set()
+                    self.settle()
 
     def execute(self, job: dict[str, Any]) -> None:
         rid = job["id"]
@@ -285,11 +294,19 @@ class Context:
         msg_id = client.execute(code, store_history=True, stop_on_error=False)
         reply: dict[str, Any] | None = None  # the execute_reply, once it came
         failed = False  # an error line was sent
+        asked = 0.0  # when the shell was last asked for the reply while quiet
         while True:
             if self.ending.is_set():
                 name, value = self.ended_by
                 send({"id": rid, "type": "error", "name": name, "value": value, "traceback": ""})
                 return
+            if self.quiet.is_set() and reply is None and time.monotonic() - asked >= QUIET_POLL:
+                asked = time.monotonic()
+                reply = replied(client, msg_id)
+                if reply is not None:  # interrupted and answered: its output still queued is not read
+                    if reply.get("status") == "error" and not failed:
+                        send({"id": rid, **error_line(reply)})
+                    return
             try:
                 msg = client.get_iopub_msg(timeout=REPLY_POLL if reply is None else IOPUB_TAIL)
             except queue.Empty:
@@ -324,6 +341,20 @@ class Context:
                 failed = True
             elif kind == "status" and content["execution_state"] == "idle":
                 return
+
+    def settle(self) -> None:
+        """After a run: read and drop what an interrupted one left queued on the kernel's PUB socket
+        (a full queue would drop the next run's messages), then mark the context idle. A restart or
+        removal stops the drain: it waits for the mark before it closes the sockets read here."""
+        client, end = self.client, time.monotonic() + DRAIN_MAX
+        try:
+            while self.quiet.is_set() and not self.ending.is_set() and time.monotonic() < end:
+                try:
+                    client.get_iopub_msg(timeout=QUIET_POLL)
+                except queue.Empty:
+                    return
+        finally:
+            self.idle.set()
 
     def shutdown(self) -> None:
         self.jobs.put(None)
