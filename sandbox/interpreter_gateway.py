@@ -194,8 +194,8 @@ class Context:
         self.language = language
         self.cwd = cwd
         self.jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        # set by an interrupt: the run's backlog of output (a print loop can queue a hundred MiB in the
-        # kernel's socket) is drained unsent, so the run ends within the host's grace
+        # set by an interrupt: the run ends on its reply, and its backlog of output (a print loop can
+        # queue a GB in the kernel's socket) is dropped unsent after its end (``settle``)
         self.quiet = threading.Event()
         # set by a restart (until it is done) or a removal: a run in flight ends with ``ended_by`` (its
         # kernel is about to go), and the kernel's sockets are closed only once the run has left them

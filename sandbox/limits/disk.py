@@ -114,8 +114,9 @@ class _Walk:
     most ``WALK_TIME``, all sandboxes together: a jail may hold a million entries inside its bounds,
     and walking them at once kept the watcher from every other sandbox for seconds. It stops at
     ``WALK_SLACK`` times the inodes bound (a jail over it that long has been killed since it crossed
-    it); bytes cost the walk nothing and are counted whole: a walk stopped at a bytes mark summed
-    a different part of the layer each time files went, so a removal read as growth, and was killed.
+    it); bytes cost the walk nothing and are counted whole, so a removal reads as shrinking however
+    far past the disk bound the layer is (a walk stopped at a bytes mark would sum a different part
+    of the layer each time files go).
 
     Everything the walk holds is the jail's to shape, so it is bounded too. The jail renames its
     files while they are walked: each directory is opened from an open directory beneath the layer
