@@ -18,8 +18,12 @@ Counters read around each command give ``oom_killed`` (``oom_kill`` in memory.ev
 memory.oom_control, never ``failcnt``) and ``pids_limit_hit`` (``max`` in pids.events).
 
 ``freeze()`` and ``thaw()`` stop and continue every process of the group (``freezer.state`` on v1,
-``cgroup.freeze`` on v2), waiting at most ``FREEZE_WAIT`` for the kernel to report it frozen. A v1
-frozen process does not die of SIGKILL until thawed, so teardown thaws after it kills.
+``cgroup.freeze`` on v2), waiting at most ``FREEZE_WAIT`` for the kernel to report it frozen. v1's
+freezer tries each task once per write of ``FROZEN``: one running in the kernel then, that goes on to
+sleep where a signal does not wake it (a ``vfork`` parent whose child froze before its ``exec``), is
+never frozen, and the group stays ``FREEZING``; so the write is repeated every ``FREEZE_RETRY``
+(a sleeping task is frozen where it sleeps), as runc and youki do. A v1 frozen process does not die of
+SIGKILL until thawed, so teardown thaws after it kills.
 
 Both back ends implement ``Cgroup`` (an interface, as libcgroups' ``CgroupManager``), which is all
 the jail holds. Where no cgroup is usable, ``plan.py`` says what the init enforces with
@@ -57,6 +61,7 @@ V1_COUNTERS = (("oom_kill", "memory", "memory.oom_control", b"oom_kill"), ("pids
 # (disk writeback on a loaded host) freezes only once out of it; 2 s was once not enough, with load 16
 FREEZE_WAIT = 10.0
 FREEZE_POLL = 0.0005  # seconds between two looks at the group's state while it freezes
+FREEZE_RETRY = 0.02  # seconds between two writes of v1's FROZEN while the group is still FREEZING
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 
 
@@ -175,8 +180,16 @@ class CgroupV1(Cgroup):
 
     def freeze(self) -> bool:
         state = str(self.dirs[V1_FREEZER] / "freezer.state")
-        self._write(V1_FREEZER, "freezer.state", "FROZEN")
-        if _wait_for(lambda: small.read(state, 16).strip() == b"FROZEN"):
+        retry = 0.0
+
+        def frozen() -> bool:
+            nonlocal retry
+            if time.monotonic() >= retry:  # again: the tasks the last write missed (see the module)
+                self._write(V1_FREEZER, "freezer.state", "FROZEN")
+                retry = time.monotonic() + FREEZE_RETRY
+            return small.read(state, 16).strip() == b"FROZEN"
+
+        if _wait_for(frozen):
             return True
         self.thaw()
         return False
