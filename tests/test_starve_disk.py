@@ -26,6 +26,10 @@ MANY_FILES = (
     'for i in range(200000): open(f"{d}/{{i}}", "w").close()\''
 )
 
+# Files the loop makes past a disk layer's inode cap before the watcher stops it: measured 682-3,577
+# in CI's passes, 8,096 in a pass beside two busy loops (the watcher's thread shares the host's CPUs).
+OVER_THE_INODE_CAP = 20_000
+
 
 def host_usage(top: str) -> tuple[int, int]:
     """(bytes allocated, entries) under ``top``, as the host sees them."""
@@ -117,10 +121,10 @@ def test_files_are_held_to_the_inode_cap(upper):
         r = sb.exec(MANY_FILES.format(d="/testbed/many"), timeout=120)
         assert r.exit_code != 0
         count = int(sb.exec("ls /testbed/many | wc -l").stdout)
-        if upper == "disk":  # the watcher's samples: measured 682-3,577 past the cap in 3 runs
+        if upper == "disk":  # the watcher's samples: stopped well short of the loop's 200,000 files
             assert r.disk_limit_hit is True
-            assert count < 5000 + 7000, count
-            assert before - host_inodes_free(os.environ["JAILBOX_STATE_DIR"]) < 5000 + 7000
+            assert count < 5000 + OVER_THE_INODE_CAP, count
+            assert before - host_inodes_free(os.environ["JAILBOX_STATE_DIR"]) < 5000 + OVER_THE_INODE_CAP
         else:  # the tmpfs's own inode count, exact (4,984 files and the layer's own entries)
             assert "No space left on device" in r.stderr
             assert count <= 5000, count
